@@ -1,0 +1,484 @@
+//! Typed messages carried in a frame's meta section, one request type and one
+//! response type per [`Opcode`]. Batch forms are the only forms: a single-key
+//! call is a batch of one, and every batch answers **per key**, so partial
+//! success is never hidden behind one code.
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::code::{Code, KvError, KvResult};
+use crate::frame::Opcode;
+
+/// A request type and the response it gets back.
+pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
+    /// Opcode that carries this request.
+    const OPCODE: Opcode;
+    /// The response message.
+    type Response: Serialize + DeserializeOwned + Send + 'static;
+}
+
+/// Encodes a message for a frame's meta section.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    // Serializing into a Vec cannot fail for these plain-data types.
+    postcard::to_stdvec(msg).unwrap_or_default()
+}
+
+/// Decodes a frame's meta section; malformed bytes are an error, never a panic.
+pub fn decode<T: DeserializeOwned>(meta: &[u8]) -> KvResult<T> {
+    postcard::from_bytes(meta)
+        .map_err(|e| KvError::new(Code::InvalidParams, format!("malformed message: {e}")))
+}
+
+/// A per-key outcome on the wire: a value or an error code.
+pub type WireResult<T> = Result<T, i32>;
+
+/// Converts a per-key wire result into a typed one.
+pub fn from_wire<T>(r: WireResult<T>) -> KvResult<T> {
+    r.map_err(|c| KvError::from(Code::from_i32(c)))
+}
+
+/// Converts a typed per-key result into its wire form.
+pub fn to_wire<T>(r: KvResult<T>) -> WireResult<T> {
+    r.map_err(|e| e.code.as_i32())
+}
+
+/// Identifies a segment for its whole life, across store restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SegmentId(pub u128);
+
+impl std::fmt::Display for SegmentId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// Identifies a client (or store) process to the master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClientId(pub u128);
+
+impl std::fmt::Display for ClientId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+// ---------------------------------------------------------------- handshake
+
+/// First frame on a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Newest version the sender speaks.
+    pub version: u32,
+    /// Oldest version the sender speaks.
+    pub min_version: u32,
+    /// Who is calling, for logs ("client", "store", "cli").
+    pub role: String,
+}
+
+/// Answer to [`Hello`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloReply {
+    /// Version both sides will speak.
+    pub version: u32,
+    /// What answered ("master", "store").
+    pub server: String,
+}
+
+impl Rpc for Hello {
+    const OPCODE: Opcode = Opcode::Hello;
+    type Response = HelloReply;
+}
+
+// ---------------------------------------------------------------- data plane
+
+/// Write the frame's payload at `offset` in a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteReq {
+    /// Target segment.
+    pub segment: SegmentId,
+    /// Byte offset in the segment.
+    pub offset: u64,
+}
+
+impl Rpc for WriteReq {
+    const OPCODE: Opcode = Opcode::Write;
+    type Response = ();
+}
+
+/// Read `len` bytes at `offset`; the response's payload holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadReq {
+    /// Source segment.
+    pub segment: SegmentId,
+    /// Byte offset in the segment.
+    pub offset: u64,
+    /// Bytes to read.
+    pub len: u64,
+}
+
+impl Rpc for ReadReq {
+    const OPCODE: Opcode = Opcode::Read;
+    type Response = ();
+}
+
+// ---------------------------------------------------------------- liveness
+
+/// A client or store announces itself; repeated after the master forgot it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterClient {
+    /// Chosen by the client, stable for its process life.
+    pub client_id: ClientId,
+    /// For humans and placement by name.
+    pub hostname: String,
+}
+
+/// Timing the master expects from a registered client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterReply {
+    /// How often to heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// Silence after which the client is dropped.
+    pub client_ttl_ms: u64,
+}
+
+impl Rpc for RegisterClient {
+    const OPCODE: Opcode = Opcode::RegisterClient;
+    type Response = RegisterReply;
+}
+
+/// Liveness ping.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// The pinging client.
+    pub client_id: ClientId,
+}
+
+/// Answer to [`Heartbeat`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatReply {
+    /// False when the master no longer knows the client: it must register and
+    /// mount its segments again.
+    pub known: bool,
+}
+
+impl Rpc for Heartbeat {
+    const OPCODE: Opcode = Opcode::Heartbeat;
+    type Response = HeartbeatReply;
+}
+
+/// A segment as lent to the pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentInfo {
+    /// Stable id.
+    pub id: SegmentId,
+    /// Name used by `preferred_segments` (defaults to the store's address).
+    pub name: String,
+    /// `host:port` of the data plane serving this segment.
+    pub endpoint: String,
+    /// First usable byte offset (after the segment's own superblock).
+    pub base: u64,
+    /// Usable bytes from `base`.
+    pub size: u64,
+}
+
+/// Lend a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountSegment {
+    /// The lending client; the segment goes away when it does.
+    pub client_id: ClientId,
+    /// The segment.
+    pub segment: SegmentInfo,
+}
+
+impl Rpc for MountSegment {
+    const OPCODE: Opcode = Opcode::MountSegment;
+    type Response = ();
+}
+
+/// Withdraw a segment; objects with no other replica are dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnmountSegment {
+    /// The lending client.
+    pub client_id: ClientId,
+    /// The segment.
+    pub segment: SegmentId,
+}
+
+impl Rpc for UnmountSegment {
+    const OPCODE: Opcode = Opcode::UnmountSegment;
+    type Response = ();
+}
+
+// ---------------------------------------------------------------- objects
+
+/// Replication and pinning for a put (Mooncake's `ReplicateConfig`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicateConfig {
+    /// Replicas on distinct segments.
+    pub replica_num: u32,
+    /// Evict last, for `soft_pin_ttl_ms` (or the master default when `None`).
+    pub with_soft_pin: bool,
+    /// Soft pin duration.
+    pub soft_pin_ttl_ms: Option<u64>,
+    /// Never evict.
+    pub with_hard_pin: bool,
+    /// Segment names to place on first, in order.
+    pub preferred_segments: Vec<String>,
+}
+
+impl Default for ReplicateConfig {
+    fn default() -> Self {
+        ReplicateConfig {
+            replica_num: 1,
+            with_soft_pin: false,
+            soft_pin_ttl_ms: None,
+            with_hard_pin: false,
+            preferred_segments: Vec::new(),
+        }
+    }
+}
+
+/// Where one replica of an object lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replica {
+    /// The segment.
+    pub segment: SegmentId,
+    /// `host:port` serving it.
+    pub endpoint: String,
+    /// Region start.
+    pub offset: u64,
+    /// Region length (object header + value, rounded up by the allocator).
+    pub len: u64,
+}
+
+/// One object of a [`PutStart`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutItem {
+    /// The key.
+    pub key: String,
+    /// Value bytes.
+    pub value_len: u64,
+    /// Bytes to reserve per replica (object header + value).
+    pub region_len: u64,
+}
+
+/// Reserve regions for new objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutStart {
+    /// The writer; only it may end or revoke these puts.
+    pub client_id: ClientId,
+    /// The objects.
+    pub items: Vec<PutItem>,
+    /// Placement and pinning, for every item.
+    pub config: ReplicateConfig,
+    /// Replace existing objects instead of keeping them.
+    pub upsert: bool,
+}
+
+/// Regions granted for one object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PutGrant {
+    /// Write the object into these regions, then `PutEnd`.
+    Write {
+        /// Written into the object header; readers check it.
+        generation: u64,
+        /// One region per replica.
+        replicas: Vec<Replica>,
+    },
+    /// Insert of a key that is already committed: nothing to do (write-once).
+    Exists,
+}
+
+impl Rpc for PutStart {
+    const OPCODE: Opcode = Opcode::PutStart;
+    type Response = Vec<WireResult<PutGrant>>;
+}
+
+/// Commit written objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutEnd {
+    /// The writer.
+    pub client_id: ClientId,
+    /// Keys whose bytes are fully written.
+    pub keys: Vec<String>,
+}
+
+impl Rpc for PutEnd {
+    const OPCODE: Opcode = Opcode::PutEnd;
+    type Response = Vec<WireResult<()>>;
+}
+
+/// Abandon started puts and free their regions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutRevoke {
+    /// The writer.
+    pub client_id: ClientId,
+    /// Keys to abandon.
+    pub keys: Vec<String>,
+}
+
+impl Rpc for PutRevoke {
+    const OPCODE: Opcode = Opcode::PutRevoke;
+    type Response = Vec<WireResult<()>>;
+}
+
+/// Where a committed object lives, with a read lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectLocation {
+    /// Value bytes.
+    pub value_len: u64,
+    /// Must match the object header.
+    pub generation: u64,
+    /// The read must finish within this many ms of the request being sent.
+    pub lease_ms: u64,
+    /// Readable replicas, preferred first.
+    pub replicas: Vec<Replica>,
+}
+
+/// Locate objects for reading.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetReplicaList {
+    /// Keys to read.
+    pub keys: Vec<String>,
+}
+
+impl Rpc for GetReplicaList {
+    const OPCODE: Opcode = Opcode::GetReplicaList;
+    type Response = Vec<WireResult<ObjectLocation>>;
+}
+
+/// Existence and value size; does not refresh recency or leases.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exist {
+    /// Keys to check.
+    pub keys: Vec<String>,
+}
+
+impl Rpc for Exist {
+    const OPCODE: Opcode = Opcode::Exist;
+    /// Per key: the value size, or `OBJECT_NOT_FOUND`.
+    type Response = Vec<WireResult<u64>>;
+}
+
+/// Remove objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remove {
+    /// Keys to remove.
+    pub keys: Vec<String>,
+    /// Remove even under a live read lease.
+    pub force: bool,
+}
+
+impl Rpc for Remove {
+    const OPCODE: Opcode = Opcode::Remove;
+    type Response = Vec<WireResult<()>>;
+}
+
+/// Remove objects whose key matches a regex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveByRegex {
+    /// Rust `regex` syntax, matched anywhere in the key.
+    pub pattern: String,
+    /// Remove even under a live read lease.
+    pub force: bool,
+}
+
+impl Rpc for RemoveByRegex {
+    const OPCODE: Opcode = Opcode::RemoveByRegex;
+    /// Number of objects removed.
+    type Response = u64;
+}
+
+/// Remove every object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveAll {
+    /// Remove even under a live read lease.
+    pub force: bool,
+}
+
+impl Rpc for RemoveAll {
+    const OPCODE: Opcode = Opcode::RemoveAll;
+    /// Number of objects removed.
+    type Response = u64;
+}
+
+/// Ask for the cluster status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {}
+
+/// One mounted segment in [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentStatus {
+    /// The segment as mounted.
+    pub info: SegmentInfo,
+    /// Bytes reserved by objects (including puts in flight).
+    pub used: u64,
+    /// Regions in use.
+    pub regions: u64,
+}
+
+/// The cluster as the master sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// Mounted segments.
+    pub segments: Vec<SegmentStatus>,
+    /// Committed objects.
+    pub keys: u64,
+    /// Puts started but not ended.
+    pub pending: u64,
+    /// Sum of segment sizes.
+    pub capacity: u64,
+    /// Sum of used bytes.
+    pub used: u64,
+    /// Registered clients (stores included).
+    pub clients: u64,
+    /// Objects evicted since start.
+    pub evictions: u64,
+}
+
+impl Rpc for Status {
+    const OPCODE: Opcode = Opcode::Status;
+    type Response = ClusterStatus;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let m = PutStart {
+            client_id: ClientId(u128::MAX - 3),
+            items: vec![PutItem {
+                key: "k".repeat(100),
+                value_len: 4096,
+                region_len: 4200,
+            }],
+            config: ReplicateConfig {
+                replica_num: 2,
+                preferred_segments: vec!["a".into()],
+                ..Default::default()
+            },
+            upsert: true,
+        };
+        assert_eq!(decode::<PutStart>(&encode(&m)).unwrap(), m);
+        let r: <PutStart as Rpc>::Response = vec![
+            Ok(PutGrant::Write {
+                generation: 9,
+                replicas: vec![Replica {
+                    segment: SegmentId(1 << 100),
+                    endpoint: "127.0.0.1:1".into(),
+                    offset: 4096,
+                    len: 4224,
+                }],
+            }),
+            Err(Code::NoAvailableHandle.as_i32()),
+        ];
+        assert_eq!(decode::<<PutStart as Rpc>::Response>(&encode(&r)).unwrap(), r);
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        let e = decode::<PutStart>(&[0xff; 7]).unwrap_err();
+        assert_eq!(e.code, Code::InvalidParams);
+    }
+}
