@@ -1,0 +1,338 @@
+//! A framed TCP connection (buffered halves, request ids, handshake) and a
+//! pool of idle connections per peer.
+//!
+//! Connections are checked out for a whole exchange and given back only when
+//! the exchange finished cleanly; a call that fails or is cancelled by a
+//! timeout drops its connection, so a half-read response can never be seen by
+//! the next caller.
+
+use std::io;
+use std::time::Duration;
+
+use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN, MIN_PROTOCOL_VERSION};
+use kvpool_proto::msg::{self, Hello, HelloReply, Rpc};
+use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// Socket buffer size asked of the kernel; large so bulk transfers are not
+/// throttled by the window on loopback and fast links.
+const SOCKET_BUFFER: usize = 4 << 20;
+/// Userspace buffer per direction; larger payloads bypass it.
+const IO_BUFFER: usize = 64 << 10;
+
+/// Maps an I/O failure to the stable code callers retry on.
+pub fn io_error(context: &str, e: io::Error) -> KvError {
+    KvError::new(Code::RpcFail, format!("{context}: {e}"))
+}
+
+/// One TCP connection speaking kvpool frames.
+pub struct FramedConn {
+    reader: BufReader<OwnedReadHalf>,
+    writer: BufWriter<OwnedWriteHalf>,
+    next_id: u64,
+    limits: Limits,
+    meta_buf: Vec<u8>,
+    peer: String,
+}
+
+impl FramedConn {
+    /// Connects to `addr` and performs the version handshake as `role`.
+    pub async fn connect(addr: &str, role: &str, limits: Limits) -> KvResult<Self> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| io_error(&format!("connect {addr}"), e))?;
+        let mut conn = FramedConn::from_stream(stream, limits)?;
+        conn.peer = addr.to_string();
+        let reply = conn
+            .call(&Hello {
+                version: PROTOCOL_VERSION,
+                min_version: MIN_PROTOCOL_VERSION,
+                role: role.to_string(),
+            })
+            .await?;
+        if reply.version < MIN_PROTOCOL_VERSION || reply.version > PROTOCOL_VERSION {
+            return Err(KvError::new(
+                Code::InvalidVersion,
+                format!("{addr} speaks protocol {}, this build {PROTOCOL_VERSION}", reply.version),
+            ));
+        }
+        Ok(conn)
+    }
+
+    /// Wraps an accepted or connected stream (no handshake).
+    pub fn from_stream(stream: TcpStream, limits: Limits) -> KvResult<Self> {
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        tune_socket(&stream);
+        let (r, w) = stream.into_split();
+        Ok(FramedConn {
+            reader: BufReader::with_capacity(IO_BUFFER, r),
+            writer: BufWriter::with_capacity(IO_BUFFER, w),
+            next_id: 1,
+            limits,
+            meta_buf: Vec::new(),
+            peer,
+        })
+    }
+
+    /// The peer's address, for errors and logs.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// The limits this side enforces on incoming frames.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// A fresh request id.
+    pub fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        id
+    }
+
+    /// Whether bytes of a next frame are already buffered (more pipelined
+    /// requests are waiting, so a response flush can be deferred).
+    pub fn has_buffered_input(&self) -> bool {
+        !self.reader.buffer().is_empty()
+    }
+
+    /// Queues a frame: header, message, then each payload part (no flush).
+    pub async fn send_frame(
+        &mut self,
+        header: &FrameHeader,
+        meta: &[u8],
+        payload: &[&[u8]],
+    ) -> io::Result<()> {
+        self.writer.write_all(&header.encode()).await?;
+        self.writer.write_all(meta).await?;
+        for part in payload {
+            self.writer.write_all(part).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends an error response for `req` with a message.
+    pub async fn send_error(&mut self, req: &FrameHeader, err: &KvError) -> io::Result<()> {
+        let meta = err.message.as_bytes();
+        let h = FrameHeader::response(req, err.code.as_i32(), meta.len() as u32, 0);
+        self.send_frame(&h, meta, &[]).await
+    }
+
+    /// Flushes queued frames to the socket.
+    pub async fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush().await
+    }
+
+    /// Reads the next frame header. `Ok(None)` on a clean end of stream.
+    pub async fn read_header(&mut self) -> KvResult<Option<FrameHeader>> {
+        let mut b = [0u8; HEADER_LEN];
+        match self.reader.read_exact(&mut b).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(io_error(&format!("read from {}", self.peer), e)),
+        }
+        Ok(Some(FrameHeader::decode(&b, &self.limits)?))
+    }
+
+    /// Reads a frame's message into a reused buffer.
+    pub async fn read_meta(&mut self, len: u32) -> KvResult<&[u8]> {
+        self.meta_buf.resize(len as usize, 0);
+        self.reader
+            .read_exact(&mut self.meta_buf)
+            .await
+            .map_err(|e| io_error(&format!("read from {}", self.peer), e))?;
+        Ok(&self.meta_buf)
+    }
+
+    /// The message read by the last [`Self::read_meta`].
+    pub fn last_meta(&self) -> &[u8] {
+        &self.meta_buf
+    }
+
+    /// Reads exactly `dst.len()` payload bytes straight into `dst`.
+    pub async fn read_payload(&mut self, dst: &mut [u8]) -> KvResult<()> {
+        self.reader
+            .read_exact(dst)
+            .await
+            .map_err(|e| io_error(&format!("read from {}", self.peer), e))?;
+        Ok(())
+    }
+
+    /// Reads and throws away `len` payload bytes, keeping the stream in sync
+    /// after a request that was refused.
+    pub async fn discard_payload(&mut self, len: u64) -> KvResult<()> {
+        let mut take = (&mut self.reader).take(len);
+        let n = tokio::io::copy(&mut take, &mut tokio::io::sink())
+            .await
+            .map_err(|e| io_error("discard payload", e))?;
+        if n != len {
+            return Err(KvError::new(Code::RpcFail, "connection closed mid-payload"));
+        }
+        Ok(())
+    }
+
+    /// Reads a response header for request `id`, turning an error status into
+    /// an `Err` (its message is consumed).
+    pub async fn read_response(&mut self, id: u64) -> KvResult<FrameHeader> {
+        let h = self
+            .read_header()
+            .await?
+            .ok_or_else(|| KvError::new(Code::RpcFail, format!("{} closed the connection", self.peer)))?;
+        if h.kind != FrameKind::Response || h.request_id != id {
+            return Err(KvError::new(
+                Code::RpcFail,
+                format!("{}: expected response to {id}, got {:?} {}", self.peer, h.kind, h.request_id),
+            ));
+        }
+        if h.status != 0 {
+            let msg = String::from_utf8_lossy(self.read_meta(h.meta_len).await?).into_owned();
+            self.discard_payload(h.payload_len).await?;
+            return Err(KvError::new(Code::from_i32(h.status), msg));
+        }
+        Ok(h)
+    }
+
+    /// One typed request/response exchange with no payload.
+    pub async fn call<R: Rpc>(&mut self, req: &R) -> KvResult<R::Response> {
+        let meta = msg::encode(req);
+        let id = self.next_id();
+        let h = FrameHeader::request(R::OPCODE, id, meta.len() as u32, 0);
+        self.send_frame(&h, &meta, &[])
+            .await
+            .map_err(|e| io_error(&format!("send to {}", self.peer), e))?;
+        self.flush()
+            .await
+            .map_err(|e| io_error(&format!("send to {}", self.peer), e))?;
+        let rh = self.read_response(id).await?;
+        if rh.payload_len != 0 {
+            return Err(KvError::new(Code::RpcFail, "unexpected payload in control response"));
+        }
+        let meta = self.read_meta(rh.meta_len).await?;
+        msg::decode(meta)
+    }
+}
+
+fn tune_socket(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let sock = socket2::SockRef::from(stream);
+    let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
+    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+}
+
+/// Idle connections to one peer, opened on demand.
+pub struct ConnPool {
+    addr: String,
+    role: String,
+    limits: Limits,
+    connect_timeout: Duration,
+    max_idle: usize,
+    idle: Mutex<Vec<FramedConn>>,
+}
+
+impl ConnPool {
+    /// A pool for `addr`; at most `max_idle` connections are kept open.
+    pub fn new(addr: &str, role: &str, limits: Limits, connect_timeout: Duration, max_idle: usize) -> Self {
+        ConnPool {
+            addr: addr.to_string(),
+            role: role.to_string(),
+            limits,
+            connect_timeout,
+            max_idle,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The peer address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Checks out an idle connection or opens a new one.
+    pub async fn take(&self) -> KvResult<FramedConn> {
+        if let Some(c) = self.idle.lock().pop() {
+            return Ok(c);
+        }
+        tokio::time::timeout(
+            self.connect_timeout,
+            FramedConn::connect(&self.addr, &self.role, self.limits),
+        )
+        .await
+        .map_err(|_| KvError::new(Code::RpcTimeout, format!("connect {} timed out", self.addr)))?
+    }
+
+    /// Returns a connection whose last exchange completed cleanly.
+    pub fn give(&self, conn: FramedConn) {
+        let mut idle = self.idle.lock();
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+
+    /// Drops every idle connection (after the peer restarted, say).
+    pub fn clear(&self) {
+        self.idle.lock().clear();
+    }
+
+    /// Runs one typed call on a pooled connection.
+    pub async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
+        let mut conn = self.take().await?;
+        let r = conn.call(req).await;
+        // An error status leaves the stream in sync; only transport errors poison it.
+        if !matches!(&r, Err(e) if e.code == Code::RpcFail) {
+            self.give(conn);
+        }
+        r
+    }
+}
+
+/// Answers the handshake on an accepted connection. Returns false (after
+/// answering) when the peer must be disconnected.
+pub async fn accept_handshake(conn: &mut FramedConn, server: &str) -> bool {
+    let h = match conn.read_header().await {
+        Ok(Some(h)) => h,
+        Ok(None) => return false,
+        Err(e) => {
+            let fake = FrameHeader::request(Opcode::Hello, 0, 0, 0);
+            let _ = conn.send_error(&fake, &e).await;
+            let _ = conn.flush().await;
+            return false;
+        }
+    };
+    let reply = async {
+        if h.opcode != Opcode::Hello || h.kind != FrameKind::Request || h.payload_len != 0 {
+            return Err(KvError::new(Code::InvalidParams, "first frame must be a Hello"));
+        }
+        let hello: Hello = msg::decode(conn.read_meta(h.meta_len).await?)?;
+        if hello.version < MIN_PROTOCOL_VERSION || hello.min_version > PROTOCOL_VERSION {
+            return Err(KvError::new(
+                Code::InvalidVersion,
+                format!(
+                    "peer speaks protocol {}..={}, this server {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}",
+                    hello.min_version, hello.version
+                ),
+            ));
+        }
+        Ok(HelloReply {
+            version: hello.version.min(PROTOCOL_VERSION),
+            server: server.to_string(),
+        })
+    }
+    .await;
+    let ok = reply.is_ok();
+    let sent = match reply {
+        Ok(r) => {
+            let meta = msg::encode(&r);
+            let rh = FrameHeader::response(&h, 0, meta.len() as u32, 0);
+            conn.send_frame(&rh, &meta, &[]).await
+        }
+        Err(e) => conn.send_error(&h, &e).await,
+    };
+    ok && sent.is_ok() && conn.flush().await.is_ok()
+}

@@ -1,0 +1,338 @@
+//! The TCP data plane: a server that moves bytes between sockets and segment
+//! memory, and the client side that pipelines many region reads and writes on
+//! one connection, straight from and into caller memory.
+//!
+//! A write's payload is read from the socket directly into the segment; a
+//! read's payload is written to the socket directly from the segment. Neither
+//! side copies through an intermediate buffer (payloads larger than the 64 KiB
+//! I/O buffer bypass it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
+use kvpool_proto::msg::{self, ReadReq, SegmentId, WriteReq};
+use kvpool_proto::{Code, KvError, KvResult};
+use parking_lot::RwLock;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::conn::{accept_handshake, io_error, FramedConn};
+use crate::mapped::MappedRegion;
+use crate::server::{accept_loop, reject_and_close};
+
+/// Requests kept in flight per connection before waiting for a response;
+/// bounds what either side must buffer so pipelining can never deadlock.
+const WINDOW: usize = 64;
+
+/// The segments a data server serves, by id.
+#[derive(Default)]
+pub struct SegmentTable {
+    map: RwLock<HashMap<SegmentId, Arc<MappedRegion>>>,
+}
+
+impl SegmentTable {
+    /// Starts serving `region` as `id`.
+    pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>) {
+        self.map.write().insert(id, region);
+    }
+
+    /// Stops serving `id`.
+    pub fn remove(&self, id: SegmentId) -> Option<Arc<MappedRegion>> {
+        self.map.write().remove(&id)
+    }
+
+    /// The region for `id`.
+    pub fn get(&self, id: SegmentId) -> Option<Arc<MappedRegion>> {
+        self.map.read().get(&id).cloned()
+    }
+}
+
+fn region_for(table: &SegmentTable, segment: SegmentId, offset: u64, len: u64) -> KvResult<Arc<MappedRegion>> {
+    let region = table
+        .get(segment)
+        .ok_or_else(|| KvError::new(Code::SegmentNotFound, format!("segment {segment} not served here")))?;
+    if !region.contains(offset, len) {
+        return Err(KvError::new(
+            Code::InvalidParams,
+            format!("range {offset}+{len} outside segment of {} bytes", region.len()),
+        ));
+    }
+    Ok(region)
+}
+
+/// Serves reads and writes of `table`'s segments until `shutdown`. A request
+/// being served when the token fires is finished first.
+pub async fn serve_data(
+    listener: TcpListener,
+    table: Arc<SegmentTable>,
+    limits: Limits,
+    shutdown: CancellationToken,
+) {
+    let token = shutdown.clone();
+    accept_loop(listener, shutdown, move |stream| {
+        let table = table.clone();
+        let token = token.clone();
+        async move {
+            let Ok(mut conn) = FramedConn::from_stream(stream, limits) else {
+                return;
+            };
+            if !accept_handshake(&mut conn, "store").await {
+                return;
+            }
+            if let Err(e) = data_conn(&mut conn, &table, &token).await {
+                debug!(peer = conn.peer(), error = %e, "data connection closed");
+            }
+        }
+    })
+    .await;
+}
+
+async fn data_conn(conn: &mut FramedConn, table: &SegmentTable, shutdown: &CancellationToken) -> KvResult<()> {
+    loop {
+        // Only the wait for a new request is cancellable: a request already
+        // started runs to completion so a writer never sees a half-ack.
+        let h = tokio::select! {
+            _ = shutdown.cancelled() => {
+                let _ = conn.flush().await;
+                return Ok(());
+            }
+            h = conn.read_header() => h,
+        };
+        let h = match h {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(()),
+            Err(e) => return reject_and_close(conn, e).await,
+        };
+        let meta = conn.read_meta(h.meta_len).await?;
+        let outcome = match (h.kind, h.opcode) {
+            (FrameKind::Request, Opcode::Write) => match msg::decode::<WriteReq>(meta) {
+                Ok(req) => match region_for(table, req.segment, req.offset, h.payload_len) {
+                    Ok(region) => {
+                        // SAFETY: range checked above; the master gave this region to
+                        // exactly one writer (see MappedRegion).
+                        let dst = unsafe { region.slice_mut(req.offset, h.payload_len) };
+                        conn.read_payload(dst).await?;
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            },
+            (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
+                if h.payload_len != 0 {
+                    return Err(KvError::new(Code::InvalidParams, "read requests carry no payload"));
+                }
+                region_for(table, req.segment, req.offset, req.len).map(|r| Some((r, req)))
+            }),
+            _ => Err(KvError::new(
+                Code::NotSupported,
+                format!("{} is not served on the data plane", h.opcode.name()),
+            )),
+        };
+        match outcome {
+            Ok(None) => {
+                let rh = FrameHeader::response(&h, 0, 0, 0);
+                conn.send_frame(&rh, &[], &[]).await.map_err(|e| io_error("send", e))?;
+            }
+            Ok(Some((region, req))) => {
+                let rh = FrameHeader::response(&h, 0, 0, req.len);
+                // SAFETY: range checked by region_for.
+                let src = unsafe { region.slice(req.offset, req.len) };
+                conn.send_frame(&rh, &[], &[src]).await.map_err(|e| io_error("send", e))?;
+            }
+            Err(e) => {
+                // A refused write's payload is still on the wire: skip it.
+                if h.opcode == Opcode::Write || h.payload_len > 0 {
+                    conn.discard_payload(h.payload_len).await?;
+                }
+                conn.send_error(&h, &e).await.map_err(|e| io_error("send", e))?;
+            }
+        }
+        if !conn.has_buffered_input() {
+            conn.flush().await.map_err(|e| io_error("send", e))?;
+        }
+    }
+}
+
+/// One region write: the concatenation of `parts` goes to `req`'s region.
+pub struct WriteOp<'a> {
+    /// Where to write.
+    pub req: WriteReq,
+    /// Bytes to write, in order (e.g. object header, then the caller's value).
+    pub parts: Vec<&'a [u8]>,
+}
+
+/// One region read: `req.len` bytes scattered over `dst`, in order.
+pub struct ReadOp<'a> {
+    /// What to read.
+    pub req: ReadReq,
+    /// Destination buffers; their lengths must add up to `req.len`.
+    pub dst: Vec<&'a mut [u8]>,
+}
+
+/// Pipelines `ops` on `conn`. The outer error means the connection broke and
+/// must be dropped (no item's outcome is known); otherwise one result per op.
+pub async fn write_regions(conn: &mut FramedConn, ops: &[WriteOp<'_>]) -> KvResult<Vec<KvResult<()>>> {
+    let mut ids = Vec::with_capacity(ops.len());
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        if ids.len() - results.len() == WINDOW {
+            conn.flush().await.map_err(|e| io_error("send", e))?;
+            results.push(read_ack(conn, ids[results.len()]).await?);
+        }
+        let meta = msg::encode(&op.req);
+        let len: u64 = op.parts.iter().map(|p| p.len() as u64).sum();
+        let id = conn.next_id();
+        let h = FrameHeader::request(Opcode::Write, id, meta.len() as u32, len);
+        conn.send_frame(&h, &meta, &op.parts)
+            .await
+            .map_err(|e| io_error(&format!("write to {}", conn.peer()), e))?;
+        ids.push(id);
+    }
+    conn.flush().await.map_err(|e| io_error("send", e))?;
+    while results.len() < ids.len() {
+        results.push(read_ack(conn, ids[results.len()]).await?);
+    }
+    Ok(results)
+}
+
+/// Reads a response with no payload; an error status is a per-item result.
+async fn read_ack(conn: &mut FramedConn, id: u64) -> KvResult<KvResult<()>> {
+    match conn.read_response(id).await {
+        Ok(h) if h.meta_len == 0 && h.payload_len == 0 => Ok(Ok(())),
+        Ok(_) => Err(KvError::new(Code::RpcFail, "unexpected bytes in write ack")),
+        Err(e) if e.code == Code::RpcFail => Err(e),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
+/// Pipelines `ops` on `conn`, filling each op's buffers. Same error contract
+/// as [`write_regions`].
+pub async fn read_regions(conn: &mut FramedConn, ops: &mut [ReadOp<'_>]) -> KvResult<Vec<KvResult<()>>> {
+    for op in ops.iter() {
+        let want: u64 = op.dst.iter().map(|d| d.len() as u64).sum();
+        if want != op.req.len {
+            return Err(KvError::new(Code::InvalidParams, "read buffers do not match the read length"));
+        }
+    }
+    let n = ops.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut results = Vec::with_capacity(n);
+    let mut sent = 0;
+    while results.len() < n {
+        while sent < n && sent - results.len() < WINDOW {
+            let meta = msg::encode(&ops[sent].req);
+            let id = conn.next_id();
+            let h = FrameHeader::request(Opcode::Read, id, meta.len() as u32, 0);
+            conn.send_frame(&h, &meta, &[])
+                .await
+                .map_err(|e| io_error(&format!("send to {}", conn.peer()), e))?;
+            ids.push(id);
+            sent += 1;
+        }
+        conn.flush().await.map_err(|e| io_error("send", e))?;
+        let i = results.len();
+        let r = match conn.read_response(ids[i]).await {
+            Ok(h) => {
+                if h.meta_len != 0 || h.payload_len != ops[i].req.len {
+                    return Err(KvError::new(Code::RpcFail, "read response of the wrong length"));
+                }
+                for d in ops[i].dst.iter_mut() {
+                    conn.read_payload(d).await?;
+                }
+                Ok(())
+            }
+            Err(e) if e.code == Code::RpcFail => return Err(e),
+            Err(e) => Err(e),
+        };
+        results.push(r);
+    }
+    Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn server() -> (String, Arc<SegmentTable>, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let table = Arc::new(SegmentTable::default());
+        table.insert(SegmentId(7), Arc::new(MappedRegion::anonymous(1 << 20).unwrap()));
+        let token = CancellationToken::new();
+        tokio::spawn(serve_data(listener, table.clone(), Limits::default(), token.clone()));
+        (addr, table, token)
+    }
+
+    #[tokio::test]
+    async fn pipelined_writes_and_reads_round_trip() {
+        let (addr, _t, token) = server().await;
+        let mut c = FramedConn::connect(&addr, "test", Limits::default()).await.unwrap();
+        let values: Vec<Vec<u8>> = (0..200u32).map(|i| vec![i as u8; 100 + i as usize]).collect();
+        let writes: Vec<WriteOp> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| WriteOp {
+                req: WriteReq { segment: SegmentId(7), offset: i as u64 * 512 },
+                parts: vec![b"hd", v],
+            })
+            .collect();
+        let r = write_regions(&mut c, &writes).await.unwrap();
+        assert!(r.iter().all(|r| r.is_ok()));
+        let mut heads = vec![[0u8; 2]; values.len()];
+        let mut bodies: Vec<Vec<u8>> = values.iter().map(|v| vec![0; v.len()]).collect();
+        let mut reads: Vec<ReadOp> = heads
+            .iter_mut()
+            .zip(bodies.iter_mut())
+            .enumerate()
+            .map(|(i, (h, b))| ReadOp {
+                req: ReadReq { segment: SegmentId(7), offset: i as u64 * 512, len: 2 + b.len() as u64 },
+                dst: vec![&mut h[..], &mut b[..]],
+            })
+            .collect();
+        let r = read_regions(&mut c, &mut reads).await.unwrap();
+        assert!(r.iter().all(|r| r.is_ok()));
+        drop(reads);
+        assert!(heads.iter().all(|h| h == b"hd"));
+        assert_eq!(bodies, values);
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_errors_and_the_connection_survives() {
+        let (addr, _t, token) = server().await;
+        let mut c = FramedConn::connect(&addr, "test", Limits::default()).await.unwrap();
+        let big = vec![1u8; 4096];
+        let writes = [
+            WriteOp { req: WriteReq { segment: SegmentId(7), offset: (1 << 20) - 10 }, parts: vec![&big] },
+            WriteOp { req: WriteReq { segment: SegmentId(8), offset: 0 }, parts: vec![&big] },
+            WriteOp { req: WriteReq { segment: SegmentId(7), offset: 0 }, parts: vec![&big] },
+        ];
+        let r = write_regions(&mut c, &writes).await.unwrap();
+        assert_eq!(r[0].as_ref().unwrap_err().code, Code::InvalidParams);
+        assert_eq!(r[1].as_ref().unwrap_err().code, Code::SegmentNotFound);
+        assert!(r[2].is_ok());
+        let mut buf = vec![0u8; 4096];
+        let mut reads = [ReadOp { req: ReadReq { segment: SegmentId(7), offset: 0, len: 4096 }, dst: vec![&mut buf[..]] }];
+        assert!(read_regions(&mut c, &mut reads).await.unwrap()[0].is_ok());
+        assert_eq!(buf, big);
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn garbage_header_is_answered_and_server_keeps_serving() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, _t, token) = server().await;
+        let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        raw.write_all(&[0xAB; 64]).await.unwrap();
+        let mut resp = Vec::new();
+        raw.read_to_end(&mut resp).await.unwrap();
+        let h = FrameHeader::decode(resp[..32].try_into().unwrap(), &Limits::default()).unwrap();
+        assert_eq!(h.status, Code::InvalidParams.as_i32());
+        // A fresh connection still works.
+        assert!(FramedConn::connect(&addr, "test", Limits::default()).await.is_ok());
+        token.cancel();
+    }
+}

@@ -1,0 +1,121 @@
+//! Memory that backs a segment: a shared mapping of a file (tmpfs or disk), so
+//! the bytes outlive the process, or anonymous memory for tests.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// A fixed-size region of memory shared by every connection of a store.
+///
+/// Regions are handed out by the master without overlap, so concurrent
+/// writers touch disjoint bytes; a buggy or hostile client that writes over
+/// another object is caught by the object checksum on read, never by a crash.
+pub struct MappedRegion {
+    map: MmapRaw,
+    path: Option<PathBuf>,
+}
+
+impl MappedRegion {
+    /// Maps `path` shared, creating it and setting its length to `size` when
+    /// it does not exist; an existing file keeps its contents (restart).
+    pub fn open_file(path: &Path, size: u64) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        if file.metadata()?.len() != size {
+            file.set_len(size)?;
+        }
+        let map = MmapOptions::new().len(size as usize).map_raw(&file)?;
+        Ok(MappedRegion {
+            map,
+            path: Some(path.to_path_buf()),
+        })
+    }
+
+    /// Anonymous memory (not recoverable), for embedded stores and tests.
+    pub fn anonymous(size: u64) -> io::Result<Self> {
+        let mmap = MmapOptions::new().len(size as usize).map_anon()?;
+        Ok(MappedRegion {
+            map: MmapRaw::from(mmap),
+            path: None,
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// The backing file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Whether `[offset, offset + len)` lies inside the region.
+    pub fn contains(&self, offset: u64, len: u64) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.len())
+    }
+
+    /// Bytes at `[offset, offset + len)`.
+    ///
+    /// # Safety
+    /// The range must be inside the region (see [`Self::contains`]) and the
+    /// caller must not rely on the bytes being stable while another
+    /// connection may write them (readers verify checksums for that reason).
+    pub unsafe fn slice(&self, offset: u64, len: u64) -> &[u8] {
+        debug_assert!(self.contains(offset, len));
+        // SAFETY: in bounds per the caller's contract; the mapping lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset as usize), len as usize) }
+    }
+
+    /// Mutable bytes at `[offset, offset + len)`.
+    ///
+    /// # Safety
+    /// The range must be inside the region and no other live reference may
+    /// cover it; the master's allocator guarantees that for honest clients.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: u64, len: u64) -> &mut [u8] {
+        debug_assert!(self.contains(offset, len));
+        // SAFETY: in bounds per the caller's contract; exclusivity is the caller's.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset as usize), len as usize)
+        }
+    }
+
+    /// Flushes a file-backed mapping to its file (a no-op on tmpfs).
+    pub fn flush(&self) -> io::Result<()> {
+        self.map.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_mapping_keeps_bytes_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("seg");
+        {
+            let m = MappedRegion::open_file(&p, 1 << 20).unwrap();
+            unsafe { m.slice_mut(4096, 5) }.copy_from_slice(b"hello");
+        }
+        let m = MappedRegion::open_file(&p, 1 << 20).unwrap();
+        assert_eq!(unsafe { m.slice(4096, 5) }, b"hello");
+        assert!(m.contains(0, 1 << 20));
+        assert!(!m.contains(1, 1 << 20));
+        assert!(!m.contains(u64::MAX, 2));
+    }
+}

@@ -1,0 +1,130 @@
+//! Server loops: accepting connections under a shutdown token, and the
+//! request/response loop of the control plane (master). The data-plane loop
+//! lives in [`crate::data`].
+
+use std::future::Future;
+use std::sync::Arc;
+
+use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
+use kvpool_proto::{Code, KvError, KvResult};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+
+use crate::conn::{accept_handshake, FramedConn};
+
+/// Answers control-plane requests. Handlers are synchronous: the master's
+/// work is short critical sections, never I/O.
+pub trait ControlHandler: Send + Sync + 'static {
+    /// Handles one request's message and returns the response message.
+    fn handle(&self, opcode: Opcode, meta: &[u8]) -> KvResult<Vec<u8>>;
+}
+
+/// Accepts connections until `shutdown`, running `serve` for each; returns
+/// after every connection task has finished (they watch the same token).
+pub async fn accept_loop<F, Fut>(listener: TcpListener, shutdown: CancellationToken, serve: F)
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let tracker = TaskTracker::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    debug!(%peer, "accepted");
+                    tracker.spawn(serve(stream));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Serves the control protocol on `listener` with `handler` until `shutdown`.
+pub async fn serve_control<H: ControlHandler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    name: &'static str,
+    limits: Limits,
+    shutdown: CancellationToken,
+) {
+    let token = shutdown.clone();
+    accept_loop(listener, shutdown, move |stream| {
+        let handler = handler.clone();
+        let token = token.clone();
+        async move {
+            let Ok(mut conn) = FramedConn::from_stream(stream, limits) else {
+                return;
+            };
+            if !accept_handshake(&mut conn, name).await {
+                return;
+            }
+            tokio::select! {
+                _ = token.cancelled() => {}
+                r = control_conn(&mut conn, &*handler) => {
+                    if let Err(e) = r {
+                        debug!(peer = conn.peer(), error = %e, "control connection closed");
+                    }
+                }
+            }
+        }
+    })
+    .await;
+}
+
+async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> KvResult<()> {
+    loop {
+        let h = match conn.read_header().await {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(()),
+            Err(e) => return reject_and_close(conn, e).await,
+        };
+        // Consume the whole frame first so the stream stays in sync whatever the answer.
+        conn.read_meta(h.meta_len).await?;
+        conn.discard_payload(h.payload_len).await?;
+        let result = if h.kind != FrameKind::Request {
+            Err(KvError::new(Code::InvalidParams, "expected a request frame"))
+        } else if h.payload_len != 0 {
+            Err(KvError::new(Code::InvalidParams, "control requests carry no payload"))
+        } else {
+            handler.handle(h.opcode, conn.last_meta())
+        };
+        send_result(conn, &h, result).await?;
+    }
+}
+
+/// Answers a header that could not be decoded and closes: the stream cannot
+/// be trusted to be in sync any more.
+pub async fn reject_and_close(conn: &mut FramedConn, e: KvError) -> KvResult<()> {
+    warn!(peer = conn.peer(), error = %e, "bad frame, closing connection");
+    let fake = FrameHeader::request(Opcode::Hello, 0, 0, 0);
+    let _ = conn.send_error(&fake, &e).await;
+    let _ = conn.flush().await;
+    Err(e)
+}
+
+async fn send_result(conn: &mut FramedConn, req: &FrameHeader, r: KvResult<Vec<u8>>) -> KvResult<()> {
+    let sent = match r {
+        Ok(meta) => {
+            let rh = FrameHeader::response(req, 0, meta.len() as u32, 0);
+            conn.send_frame(&rh, &meta, &[]).await
+        }
+        Err(e) => conn.send_error(req, &e).await,
+    };
+    sent.map_err(|e| crate::conn::io_error("send response", e))?;
+    if !conn.has_buffered_input() {
+        conn.flush()
+            .await
+            .map_err(|e| crate::conn::io_error("send response", e))?;
+    }
+    Ok(())
+}
