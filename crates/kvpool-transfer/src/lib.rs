@@ -7,7 +7,9 @@
 pub mod conn;
 pub mod data;
 pub mod mapped;
+pub mod master;
 pub mod server;
 
 pub use conn::{ConnPool, FramedConn};
 pub use mapped::MappedRegion;
+pub use master::{CallPolicy, MasterLink};
