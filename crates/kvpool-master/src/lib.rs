@@ -1,1 +1,317 @@
-//! placeholder
+//! kvpool's master: the metadata service that places objects on segments,
+//! grants read leases, pins and evicts, and tracks client liveness. It never
+//! touches payload bytes.
+//!
+//! The decisions live in pure modules ([`alloc`], [`placement`],
+//! [`eviction`]) and in [`state::MasterState`], which takes the time as an
+//! argument; this file is the thin shell around them: request dispatch,
+//! timers, and the listeners.
+
+pub mod alloc;
+pub mod eviction;
+pub mod http;
+pub mod metrics;
+pub mod placement;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvpool_proto::frame::{Limits, Opcode};
+use kvpool_proto::msg::{self, Rpc};
+use kvpool_proto::{msg::to_wire, Code, KvError, KvResult};
+use kvpool_transfer::server::{serve_control, ControlHandler};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::info;
+
+pub use metrics::Metrics;
+pub use state::{MasterState, StateConfig};
+
+/// Settings of `kvpool master` (flags are defined by the binary).
+#[derive(Debug, Clone)]
+pub struct MasterConfig {
+    /// IP for the RPC listener.
+    pub rpc_address: String,
+    /// RPC port (Mooncake's default 50051; 0 picks one).
+    pub rpc_port: u16,
+    /// IP for the metrics/admin HTTP listener.
+    pub metrics_address: String,
+    /// Metrics/admin port (default 9003; 0 picks one).
+    pub metrics_port: u16,
+    /// Serve Mooncake's transfer-metadata HTTP service too.
+    pub enable_http_metadata_server: bool,
+    /// Port of the metadata service (default 8080).
+    pub http_metadata_server_port: u16,
+    /// Leases, pins, eviction and liveness.
+    pub state: StateConfig,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        MasterConfig {
+            rpc_address: "127.0.0.1".into(),
+            rpc_port: 50051,
+            metrics_address: "127.0.0.1".into(),
+            metrics_port: 9003,
+            enable_http_metadata_server: false,
+            http_metadata_server_port: 8080,
+            state: StateConfig::default(),
+        }
+    }
+}
+
+/// Why the master could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MasterError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Bad configuration.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// The running master: state, metrics, and the eviction trigger.
+pub struct Master {
+    /// Object and segment metadata.
+    pub state: MasterState,
+    /// Counters and gauges.
+    pub metrics: Metrics,
+    evict_soon: Notify,
+}
+
+impl Master {
+    /// A master with empty state.
+    pub fn new(cfg: StateConfig) -> Self {
+        Master {
+            state: MasterState::new(cfg),
+            metrics: Metrics::default(),
+            evict_soon: Notify::new(),
+        }
+    }
+}
+
+/// Decodes `meta` as `R`, runs `f`, encodes the answer.
+fn typed<R: Rpc>(meta: &[u8], f: impl FnOnce(R) -> R::Response) -> KvResult<Vec<u8>> {
+    let req: R = msg::decode(meta)?;
+    Ok(msg::encode(&f(req)))
+}
+
+fn wire<T>(v: Vec<KvResult<T>>) -> Vec<msg::WireResult<T>> {
+    v.into_iter().map(to_wire).collect()
+}
+
+fn failed<T>(v: &[KvResult<T>]) -> usize {
+    v.iter().filter(|r| r.is_err()).count()
+}
+
+impl ControlHandler for Master {
+    fn handle(&self, op: Opcode, meta: &[u8]) -> KvResult<Vec<u8>> {
+        let now = Instant::now();
+        let s = &self.state;
+        let m = &self.metrics;
+        let r = match op {
+            Opcode::RegisterClient => typed(meta, |r: msg::RegisterClient| {
+                info!(client = %r.client_id, hostname = %r.hostname, "client registered");
+                m.record(op, 0, 0);
+                s.register_client(r.client_id, &r.hostname, now)
+            }),
+            Opcode::Heartbeat => typed(meta, |r: msg::Heartbeat| msg::HeartbeatReply {
+                known: s.heartbeat(r.client_id, now),
+            }),
+            Opcode::MountSegment => {
+                let r: msg::MountSegment = msg::decode(meta)?;
+                s.mount(r.client_id, r.segment).map(|()| msg::encode(&()))
+            }
+            Opcode::UnmountSegment => {
+                let r: msg::UnmountSegment = msg::decode(meta)?;
+                s.unmount(r.client_id, r.segment).map(|()| msg::encode(&()))
+            }
+            Opcode::PutStart => {
+                let out = typed(meta, |r: msg::PutStart| {
+                    let v = s.put_start(r.client_id, &r.items, &r.config, r.upsert, now);
+                    m.record(op, v.len(), failed(&v));
+                    wire(v)
+                });
+                if s.above_watermark() {
+                    self.evict_soon.notify_one();
+                }
+                out
+            }
+            Opcode::PutEnd => typed(meta, |r: msg::PutEnd| {
+                let v = s.put_end(r.client_id, &r.keys, now);
+                m.record(op, v.len(), failed(&v));
+                wire(v)
+            }),
+            Opcode::PutRevoke => typed(meta, |r: msg::PutRevoke| {
+                let v = s.put_revoke(r.client_id, &r.keys);
+                m.record(op, v.len(), failed(&v));
+                wire(v)
+            }),
+            Opcode::GetReplicaList => typed(meta, |r: msg::GetReplicaList| {
+                let v = s.get_replica_list(&r.keys, now);
+                m.record(op, v.len(), failed(&v));
+                wire(v)
+            }),
+            Opcode::Exist => typed(meta, |r: msg::Exist| {
+                let v = s.exist(&r.keys);
+                m.record(op, v.len(), 0);
+                wire(v)
+            }),
+            Opcode::Remove => typed(meta, |r: msg::Remove| {
+                let v = s.remove(&r.keys, r.force, now);
+                m.record(op, v.len(), failed(&v));
+                wire(v)
+            }),
+            Opcode::RemoveByRegex => {
+                let r: msg::RemoveByRegex = msg::decode(meta)?;
+                let re = regex::Regex::new(&r.pattern)
+                    .map_err(|e| KvError::new(Code::InvalidParams, format!("bad regex: {e}")))?;
+                m.record(op, 0, 0);
+                Ok(msg::encode(&s.remove_matching(|k| re.is_match(k), r.force, now)))
+            }
+            Opcode::RemoveAll => typed(meta, |r: msg::RemoveAll| {
+                m.record(op, 0, 0);
+                s.remove_matching(|_| true, r.force, now)
+            }),
+            Opcode::Status => typed(meta, |_: msg::Status| s.status()),
+            Opcode::Hello => Err(KvError::new(Code::InvalidParams, "handshake already done")),
+            Opcode::Write | Opcode::Read => Err(KvError::new(
+                Code::NotSupported,
+                "the master does not serve data; write to the segment's endpoint",
+            )),
+        };
+        if r.is_err() {
+            m.record(op, 1, 1);
+        }
+        r
+    }
+}
+
+/// A started master: where it listens, and a way to wait for it to stop.
+pub struct MasterHandle {
+    /// RPC listener address.
+    pub rpc_addr: SocketAddr,
+    /// Metrics/admin HTTP address.
+    pub admin_addr: SocketAddr,
+    /// Transfer-metadata HTTP address, when enabled.
+    pub metadata_addr: Option<SocketAddr>,
+    /// The master itself (for in-process use and tests).
+    pub master: Arc<Master>,
+    tasks: TaskTracker,
+}
+
+impl MasterHandle {
+    /// Waits until every listener and timer has stopped (after shutdown).
+    pub async fn stopped(self) {
+        self.tasks.wait().await;
+    }
+}
+
+async fn bind(ip: &str, port: u16) -> Result<TcpListener, MasterError> {
+    TcpListener::bind((ip, port)).await.map_err(|source| MasterError::Bind {
+        addr: format!("{ip}:{port}"),
+        source,
+    })
+}
+
+/// Binds every listener and starts serving until `shutdown`.
+pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<MasterHandle, MasterError> {
+    let st = &cfg.state;
+    if !(st.high_watermark > 0.0 && st.high_watermark <= 1.0) {
+        return Err(MasterError::Config(format!(
+            "eviction high watermark ratio {} not in (0, 1]",
+            st.high_watermark
+        )));
+    }
+    if !(st.eviction_ratio > 0.0 && st.eviction_ratio <= 1.0) {
+        return Err(MasterError::Config(format!("eviction ratio {} not in (0, 1]", st.eviction_ratio)));
+    }
+    if st.client_ttl.is_zero() || st.lease_ttl.is_zero() {
+        return Err(MasterError::Config("client TTL and lease TTL must be positive".into()));
+    }
+    let rpc = bind(&cfg.rpc_address, cfg.rpc_port).await?;
+    let admin = bind(&cfg.metrics_address, cfg.metrics_port).await?;
+    let metadata = if cfg.enable_http_metadata_server {
+        Some(bind(&cfg.rpc_address, cfg.http_metadata_server_port).await?)
+    } else {
+        None
+    };
+    let local = |l: &TcpListener| l.local_addr().map_err(|e| MasterError::Config(e.to_string()));
+    let rpc_addr = local(&rpc)?;
+    let admin_addr = local(&admin)?;
+    let metadata_addr = metadata.as_ref().map(local).transpose()?;
+
+    let master = Arc::new(Master::new(cfg.state.clone()));
+    let tasks = TaskTracker::new();
+    tasks.spawn(serve_control(rpc, master.clone(), "master", Limits::default(), shutdown.clone()));
+    let router = http::admin_router(master.clone());
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        if let Err(e) = http::serve(admin, router, token).await {
+            tracing::error!(error = %e, "admin HTTP server failed");
+        }
+    });
+    if let Some(l) = metadata {
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) = http::serve(l, http::metadata_router(), token).await {
+                tracing::error!(error = %e, "metadata HTTP server failed");
+            }
+        });
+    }
+    tasks.spawn(sweeper(master.clone(), shutdown.clone()));
+    tasks.spawn(evictor(master.clone(), shutdown.clone()));
+    tasks.close();
+    info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
+    Ok(MasterHandle {
+        rpc_addr,
+        admin_addr,
+        metadata_addr,
+        master,
+        tasks,
+    })
+}
+
+/// Runs a master until `shutdown`.
+pub async fn run(cfg: MasterConfig, shutdown: CancellationToken) -> Result<(), MasterError> {
+    start(cfg, shutdown).await?.stopped().await;
+    Ok(())
+}
+
+/// Expires silent clients, stale puts and ended leases.
+async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
+    let period = (master.state.config().client_ttl / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => { master.state.sweep(Instant::now()); }
+        }
+    }
+}
+
+/// Evicts in the background once usage crosses the high watermark, so puts
+/// rarely have to evict inline.
+async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = master.evict_soon.notified() => {}
+        }
+        if master.state.above_watermark() {
+            let m = master.clone();
+            let _ = tokio::task::spawn_blocking(move || m.state.evict(Instant::now(), 0)).await;
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The master's Prometheus metrics: one struct, passed as `Arc`, rendered by
+//! `/metrics`. Gauges that describe the state (capacity, keys) are refreshed
+//! from it at scrape time rather than tracked on every operation.
+
+use kvpool_proto::frame::Opcode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::state::MasterState;
+
+/// Label of per-operation counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// Operation name (opcode).
+    pub op: String,
+}
+
+/// Counters and gauges of one master process.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests handled, per operation.
+    pub requests: Family<OpLabel, Counter>,
+    /// Requests, or keys within batch requests, that failed, per operation.
+    pub failures: Family<OpLabel, Counter>,
+    /// Keys handled by batch operations, per operation.
+    pub keys: Family<OpLabel, Counter>,
+    capacity: Gauge,
+    used: Gauge,
+    objects: Gauge,
+    pending: Gauge,
+    segments: Gauge,
+    clients: Gauge,
+    evictions: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("kvpool");
+        let m = Metrics {
+            requests: Family::default(),
+            failures: Family::default(),
+            keys: Family::default(),
+            capacity: Gauge::default(),
+            used: Gauge::default(),
+            objects: Gauge::default(),
+            pending: Gauge::default(),
+            segments: Gauge::default(),
+            clients: Gauge::default(),
+            evictions: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "Requests handled by the master", m.requests.clone());
+        registry.register("failures", "Failed requests or keys", m.failures.clone());
+        registry.register("op_keys", "Keys handled by batch operations", m.keys.clone());
+        registry.register("capacity_bytes", "Bytes lent by mounted segments", m.capacity.clone());
+        registry.register("used_bytes", "Bytes reserved by objects", m.used.clone());
+        registry.register("keys", "Committed objects", m.objects.clone());
+        registry.register("pending_puts", "Puts started but not ended", m.pending.clone());
+        registry.register("segments", "Mounted segments", m.segments.clone());
+        registry.register("clients", "Registered clients and stores", m.clients.clone());
+        registry.register("evictions", "Objects evicted since start", m.evictions.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// Counts one request of `op` carrying `keys` keys, `failed` of which failed.
+    pub fn record(&self, op: Opcode, keys: usize, failed: usize) {
+        let l = OpLabel { op: op.name().to_string() };
+        self.requests.get_or_create(&l).inc();
+        self.keys.get_or_create(&l).inc_by(keys as u64);
+        if failed > 0 {
+            self.failures.get_or_create(&l).inc_by(failed as u64);
+        }
+    }
+
+    /// Prometheus text exposition, with state gauges refreshed from `state`.
+    pub fn render(&self, state: &MasterState) -> String {
+        let s = state.status();
+        let g = |v: u64| v.min(i64::MAX as u64) as i64;
+        self.capacity.set(g(s.capacity));
+        self.used.set(g(s.used));
+        self.objects.set(g(s.keys));
+        self.pending.set(g(s.pending));
+        self.segments.set(s.segments.len() as i64);
+        self.clients.set(g(s.clients));
+        self.evictions.set(g(s.evictions));
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

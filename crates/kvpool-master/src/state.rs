@@ -1,0 +1,842 @@
+//! The master's metadata: objects (sharded by key hash, one lock per shard),
+//! mounted segments with one offset allocator each, registered clients, and
+//! regions waiting for a read lease to end before they can be reused.
+//!
+//! Every operation takes `now` from the caller, so leases, pins and client
+//! expiry are tested with synthetic or paused time. Lock order, everywhere:
+//! shard, then the segment map, then one segment's allocator; the client map
+//! and the deferred-free list are only ever taken alone.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kvpool_proto::msg::{
+    ClientId, ClusterStatus, ObjectLocation, PutGrant, PutItem, RegisterReply, Replica, ReplicateConfig,
+    SegmentId, SegmentInfo, SegmentStatus,
+};
+use kvpool_proto::{validate_key, Code, KvError, KvResult};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::alloc::{OffsetAllocator, Region};
+use crate::eviction::{self, Candidate};
+use crate::placement::{self, SegmentView};
+
+const SHARDS: usize = 64;
+
+/// Timing and eviction settings of the metadata state.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// Read lease granted by each `GetReplicaList`.
+    pub lease_ttl: Duration,
+    /// Soft pin duration when a put asks for one without a TTL.
+    pub soft_pin_ttl: Duration,
+    /// Start evicting when used/capacity reaches this.
+    pub high_watermark: f64,
+    /// Fraction of capacity freed per eviction pass.
+    pub eviction_ratio: f64,
+    /// Silence after which a client (or store) is dropped.
+    pub client_ttl: Duration,
+    /// A put not ended within this long is revoked.
+    pub pending_ttl: Duration,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            lease_ttl: Duration::from_secs(10),
+            soft_pin_ttl: Duration::from_secs(30 * 60),
+            high_watermark: 0.95,
+            eviction_ratio: 0.05,
+            client_ttl: Duration::from_secs(10),
+            pending_ttl: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One written (or being written) copy set of an object.
+struct Version {
+    value_len: u64,
+    generation: u64,
+    replicas: Vec<(SegmentId, Region)>,
+    lease_until: Instant,
+    soft_pin_until: Option<Instant>,
+    hard_pin: bool,
+    last_access: Instant,
+}
+
+impl Version {
+    fn bytes(&self) -> u64 {
+        self.replicas.iter().map(|(_, r)| r.len).sum()
+    }
+}
+
+struct Pending {
+    owner: ClientId,
+    started: Instant,
+    version: Version,
+}
+
+/// A key's committed version, and a put of a new one in flight (at most one).
+#[derive(Default)]
+struct Entry {
+    current: Option<Version>,
+    pending: Option<Pending>,
+}
+
+#[derive(Default)]
+struct Shard {
+    objects: HashMap<String, Entry>,
+    /// Keys with a put in flight; kept apart so sweeps need not scan all objects.
+    pending: HashMap<String, ClientId>,
+}
+
+struct SegmentSlot {
+    info: SegmentInfo,
+    owner: ClientId,
+    alloc: Mutex<OffsetAllocator>,
+}
+
+struct ClientEntry {
+    last_seen: Instant,
+    hostname: String,
+}
+
+/// What `/api/keys/{key}` shows about one object.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyInfo {
+    /// The key.
+    pub key: String,
+    /// Value bytes.
+    pub value_len: u64,
+    /// Put generation.
+    pub generation: u64,
+    /// Where it lives.
+    pub replicas: Vec<Replica>,
+    /// Milliseconds left on the read lease (0 = none).
+    pub lease_remaining_ms: u64,
+    /// Milliseconds left on a soft pin, if any.
+    pub soft_pin_remaining_ms: Option<u64>,
+    /// Never evicted.
+    pub hard_pin: bool,
+    /// Milliseconds since written or last read.
+    pub idle_ms: u64,
+    /// A newer version is being written.
+    pub put_in_flight: bool,
+}
+
+/// Outcome of an eviction pass.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Evicted {
+    /// Objects evicted.
+    pub objects: u64,
+    /// Bytes freed.
+    pub bytes: u64,
+}
+
+/// The master's metadata state. All methods are short critical sections.
+pub struct MasterState {
+    cfg: StateConfig,
+    shards: Box<[Mutex<Shard>]>,
+    segments: RwLock<HashMap<SegmentId, SegmentSlot>>,
+    clients: Mutex<HashMap<ClientId, ClientEntry>>,
+    deferred: Mutex<Vec<(Instant, SegmentId, Region)>>,
+    /// Serializes eviction passes so concurrent puts do not evict twice.
+    evicting: Mutex<()>,
+    next_generation: AtomicU64,
+    evictions: AtomicU64,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+impl MasterState {
+    /// Empty state with `cfg`.
+    pub fn new(cfg: StateConfig) -> Self {
+        // Generations only need to differ between versions of one key; starting
+        // from the wall clock keeps them increasing across master restarts.
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        MasterState {
+            cfg,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            segments: RwLock::new(HashMap::new()),
+            clients: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(Vec::new()),
+            evicting: Mutex::new(()),
+            next_generation: AtomicU64::new(start),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &StateConfig {
+        &self.cfg
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        let mut h = DefaultHasher::new();
+        key.hash(&mut h);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+
+    // ------------------------------------------------------------ clients
+
+    /// Registers (or refreshes) a client.
+    pub fn register_client(&self, id: ClientId, hostname: &str, now: Instant) -> RegisterReply {
+        self.clients.lock().insert(
+            id,
+            ClientEntry {
+                last_seen: now,
+                hostname: hostname.to_string(),
+            },
+        );
+        RegisterReply {
+            heartbeat_interval_ms: ms(self.cfg.client_ttl / 4).max(1),
+            client_ttl_ms: ms(self.cfg.client_ttl),
+        }
+    }
+
+    /// Records a heartbeat; false when the client is unknown (it must register).
+    pub fn heartbeat(&self, id: ClientId, now: Instant) -> bool {
+        match self.clients.lock().get_mut(&id) {
+            Some(c) => {
+                c.last_seen = now;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn require_client(&self, id: ClientId) -> KvResult<()> {
+        if self.clients.lock().contains_key(&id) {
+            Ok(())
+        } else {
+            Err(KvError::new(Code::ClientNotFound, format!("client {id} is not registered")))
+        }
+    }
+
+    // ------------------------------------------------------------ segments
+
+    /// Lends a segment to the pool.
+    pub fn mount(&self, client: ClientId, info: SegmentInfo) -> KvResult<()> {
+        self.require_client(client)?;
+        if info.size == 0 {
+            return Err(KvError::new(Code::InvalidParams, "segment has no usable bytes"));
+        }
+        let mut segs = self.segments.write();
+        if let Some(s) = segs.get(&info.id) {
+            if s.owner == client && s.info == info {
+                return Ok(());
+            }
+            return Err(KvError::new(Code::SegmentAlreadyExists, format!("segment {} is mounted", info.id)));
+        }
+        tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, "segment mounted");
+        segs.insert(
+            info.id,
+            SegmentSlot {
+                alloc: Mutex::new(OffsetAllocator::new(info.base, info.size)),
+                info,
+                owner: client,
+            },
+        );
+        Ok(())
+    }
+
+    /// Withdraws a segment; only its owner may.
+    pub fn unmount(&self, client: ClientId, id: SegmentId) -> KvResult<()> {
+        match self.segments.read().get(&id) {
+            None => return Err(KvError::new(Code::SegmentNotFound, format!("segment {id} is not mounted"))),
+            Some(s) if s.owner != client => {
+                return Err(KvError::new(Code::IllegalClient, format!("segment {id} belongs to another client")))
+            }
+            Some(_) => {}
+        }
+        self.drop_segment(id);
+        Ok(())
+    }
+
+    /// Forgets a segment and every replica on it. Objects left without a
+    /// replica are gone; puts writing to it are revoked.
+    fn drop_segment(&self, id: SegmentId) {
+        if self.segments.write().remove(&id).is_none() {
+            return;
+        }
+        tracing::info!(segment = %id, "segment unmounted");
+        self.deferred.lock().retain(|(_, s, _)| *s != id);
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let sh = &mut *sh;
+            let mut revoked = Vec::new();
+            sh.objects.retain(|key, e| {
+                if let Some(v) = &mut e.current {
+                    v.replicas.retain(|(s, _)| *s != id);
+                    if v.replicas.is_empty() {
+                        e.current = None;
+                    }
+                }
+                if e.pending.as_ref().is_some_and(|p| p.version.replicas.iter().any(|(s, _)| *s == id)) {
+                    if let Some(p) = e.pending.take() {
+                        revoked.push((key.clone(), p));
+                    }
+                }
+                e.current.is_some() || e.pending.is_some()
+            });
+            for (key, p) in revoked {
+                sh.pending.remove(&key);
+                self.free_now(&p.version.replicas);
+            }
+        }
+    }
+
+    fn free_now(&self, replicas: &[(SegmentId, Region)]) {
+        let segs = self.segments.read();
+        for (id, r) in replicas {
+            if let Some(s) = segs.get(id) {
+                s.alloc.lock().free(*r);
+            }
+        }
+    }
+
+    /// Frees a replaced or removed version, or parks its regions until its
+    /// read lease ends so a reader in flight never sees them reused.
+    fn release(&self, v: Version, now: Instant) {
+        if v.lease_until > now {
+            let mut d = self.deferred.lock();
+            d.extend(v.replicas.into_iter().map(|(s, r)| (v.lease_until, s, r)));
+        } else {
+            self.free_now(&v.replicas);
+        }
+    }
+
+    fn describe(&self, replicas: &[(SegmentId, Region)]) -> Vec<Replica> {
+        let segs = self.segments.read();
+        replicas
+            .iter()
+            .filter_map(|(id, r)| {
+                segs.get(id).map(|s| Replica {
+                    segment: *id,
+                    endpoint: s.info.endpoint.clone(),
+                    offset: r.offset,
+                    len: r.len,
+                })
+            })
+            .collect()
+    }
+
+    /// Total and used bytes over all mounted segments.
+    pub fn usage(&self) -> (u64, u64) {
+        let segs = self.segments.read();
+        segs.values().fold((0, 0), |(cap, used), s| {
+            let a = s.alloc.lock();
+            (cap + a.capacity(), used + a.used())
+        })
+    }
+
+    /// Whether used bytes have reached the high watermark.
+    pub fn above_watermark(&self) -> bool {
+        let (cap, used) = self.usage();
+        cap > 0 && used as f64 >= cap as f64 * self.cfg.high_watermark
+    }
+
+    fn allocate(&self, region_len: u64, replica_num: usize, preferred: &[String]) -> Vec<(SegmentId, Region)> {
+        let segs = self.segments.read();
+        let views: Vec<SegmentView> = segs
+            .values()
+            .map(|s| SegmentView {
+                id: s.info.id,
+                name: s.info.name.clone(),
+                free: s.alloc.lock().largest_free(),
+            })
+            .collect();
+        let mut got = Vec::with_capacity(replica_num);
+        for id in placement::order(&views, region_len, preferred) {
+            if got.len() == replica_num {
+                break;
+            }
+            if let Some(r) = segs.get(&id).and_then(|s| s.alloc.lock().alloc(region_len)) {
+                got.push((id, r));
+            }
+        }
+        got
+    }
+
+    // ------------------------------------------------------------ puts
+
+    /// Reserves regions for each item; one result per item.
+    pub fn put_start(
+        &self,
+        client: ClientId,
+        items: &[PutItem],
+        config: &ReplicateConfig,
+        upsert: bool,
+        now: Instant,
+    ) -> Vec<KvResult<PutGrant>> {
+        if let Err(e) = self.require_client(client) {
+            return items.iter().map(|_| Err(e.clone())).collect();
+        }
+        items
+            .iter()
+            .map(|item| self.put_start_one(client, item, config, upsert, now))
+            .collect()
+    }
+
+    /// What an existing entry means for a new put, if it decides the answer.
+    fn existing_answer(&self, e: &Entry, client: ClientId, item: &PutItem, upsert: bool) -> Option<KvResult<PutGrant>> {
+        if let Some(p) = &e.pending {
+            // The same writer retrying (its answer was lost): hand back the same regions.
+            if p.owner == client && p.version.value_len == item.value_len {
+                return Some(Ok(PutGrant::Write {
+                    generation: p.version.generation,
+                    replicas: self.describe(&p.version.replicas),
+                }));
+            }
+            return Some(Err(KvError::new(
+                Code::ReplicaIsNotReady,
+                format!("{:?} is being written by another client", item.key),
+            )));
+        }
+        if e.current.is_some() && !upsert {
+            return Some(Ok(PutGrant::Exists));
+        }
+        None
+    }
+
+    fn put_start_one(
+        &self,
+        client: ClientId,
+        item: &PutItem,
+        config: &ReplicateConfig,
+        upsert: bool,
+        now: Instant,
+    ) -> KvResult<PutGrant> {
+        validate_key(&item.key)?;
+        if item.region_len < item.value_len || item.region_len == 0 {
+            return Err(KvError::new(Code::InvalidParams, "region length smaller than the value"));
+        }
+        if config.replica_num == 0 {
+            return Err(KvError::new(Code::InvalidParams, "replica_num must be at least 1"));
+        }
+        if let Some(e) = self.shard(&item.key).lock().objects.get(&item.key) {
+            if let Some(answer) = self.existing_answer(e, client, item, upsert) {
+                return answer;
+            }
+        }
+        // Allocate without holding the shard: eviction may need every shard.
+        let want = config.replica_num as usize;
+        let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments);
+        if replicas.len() < want {
+            self.free_now(&replicas);
+            self.evict(now, item.region_len.saturating_mul(want as u64));
+            replicas = self.allocate(item.region_len, want, &config.preferred_segments);
+        }
+        if replicas.is_empty() {
+            let (cap, used) = self.usage();
+            return Err(KvError::new(
+                Code::NoAvailableHandle,
+                format!(
+                    "no segment has {} free bytes after eviction ({used} of {cap} bytes in use)",
+                    item.region_len
+                ),
+            ));
+        }
+        let mut shard = self.shard(&item.key).lock();
+        let e = shard.objects.entry(item.key.clone()).or_default();
+        if let Some(answer) = self.existing_answer(e, client, item, upsert) {
+            // Lost a race with another writer of the same key.
+            self.free_now(&replicas);
+            return answer;
+        }
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let soft_pin_until = config.with_soft_pin.then(|| {
+            now + config
+                .soft_pin_ttl_ms
+                .map(Duration::from_millis)
+                .unwrap_or(self.cfg.soft_pin_ttl)
+        });
+        let described = self.describe(&replicas);
+        e.pending = Some(Pending {
+            owner: client,
+            started: now,
+            version: Version {
+                value_len: item.value_len,
+                generation,
+                replicas,
+                lease_until: now,
+                soft_pin_until,
+                hard_pin: config.with_hard_pin,
+                last_access: now,
+            },
+        });
+        shard.pending.insert(item.key.clone(), client);
+        Ok(PutGrant::Write {
+            generation,
+            replicas: described,
+        })
+    }
+
+    /// Commits written objects; one result per key.
+    pub fn put_end(&self, client: ClientId, keys: &[String], now: Instant) -> Vec<KvResult<()>> {
+        keys.iter().map(|k| self.put_end_one(client, k, now)).collect()
+    }
+
+    fn take_pending(&self, shard: &mut Shard, client: ClientId, key: &str) -> KvResult<Pending> {
+        let e = shard
+            .objects
+            .get_mut(key)
+            .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("no put of {key:?} in flight")))?;
+        match &e.pending {
+            None => return Err(KvError::new(Code::ObjectNotFound, format!("no put of {key:?} in flight"))),
+            Some(p) if p.owner != client => {
+                return Err(KvError::new(Code::IllegalClient, format!("put of {key:?} belongs to another client")))
+            }
+            Some(_) => {}
+        }
+        shard.pending.remove(key);
+        e.pending.take().ok_or_else(|| KvError::from(Code::InternalError))
+    }
+
+    fn put_end_one(&self, client: ClientId, key: &str, now: Instant) -> KvResult<()> {
+        let mut shard = self.shard(key).lock();
+        let p = match self.take_pending(&mut shard, client, key) {
+            Ok(p) => p,
+            // A retried PutEnd whose first attempt committed.
+            Err(e) if e.code == Code::ObjectNotFound => {
+                return match shard.objects.get(key).and_then(|e| e.current.as_ref()) {
+                    Some(_) => Ok(()),
+                    None => Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        };
+        let mut v = p.version;
+        // A segment may have gone away while the bytes were being written.
+        let live = self.segments.read();
+        v.replicas.retain(|(s, _)| live.contains_key(s));
+        drop(live);
+        let Some(e) = shard.objects.get_mut(key) else {
+            return Err(KvError::from(Code::InternalError));
+        };
+        if v.replicas.is_empty() {
+            if e.current.is_none() {
+                shard.objects.remove(key);
+            }
+            return Err(KvError::new(Code::WriteFail, format!("every segment of {key:?} went away")));
+        }
+        v.last_access = now;
+        if let Some(old) = e.current.replace(v) {
+            drop(shard);
+            self.release(old, now);
+        }
+        Ok(())
+    }
+
+    /// Abandons puts in flight; one result per key.
+    pub fn put_revoke(&self, client: ClientId, keys: &[String]) -> Vec<KvResult<()>> {
+        keys.iter()
+            .map(|k| {
+                let mut shard = self.shard(k).lock();
+                let p = self.take_pending(&mut shard, client, k)?;
+                if shard.objects.get(k).is_some_and(|e| e.current.is_none()) {
+                    shard.objects.remove(k);
+                }
+                drop(shard);
+                self.free_now(&p.version.replicas);
+                Ok(())
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------ reads
+
+    /// Locates committed objects and grants each a read lease.
+    pub fn get_replica_list(&self, keys: &[String], now: Instant) -> Vec<KvResult<ObjectLocation>> {
+        keys.iter()
+            .map(|k| {
+                let mut shard = self.shard(k).lock();
+                let v = shard
+                    .objects
+                    .get_mut(k.as_str())
+                    .and_then(|e| e.current.as_mut())
+                    .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{k:?} not found")))?;
+                v.lease_until = v.lease_until.max(now + self.cfg.lease_ttl);
+                v.last_access = now;
+                Ok(ObjectLocation {
+                    value_len: v.value_len,
+                    generation: v.generation,
+                    lease_ms: ms(self.cfg.lease_ttl),
+                    replicas: self.describe(&v.replicas),
+                })
+            })
+            .collect()
+    }
+
+    /// Value size of committed objects; does not touch recency or leases.
+    pub fn exist(&self, keys: &[String]) -> Vec<KvResult<u64>> {
+        keys.iter()
+            .map(|k| {
+                self.shard(k)
+                    .lock()
+                    .objects
+                    .get(k.as_str())
+                    .and_then(|e| e.current.as_ref())
+                    .map(|v| v.value_len)
+                    .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{k:?} not found")))
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------ removal
+
+    fn remove_in(&self, shard: &mut Shard, key: &str, force: bool, now: Instant) -> KvResult<Version> {
+        let e = shard
+            .objects
+            .get_mut(key)
+            .filter(|e| e.current.is_some())
+            .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{key:?} not found")))?;
+        if !force && e.current.as_ref().is_some_and(|v| v.lease_until > now) {
+            return Err(KvError::new(Code::ObjectHasLease, format!("{key:?} has a live read lease")));
+        }
+        let v = e.current.take().ok_or_else(|| KvError::from(Code::InternalError))?;
+        if e.pending.is_none() {
+            shard.objects.remove(key);
+        }
+        Ok(v)
+    }
+
+    /// Removes objects; one result per key.
+    pub fn remove(&self, keys: &[String], force: bool, now: Instant) -> Vec<KvResult<()>> {
+        keys.iter()
+            .map(|k| {
+                let v = self.remove_in(&mut self.shard(k).lock(), k, force, now)?;
+                self.release(v, now);
+                Ok(())
+            })
+            .collect()
+    }
+
+    /// Removes committed objects whose key `matches`; returns how many. Objects
+    /// under a live lease are kept unless `force`.
+    pub fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool, now: Instant) -> u64 {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let keys: Vec<String> = sh
+                .objects
+                .iter()
+                .filter(|(k, e)| e.current.is_some() && matches(k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut versions = Vec::new();
+            for k in keys {
+                if let Ok(v) = self.remove_in(&mut sh, &k, force, now) {
+                    versions.push(v);
+                }
+            }
+            drop(sh);
+            removed += versions.len() as u64;
+            for v in versions {
+                self.release(v, now);
+            }
+        }
+        removed
+    }
+
+    // ------------------------------------------------------------ eviction
+
+    /// Frees at least `need` bytes, and at least `eviction_ratio` of capacity,
+    /// from the least recently used evictable objects.
+    pub fn evict(&self, now: Instant, need: u64) -> Evicted {
+        let _pass = self.evicting.lock();
+        self.free_expired_deferred(now);
+        let (cap, _) = self.usage();
+        let target = need.max((cap as f64 * self.cfg.eviction_ratio) as u64);
+        let mut candidates = Vec::new();
+        for shard in self.shards.iter() {
+            for (k, e) in shard.lock().objects.iter() {
+                if let Some(v) = &e.current {
+                    if !Self::evictable(v, now) {
+                        continue;
+                    }
+                    candidates.push(Candidate {
+                        key: k.clone(),
+                        generation: v.generation,
+                        bytes: v.bytes(),
+                        soft_pinned: v.soft_pin_until.is_some_and(|t| t > now),
+                        idle: now.saturating_duration_since(v.last_access),
+                    });
+                }
+            }
+        }
+        let mut out = Evicted::default();
+        for c in eviction::choose(candidates, target) {
+            let mut shard = self.shard(&c.key).lock();
+            let Some(e) = shard.objects.get_mut(&c.key) else { continue };
+            // Re-check: the object may have been read or replaced since the scan.
+            if !e
+                .current
+                .as_ref()
+                .is_some_and(|v| v.generation == c.generation && Self::evictable(v, now))
+            {
+                continue;
+            }
+            let Some(v) = e.current.take() else { continue };
+            if e.pending.is_none() {
+                shard.objects.remove(&c.key);
+            }
+            drop(shard);
+            out.objects += 1;
+            out.bytes += v.bytes();
+            self.free_now(&v.replicas);
+        }
+        self.evictions.fetch_add(out.objects, Ordering::Relaxed);
+        if out.objects > 0 {
+            tracing::debug!(objects = out.objects, bytes = out.bytes, "evicted");
+        }
+        out
+    }
+
+    fn evictable(v: &Version, now: Instant) -> bool {
+        !v.hard_pin && v.lease_until <= now
+    }
+
+    /// Objects evicted since start.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    // ------------------------------------------------------------ timers
+
+    fn free_expired_deferred(&self, now: Instant) {
+        let due: Vec<(SegmentId, Region)> = {
+            let mut d = self.deferred.lock();
+            let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _, _)| *t <= now);
+            *d = keep;
+            due.into_iter().map(|(_, s, r)| (s, r)).collect()
+        };
+        self.free_now(&due);
+    }
+
+    /// Periodic upkeep: drops clients silent for `client_ttl` (their segments
+    /// and puts in flight with them), revokes puts older than `pending_ttl`,
+    /// and frees regions whose lease ended. Returns the clients dropped.
+    pub fn sweep(&self, now: Instant) -> Vec<ClientId> {
+        let dead: Vec<ClientId> = {
+            let mut clients = self.clients.lock();
+            let dead: Vec<ClientId> = clients
+                .iter()
+                .filter(|(_, c)| now.saturating_duration_since(c.last_seen) > self.cfg.client_ttl)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in &dead {
+                if let Some(c) = clients.remove(id) {
+                    tracing::warn!(client = %id, hostname = %c.hostname, "client expired");
+                }
+            }
+            dead
+        };
+        if !dead.is_empty() {
+            let owned: Vec<SegmentId> = self
+                .segments
+                .read()
+                .values()
+                .filter(|s| dead.contains(&s.owner))
+                .map(|s| s.info.id)
+                .collect();
+            for id in owned {
+                self.drop_segment(id);
+            }
+        }
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let stale: Vec<(String, ClientId)> = sh
+                .pending
+                .iter()
+                .filter(|(k, owner)| {
+                    dead.contains(owner)
+                        || sh.objects.get(k.as_str()).and_then(|e| e.pending.as_ref()).is_some_and(|p| {
+                            now.saturating_duration_since(p.started) > self.cfg.pending_ttl
+                        })
+                })
+                .map(|(k, c)| (k.clone(), *c))
+                .collect();
+            let mut freed = Vec::new();
+            for (k, owner) in stale {
+                if let Ok(p) = self.take_pending(&mut sh, owner, &k) {
+                    if sh.objects.get(&k).is_some_and(|e| e.current.is_none()) {
+                        sh.objects.remove(&k);
+                    }
+                    freed.push(p);
+                }
+            }
+            drop(sh);
+            for p in freed {
+                self.free_now(&p.version.replicas);
+            }
+        }
+        self.free_expired_deferred(now);
+        dead
+    }
+
+    // ------------------------------------------------------------ status
+
+    /// The cluster as seen now.
+    pub fn status(&self) -> ClusterStatus {
+        let segments: Vec<SegmentStatus> = {
+            let segs = self.segments.read();
+            let mut v: Vec<SegmentStatus> = segs
+                .values()
+                .map(|s| {
+                    let a = s.alloc.lock();
+                    SegmentStatus {
+                        info: s.info.clone(),
+                        used: a.used(),
+                        regions: a.live_regions() as u64,
+                    }
+                })
+                .collect();
+            v.sort_by(|a, b| a.info.name.cmp(&b.info.name));
+            v
+        };
+        let (mut keys, mut pending) = (0, 0);
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            keys += sh.objects.values().filter(|e| e.current.is_some()).count() as u64;
+            pending += sh.pending.len() as u64;
+        }
+        ClusterStatus {
+            capacity: segments.iter().map(|s| s.info.size).sum(),
+            used: segments.iter().map(|s| s.used).sum(),
+            segments,
+            keys,
+            pending,
+            clients: self.clients.lock().len() as u64,
+            evictions: self.evictions(),
+        }
+    }
+
+    /// Everything known about one key, for the admin API.
+    pub fn key_info(&self, key: &str, now: Instant) -> Option<KeyInfo> {
+        let shard = self.shard(key).lock();
+        let e = shard.objects.get(key)?;
+        let v = e.current.as_ref()?;
+        Some(KeyInfo {
+            key: key.to_string(),
+            value_len: v.value_len,
+            generation: v.generation,
+            replicas: self.describe(&v.replicas),
+            lease_remaining_ms: ms(v.lease_until.saturating_duration_since(now)),
+            soft_pin_remaining_ms: v.soft_pin_until.map(|t| ms(t.saturating_duration_since(now))),
+            hard_pin: v.hard_pin,
+            idle_ms: ms(now.saturating_duration_since(v.last_access)),
+            put_in_flight: e.pending.is_some(),
+        })
+    }
+}
