@@ -1,1 +1,762 @@
-//! placeholder
+//! kvpool's Rust client: put/get/exist/remove/upsert, their batch forms, and
+//! zero-copy variants that write from and read into caller memory.
+//!
+//! A put is one master round trip to reserve regions (`PutStart`), the bytes
+//! written straight to every replica's store, and one round trip to commit
+//! (`PutEnd`) or abandon (`PutRevoke`). A get is one master round trip
+//! (`GetReplicaList`, which grants a read lease) and one read per object from
+//! a replica; the object header and checksum are verified before a byte is
+//! reported as read, and a bad or unreachable replica falls back to the next.
+//! Batches make one master round trip for all keys and pipeline the
+//! transfers per store. Every result is per key.
+//!
+//! A client may also lend memory to the pool (an embedded segment), as an
+//! inference engine does; it goes away with the client.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use kvpool_proto::frame::Limits;
+use kvpool_proto::msg::{
+    self, ClientId, ClusterStatus, ObjectLocation, PutGrant, PutItem, ReadReq, Replica, WriteReq,
+};
+use kvpool_proto::{validate_key, Code, KvError, KvResult};
+use kvpool_store::header::{header_len, value_checksum, ObjectHeader};
+use kvpool_store::DataNode;
+use kvpool_transfer::data::{read_regions, write_regions, ReadOp, WriteOp};
+use kvpool_transfer::{CallPolicy, ConnPool, MasterLink};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use kvpool_proto::msg::ReplicateConfig;
+
+/// Batches whose bytes exceed this are spread over several connections per store.
+const SPREAD_BYTES: u64 = 1 << 20;
+
+/// Settings of a client.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Master RPC address `host:port`.
+    pub master: String,
+    /// Name of this client (and of its embedded segment).
+    pub hostname: String,
+    /// Limit for each master call attempt and each transfer.
+    pub timeout: Duration,
+    /// Extra attempts after transient failures.
+    pub retries: u32,
+    /// Connections kept open per store (and used in parallel for big batches).
+    pub conns_per_store: usize,
+    /// Bytes to lend to the pool from this process (0 = pure client).
+    pub segment_size: u64,
+    /// IP the embedded segment's data plane binds and advertises.
+    pub segment_address: String,
+}
+
+impl ClientConfig {
+    /// Defaults for a client of the master at `master`.
+    pub fn new(master: &str) -> Self {
+        ClientConfig {
+            master: master.to_string(),
+            hostname: "127.0.0.1".into(),
+            timeout: Duration::from_secs(10),
+            retries: 5,
+            conns_per_store: 4,
+            segment_size: 0,
+            segment_address: "127.0.0.1".into(),
+        }
+    }
+}
+
+/// One object to read into caller memory.
+pub struct GetInto<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// Destination buffers; the value fills them in order and must fit.
+    pub dst: Vec<&'a mut [u8]>,
+}
+
+/// A connected client. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: ClientConfig,
+    link: Arc<MasterLink>,
+    stores: Mutex<HashMap<String, Arc<ConnPool>>>,
+    node: Option<Arc<DataNode>>,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Client {
+    /// Registers with the master, lends the embedded segment if configured,
+    /// and starts heartbeating.
+    pub async fn connect(cfg: ClientConfig) -> KvResult<Client> {
+        let policy = CallPolicy {
+            timeout: cfg.timeout,
+            retries: cfg.retries,
+            ..CallPolicy::default()
+        };
+        let link = MasterLink::new(&cfg.master, ClientId(rand::random()), &cfg.hostname, "client", policy);
+        let reply = link.register().await?;
+        let shutdown = CancellationToken::new();
+        let node = if cfg.segment_size > 0 {
+            let node = DataNode::bind(&cfg.segment_address, 0, shutdown.clone())
+                .await
+                .map_err(|e| KvError::new(Code::InternalError, format!("embedded segment: {e}")))?;
+            node.add_anonymous_segment(&cfg.hostname, cfg.segment_size)
+                .map_err(|e| KvError::new(Code::InternalError, format!("embedded segment: {e}")))?;
+            node.mount_all(&link).await?;
+            Some(node)
+        } else {
+            None
+        };
+        let remount = match &node {
+            Some(n) => n.remount_hook(&link),
+            None => Arc::new(|| Box::pin(async {}) as _),
+        };
+        link.spawn_heartbeat(
+            Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
+            remount,
+            shutdown.clone(),
+        );
+        Ok(Client {
+            inner: Arc::new(Inner {
+                cfg,
+                link,
+                stores: Mutex::new(HashMap::new()),
+                node,
+                shutdown,
+            }),
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.cfg
+    }
+
+    /// Withdraws the embedded segment and stops background work.
+    pub async fn close(&self) {
+        if let Some(node) = &self.inner.node {
+            node.unmount_all(&self.inner.link).await;
+        }
+        self.inner.shutdown.cancel();
+    }
+
+    fn pool(&self, endpoint: &str) -> Arc<ConnPool> {
+        let mut stores = self.inner.stores.lock();
+        stores
+            .entry(endpoint.to_string())
+            .or_insert_with(|| {
+                Arc::new(ConnPool::new(
+                    endpoint,
+                    "client",
+                    Limits::default(),
+                    self.inner.cfg.timeout,
+                    self.inner.cfg.conns_per_store.max(1),
+                ))
+            })
+            .clone()
+    }
+
+    // ------------------------------------------------------------ puts
+
+    /// Stores `value` under `key`; an existing key is kept (write-once, success).
+    pub async fn put(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> KvResult<()> {
+        self.put_parts(key, &[value], config).await
+    }
+
+    /// Stores the concatenation of `parts` under `key` (write-once).
+    pub async fn put_parts(&self, key: &str, parts: &[&[u8]], config: &ReplicateConfig) -> KvResult<()> {
+        one(self.batch_put(&[(key, parts)], config, false).await)
+    }
+
+    /// Stores `value` under `key`, replacing any existing value.
+    pub async fn upsert(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> KvResult<()> {
+        one(self.batch_put(&[(key, &[value])], config, true).await)
+    }
+
+    /// Stores many objects (each the concatenation of its parts); one result
+    /// per key, in order. `upsert` replaces existing values.
+    pub async fn batch_put(
+        &self,
+        items: &[(&str, &[&[u8]])],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<KvResult<()>> {
+        let mut results: Vec<Option<KvResult<()>>> = vec![None; items.len()];
+        let mut todo: Vec<usize> = (0..items.len()).collect();
+        let mut backoff = Duration::from_millis(5);
+        for attempt in 0..=self.inner.cfg.retries {
+            let round: Vec<(&str, &[&[u8]])> = todo.iter().map(|&i| items[i]).collect();
+            let out = self.put_round(&round, config, upsert).await;
+            let mut again = Vec::new();
+            for (&i, r) in todo.iter().zip(out) {
+                match r {
+                    // Another writer holds the key, or a store was unreachable: try again.
+                    Err(e) if e.code.is_transient() && attempt < self.inner.cfg.retries => again.push(i),
+                    r => results[i] = Some(r),
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            todo = again;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
+            .collect()
+    }
+
+    async fn put_round(&self, items: &[(&str, &[&[u8]])], config: &ReplicateConfig, upsert: bool) -> Vec<KvResult<()>> {
+        let mut results: Vec<KvResult<()>> = Vec::with_capacity(items.len());
+        let mut put_items = Vec::with_capacity(items.len());
+        let mut index = Vec::with_capacity(items.len());
+        for (i, (key, parts)) in items.iter().enumerate() {
+            match validate_key(key) {
+                Ok(()) => {
+                    let value_len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+                    put_items.push(PutItem {
+                        key: key.to_string(),
+                        value_len,
+                        region_len: header_len(key.len()) as u64 + value_len,
+                    });
+                    index.push(i);
+                    results.push(Ok(()));
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        if put_items.is_empty() {
+            return results;
+        }
+        let grants = self
+            .inner
+            .link
+            .call(&msg::PutStart {
+                client_id: self.inner.link.client_id(),
+                items: put_items,
+                config: config.clone(),
+                upsert,
+            })
+            .await;
+        let grants = match grants {
+            Ok(g) if g.len() == index.len() => g,
+            other => {
+                let e = other
+                    .err()
+                    .unwrap_or_else(|| KvError::new(Code::RpcFail, "master answered the wrong number of keys"));
+                for &i in &index {
+                    results[i] = Err(e.clone());
+                }
+                return results;
+            }
+        };
+        // Object headers must outlive the writes that borrow them.
+        let mut headers: Vec<(usize, Vec<u8>, Vec<Replica>)> = Vec::new();
+        for (&i, g) in index.iter().zip(grants) {
+            match msg::from_wire(g) {
+                Ok(PutGrant::Exists) => {}
+                Ok(PutGrant::Write { generation, replicas }) => {
+                    let (key, parts) = items[i];
+                    let h = ObjectHeader {
+                        key: key.to_string(),
+                        value_len: parts.iter().map(|p| p.len() as u64).sum(),
+                        generation,
+                        checksum: value_checksum(parts),
+                    };
+                    headers.push((i, h.encode(), replicas));
+                }
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        let mut ops: Vec<(usize, String, WriteOp)> = Vec::new();
+        for (i, head, replicas) in &headers {
+            for r in replicas {
+                let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + items[*i].1.len());
+                parts.push(head);
+                parts.extend_from_slice(items[*i].1);
+                ops.push((
+                    *i,
+                    r.endpoint.clone(),
+                    WriteOp {
+                        req: WriteReq {
+                            segment: r.segment,
+                            offset: r.offset,
+                        },
+                        parts,
+                    },
+                ));
+            }
+        }
+        for (i, r) in self.run_writes(ops).await {
+            if let Err(e) = r {
+                if results[i].is_ok() {
+                    results[i] = Err(e);
+                }
+            }
+        }
+        let (mut commit, mut revoke) = (Vec::new(), Vec::new());
+        for (i, _, _) in &headers {
+            let key = items[*i].0.to_string();
+            if results[*i].is_ok() {
+                commit.push((*i, key));
+            } else {
+                revoke.push(key);
+            }
+        }
+        if !revoke.is_empty() {
+            // Best effort: the master also revokes puts that are never ended.
+            let _ = self
+                .inner
+                .link
+                .call(&msg::PutRevoke {
+                    client_id: self.inner.link.client_id(),
+                    keys: revoke,
+                })
+                .await;
+        }
+        if !commit.is_empty() {
+            let keys: Vec<String> = commit.iter().map(|(_, k)| k.clone()).collect();
+            let r = self
+                .inner
+                .link
+                .call(&msg::PutEnd {
+                    client_id: self.inner.link.client_id(),
+                    keys,
+                })
+                .await;
+            match r {
+                Ok(v) if v.len() == commit.len() => {
+                    for ((i, _), r) in commit.iter().zip(v) {
+                        results[*i] = msg::from_wire(r);
+                    }
+                }
+                Ok(_) => {
+                    for (i, _) in &commit {
+                        results[*i] = Err(KvError::new(Code::RpcFail, "master answered the wrong number of keys"));
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in &commit {
+                        results[*i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    /// Runs writes grouped by store, each group pipelined, groups (and big
+    /// groups' chunks) in parallel. Returns (item index, result) per op.
+    async fn run_writes<'a>(&self, ops: Vec<(usize, String, WriteOp<'a>)>) -> Vec<(usize, KvResult<()>)> {
+        let mut groups: HashMap<String, Vec<(usize, WriteOp<'a>)>> = HashMap::new();
+        for (i, ep, op) in ops {
+            groups.entry(ep).or_default().push((i, op));
+        }
+        let mut jobs = Vec::new();
+        for (ep, group) in groups {
+            let bytes: u64 = group.iter().flat_map(|(_, o)| o.parts.iter()).map(|p| p.len() as u64).sum();
+            for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
+                let pool = self.pool(&ep);
+                let timeout = self.inner.cfg.timeout;
+                jobs.push(async move {
+                    let (idx, wops): (Vec<usize>, Vec<WriteOp>) = chunk.into_iter().unzip();
+                    let r = transfer(&pool, timeout, |mut c| async move {
+                        let r = write_regions(&mut c, &wops).await;
+                        (c, r)
+                    })
+                    .await;
+                    spread(idx, r)
+                });
+            }
+        }
+        join_all(jobs).await.into_iter().flatten().collect()
+    }
+
+    // ------------------------------------------------------------ gets
+
+    /// Reads `key`'s value into a new vector.
+    pub async fn get(&self, key: &str) -> KvResult<Vec<u8>> {
+        one(self.batch_get(&[key]).await)
+    }
+
+    /// Reads many values into new vectors; one result per key.
+    pub async fn batch_get(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        let locs = self.locate(keys).await;
+        let mut bufs: Vec<Vec<u8>> = locs
+            .iter()
+            .map(|l| match l {
+                Ok(l) => vec![0u8; l.value_len as usize],
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let mut items: Vec<GetInto> = keys
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(k, b)| GetInto { key: k, dst: vec![&mut b[..]] })
+            .collect();
+        let t0 = Instant::now();
+        let res = self.read_located(&mut items, locs, t0).await;
+        drop(items);
+        res.into_iter()
+            .zip(bufs)
+            .map(|(r, b)| r.map(|_| b))
+            .collect()
+    }
+
+    /// Reads `key`'s value into `buf`; returns the value length. A buffer
+    /// smaller than the value is `INVALID_PARAMS` and nothing is read.
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> KvResult<usize> {
+        let mut items = [GetInto { key, dst: vec![buf] }];
+        one(self.batch_get_into(&mut items).await)
+    }
+
+    /// Reads many values into caller buffers; one result (value length) per item.
+    pub async fn batch_get_into(&self, items: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
+        let t0 = Instant::now();
+        let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+        let locs = self.locate(&keys).await;
+        self.read_located(items, locs, t0).await
+    }
+
+    async fn locate(&self, keys: &[&str]) -> Vec<KvResult<ObjectLocation>> {
+        let mut out: Vec<KvResult<ObjectLocation>> = keys
+            .iter()
+            .map(|k| validate_key(k).map(|_| ObjectLocation {
+                value_len: 0,
+                generation: 0,
+                lease_ms: 0,
+                replicas: Vec::new(),
+            }))
+            .collect();
+        let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_ok()).collect();
+        if ask.is_empty() {
+            return out;
+        }
+        let r = self
+            .inner
+            .link
+            .call(&msg::GetReplicaList {
+                keys: ask.iter().map(|&i| keys[i].to_string()).collect(),
+            })
+            .await;
+        match r {
+            Ok(v) if v.len() == ask.len() => {
+                for (&i, l) in ask.iter().zip(v) {
+                    out[i] = msg::from_wire(l);
+                }
+            }
+            Ok(_) => {
+                for &i in &ask {
+                    out[i] = Err(KvError::new(Code::RpcFail, "master answered the wrong number of keys"));
+                }
+            }
+            Err(e) => {
+                for &i in &ask {
+                    out[i] = Err(e.clone());
+                }
+            }
+        }
+        out
+    }
+
+    async fn read_located(
+        &self,
+        items: &mut [GetInto<'_>],
+        locs: Vec<KvResult<ObjectLocation>>,
+        t0: Instant,
+    ) -> Vec<KvResult<usize>> {
+        let mut results: Vec<KvResult<usize>> = Vec::with_capacity(items.len());
+        let mut locations: Vec<Option<ObjectLocation>> = Vec::with_capacity(items.len());
+        for (item, l) in items.iter().zip(locs) {
+            match l {
+                Ok(l) => {
+                    let room: u64 = item.dst.iter().map(|d| d.len() as u64).sum();
+                    if room < l.value_len {
+                        results.push(Err(KvError::new(
+                            Code::InvalidParams,
+                            format!("buffer of {room} bytes is too small for {} bytes", l.value_len),
+                        )));
+                        locations.push(None);
+                    } else if l.replicas.is_empty() {
+                        results.push(Err(KvError::new(Code::ObjectNotFound, "no reachable replica")));
+                        locations.push(None);
+                    } else {
+                        results.push(Err(KvError::new(Code::TransferFail, "not read")));
+                        locations.push(Some(l));
+                    }
+                }
+                Err(e) => {
+                    results.push(Err(e));
+                    locations.push(None);
+                }
+            }
+        }
+        let max_replicas = locations.iter().flatten().map(|l| l.replicas.len()).max().unwrap_or(0);
+        // Round r reads replica r of every object whose earlier replicas failed.
+        for round in 0..max_replicas {
+            let mut heads: Vec<Vec<u8>> = Vec::new();
+            let mut plan: Vec<(usize, usize)> = Vec::new(); // (item, head index)
+            for (i, l) in locations.iter().enumerate() {
+                if let Some(l) = l {
+                    if results[i].is_err() && round < l.replicas.len() {
+                        plan.push((i, heads.len()));
+                        heads.push(vec![0u8; header_len(items[i].key.len())]);
+                    }
+                }
+            }
+            if plan.is_empty() {
+                break;
+            }
+            let mut groups: HashMap<String, Vec<(usize, ReadOp)>> = HashMap::new();
+            let mut head_iter = heads.iter_mut();
+            let mut plan_iter = plan.iter().peekable();
+            for (i, item) in items.iter_mut().enumerate() {
+                if plan_iter.peek().map(|p| p.0) != Some(i) {
+                    continue;
+                }
+                plan_iter.next();
+                let Some(head) = head_iter.next() else { break };
+                let Some(l) = &locations[i] else { continue };
+                let rep = &l.replicas[round];
+                let mut dst: Vec<&mut [u8]> = Vec::with_capacity(1 + item.dst.len());
+                let hl = head.len() as u64;
+                dst.push(&mut head[..]);
+                let mut left = l.value_len;
+                for d in item.dst.iter_mut() {
+                    if left == 0 {
+                        break;
+                    }
+                    let n = (d.len() as u64).min(left) as usize;
+                    dst.push(&mut d[..n]);
+                    left -= n as u64;
+                }
+                groups.entry(rep.endpoint.clone()).or_default().push((
+                    i,
+                    ReadOp {
+                        req: ReadReq {
+                            segment: rep.segment,
+                            offset: rep.offset,
+                            len: hl + l.value_len,
+                        },
+                        dst,
+                    },
+                ));
+            }
+            let mut jobs = Vec::new();
+            for (ep, group) in groups {
+                let bytes: u64 = group.iter().map(|(_, o)| o.req.len).sum();
+                for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
+                    let pool = self.pool(&ep);
+                    let timeout = self.inner.cfg.timeout;
+                    jobs.push(async move {
+                        let (idx, mut rops): (Vec<usize>, Vec<ReadOp>) = chunk.into_iter().unzip();
+                        let r = transfer(&pool, timeout, |mut c| async move {
+                            let r = read_regions(&mut c, &mut rops).await;
+                            (c, r)
+                        })
+                        .await;
+                        spread(idx, r)
+                    });
+                }
+            }
+            let done = join_all(jobs).await;
+            for (i, r) in done.into_iter().flatten() {
+                let Some(l) = &locations[i] else { continue };
+                let head = plan
+                    .iter()
+                    .find(|p| p.0 == i)
+                    .map(|p| &heads[p.1][..])
+                    .unwrap_or(&[]);
+                results[i] = r.and_then(|()| verify(items[i].key, head, &items[i].dst, l, t0));
+                if let Err(e) = &results[i] {
+                    tracing::debug!(key = items[i].key, round, error = %e, "replica read failed");
+                }
+            }
+        }
+        results
+    }
+
+    // ------------------------------------------------------------ queries
+
+    /// Whether `key` exists (committed); does not extend its life.
+    pub async fn exist(&self, key: &str) -> KvResult<bool> {
+        one(self.batch_exist(&[key]).await)
+    }
+
+    /// Existence of many keys; one result per key.
+    pub async fn batch_exist(&self, keys: &[&str]) -> Vec<KvResult<bool>> {
+        self.sizes(keys)
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok(_) => Ok(true),
+                Err(e) if e.code == Code::ObjectNotFound => Ok(false),
+                Err(e) => Err(e),
+            })
+            .collect()
+    }
+
+    /// Value size of `key`.
+    pub async fn get_size(&self, key: &str) -> KvResult<u64> {
+        one(self.sizes(&[key]).await)
+    }
+
+    async fn sizes(&self, keys: &[&str]) -> Vec<KvResult<u64>> {
+        if let Some(e) = keys.iter().find_map(|k| validate_key(k).err()) {
+            return keys.iter().map(|k| validate_key(k).and(Err(e.clone()))).collect();
+        }
+        let r = self
+            .inner
+            .link
+            .call(&msg::Exist {
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+            })
+            .await;
+        per_key(r, keys.len())
+    }
+
+    /// Removes `key`; `force` ignores a live read lease.
+    pub async fn remove(&self, key: &str, force: bool) -> KvResult<()> {
+        one(self.batch_remove(&[key], force).await)
+    }
+
+    /// Removes many keys; one result per key.
+    pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<KvResult<()>> {
+        let r = self
+            .inner
+            .link
+            .call(&msg::Remove {
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+                force,
+            })
+            .await;
+        per_key(r, keys.len())
+    }
+
+    /// Removes keys matching a regex; returns how many.
+    pub async fn remove_by_regex(&self, pattern: &str, force: bool) -> KvResult<u64> {
+        self.inner
+            .link
+            .call(&msg::RemoveByRegex {
+                pattern: pattern.to_string(),
+                force,
+            })
+            .await
+    }
+
+    /// Removes every object; returns how many.
+    pub async fn remove_all(&self, force: bool) -> KvResult<u64> {
+        self.inner.link.call(&msg::RemoveAll { force }).await
+    }
+
+    /// The cluster as the master sees it.
+    pub async fn status(&self) -> KvResult<ClusterStatus> {
+        self.inner.link.call(&msg::Status {}).await
+    }
+}
+
+/// The only result of a one-item batch.
+fn one<T>(v: Vec<KvResult<T>>) -> KvResult<T> {
+    v.into_iter()
+        .next()
+        .unwrap_or_else(|| Err(KvError::from(Code::InternalError)))
+}
+
+/// Spreads a batch-level master answer over its keys.
+fn per_key<T>(r: KvResult<Vec<msg::WireResult<T>>>, n: usize) -> Vec<KvResult<T>> {
+    match r {
+        Ok(v) if v.len() == n => v.into_iter().map(msg::from_wire).collect(),
+        Ok(_) => (0..n)
+            .map(|_| Err(KvError::new(Code::RpcFail, "master answered the wrong number of keys")))
+            .collect(),
+        Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+    }
+}
+
+/// Splits a store's batch into up to `conns` chunks when it is big enough
+/// for parallel connections to pay off.
+fn split<T>(group: Vec<T>, bytes: u64, conns: usize) -> Vec<Vec<T>> {
+    let n = if bytes >= SPREAD_BYTES { conns.clamp(1, group.len().max(1)) } else { 1 };
+    let per = group.len().div_ceil(n).max(1);
+    let mut out = Vec::with_capacity(n);
+    let mut it = group.into_iter().peekable();
+    while it.peek().is_some() {
+        out.push(it.by_ref().take(per).collect());
+    }
+    out
+}
+
+/// Runs one pipelined exchange on a pooled connection under `timeout`; the
+/// connection goes back to the pool only if the exchange completed.
+async fn transfer<F, Fut>(pool: &ConnPool, timeout: Duration, f: F) -> KvResult<Vec<KvResult<()>>>
+where
+    F: FnOnce(kvpool_transfer::FramedConn) -> Fut,
+    Fut: std::future::Future<Output = (kvpool_transfer::FramedConn, KvResult<Vec<KvResult<()>>>)>,
+{
+    let run = async {
+        let conn = pool.take().await?;
+        let (conn, r) = f(conn).await;
+        if r.is_ok() {
+            pool.give(conn);
+        }
+        r
+    };
+    match tokio::time::timeout(timeout, run).await {
+        Ok(r) => r,
+        Err(_) => Err(KvError::new(Code::RpcTimeout, format!("transfer with {} timed out", pool.addr()))),
+    }
+}
+
+/// Pairs per-op results with item indexes; a broken connection fails them all.
+fn spread(idx: Vec<usize>, r: KvResult<Vec<KvResult<()>>>) -> Vec<(usize, KvResult<()>)> {
+    match r {
+        Ok(v) => idx.into_iter().zip(v).collect(),
+        Err(e) => {
+            let e = KvError::new(
+                if e.code == Code::RpcTimeout { Code::RpcTimeout } else { Code::TransferFail },
+                e.message,
+            );
+            idx.into_iter().map(|i| (i, Err(e.clone()))).collect()
+        }
+    }
+}
+
+/// Checks a read object: header names the expected object, value checksum
+/// matches, and the read finished within its lease.
+fn verify(key: &str, head: &[u8], dst: &[&mut [u8]], l: &ObjectLocation, t0: Instant) -> KvResult<usize> {
+    let h = ObjectHeader::decode(head)?;
+    h.expect(key, l.value_len, l.generation)?;
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(dst.len());
+    let mut left = l.value_len;
+    for d in dst {
+        if left == 0 {
+            break;
+        }
+        let n = (d.len() as u64).min(left) as usize;
+        parts.push(&d[..n]);
+        left -= n as u64;
+    }
+    if value_checksum(&parts) != h.checksum {
+        return Err(KvError::new(Code::ChecksumMismatch, format!("value of {key:?} fails its checksum")));
+    }
+    if t0.elapsed() > Duration::from_millis(l.lease_ms) {
+        return Err(KvError::new(Code::LeaseExpired, format!("read of {key:?} outlived its lease")));
+    }
+    Ok(l.value_len as usize)
+}
