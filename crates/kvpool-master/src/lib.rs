@@ -315,3 +315,92 @@ async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvpool_proto::msg::{ClientId, PutItem, ReplicateConfig, SegmentId, SegmentInfo};
+
+    fn segment(id: u128) -> SegmentInfo {
+        SegmentInfo {
+            id: SegmentId(id),
+            name: format!("s{id}"),
+            endpoint: "127.0.0.1:1".into(),
+            base: 4096,
+            size: 1 << 20,
+        }
+    }
+
+    /// The sweeper task, driven by paused tokio time, drops a silent client's
+    /// segment and revokes its put, while a heartbeating client survives.
+    #[tokio::test(start_paused = true)]
+    async fn sweeper_expires_silent_clients_on_paused_time() {
+        let cfg = StateConfig {
+            client_ttl: Duration::from_secs(10),
+            ..StateConfig::default()
+        };
+        let master = Arc::new(Master::new(cfg));
+        let shutdown = CancellationToken::new();
+        tokio::spawn(sweeper(master.clone(), shutdown.clone()));
+        let s = &master.state;
+        let (silent, alive) = (ClientId(1), ClientId(2));
+        s.register_client(silent, "silent", Instant::now());
+        s.register_client(alive, "alive", Instant::now());
+        s.mount(silent, segment(1)).unwrap();
+        s.mount(alive, segment(2)).unwrap();
+        let item = PutItem {
+            key: "k".into(),
+            value_len: 10,
+            region_len: 100,
+        };
+        let rc = ReplicateConfig {
+            preferred_segments: vec!["s2".into()],
+            ..Default::default()
+        };
+        assert!(s.put_start(silent, &[item], &rc, false, Instant::now())[0].is_ok());
+        assert_eq!(s.status().pending, 1);
+
+        for _ in 0..9 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(s.heartbeat(alive, Instant::now()));
+        }
+        // Not yet past the TTL: both still mounted.
+        assert_eq!(s.status().segments.len(), 2);
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(s.heartbeat(alive, Instant::now()));
+        }
+        let st = s.status();
+        assert_eq!(st.segments.len(), 1, "silent client's segment must be gone");
+        assert_eq!(st.segments[0].info.id, SegmentId(2));
+        assert_eq!(st.pending, 0, "silent client's put must be revoked");
+        assert_eq!(st.used, 0, "revoked put's region must be freed");
+        assert!(!s.heartbeat(silent, Instant::now()));
+        shutdown.cancel();
+    }
+
+    /// A lease granted under paused time blocks remove until it runs out.
+    #[tokio::test(start_paused = true)]
+    async fn lease_expires_with_time() {
+        let master = Master::new(StateConfig::default());
+        let s = &master.state;
+        let c = ClientId(7);
+        s.register_client(c, "c", Instant::now());
+        s.mount(c, segment(1)).unwrap();
+        let item = PutItem {
+            key: "k".into(),
+            value_len: 10,
+            region_len: 100,
+        };
+        s.put_start(c, &[item], &ReplicateConfig::default(), false, Instant::now())[0]
+            .as_ref()
+            .unwrap();
+        s.put_end(c, &["k".into()], Instant::now())[0].as_ref().unwrap();
+        s.get_replica_list(&["k".into()], Instant::now())[0].as_ref().unwrap();
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        let r = s.remove(&["k".into()], false, Instant::now());
+        assert_eq!(r[0].as_ref().unwrap_err().code, Code::ObjectHasLease);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(s.remove(&["k".into()], false, Instant::now())[0].is_ok());
+    }
+}

@@ -305,8 +305,8 @@ impl MasterState {
         }
     }
 
-    /// Frees a replaced or removed version, or parks its regions until its
-    /// read lease ends so a reader in flight never sees them reused.
+    /// Frees a version replaced by an upsert, or parks its regions until its
+    /// read lease ends so a reader in flight keeps reading the old bytes.
     fn release(&self, v: Version, now: Instant) {
         if v.lease_until > now {
             let mut d = self.deferred.lock();
@@ -344,6 +344,12 @@ impl MasterState {
     pub fn above_watermark(&self) -> bool {
         let (cap, used) = self.usage();
         cap > 0 && used as f64 >= cap as f64 * self.cfg.high_watermark
+    }
+
+    /// Mounted segments big enough to ever hold a region of `len` bytes.
+    fn segments_that_fit(&self, len: u64) -> usize {
+        let segs = self.segments.read();
+        segs.values().filter(|s| s.alloc.lock().capacity() >= len).count()
     }
 
     fn allocate(&self, region_len: u64, replica_num: usize, preferred: &[String]) -> Vec<(SegmentId, Region)> {
@@ -432,9 +438,12 @@ impl MasterState {
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
         let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments);
-        if replicas.len() < want {
+        // Evict only for replicas that room could give: with fewer segments big
+        // enough than `replica_num`, the put is best effort, not a reason to evict.
+        let reachable = want.min(self.segments_that_fit(item.region_len));
+        if replicas.len() < reachable {
             self.free_now(&replicas);
-            self.evict(now, item.region_len.saturating_mul(want as u64));
+            self.evict(now, item.region_len.saturating_mul(reachable as u64));
             replicas = self.allocate(item.region_len, want, &config.preferred_segments);
         }
         if replicas.is_empty() {
@@ -616,7 +625,10 @@ impl MasterState {
         keys.iter()
             .map(|k| {
                 let v = self.remove_in(&mut self.shard(k).lock(), k, force, now)?;
-                self.release(v, now);
+                // A forced remove frees at once, as the caller asked; a reader still
+                // in flight on it fails its header or checksum check, never returns
+                // the new bytes.
+                self.free_now(&v.replicas);
                 Ok(())
             })
             .collect()
@@ -643,7 +655,7 @@ impl MasterState {
             drop(sh);
             removed += versions.len() as u64;
             for v in versions {
-                self.release(v, now);
+                self.free_now(&v.replicas);
             }
         }
         removed

@@ -1,1 +1,106 @@
-fn main() {}
+//! The `kvpool` binary: parses flags, starts tracing, and dispatches to the
+//! library crates. `master`, `store`, `up` (both in one process), `status`
+//! and `bench` (a load generator).
+
+mod bench;
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KVPOOL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kvpool: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kvpool: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A token cancelled by the first SIGINT or SIGTERM.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("signal received, shutting down");
+        t.cancel();
+    });
+    token
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Master(m) => {
+            let cfg = m.to_config()?;
+            kvpool_master::run(cfg, shutdown_on_signal()).await?;
+        }
+        Command::Store(s) => {
+            kvpool_store::run(s.to_config(), shutdown_on_signal()).await?;
+        }
+        Command::Up(u) => {
+            let shutdown = shutdown_on_signal();
+            let mut mcfg = u.master.to_config()?;
+            mcfg.metrics_address = mcfg.rpc_address.clone();
+            let master = kvpool_master::start(mcfg, shutdown.clone()).await?;
+            let scfg = kvpool_store::StoreConfig {
+                master: master.rpc_addr.to_string(),
+                segment_size: u.segment_size,
+                data_dir: u.data_dir.clone(),
+                address: master.rpc_addr.ip().to_string(),
+                port: 0,
+                name: None,
+            };
+            let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
+            println!(
+                "kvpool is up: master {} (admin http://{}), segment {} in {}",
+                master.rpc_addr,
+                master.admin_addr,
+                cli::human(u.segment_size),
+                u.data_dir.display()
+            );
+            println!("clients use: KVPOOL_MASTER={}   stop with Ctrl-C", master.rpc_addr);
+            let r = store.await;
+            shutdown.cancel();
+            master.stopped().await;
+            r??;
+        }
+        Command::Status(s) => {
+            let st = cli::fetch_status(&s.master).await?;
+            print!("{}", cli::format_status(&s.master, &st));
+        }
+        Command::Bench(b) => {
+            if !bench::run(b).await? {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

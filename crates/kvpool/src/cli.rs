@@ -1,0 +1,241 @@
+//! Command-line flags. Master flags accept Mooncake's names as aliases
+//! (`--rpc_port`, `--default_kv_lease_ttl`, ...) so existing launch scripts
+//! keep working; every flag can also come from a `KVPOOL_*` env var.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+use kvpool_master::{MasterConfig, StateConfig};
+use kvpool_proto::msg::ClusterStatus;
+use kvpool_proto::units::{parse_duration, parse_size};
+
+/// kvpool: a distributed KV-cache pool for LLM inference.
+#[derive(Parser, Debug)]
+#[command(name = "kvpool", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the metadata master.
+    Master(MasterArgs),
+    /// Run a storage node that lends a segment to the pool.
+    Store(StoreArgs),
+    /// Run a master and one storage node in one process (first use, one machine).
+    Up(UpArgs),
+    /// Print the cluster: segments, capacity, used, keys.
+    Status(StatusArgs),
+    /// Generate load and print throughput and latency.
+    Bench(crate::bench::BenchArgs),
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// Durations where a bare number means milliseconds (Mooncake's lease flags).
+fn millis(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<u64>() {
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) => parse_duration(s),
+    }
+}
+
+/// Durations where a bare number means seconds (Mooncake's `client_ttl`).
+fn seconds(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MasterArgs {
+    /// IP to listen on for RPC.
+    #[arg(long, alias = "rpc_address", env = "KVPOOL_RPC_ADDRESS", default_value = "127.0.0.1")]
+    pub rpc_address: String,
+    /// RPC port.
+    #[arg(long, alias = "rpc_port", env = "KVPOOL_RPC_PORT", default_value_t = 50051)]
+    pub rpc_port: u16,
+    /// IP for /metrics, /health and the admin API.
+    #[arg(long, env = "KVPOOL_METRICS_ADDRESS", default_value = "127.0.0.1")]
+    pub metrics_address: String,
+    /// Port for /metrics, /health and the admin API.
+    #[arg(long, alias = "metrics_port", env = "KVPOOL_METRICS_PORT", default_value_t = 9003)]
+    pub metrics_port: u16,
+    /// Also serve Mooncake's transfer-metadata HTTP service.
+    #[arg(long, alias = "enable_http_metadata_server", env = "KVPOOL_ENABLE_HTTP_METADATA_SERVER",
+          num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
+    pub enable_http_metadata_server: bool,
+    /// Port of the transfer-metadata HTTP service.
+    #[arg(long, alias = "http_metadata_server_port", env = "KVPOOL_HTTP_METADATA_SERVER_PORT", default_value_t = 8080)]
+    pub http_metadata_server_port: u16,
+    /// Read lease per get (a bare number is milliseconds, as in Mooncake).
+    #[arg(long, alias = "default_kv_lease_ttl", env = "KVPOOL_DEFAULT_KV_LEASE_TTL", default_value = "10s", value_parser = millis)]
+    pub default_kv_lease_ttl: Duration,
+    /// Soft pin duration when a put asks for one without a TTL (bare number: ms).
+    #[arg(long, alias = "default_kv_soft_pin_ttl", env = "KVPOOL_DEFAULT_KV_SOFT_PIN_TTL", default_value = "30m", value_parser = millis)]
+    pub default_kv_soft_pin_ttl: Duration,
+    /// Start evicting when this fraction of capacity is used.
+    #[arg(long, alias = "eviction_high_watermark_ratio", env = "KVPOOL_EVICTION_HIGH_WATERMARK_RATIO", default_value_t = 0.95)]
+    pub eviction_high_watermark_ratio: f64,
+    /// Fraction of capacity freed per eviction pass.
+    #[arg(long, alias = "eviction_ratio", env = "KVPOOL_EVICTION_RATIO", default_value_t = 0.05)]
+    pub eviction_ratio: f64,
+    /// Silence after which a client or store is dropped (bare number: seconds).
+    #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = seconds)]
+    pub client_ttl: Duration,
+    /// A put not committed within this long is revoked.
+    #[arg(long, env = "KVPOOL_PUT_TIMEOUT", default_value = "60s", value_parser = seconds)]
+    pub put_timeout: Duration,
+    /// High availability through etcd (not available yet in this release).
+    #[arg(long, alias = "enable_ha", env = "KVPOOL_ENABLE_HA", num_args = 0..=1,
+          default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
+    pub enable_ha: bool,
+    /// etcd endpoints for HA.
+    #[arg(long, alias = "etcd_endpoints", env = "KVPOOL_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Option<String>,
+    /// Cluster id for HA.
+    #[arg(long, alias = "cluster_id", env = "KVPOOL_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+}
+
+impl MasterArgs {
+    /// The library config these flags describe.
+    pub fn to_config(&self) -> anyhow::Result<MasterConfig> {
+        if self.enable_ha {
+            anyhow::bail!("--enable-ha is not supported by this build yet; run a single master");
+        }
+        Ok(MasterConfig {
+            rpc_address: self.rpc_address.clone(),
+            rpc_port: self.rpc_port,
+            metrics_address: self.metrics_address.clone(),
+            metrics_port: self.metrics_port,
+            enable_http_metadata_server: self.enable_http_metadata_server,
+            http_metadata_server_port: self.http_metadata_server_port,
+            state: StateConfig {
+                lease_ttl: self.default_kv_lease_ttl,
+                soft_pin_ttl: self.default_kv_soft_pin_ttl,
+                high_watermark: self.eviction_high_watermark_ratio,
+                eviction_ratio: self.eviction_ratio,
+                client_ttl: self.client_ttl,
+                pending_ttl: self.put_timeout,
+            },
+        })
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Master RPC address host:port.
+    #[arg(long, env = "KVPOOL_MASTER", default_value = "127.0.0.1:50051")]
+    pub master: String,
+    /// Bytes to lend, e.g. 4GiB.
+    #[arg(long, env = "KVPOOL_SEGMENT_SIZE", default_value = "1GiB", value_parser = size)]
+    pub segment_size: u64,
+    /// Directory of the segment file (tmpfs for RAM, a disk path for NVMe).
+    #[arg(long, env = "KVPOOL_DATA_DIR", default_value = "/dev/shm/kvpool-store")]
+    pub data_dir: PathBuf,
+    /// IP to serve data on and advertise to clients.
+    #[arg(long, env = "KVPOOL_ADDRESS", default_value = "127.0.0.1")]
+    pub address: String,
+    /// Data port (0 picks a free one).
+    #[arg(long, env = "KVPOOL_PORT", default_value_t = 0)]
+    pub port: u16,
+    /// Segment name for preferred_segments (default: the data address).
+    #[arg(long, env = "KVPOOL_SEGMENT_NAME")]
+    pub name: Option<String>,
+}
+
+impl StoreArgs {
+    /// The library config these flags describe.
+    pub fn to_config(&self) -> kvpool_store::StoreConfig {
+        kvpool_store::StoreConfig {
+            master: self.master.clone(),
+            segment_size: self.segment_size,
+            data_dir: self.data_dir.clone(),
+            address: self.address.clone(),
+            port: self.port,
+            name: self.name.clone(),
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub master: MasterArgs,
+    /// Bytes the built-in storage node lends.
+    #[arg(long, env = "KVPOOL_SEGMENT_SIZE", default_value = "1GiB", value_parser = size)]
+    pub segment_size: u64,
+    /// Directory of the built-in storage node's segment file.
+    #[arg(long, env = "KVPOOL_DATA_DIR", default_value = "/dev/shm/kvpool-up")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// Master RPC address host:port.
+    #[arg(long, env = "KVPOOL_MASTER", default_value = "127.0.0.1:50051")]
+    pub master: String,
+}
+
+/// Asks the master for the cluster status (one attempt, 5 s limit).
+pub async fn fetch_status(master: &str) -> anyhow::Result<ClusterStatus> {
+    let pool = kvpool_transfer::ConnPool::new(
+        master,
+        "cli",
+        kvpool_proto::frame::Limits::default(),
+        Duration::from_secs(5),
+        1,
+    );
+    let st = tokio::time::timeout(Duration::from_secs(5), pool.call(&kvpool_proto::msg::Status {}))
+        .await
+        .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??;
+    Ok(st)
+}
+
+/// Bytes with a binary unit, for people.
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The text `kvpool status` prints; scripts grep the `segments: N` line.
+pub fn format_status(master: &str, s: &ClusterStatus) -> String {
+    let pct = if s.capacity > 0 { 100.0 * s.used as f64 / s.capacity as f64 } else { 0.0 };
+    let mut out = format!(
+        "master: {master}\nsegments: {}\ncapacity: {}\nused: {} ({pct:.1}%)\nkeys: {}\nputs in flight: {}\nclients: {}\nevictions: {}\n",
+        s.segments.len(),
+        human(s.capacity),
+        human(s.used),
+        s.keys,
+        s.pending,
+        s.clients,
+        s.evictions
+    );
+    if !s.segments.is_empty() {
+        out.push_str(&format!("\n{:<24} {:<22} {:>10} {:>10} {:>8}\n", "SEGMENT", "ENDPOINT", "SIZE", "USED", "REGIONS"));
+        for seg in &s.segments {
+            out.push_str(&format!(
+                "{:<24} {:<22} {:>10} {:>10} {:>8}\n",
+                seg.info.name,
+                seg.info.endpoint,
+                human(seg.info.size),
+                human(seg.used),
+                seg.regions
+            ));
+        }
+    }
+    out
+}
