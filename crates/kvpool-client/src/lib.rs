@@ -107,7 +107,13 @@ impl Client {
             retries: cfg.retries,
             ..CallPolicy::default()
         };
-        let link = MasterLink::new(&cfg.master, ClientId(rand::random()), &cfg.hostname, "client", policy);
+        let link = MasterLink::new(
+            &cfg.master,
+            ClientId(rand::random()),
+            &cfg.hostname,
+            "client",
+            policy,
+        );
         let reply = link.register().await?;
         let shutdown = CancellationToken::new();
         let node = if cfg.segment_size > 0 {
@@ -178,7 +184,12 @@ impl Client {
     }
 
     /// Stores the concatenation of `parts` under `key` (write-once).
-    pub async fn put_parts(&self, key: &str, parts: &[&[u8]], config: &ReplicateConfig) -> KvResult<()> {
+    pub async fn put_parts(
+        &self,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> KvResult<()> {
         one(self.batch_put(&[(key, parts)], config, false).await)
     }
 
@@ -205,7 +216,9 @@ impl Client {
             for (&i, r) in todo.iter().zip(out) {
                 match r {
                     // Another writer holds the key, or a store was unreachable: try again.
-                    Err(e) if e.code.is_transient() && attempt < self.inner.cfg.retries => again.push(i),
+                    Err(e) if e.code.is_transient() && attempt < self.inner.cfg.retries => {
+                        again.push(i)
+                    }
                     r => results[i] = Some(r),
                 }
             }
@@ -222,7 +235,12 @@ impl Client {
             .collect()
     }
 
-    async fn put_round(&self, items: &[(&str, &[&[u8]])], config: &ReplicateConfig, upsert: bool) -> Vec<KvResult<()>> {
+    async fn put_round(
+        &self,
+        items: &[(&str, &[&[u8]])],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<KvResult<()>> {
         let mut results: Vec<KvResult<()>> = Vec::with_capacity(items.len());
         let mut put_items = Vec::with_capacity(items.len());
         let mut index = Vec::with_capacity(items.len());
@@ -257,9 +275,9 @@ impl Client {
         let grants = match grants {
             Ok(g) if g.len() == index.len() => g,
             other => {
-                let e = other
-                    .err()
-                    .unwrap_or_else(|| KvError::new(Code::RpcFail, "master answered the wrong number of keys"));
+                let e = other.err().unwrap_or_else(|| {
+                    KvError::new(Code::RpcFail, "master answered the wrong number of keys")
+                });
                 for &i in &index {
                     results[i] = Err(e.clone());
                 }
@@ -271,7 +289,10 @@ impl Client {
         for (&i, g) in index.iter().zip(grants) {
             match msg::from_wire(g) {
                 Ok(PutGrant::Exists) => {}
-                Ok(PutGrant::Write { generation, replicas }) => {
+                Ok(PutGrant::Write {
+                    generation,
+                    replicas,
+                }) => {
                     let (key, parts) = items[i];
                     let h = ObjectHeader {
                         key: key.to_string(),
@@ -348,7 +369,10 @@ impl Client {
                 }
                 Ok(_) => {
                     for (i, _) in &commit {
-                        results[*i] = Err(KvError::new(Code::RpcFail, "master answered the wrong number of keys"));
+                        results[*i] = Err(KvError::new(
+                            Code::RpcFail,
+                            "master answered the wrong number of keys",
+                        ));
                     }
                 }
                 Err(e) => {
@@ -363,14 +387,21 @@ impl Client {
 
     /// Runs writes grouped by store, each group pipelined, groups (and big
     /// groups' chunks) in parallel. Returns (item index, result) per op.
-    async fn run_writes<'a>(&self, ops: Vec<(usize, String, WriteOp<'a>)>) -> Vec<(usize, KvResult<()>)> {
+    async fn run_writes<'a>(
+        &self,
+        ops: Vec<(usize, String, WriteOp<'a>)>,
+    ) -> Vec<(usize, KvResult<()>)> {
         let mut groups: HashMap<String, Vec<(usize, WriteOp<'a>)>> = HashMap::new();
         for (i, ep, op) in ops {
             groups.entry(ep).or_default().push((i, op));
         }
         let mut jobs = Vec::new();
         for (ep, group) in groups {
-            let bytes: u64 = group.iter().flat_map(|(_, o)| o.parts.iter()).map(|p| p.len() as u64).sum();
+            let bytes: u64 = group
+                .iter()
+                .flat_map(|(_, o)| o.parts.iter())
+                .map(|p| p.len() as u64)
+                .sum();
             for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
                 let pool = self.pool(&ep);
                 let timeout = self.inner.cfg.timeout;
@@ -408,7 +439,10 @@ impl Client {
         let mut items: Vec<GetInto> = keys
             .iter()
             .zip(bufs.iter_mut())
-            .map(|(k, b)| GetInto { key: k, dst: vec![&mut b[..]] })
+            .map(|(k, b)| GetInto {
+                key: k,
+                dst: vec![&mut b[..]],
+            })
             .collect();
         let t0 = Instant::now();
         let res = self.read_located(&mut items, locs, t0).await;
@@ -422,7 +456,10 @@ impl Client {
     /// Reads `key`'s value into `buf`; returns the value length. A buffer
     /// smaller than the value is `INVALID_PARAMS` and nothing is read.
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> KvResult<usize> {
-        let mut items = [GetInto { key, dst: vec![buf] }];
+        let mut items = [GetInto {
+            key,
+            dst: vec![buf],
+        }];
         one(self.batch_get_into(&mut items).await)
     }
 
@@ -437,12 +474,14 @@ impl Client {
     async fn locate(&self, keys: &[&str]) -> Vec<KvResult<ObjectLocation>> {
         let mut out: Vec<KvResult<ObjectLocation>> = keys
             .iter()
-            .map(|k| validate_key(k).map(|_| ObjectLocation {
-                value_len: 0,
-                generation: 0,
-                lease_ms: 0,
-                replicas: Vec::new(),
-            }))
+            .map(|k| {
+                validate_key(k).map(|_| ObjectLocation {
+                    value_len: 0,
+                    generation: 0,
+                    lease_ms: 0,
+                    replicas: Vec::new(),
+                })
+            })
             .collect();
         let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_ok()).collect();
         if ask.is_empty() {
@@ -463,7 +502,10 @@ impl Client {
             }
             Ok(_) => {
                 for &i in &ask {
-                    out[i] = Err(KvError::new(Code::RpcFail, "master answered the wrong number of keys"));
+                    out[i] = Err(KvError::new(
+                        Code::RpcFail,
+                        "master answered the wrong number of keys",
+                    ));
                 }
             }
             Err(e) => {
@@ -490,11 +532,17 @@ impl Client {
                     if room < l.value_len {
                         results.push(Err(KvError::new(
                             Code::InvalidParams,
-                            format!("buffer of {room} bytes is too small for {} bytes", l.value_len),
+                            format!(
+                                "buffer of {room} bytes is too small for {} bytes",
+                                l.value_len
+                            ),
                         )));
                         locations.push(None);
                     } else if l.replicas.is_empty() {
-                        results.push(Err(KvError::new(Code::ObjectNotFound, "no reachable replica")));
+                        results.push(Err(KvError::new(
+                            Code::ObjectNotFound,
+                            "no reachable replica",
+                        )));
                         locations.push(None);
                     } else {
                         results.push(Err(KvError::new(Code::TransferFail, "not read")));
@@ -507,7 +555,12 @@ impl Client {
                 }
             }
         }
-        let max_replicas = locations.iter().flatten().map(|l| l.replicas.len()).max().unwrap_or(0);
+        let max_replicas = locations
+            .iter()
+            .flatten()
+            .map(|l| l.replicas.len())
+            .max()
+            .unwrap_or(0);
         // Round r reads replica r of every object whose earlier replicas failed.
         for round in 0..max_replicas {
             let mut heads: Vec<Vec<u8>> = Vec::new();
@@ -619,7 +672,10 @@ impl Client {
 
     async fn sizes(&self, keys: &[&str]) -> Vec<KvResult<u64>> {
         if let Some(e) = keys.iter().find_map(|k| validate_key(k).err()) {
-            return keys.iter().map(|k| validate_key(k).and(Err(e.clone()))).collect();
+            return keys
+                .iter()
+                .map(|k| validate_key(k).and(Err(e.clone())))
+                .collect();
         }
         let r = self
             .inner
@@ -683,7 +739,12 @@ fn per_key<T>(r: KvResult<Vec<msg::WireResult<T>>>, n: usize) -> Vec<KvResult<T>
     match r {
         Ok(v) if v.len() == n => v.into_iter().map(msg::from_wire).collect(),
         Ok(_) => (0..n)
-            .map(|_| Err(KvError::new(Code::RpcFail, "master answered the wrong number of keys")))
+            .map(|_| {
+                Err(KvError::new(
+                    Code::RpcFail,
+                    "master answered the wrong number of keys",
+                ))
+            })
             .collect(),
         Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
     }
@@ -692,7 +753,11 @@ fn per_key<T>(r: KvResult<Vec<msg::WireResult<T>>>, n: usize) -> Vec<KvResult<T>
 /// Splits a store's batch into up to `conns` chunks when it is big enough
 /// for parallel connections to pay off.
 fn split<T>(group: Vec<T>, bytes: u64, conns: usize) -> Vec<Vec<T>> {
-    let n = if bytes >= SPREAD_BYTES { conns.clamp(1, group.len().max(1)) } else { 1 };
+    let n = if bytes >= SPREAD_BYTES {
+        conns.clamp(1, group.len().max(1))
+    } else {
+        1
+    };
     let per = group.len().div_ceil(n).max(1);
     let mut out = Vec::with_capacity(n);
     let mut it = group.into_iter().peekable();
@@ -719,7 +784,10 @@ where
     };
     match tokio::time::timeout(timeout, run).await {
         Ok(r) => r,
-        Err(_) => Err(KvError::new(Code::RpcTimeout, format!("transfer with {} timed out", pool.addr()))),
+        Err(_) => Err(KvError::new(
+            Code::RpcTimeout,
+            format!("transfer with {} timed out", pool.addr()),
+        )),
     }
 }
 
@@ -729,7 +797,11 @@ fn spread(idx: Vec<usize>, r: KvResult<Vec<KvResult<()>>>) -> Vec<(usize, KvResu
         Ok(v) => idx.into_iter().zip(v).collect(),
         Err(e) => {
             let e = KvError::new(
-                if e.code == Code::RpcTimeout { Code::RpcTimeout } else { Code::TransferFail },
+                if e.code == Code::RpcTimeout {
+                    Code::RpcTimeout
+                } else {
+                    Code::TransferFail
+                },
                 e.message,
             );
             idx.into_iter().map(|i| (i, Err(e.clone()))).collect()
@@ -739,7 +811,13 @@ fn spread(idx: Vec<usize>, r: KvResult<Vec<KvResult<()>>>) -> Vec<(usize, KvResu
 
 /// Checks a read object: header names the expected object, value checksum
 /// matches, and the read finished within its lease.
-fn verify(key: &str, head: &[u8], dst: &[&mut [u8]], l: &ObjectLocation, t0: Instant) -> KvResult<usize> {
+fn verify(
+    key: &str,
+    head: &[u8],
+    dst: &[&mut [u8]],
+    l: &ObjectLocation,
+    t0: Instant,
+) -> KvResult<usize> {
     let h = ObjectHeader::decode(head)?;
     h.expect(key, l.value_len, l.generation)?;
     let mut parts: Vec<&[u8]> = Vec::with_capacity(dst.len());
@@ -753,10 +831,16 @@ fn verify(key: &str, head: &[u8], dst: &[&mut [u8]], l: &ObjectLocation, t0: Ins
         left -= n as u64;
     }
     if value_checksum(&parts) != h.checksum {
-        return Err(KvError::new(Code::ChecksumMismatch, format!("value of {key:?} fails its checksum")));
+        return Err(KvError::new(
+            Code::ChecksumMismatch,
+            format!("value of {key:?} fails its checksum"),
+        ));
     }
     if t0.elapsed() > Duration::from_millis(l.lease_ms) {
-        return Err(KvError::new(Code::LeaseExpired, format!("read of {key:?} outlived its lease")));
+        return Err(KvError::new(
+            Code::LeaseExpired,
+            format!("read of {key:?} outlived its lease"),
+        ));
     }
     Ok(l.value_len as usize)
 }

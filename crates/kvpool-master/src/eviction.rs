@@ -59,19 +59,34 @@ mod tests {
     fn order_is_lru_with_soft_pins_last() {
         let table: &[(&[Candidate], u64, &[&str])] = &[
             // oldest first
-            (&[c("a", 1, false), c("b", 5, false), c("c", 3, false)], 150, &["b", "c"]),
+            (
+                &[c("a", 1, false), c("b", 5, false), c("c", 3, false)],
+                150,
+                &["b", "c"],
+            ),
             // exactly enough stops early
             (&[c("a", 1, false), c("b", 5, false)], 100, &["b"]),
             // soft-pinned last even when older
-            (&[c("old-pinned", 99, true), c("new", 1, false)], 150, &["new", "old-pinned"]),
-            (&[c("old-pinned", 99, true), c("new", 1, false)], 50, &["new"]),
+            (
+                &[c("old-pinned", 99, true), c("new", 1, false)],
+                150,
+                &["new", "old-pinned"],
+            ),
+            (
+                &[c("old-pinned", 99, true), c("new", 1, false)],
+                50,
+                &["new"],
+            ),
             // nothing to free
             (&[c("a", 1, false)], 0, &[]),
             // not enough candidates: take all
             (&[c("a", 1, false), c("b", 2, true)], 10_000, &["a", "b"]),
         ];
         for (cands, target, want) in table {
-            let got: Vec<String> = choose(cands.to_vec(), *target).into_iter().map(|c| c.key).collect();
+            let got: Vec<String> = choose(cands.to_vec(), *target)
+                .into_iter()
+                .map(|c| c.key)
+                .collect();
             assert_eq!(got, *want, "target {target}");
         }
     }

@@ -32,7 +32,10 @@ pub fn admin_router(master: Arc<Master>) -> Router {
 
 async fn metrics(State(m): State<Arc<Master>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         m.metrics.render(&m.state),
     )
         .into_response()
@@ -83,7 +86,9 @@ async fn page(State(m): State<Arc<Master>>) -> Html<String> {
 }
 
 fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 type MetadataStore = Arc<Mutex<HashMap<String, Bytes>>>;
@@ -94,7 +99,10 @@ pub fn metadata_router() -> Router {
     Router::new()
         .route(
             "/metadata",
-            get(meta_get).put(meta_put).post(meta_put).delete(meta_delete),
+            get(meta_get)
+                .put(meta_put)
+                .post(meta_put)
+                .delete(meta_delete),
         )
         .route("/health", get(|| async { "OK\n" }))
         .with_state(store)
@@ -112,7 +120,11 @@ async fn meta_get(State(s): State<MetadataStore>, Query(q): Query<KeyQuery>) -> 
     }
 }
 
-async fn meta_put(State(s): State<MetadataStore>, Query(q): Query<KeyQuery>, body: Bytes) -> Response {
+async fn meta_put(
+    State(s): State<MetadataStore>,
+    Query(q): Query<KeyQuery>,
+    body: Bytes,
+) -> Response {
     s.lock().insert(q.key, body);
     (StatusCode::OK, "metadata updated").into_response()
 }
@@ -125,7 +137,11 @@ async fn meta_delete(State(s): State<MetadataStore>, Query(q): Query<KeyQuery>) 
 }
 
 /// Serves `router` on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

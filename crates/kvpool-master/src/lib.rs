@@ -178,7 +178,11 @@ impl ControlHandler for Master {
                 let re = regex::Regex::new(&r.pattern)
                     .map_err(|e| KvError::new(Code::InvalidParams, format!("bad regex: {e}")))?;
                 m.record(op, 0, 0);
-                Ok(msg::encode(&s.remove_matching(|k| re.is_match(k), r.force, now)))
+                Ok(msg::encode(&s.remove_matching(
+                    |k| re.is_match(k),
+                    r.force,
+                    now,
+                )))
             }
             Opcode::RemoveAll => typed(meta, |r: msg::RemoveAll| {
                 m.record(op, 0, 0);
@@ -219,14 +223,19 @@ impl MasterHandle {
 }
 
 async fn bind(ip: &str, port: u16) -> Result<TcpListener, MasterError> {
-    TcpListener::bind((ip, port)).await.map_err(|source| MasterError::Bind {
-        addr: format!("{ip}:{port}"),
-        source,
-    })
+    TcpListener::bind((ip, port))
+        .await
+        .map_err(|source| MasterError::Bind {
+            addr: format!("{ip}:{port}"),
+            source,
+        })
 }
 
 /// Binds every listener and starts serving until `shutdown`.
-pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<MasterHandle, MasterError> {
+pub async fn start(
+    cfg: MasterConfig,
+    shutdown: CancellationToken,
+) -> Result<MasterHandle, MasterError> {
     let st = &cfg.state;
     if !(st.high_watermark > 0.0 && st.high_watermark <= 1.0) {
         return Err(MasterError::Config(format!(
@@ -235,10 +244,15 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         )));
     }
     if !(st.eviction_ratio > 0.0 && st.eviction_ratio <= 1.0) {
-        return Err(MasterError::Config(format!("eviction ratio {} not in (0, 1]", st.eviction_ratio)));
+        return Err(MasterError::Config(format!(
+            "eviction ratio {} not in (0, 1]",
+            st.eviction_ratio
+        )));
     }
     if st.client_ttl.is_zero() || st.lease_ttl.is_zero() {
-        return Err(MasterError::Config("client TTL and lease TTL must be positive".into()));
+        return Err(MasterError::Config(
+            "client TTL and lease TTL must be positive".into(),
+        ));
     }
     let rpc = bind(&cfg.rpc_address, cfg.rpc_port).await?;
     let admin = bind(&cfg.metrics_address, cfg.metrics_port).await?;
@@ -247,14 +261,23 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
     } else {
         None
     };
-    let local = |l: &TcpListener| l.local_addr().map_err(|e| MasterError::Config(e.to_string()));
+    let local = |l: &TcpListener| {
+        l.local_addr()
+            .map_err(|e| MasterError::Config(e.to_string()))
+    };
     let rpc_addr = local(&rpc)?;
     let admin_addr = local(&admin)?;
     let metadata_addr = metadata.as_ref().map(local).transpose()?;
 
     let master = Arc::new(Master::new(cfg.state.clone()));
     let tasks = TaskTracker::new();
-    tasks.spawn(serve_control(rpc, master.clone(), "master", Limits::default(), shutdown.clone()));
+    tasks.spawn(serve_control(
+        rpc,
+        master.clone(),
+        "master",
+        Limits::default(),
+        shutdown.clone(),
+    ));
     let router = http::admin_router(master.clone());
     let token = shutdown.clone();
     tasks.spawn(async move {
@@ -291,7 +314,8 @@ pub async fn run(cfg: MasterConfig, shutdown: CancellationToken) -> Result<(), M
 
 /// Expires silent clients, stale puts and ended leases.
 async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
-    let period = (master.state.config().client_ttl / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let period = (master.state.config().client_ttl / 8)
+        .clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut tick = tokio::time::interval(period);
     loop {
         tokio::select! {
@@ -392,11 +416,21 @@ mod tests {
             value_len: 10,
             region_len: 100,
         };
-        s.put_start(c, &[item], &ReplicateConfig::default(), false, Instant::now())[0]
+        s.put_start(
+            c,
+            &[item],
+            &ReplicateConfig::default(),
+            false,
+            Instant::now(),
+        )[0]
+        .as_ref()
+        .unwrap();
+        s.put_end(c, &["k".into()], Instant::now())[0]
             .as_ref()
             .unwrap();
-        s.put_end(c, &["k".into()], Instant::now())[0].as_ref().unwrap();
-        s.get_replica_list(&["k".into()], Instant::now())[0].as_ref().unwrap();
+        s.get_replica_list(&["k".into()], Instant::now())[0]
+            .as_ref()
+            .unwrap();
         tokio::time::sleep(Duration::from_secs(9)).await;
         let r = s.remove(&["k".into()], false, Instant::now());
         assert_eq!(r[0].as_ref().unwrap_err().code, Code::ObjectHasLease);

@@ -52,16 +52,40 @@ impl Default for Metrics {
             evictions: Gauge::default(),
             registry: Registry::default(),
         };
-        registry.register("requests", "Requests handled by the master", m.requests.clone());
+        registry.register(
+            "requests",
+            "Requests handled by the master",
+            m.requests.clone(),
+        );
         registry.register("failures", "Failed requests or keys", m.failures.clone());
-        registry.register("op_keys", "Keys handled by batch operations", m.keys.clone());
-        registry.register("capacity_bytes", "Bytes lent by mounted segments", m.capacity.clone());
+        registry.register(
+            "op_keys",
+            "Keys handled by batch operations",
+            m.keys.clone(),
+        );
+        registry.register(
+            "capacity_bytes",
+            "Bytes lent by mounted segments",
+            m.capacity.clone(),
+        );
         registry.register("used_bytes", "Bytes reserved by objects", m.used.clone());
         registry.register("keys", "Committed objects", m.objects.clone());
-        registry.register("pending_puts", "Puts started but not ended", m.pending.clone());
+        registry.register(
+            "pending_puts",
+            "Puts started but not ended",
+            m.pending.clone(),
+        );
         registry.register("segments", "Mounted segments", m.segments.clone());
-        registry.register("clients", "Registered clients and stores", m.clients.clone());
-        registry.register("evictions", "Objects evicted since start", m.evictions.clone());
+        registry.register(
+            "clients",
+            "Registered clients and stores",
+            m.clients.clone(),
+        );
+        registry.register(
+            "evictions",
+            "Objects evicted since start",
+            m.evictions.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -69,7 +93,9 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts one request of `op` carrying `keys` keys, `failed` of which failed.
     pub fn record(&self, op: Opcode, keys: usize, failed: usize) {
-        let l = OpLabel { op: op.name().to_string() };
+        let l = OpLabel {
+            op: op.name().to_string(),
+        };
         self.requests.get_or_create(&l).inc();
         self.keys.get_or_create(&l).inc_by(keys as u64);
         if failed > 0 {

@@ -51,11 +51,19 @@ mod tests {
 
     #[test]
     fn preferred_then_most_free() {
-        let segs = [seg(1, "a", 100), seg(2, "b", 500), seg(3, "c", 300), seg(4, "d", 10)];
+        let segs = [
+            seg(1, "a", 100),
+            seg(2, "b", 500),
+            seg(3, "c", 300),
+            seg(4, "d", 10),
+        ];
         let ids = |v: Vec<SegmentId>| v.into_iter().map(|s| s.0).collect::<Vec<_>>();
         assert_eq!(ids(order(&segs, 50, &[])), vec![2, 3, 1]);
         assert_eq!(ids(order(&segs, 50, &["a".into()])), vec![1, 2, 3]);
-        assert_eq!(ids(order(&segs, 50, &["c".into(), "a".into(), "c".into()])), vec![3, 1, 2]);
+        assert_eq!(
+            ids(order(&segs, 50, &["c".into(), "a".into(), "c".into()])),
+            vec![3, 1, 2]
+        );
         // preferred but full: skipped
         assert_eq!(ids(order(&segs, 50, &["d".into()])), vec![2, 3, 1]);
         assert_eq!(ids(order(&segs, 400, &[])), vec![2]);

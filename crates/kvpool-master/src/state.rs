@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvpool_proto::msg::{
-    ClientId, ClusterStatus, ObjectLocation, PutGrant, PutItem, RegisterReply, Replica, ReplicateConfig,
-    SegmentId, SegmentInfo, SegmentStatus,
+    ClientId, ClusterStatus, ObjectLocation, PutGrant, PutItem, RegisterReply, Replica,
+    ReplicateConfig, SegmentId, SegmentInfo, SegmentStatus,
 };
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
@@ -219,7 +219,10 @@ impl MasterState {
         if self.clients.lock().contains_key(&id) {
             Ok(())
         } else {
-            Err(KvError::new(Code::ClientNotFound, format!("client {id} is not registered")))
+            Err(KvError::new(
+                Code::ClientNotFound,
+                format!("client {id} is not registered"),
+            ))
         }
     }
 
@@ -229,14 +232,20 @@ impl MasterState {
     pub fn mount(&self, client: ClientId, info: SegmentInfo) -> KvResult<()> {
         self.require_client(client)?;
         if info.size == 0 {
-            return Err(KvError::new(Code::InvalidParams, "segment has no usable bytes"));
+            return Err(KvError::new(
+                Code::InvalidParams,
+                "segment has no usable bytes",
+            ));
         }
         let mut segs = self.segments.write();
         if let Some(s) = segs.get(&info.id) {
             if s.owner == client && s.info == info {
                 return Ok(());
             }
-            return Err(KvError::new(Code::SegmentAlreadyExists, format!("segment {} is mounted", info.id)));
+            return Err(KvError::new(
+                Code::SegmentAlreadyExists,
+                format!("segment {} is mounted", info.id),
+            ));
         }
         tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, "segment mounted");
         segs.insert(
@@ -253,9 +262,17 @@ impl MasterState {
     /// Withdraws a segment; only its owner may.
     pub fn unmount(&self, client: ClientId, id: SegmentId) -> KvResult<()> {
         match self.segments.read().get(&id) {
-            None => return Err(KvError::new(Code::SegmentNotFound, format!("segment {id} is not mounted"))),
+            None => {
+                return Err(KvError::new(
+                    Code::SegmentNotFound,
+                    format!("segment {id} is not mounted"),
+                ))
+            }
             Some(s) if s.owner != client => {
-                return Err(KvError::new(Code::IllegalClient, format!("segment {id} belongs to another client")))
+                return Err(KvError::new(
+                    Code::IllegalClient,
+                    format!("segment {id} belongs to another client"),
+                ))
             }
             Some(_) => {}
         }
@@ -282,7 +299,10 @@ impl MasterState {
                         e.current = None;
                     }
                 }
-                if e.pending.as_ref().is_some_and(|p| p.version.replicas.iter().any(|(s, _)| *s == id)) {
+                if e.pending
+                    .as_ref()
+                    .is_some_and(|p| p.version.replicas.iter().any(|(s, _)| *s == id))
+                {
                     if let Some(p) = e.pending.take() {
                         revoked.push((key.clone(), p));
                     }
@@ -349,10 +369,17 @@ impl MasterState {
     /// Mounted segments big enough to ever hold a region of `len` bytes.
     fn segments_that_fit(&self, len: u64) -> usize {
         let segs = self.segments.read();
-        segs.values().filter(|s| s.alloc.lock().capacity() >= len).count()
+        segs.values()
+            .filter(|s| s.alloc.lock().capacity() >= len)
+            .count()
     }
 
-    fn allocate(&self, region_len: u64, replica_num: usize, preferred: &[String]) -> Vec<(SegmentId, Region)> {
+    fn allocate(
+        &self,
+        region_len: u64,
+        replica_num: usize,
+        preferred: &[String],
+    ) -> Vec<(SegmentId, Region)> {
         let segs = self.segments.read();
         let views: Vec<SegmentView> = segs
             .values()
@@ -395,7 +422,13 @@ impl MasterState {
     }
 
     /// What an existing entry means for a new put, if it decides the answer.
-    fn existing_answer(&self, e: &Entry, client: ClientId, item: &PutItem, upsert: bool) -> Option<KvResult<PutGrant>> {
+    fn existing_answer(
+        &self,
+        e: &Entry,
+        client: ClientId,
+        item: &PutItem,
+        upsert: bool,
+    ) -> Option<KvResult<PutGrant>> {
         if let Some(p) = &e.pending {
             // The same writer retrying (its answer was lost): hand back the same regions.
             if p.owner == client && p.version.value_len == item.value_len {
@@ -425,10 +458,16 @@ impl MasterState {
     ) -> KvResult<PutGrant> {
         validate_key(&item.key)?;
         if item.region_len < item.value_len || item.region_len == 0 {
-            return Err(KvError::new(Code::InvalidParams, "region length smaller than the value"));
+            return Err(KvError::new(
+                Code::InvalidParams,
+                "region length smaller than the value",
+            ));
         }
         if config.replica_num == 0 {
-            return Err(KvError::new(Code::InvalidParams, "replica_num must be at least 1"));
+            return Err(KvError::new(
+                Code::InvalidParams,
+                "replica_num must be at least 1",
+            ));
         }
         if let Some(e) = self.shard(&item.key).lock().objects.get(&item.key) {
             if let Some(answer) = self.existing_answer(e, client, item, upsert) {
@@ -493,23 +532,34 @@ impl MasterState {
 
     /// Commits written objects; one result per key.
     pub fn put_end(&self, client: ClientId, keys: &[String], now: Instant) -> Vec<KvResult<()>> {
-        keys.iter().map(|k| self.put_end_one(client, k, now)).collect()
+        keys.iter()
+            .map(|k| self.put_end_one(client, k, now))
+            .collect()
     }
 
     fn take_pending(&self, shard: &mut Shard, client: ClientId, key: &str) -> KvResult<Pending> {
-        let e = shard
-            .objects
-            .get_mut(key)
-            .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("no put of {key:?} in flight")))?;
+        let e = shard.objects.get_mut(key).ok_or_else(|| {
+            KvError::new(Code::ObjectNotFound, format!("no put of {key:?} in flight"))
+        })?;
         match &e.pending {
-            None => return Err(KvError::new(Code::ObjectNotFound, format!("no put of {key:?} in flight"))),
+            None => {
+                return Err(KvError::new(
+                    Code::ObjectNotFound,
+                    format!("no put of {key:?} in flight"),
+                ))
+            }
             Some(p) if p.owner != client => {
-                return Err(KvError::new(Code::IllegalClient, format!("put of {key:?} belongs to another client")))
+                return Err(KvError::new(
+                    Code::IllegalClient,
+                    format!("put of {key:?} belongs to another client"),
+                ))
             }
             Some(_) => {}
         }
         shard.pending.remove(key);
-        e.pending.take().ok_or_else(|| KvError::from(Code::InternalError))
+        e.pending
+            .take()
+            .ok_or_else(|| KvError::from(Code::InternalError))
     }
 
     fn put_end_one(&self, client: ClientId, key: &str, now: Instant) -> KvResult<()> {
@@ -537,7 +587,10 @@ impl MasterState {
             if e.current.is_none() {
                 shard.objects.remove(key);
             }
-            return Err(KvError::new(Code::WriteFail, format!("every segment of {key:?} went away")));
+            return Err(KvError::new(
+                Code::WriteFail,
+                format!("every segment of {key:?} went away"),
+            ));
         }
         v.last_access = now;
         if let Some(old) = e.current.replace(v) {
@@ -574,7 +627,9 @@ impl MasterState {
                     .objects
                     .get_mut(k.as_str())
                     .and_then(|e| e.current.as_mut())
-                    .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{k:?} not found")))?;
+                    .ok_or_else(|| {
+                        KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
+                    })?;
                 v.lease_until = v.lease_until.max(now + self.cfg.lease_ttl);
                 v.last_access = now;
                 Ok(ObjectLocation {
@@ -604,16 +659,28 @@ impl MasterState {
 
     // ------------------------------------------------------------ removal
 
-    fn remove_in(&self, shard: &mut Shard, key: &str, force: bool, now: Instant) -> KvResult<Version> {
+    fn remove_in(
+        &self,
+        shard: &mut Shard,
+        key: &str,
+        force: bool,
+        now: Instant,
+    ) -> KvResult<Version> {
         let e = shard
             .objects
             .get_mut(key)
             .filter(|e| e.current.is_some())
             .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{key:?} not found")))?;
         if !force && e.current.as_ref().is_some_and(|v| v.lease_until > now) {
-            return Err(KvError::new(Code::ObjectHasLease, format!("{key:?} has a live read lease")));
+            return Err(KvError::new(
+                Code::ObjectHasLease,
+                format!("{key:?} has a live read lease"),
+            ));
         }
-        let v = e.current.take().ok_or_else(|| KvError::from(Code::InternalError))?;
+        let v = e
+            .current
+            .take()
+            .ok_or_else(|| KvError::from(Code::InternalError))?;
         if e.pending.is_none() {
             shard.objects.remove(key);
         }
@@ -636,7 +703,12 @@ impl MasterState {
 
     /// Removes committed objects whose key `matches`; returns how many. Objects
     /// under a live lease are kept unless `force`.
-    pub fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool, now: Instant) -> u64 {
+    pub fn remove_matching(
+        &self,
+        matches: impl Fn(&str) -> bool,
+        force: bool,
+        now: Instant,
+    ) -> u64 {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
@@ -690,7 +762,9 @@ impl MasterState {
         let mut out = Evicted::default();
         for c in eviction::choose(candidates, target) {
             let mut shard = self.shard(&c.key).lock();
-            let Some(e) = shard.objects.get_mut(&c.key) else { continue };
+            let Some(e) = shard.objects.get_mut(&c.key) else {
+                continue;
+            };
             // Re-check: the object may have been read or replaced since the scan.
             if !e
                 .current
@@ -773,9 +847,13 @@ impl MasterState {
                 .iter()
                 .filter(|(k, owner)| {
                     dead.contains(owner)
-                        || sh.objects.get(k.as_str()).and_then(|e| e.pending.as_ref()).is_some_and(|p| {
-                            now.saturating_duration_since(p.started) > self.cfg.pending_ttl
-                        })
+                        || sh
+                            .objects
+                            .get(k.as_str())
+                            .and_then(|e| e.pending.as_ref())
+                            .is_some_and(|p| {
+                                now.saturating_duration_since(p.started) > self.cfg.pending_ttl
+                            })
                 })
                 .map(|(k, c)| (k.clone(), *c))
                 .collect();
@@ -845,7 +923,9 @@ impl MasterState {
             generation: v.generation,
             replicas: self.describe(&v.replicas),
             lease_remaining_ms: ms(v.lease_until.saturating_duration_since(now)),
-            soft_pin_remaining_ms: v.soft_pin_until.map(|t| ms(t.saturating_duration_since(now))),
+            soft_pin_remaining_ms: v
+                .soft_pin_until
+                .map(|t| ms(t.saturating_duration_since(now))),
             hard_pin: v.hard_pin,
             idle_ms: ms(now.saturating_duration_since(v.last_access)),
             put_in_flight: e.pending.is_some(),

@@ -291,7 +291,10 @@ pub struct ParsedFrame<'a> {
 /// Parses one frame from the front of `buf`. `Ok(None)` means the buffer
 /// holds only part of a frame (read more); an error means the stream is
 /// corrupt and the connection must be answered and closed.
-pub fn parse_frame<'a>(buf: &'a [u8], limits: &Limits) -> Result<Option<ParsedFrame<'a>>, FrameError> {
+pub fn parse_frame<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+) -> Result<Option<ParsedFrame<'a>>, FrameError> {
     let Some(head) = buf.get(..HEADER_LEN) else {
         return Ok(None);
     };
@@ -340,14 +343,20 @@ mod tests {
             0u32..1024,
             0u64..1024,
         )
-            .prop_map(|(opcode, resp, request_id, status, meta_len, payload_len)| FrameHeader {
-                opcode,
-                kind: if resp { FrameKind::Response } else { FrameKind::Request },
-                request_id,
-                status,
-                meta_len,
-                payload_len,
-            })
+            .prop_map(
+                |(opcode, resp, request_id, status, meta_len, payload_len)| FrameHeader {
+                    opcode,
+                    kind: if resp {
+                        FrameKind::Response
+                    } else {
+                        FrameKind::Request
+                    },
+                    request_id,
+                    status,
+                    meta_len,
+                    payload_len,
+                },
+            )
     }
 
     proptest! {
@@ -399,18 +408,33 @@ mod tests {
         let l = Limits::default();
         let mut b = h.encode();
         b[0] = b'X';
-        assert!(matches!(FrameHeader::decode(&b, &l), Err(FrameError::BadMagic(_))));
+        assert!(matches!(
+            FrameHeader::decode(&b, &l),
+            Err(FrameError::BadMagic(_))
+        ));
         let mut b = h.encode();
         b[4] = 0xff;
-        assert!(matches!(FrameHeader::decode(&b, &l), Err(FrameError::UnknownOpcode(_))));
+        assert!(matches!(
+            FrameHeader::decode(&b, &l),
+            Err(FrameError::UnknownOpcode(_))
+        ));
         let mut b = h.encode();
         b[6] = 9;
-        assert!(matches!(FrameHeader::decode(&b, &l), Err(FrameError::BadKind(9))));
+        assert!(matches!(
+            FrameHeader::decode(&b, &l),
+            Err(FrameError::BadKind(9))
+        ));
         let mut b = h.encode();
         b[7] = 1;
-        assert!(matches!(FrameHeader::decode(&b, &l), Err(FrameError::BadFlags(1))));
+        assert!(matches!(
+            FrameHeader::decode(&b, &l),
+            Err(FrameError::BadFlags(1))
+        ));
         let mut b = h.encode();
         b[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(FrameHeader::decode(&b, &l), Err(FrameError::MetaTooLarge { .. })));
+        assert!(matches!(
+            FrameHeader::decode(&b, &l),
+            Err(FrameError::MetaTooLarge { .. })
+        ));
     }
 }

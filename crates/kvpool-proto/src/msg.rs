@@ -473,7 +473,10 @@ mod tests {
             }),
             Err(Code::NoAvailableHandle.as_i32()),
         ];
-        assert_eq!(decode::<<PutStart as Rpc>::Response>(&encode(&r)).unwrap(), r);
+        assert_eq!(
+            decode::<<PutStart as Rpc>::Response>(&encode(&r)).unwrap(),
+            r
+        );
     }
 
     #[test]

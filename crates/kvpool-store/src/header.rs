@@ -92,7 +92,9 @@ impl ObjectHeader {
             return Err(bad(&format!("unknown format version {version}")));
         }
         let key_len = u16_at(6) as usize;
-        let key = b.get(FIXED_LEN..FIXED_LEN + key_len).ok_or_else(|| bad("truncated key"))?;
+        let key = b
+            .get(FIXED_LEN..FIXED_LEN + key_len)
+            .ok_or_else(|| bad("truncated key"))?;
         if header_checksum(&b[..32], key) != u64_at(32) {
             return Err(bad("header checksum mismatch"));
         }
@@ -159,6 +161,9 @@ mod tests {
     #[test]
     fn multi_part_checksum_equals_whole() {
         let v: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
-        assert_eq!(value_checksum(&[&v]), value_checksum(&[&v[..3], &v[3..5000], &v[5000..]]));
+        assert_eq!(
+            value_checksum(&[&v]),
+            value_checksum(&[&v[..3], &v[3..5000], &v[5000..]])
+        );
     }
 }

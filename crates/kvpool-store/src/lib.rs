@@ -57,11 +57,20 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     let node = DataNode::bind(&cfg.address, cfg.port, shutdown.clone())
         .await
         .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
-    let name = cfg.name.clone().unwrap_or_else(|| node.endpoint().to_string());
+    let name = cfg
+        .name
+        .clone()
+        .unwrap_or_else(|| node.endpoint().to_string());
     node.add_segment(seg.id, &name, seg.region.clone(), segment::DATA_BASE);
     info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
 
-    let link = MasterLink::new(&cfg.master, ClientId(rand::random()), &name, "store", CallPolicy::default());
+    let link = MasterLink::new(
+        &cfg.master,
+        ClientId(rand::random()),
+        &name,
+        "store",
+        CallPolicy::default(),
+    );
     let reply = loop {
         match link.register().await {
             Ok(r) => break r,

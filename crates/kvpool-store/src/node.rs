@@ -28,12 +28,21 @@ pub struct DataNode {
 impl DataNode {
     /// Binds the data plane on `address:port` (port 0 picks one) and starts
     /// serving until `shutdown`.
-    pub async fn bind(address: &str, port: u16, shutdown: CancellationToken) -> std::io::Result<Arc<DataNode>> {
+    pub async fn bind(
+        address: &str,
+        port: u16,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<Arc<DataNode>> {
         let listener = TcpListener::bind((address, port)).await?;
         let endpoint = listener.local_addr()?.to_string();
         let table = Arc::new(SegmentTable::default());
         let tasks = TaskTracker::new();
-        tasks.spawn(serve_data(listener, table.clone(), Limits::default(), shutdown));
+        tasks.spawn(serve_data(
+            listener,
+            table.clone(),
+            Limits::default(),
+            shutdown,
+        ));
         tasks.close();
         Ok(Arc::new(DataNode {
             table,
@@ -49,7 +58,13 @@ impl DataNode {
     }
 
     /// Serves `region` as segment `id`, object area starting at `base`.
-    pub fn add_segment(&self, id: SegmentId, name: &str, region: Arc<MappedRegion>, base: u64) -> SegmentInfo {
+    pub fn add_segment(
+        &self,
+        id: SegmentId,
+        name: &str,
+        region: Arc<MappedRegion>,
+        base: u64,
+    ) -> SegmentInfo {
         let info = SegmentInfo {
             id,
             name: name.to_string(),

@@ -59,7 +59,10 @@ impl SegmentFile {
         let lock_path = dir.join("LOCK");
         let lock = File::create(&lock_path).map_err(io(&lock_path))?;
         lock.try_lock().map_err(|_| {
-            StoreError::Config(format!("data dir {} is in use by another store", dir.display()))
+            StoreError::Config(format!(
+                "data dir {} is in use by another store",
+                dir.display()
+            ))
         })?;
         let path = dir.join(SEGMENT_FILE);
         let region = MappedRegion::open_file(&path, size).map_err(io(&path))?;
@@ -122,7 +125,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = SegmentFile::open(dir.path(), 1 << 20).unwrap();
         let id = a.id;
-        assert!(matches!(SegmentFile::open(dir.path(), 1 << 20), Err(StoreError::Config(_))));
+        assert!(matches!(
+            SegmentFile::open(dir.path(), 1 << 20),
+            Err(StoreError::Config(_))
+        ));
         drop(a);
         assert_eq!(SegmentFile::open(dir.path(), 1 << 20).unwrap().id, id);
         // A different size is a different segment.
@@ -132,6 +138,9 @@ mod tests {
     #[test]
     fn tiny_segment_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(SegmentFile::open(dir.path(), 100), Err(StoreError::Config(_))));
+        assert!(matches!(
+            SegmentFile::open(dir.path(), 100),
+            Err(StoreError::Config(_))
+        ));
     }
 }

@@ -9,7 +9,9 @@
 use std::io;
 use std::time::Duration;
 
-use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN, MIN_PROTOCOL_VERSION};
+use kvpool_proto::frame::{
+    FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN, MIN_PROTOCOL_VERSION,
+};
 use kvpool_proto::msg::{self, Hello, HelloReply, Rpc};
 use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
@@ -56,7 +58,10 @@ impl FramedConn {
         if reply.version < MIN_PROTOCOL_VERSION || reply.version > PROTOCOL_VERSION {
             return Err(KvError::new(
                 Code::InvalidVersion,
-                format!("{addr} speaks protocol {}, this build {PROTOCOL_VERSION}", reply.version),
+                format!(
+                    "{addr} speaks protocol {}, this build {PROTOCOL_VERSION}",
+                    reply.version
+                ),
             ));
         }
         Ok(conn)
@@ -181,14 +186,19 @@ impl FramedConn {
     /// Reads a response header for request `id`, turning an error status into
     /// an `Err` (its message is consumed).
     pub async fn read_response(&mut self, id: u64) -> KvResult<FrameHeader> {
-        let h = self
-            .read_header()
-            .await?
-            .ok_or_else(|| KvError::new(Code::RpcFail, format!("{} closed the connection", self.peer)))?;
+        let h = self.read_header().await?.ok_or_else(|| {
+            KvError::new(
+                Code::RpcFail,
+                format!("{} closed the connection", self.peer),
+            )
+        })?;
         if h.kind != FrameKind::Response || h.request_id != id {
             return Err(KvError::new(
                 Code::RpcFail,
-                format!("{}: expected response to {id}, got {:?} {}", self.peer, h.kind, h.request_id),
+                format!(
+                    "{}: expected response to {id}, got {:?} {}",
+                    self.peer, h.kind, h.request_id
+                ),
             ));
         }
         if h.status != 0 {
@@ -212,7 +222,10 @@ impl FramedConn {
             .map_err(|e| io_error(&format!("send to {}", self.peer), e))?;
         let rh = self.read_response(id).await?;
         if rh.payload_len != 0 {
-            return Err(KvError::new(Code::RpcFail, "unexpected payload in control response"));
+            return Err(KvError::new(
+                Code::RpcFail,
+                "unexpected payload in control response",
+            ));
         }
         let meta = self.read_meta(rh.meta_len).await?;
         msg::decode(meta)
@@ -238,7 +251,13 @@ pub struct ConnPool {
 
 impl ConnPool {
     /// A pool for `addr`; at most `max_idle` connections are kept open.
-    pub fn new(addr: &str, role: &str, limits: Limits, connect_timeout: Duration, max_idle: usize) -> Self {
+    pub fn new(
+        addr: &str,
+        role: &str,
+        limits: Limits,
+        connect_timeout: Duration,
+        max_idle: usize,
+    ) -> Self {
         ConnPool {
             addr: addr.to_string(),
             role: role.to_string(),

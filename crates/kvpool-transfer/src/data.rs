@@ -49,14 +49,25 @@ impl SegmentTable {
     }
 }
 
-fn region_for(table: &SegmentTable, segment: SegmentId, offset: u64, len: u64) -> KvResult<Arc<MappedRegion>> {
-    let region = table
-        .get(segment)
-        .ok_or_else(|| KvError::new(Code::SegmentNotFound, format!("segment {segment} not served here")))?;
+fn region_for(
+    table: &SegmentTable,
+    segment: SegmentId,
+    offset: u64,
+    len: u64,
+) -> KvResult<Arc<MappedRegion>> {
+    let region = table.get(segment).ok_or_else(|| {
+        KvError::new(
+            Code::SegmentNotFound,
+            format!("segment {segment} not served here"),
+        )
+    })?;
     if !region.contains(offset, len) {
         return Err(KvError::new(
             Code::InvalidParams,
-            format!("range {offset}+{len} outside segment of {} bytes", region.len()),
+            format!(
+                "range {offset}+{len} outside segment of {} bytes",
+                region.len()
+            ),
         ));
     }
     Ok(region)
@@ -89,7 +100,11 @@ pub async fn serve_data(
     .await;
 }
 
-async fn data_conn(conn: &mut FramedConn, table: &SegmentTable, shutdown: &CancellationToken) -> KvResult<()> {
+async fn data_conn(
+    conn: &mut FramedConn,
+    table: &SegmentTable,
+    shutdown: &CancellationToken,
+) -> KvResult<()> {
     loop {
         // Only the wait for a new request is cancellable: a request already
         // started runs to completion so a writer never sees a half-ack.
@@ -122,7 +137,10 @@ async fn data_conn(conn: &mut FramedConn, table: &SegmentTable, shutdown: &Cance
             },
             (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
                 if h.payload_len != 0 {
-                    return Err(KvError::new(Code::InvalidParams, "read requests carry no payload"));
+                    return Err(KvError::new(
+                        Code::InvalidParams,
+                        "read requests carry no payload",
+                    ));
                 }
                 region_for(table, req.segment, req.offset, req.len).map(|r| Some((r, req)))
             }),
@@ -134,20 +152,26 @@ async fn data_conn(conn: &mut FramedConn, table: &SegmentTable, shutdown: &Cance
         match outcome {
             Ok(None) => {
                 let rh = FrameHeader::response(&h, 0, 0, 0);
-                conn.send_frame(&rh, &[], &[]).await.map_err(|e| io_error("send", e))?;
+                conn.send_frame(&rh, &[], &[])
+                    .await
+                    .map_err(|e| io_error("send", e))?;
             }
             Ok(Some((region, req))) => {
                 let rh = FrameHeader::response(&h, 0, 0, req.len);
                 // SAFETY: range checked by region_for.
                 let src = unsafe { region.slice(req.offset, req.len) };
-                conn.send_frame(&rh, &[], &[src]).await.map_err(|e| io_error("send", e))?;
+                conn.send_frame(&rh, &[], &[src])
+                    .await
+                    .map_err(|e| io_error("send", e))?;
             }
             Err(e) => {
                 // A refused write's payload is still on the wire: skip it.
                 if h.opcode == Opcode::Write || h.payload_len > 0 {
                     conn.discard_payload(h.payload_len).await?;
                 }
-                conn.send_error(&h, &e).await.map_err(|e| io_error("send", e))?;
+                conn.send_error(&h, &e)
+                    .await
+                    .map_err(|e| io_error("send", e))?;
             }
         }
         if !conn.has_buffered_input() {
@@ -174,7 +198,10 @@ pub struct ReadOp<'a> {
 
 /// Pipelines `ops` on `conn`. The outer error means the connection broke and
 /// must be dropped (no item's outcome is known); otherwise one result per op.
-pub async fn write_regions(conn: &mut FramedConn, ops: &[WriteOp<'_>]) -> KvResult<Vec<KvResult<()>>> {
+pub async fn write_regions(
+    conn: &mut FramedConn,
+    ops: &[WriteOp<'_>],
+) -> KvResult<Vec<KvResult<()>>> {
     let mut ids = Vec::with_capacity(ops.len());
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
@@ -210,11 +237,17 @@ async fn read_ack(conn: &mut FramedConn, id: u64) -> KvResult<KvResult<()>> {
 
 /// Pipelines `ops` on `conn`, filling each op's buffers. Same error contract
 /// as [`write_regions`].
-pub async fn read_regions(conn: &mut FramedConn, ops: &mut [ReadOp<'_>]) -> KvResult<Vec<KvResult<()>>> {
+pub async fn read_regions(
+    conn: &mut FramedConn,
+    ops: &mut [ReadOp<'_>],
+) -> KvResult<Vec<KvResult<()>>> {
     for op in ops.iter() {
         let want: u64 = op.dst.iter().map(|d| d.len() as u64).sum();
         if want != op.req.len {
-            return Err(KvError::new(Code::InvalidParams, "read buffers do not match the read length"));
+            return Err(KvError::new(
+                Code::InvalidParams,
+                "read buffers do not match the read length",
+            ));
         }
     }
     let n = ops.len();
@@ -237,7 +270,10 @@ pub async fn read_regions(conn: &mut FramedConn, ops: &mut [ReadOp<'_>]) -> KvRe
         let r = match conn.read_response(ids[i]).await {
             Ok(h) => {
                 if h.meta_len != 0 || h.payload_len != ops[i].req.len {
-                    return Err(KvError::new(Code::RpcFail, "read response of the wrong length"));
+                    return Err(KvError::new(
+                        Code::RpcFail,
+                        "read response of the wrong length",
+                    ));
                 }
                 for d in ops[i].dst.iter_mut() {
                     conn.read_payload(d).await?;
@@ -260,22 +296,37 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let table = Arc::new(SegmentTable::default());
-        table.insert(SegmentId(7), Arc::new(MappedRegion::anonymous(1 << 20).unwrap()));
+        table.insert(
+            SegmentId(7),
+            Arc::new(MappedRegion::anonymous(1 << 20).unwrap()),
+        );
         let token = CancellationToken::new();
-        tokio::spawn(serve_data(listener, table.clone(), Limits::default(), token.clone()));
+        tokio::spawn(serve_data(
+            listener,
+            table.clone(),
+            Limits::default(),
+            token.clone(),
+        ));
         (addr, table, token)
     }
 
     #[tokio::test]
     async fn pipelined_writes_and_reads_round_trip() {
         let (addr, _t, token) = server().await;
-        let mut c = FramedConn::connect(&addr, "test", Limits::default()).await.unwrap();
-        let values: Vec<Vec<u8>> = (0..200u32).map(|i| vec![i as u8; 100 + i as usize]).collect();
+        let mut c = FramedConn::connect(&addr, "test", Limits::default())
+            .await
+            .unwrap();
+        let values: Vec<Vec<u8>> = (0..200u32)
+            .map(|i| vec![i as u8; 100 + i as usize])
+            .collect();
         let writes: Vec<WriteOp> = values
             .iter()
             .enumerate()
             .map(|(i, v)| WriteOp {
-                req: WriteReq { segment: SegmentId(7), offset: i as u64 * 512 },
+                req: WriteReq {
+                    segment: SegmentId(7),
+                    offset: i as u64 * 512,
+                },
                 parts: vec![b"hd", v],
             })
             .collect();
@@ -288,7 +339,11 @@ mod tests {
             .zip(bodies.iter_mut())
             .enumerate()
             .map(|(i, (h, b))| ReadOp {
-                req: ReadReq { segment: SegmentId(7), offset: i as u64 * 512, len: 2 + b.len() as u64 },
+                req: ReadReq {
+                    segment: SegmentId(7),
+                    offset: i as u64 * 512,
+                    len: 2 + b.len() as u64,
+                },
                 dst: vec![&mut h[..], &mut b[..]],
             })
             .collect();
@@ -303,19 +358,46 @@ mod tests {
     #[tokio::test]
     async fn bad_requests_get_errors_and_the_connection_survives() {
         let (addr, _t, token) = server().await;
-        let mut c = FramedConn::connect(&addr, "test", Limits::default()).await.unwrap();
+        let mut c = FramedConn::connect(&addr, "test", Limits::default())
+            .await
+            .unwrap();
         let big = vec![1u8; 4096];
         let writes = [
-            WriteOp { req: WriteReq { segment: SegmentId(7), offset: (1 << 20) - 10 }, parts: vec![&big] },
-            WriteOp { req: WriteReq { segment: SegmentId(8), offset: 0 }, parts: vec![&big] },
-            WriteOp { req: WriteReq { segment: SegmentId(7), offset: 0 }, parts: vec![&big] },
+            WriteOp {
+                req: WriteReq {
+                    segment: SegmentId(7),
+                    offset: (1 << 20) - 10,
+                },
+                parts: vec![&big],
+            },
+            WriteOp {
+                req: WriteReq {
+                    segment: SegmentId(8),
+                    offset: 0,
+                },
+                parts: vec![&big],
+            },
+            WriteOp {
+                req: WriteReq {
+                    segment: SegmentId(7),
+                    offset: 0,
+                },
+                parts: vec![&big],
+            },
         ];
         let r = write_regions(&mut c, &writes).await.unwrap();
         assert_eq!(r[0].as_ref().unwrap_err().code, Code::InvalidParams);
         assert_eq!(r[1].as_ref().unwrap_err().code, Code::SegmentNotFound);
         assert!(r[2].is_ok());
         let mut buf = vec![0u8; 4096];
-        let mut reads = [ReadOp { req: ReadReq { segment: SegmentId(7), offset: 0, len: 4096 }, dst: vec![&mut buf[..]] }];
+        let mut reads = [ReadOp {
+            req: ReadReq {
+                segment: SegmentId(7),
+                offset: 0,
+                len: 4096,
+            },
+            dst: vec![&mut buf[..]],
+        }];
         assert!(read_regions(&mut c, &mut reads).await.unwrap()[0].is_ok());
         assert_eq!(buf, big);
         token.cancel();
@@ -332,7 +414,9 @@ mod tests {
         let h = FrameHeader::decode(resp[..32].try_into().unwrap(), &Limits::default()).unwrap();
         assert_eq!(h.status, Code::InvalidParams.as_i32());
         // A fresh connection still works.
-        assert!(FramedConn::connect(&addr, "test", Limits::default()).await.is_ok());
+        assert!(FramedConn::connect(&addr, "test", Limits::default())
+            .await
+            .is_ok());
         token.cancel();
     }
 }

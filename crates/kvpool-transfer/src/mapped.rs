@@ -63,9 +63,7 @@ impl MappedRegion {
 
     /// Whether `[offset, offset + len)` lies inside the region.
     pub fn contains(&self, offset: u64, len: u64) -> bool {
-        offset
-            .checked_add(len)
-            .is_some_and(|end| end <= self.len())
+        offset.checked_add(len).is_some_and(|end| end <= self.len())
     }
 
     /// Bytes at `[offset, offset + len)`.

@@ -49,7 +49,10 @@ where
     loop {
         let r = match tokio::time::timeout(policy.timeout, attempt()).await {
             Ok(r) => r,
-            Err(_) => Err(KvError::new(Code::RpcTimeout, format!("no answer within {:?}", policy.timeout))),
+            Err(_) => Err(KvError::new(
+                Code::RpcTimeout,
+                format!("no answer within {:?}", policy.timeout),
+            )),
         };
         match r {
             Err(e) if e.code.is_transient() && tries < policy.retries => {
@@ -78,7 +81,13 @@ pub struct MasterLink {
 
 impl MasterLink {
     /// A link to `addr` for `client_id` (not yet registered).
-    pub fn new(addr: &str, client_id: ClientId, hostname: &str, role: &str, policy: CallPolicy) -> Arc<Self> {
+    pub fn new(
+        addr: &str,
+        client_id: ClientId,
+        hostname: &str,
+        role: &str,
+        policy: CallPolicy,
+    ) -> Arc<Self> {
         let limits = Limits::default();
         Arc::new(MasterLink {
             calls: ConnPool::new(addr, role, limits, policy.timeout, 16),
@@ -114,7 +123,12 @@ impl MasterLink {
     pub async fn call_once<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
         tokio::time::timeout(self.policy.timeout, self.calls.call(req))
             .await
-            .unwrap_or_else(|_| Err(KvError::new(Code::RpcTimeout, "master did not answer in time")))
+            .unwrap_or_else(|_| {
+                Err(KvError::new(
+                    Code::RpcTimeout,
+                    "master did not answer in time",
+                ))
+            })
     }
 
     /// Registers with the master; returns the heartbeat timing it expects.
@@ -128,7 +142,12 @@ impl MasterLink {
 
     /// Heartbeats every `interval` until `shutdown`; when the master no longer
     /// knows this client, registers again and runs `remount`.
-    pub fn spawn_heartbeat(self: &Arc<Self>, interval: Duration, remount: RemountHook, shutdown: CancellationToken) {
+    pub fn spawn_heartbeat(
+        self: &Arc<Self>,
+        interval: Duration,
+        remount: RemountHook,
+        shutdown: CancellationToken,
+    ) {
         let link = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
@@ -138,11 +157,17 @@ impl MasterLink {
                     _ = shutdown.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                let hb = Heartbeat { client_id: link.client_id };
+                let hb = Heartbeat {
+                    client_id: link.client_id,
+                };
                 let r = tokio::time::timeout(link.policy.timeout, link.heartbeats.call(&hb)).await;
                 match r {
                     Ok(Ok(reply)) if reply.known => {}
-                    Ok(Ok(_)) | Ok(Err(KvError { code: Code::ClientNotFound, .. })) => {
+                    Ok(Ok(_))
+                    | Ok(Err(KvError {
+                        code: Code::ClientNotFound,
+                        ..
+                    })) => {
                         info!(client = %link.client_id, "master forgot this client; registering again");
                         if link.register().await.is_ok() {
                             remount().await;

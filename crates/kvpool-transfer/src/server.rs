@@ -92,9 +92,15 @@ async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> 
         conn.read_meta(h.meta_len).await?;
         conn.discard_payload(h.payload_len).await?;
         let result = if h.kind != FrameKind::Request {
-            Err(KvError::new(Code::InvalidParams, "expected a request frame"))
+            Err(KvError::new(
+                Code::InvalidParams,
+                "expected a request frame",
+            ))
         } else if h.payload_len != 0 {
-            Err(KvError::new(Code::InvalidParams, "control requests carry no payload"))
+            Err(KvError::new(
+                Code::InvalidParams,
+                "control requests carry no payload",
+            ))
         } else {
             handler.handle(h.opcode, conn.last_meta())
         };
@@ -112,7 +118,11 @@ pub async fn reject_and_close(conn: &mut FramedConn, e: KvError) -> KvResult<()>
     Err(e)
 }
 
-async fn send_result(conn: &mut FramedConn, req: &FrameHeader, r: KvResult<Vec<u8>>) -> KvResult<()> {
+async fn send_result(
+    conn: &mut FramedConn,
+    req: &FrameHeader,
+    r: KvResult<Vec<u8>>,
+) -> KvResult<()> {
     let sent = match r {
         Ok(meta) => {
             let rh = FrameHeader::response(req, 0, meta.len() as u32, 0);

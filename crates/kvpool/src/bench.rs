@@ -81,13 +81,21 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
             other => Err(anyhow::anyhow!("unknown op {other:?} (put, get)")),
         })
         .collect::<Result<_, _>>()?;
-    anyhow::ensure!(a.batch >= 1 && a.concurrency >= 1, "batch and concurrency must be at least 1");
+    anyhow::ensure!(
+        a.batch >= 1 && a.concurrency >= 1,
+        "batch and concurrency must be at least 1"
+    );
     let mut cfg = ClientConfig::new(&a.master);
     cfg.hostname = "kvpool-bench".into();
     cfg.conns_per_store = a.concurrency.max(4);
-    let client = Client::connect(cfg).await.map_err(|e| anyhow::anyhow!("connect {}: {e}", a.master))?;
+    let client = Client::connect(cfg)
+        .await
+        .map_err(|e| anyhow::anyhow!("connect {}: {e}", a.master))?;
     let status = client.status().await?;
-    anyhow::ensure!(!status.segments.is_empty(), "the pool has no segments mounted");
+    anyhow::ensure!(
+        !status.segments.is_empty(),
+        "the pool has no segments mounted"
+    );
     let run_id: u32 = rand::random();
     let rc = ReplicateConfig {
         replica_num: a.replicas,
@@ -107,7 +115,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
         // Keys per worker that fit in half the pool, so gets are expected to hit.
         let footprint = (size + 128) * a.replicas.max(1) as u64;
         let window = ((status.capacity / 2) / footprint / a.concurrency as u64).max(1);
-        let written: Arc<Vec<AtomicU64>> = Arc::new((0..a.concurrency).map(|_| AtomicU64::new(0)).collect());
+        let written: Arc<Vec<AtomicU64>> =
+            Arc::new((0..a.concurrency).map(|_| AtomicU64::new(0)).collect());
         for &op in &ops {
             let row = phase(&client, &a, op, size, run_id, window, &written, &rc).await;
             rows.push(row);
@@ -127,7 +136,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
         println!(
             "{:<4} {:>8} {:>5} {:>5} {:>11.0} {:>8.3} {:>10.1} {:>10.1} {:>7} {:>7}",
             if r.op == Op::Put { "put" } else { "get" },
-            crate::cli::human(r.size).replace(".0 ", "").replace(' ', ""),
+            crate::cli::human(r.size)
+                .replace(".0 ", "")
+                .replace(' ', ""),
             a.batch,
             a.concurrency,
             r.items as f64 / r.secs,
@@ -165,7 +176,9 @@ async fn phase(
     rc: &ReplicateConfig,
 ) -> Row {
     let progress = Arc::new(Progress::default());
-    let hist = Arc::new(Mutex::new(Histogram::<u64>::new(3).expect("valid histogram precision")));
+    let hist = Arc::new(Mutex::new(
+        Histogram::<u64>::new(3).expect("valid histogram precision"),
+    ));
     let start = Instant::now();
     let deadline = start + a.duration;
     let mut workers = Vec::new();
@@ -187,9 +200,12 @@ async fn phase(
                 match op {
                     Op::Put => {
                         let n0 = written[w].load(Ordering::Relaxed);
-                        let keys: Vec<String> = (n0..n0 + batch as u64).map(|n| format!("{prefix}-{w}-{n}")).collect();
+                        let keys: Vec<String> = (n0..n0 + batch as u64)
+                            .map(|n| format!("{prefix}-{w}-{n}"))
+                            .collect();
                         let parts: [&[u8]; 1] = [&value];
-                        let items: Vec<(&str, &[&[u8]])> = keys.iter().map(|k| (k.as_str(), &parts[..])).collect();
+                        let items: Vec<(&str, &[&[u8]])> =
+                            keys.iter().map(|k| (k.as_str(), &parts[..])).collect();
                         let res = client.batch_put(&items, &rc, false).await;
                         written[w].store(n0 + batch as u64, Ordering::Relaxed);
                         let mut errs = 0;
@@ -199,7 +215,9 @@ async fn phase(
                             }
                             errs += 1;
                         }
-                        progress.items.fetch_add(batch as u64 - errs, Ordering::Relaxed);
+                        progress
+                            .items
+                            .fetch_add(batch as u64 - errs, Ordering::Relaxed);
                     }
                     Op::Get => {
                         let keys: Vec<String> = (0..batch)
@@ -207,20 +225,29 @@ async fn phase(
                                 let ww = rand::random::<usize>() % conc;
                                 let hi = written[ww].load(Ordering::Relaxed);
                                 let lo = hi.saturating_sub(window);
-                                let n = if hi > lo { lo + rand::random::<u64>() % (hi - lo) } else { 0 };
+                                let n = if hi > lo {
+                                    lo + rand::random::<u64>() % (hi - lo)
+                                } else {
+                                    0
+                                };
                                 format!("{prefix}-{ww}-{n}")
                             })
                             .collect();
                         let mut items: Vec<GetInto> = keys
                             .iter()
                             .zip(bufs.iter_mut())
-                            .map(|(k, b)| GetInto { key: k, dst: vec![&mut b[..]] })
+                            .map(|(k, b)| GetInto {
+                                key: k,
+                                dst: vec![&mut b[..]],
+                            })
                             .collect();
                         let res = client.batch_get_into(&mut items).await;
                         for r in res {
                             match r {
                                 Ok(_) => progress.items.fetch_add(1, Ordering::Relaxed),
-                                Err(e) if e.code == Code::ObjectNotFound => progress.misses.fetch_add(1, Ordering::Relaxed),
+                                Err(e) if e.code == Code::ObjectNotFound => {
+                                    progress.misses.fetch_add(1, Ordering::Relaxed)
+                                }
                                 Err(e) => {
                                     if progress.errors.fetch_add(1, Ordering::Relaxed) < 3 {
                                         eprintln!("get error: {e}");
@@ -236,7 +263,11 @@ async fn phase(
             let _ = hist.lock().add(&local);
         }));
     }
-    let name = format!("{} {}", if op == Op::Put { "put" } else { "get" }, crate::cli::human(size));
+    let name = format!(
+        "{} {}",
+        if op == Op::Put { "put" } else { "get" },
+        crate::cli::human(size)
+    );
     let ticker = {
         let progress = progress.clone();
         tokio::spawn(async move {

@@ -52,23 +52,43 @@ fn seconds(s: &str) -> Result<Duration, String> {
 #[derive(Args, Debug, Clone)]
 pub struct MasterArgs {
     /// IP to listen on for RPC.
-    #[arg(long, alias = "rpc_address", env = "KVPOOL_RPC_ADDRESS", default_value = "127.0.0.1")]
+    #[arg(
+        long,
+        alias = "rpc_address",
+        env = "KVPOOL_RPC_ADDRESS",
+        default_value = "127.0.0.1"
+    )]
     pub rpc_address: String,
     /// RPC port.
-    #[arg(long, alias = "rpc_port", env = "KVPOOL_RPC_PORT", default_value_t = 50051)]
+    #[arg(
+        long,
+        alias = "rpc_port",
+        env = "KVPOOL_RPC_PORT",
+        default_value_t = 50051
+    )]
     pub rpc_port: u16,
     /// IP for /metrics, /health and the admin API.
     #[arg(long, env = "KVPOOL_METRICS_ADDRESS", default_value = "127.0.0.1")]
     pub metrics_address: String,
     /// Port for /metrics, /health and the admin API.
-    #[arg(long, alias = "metrics_port", env = "KVPOOL_METRICS_PORT", default_value_t = 9003)]
+    #[arg(
+        long,
+        alias = "metrics_port",
+        env = "KVPOOL_METRICS_PORT",
+        default_value_t = 9003
+    )]
     pub metrics_port: u16,
     /// Also serve Mooncake's transfer-metadata HTTP service.
     #[arg(long, alias = "enable_http_metadata_server", env = "KVPOOL_ENABLE_HTTP_METADATA_SERVER",
           num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
     pub enable_http_metadata_server: bool,
     /// Port of the transfer-metadata HTTP service.
-    #[arg(long, alias = "http_metadata_server_port", env = "KVPOOL_HTTP_METADATA_SERVER_PORT", default_value_t = 8080)]
+    #[arg(
+        long,
+        alias = "http_metadata_server_port",
+        env = "KVPOOL_HTTP_METADATA_SERVER_PORT",
+        default_value_t = 8080
+    )]
     pub http_metadata_server_port: u16,
     /// Read lease per get (a bare number is milliseconds, as in Mooncake).
     #[arg(long, alias = "default_kv_lease_ttl", env = "KVPOOL_DEFAULT_KV_LEASE_TTL", default_value = "10s", value_parser = millis)]
@@ -77,10 +97,20 @@ pub struct MasterArgs {
     #[arg(long, alias = "default_kv_soft_pin_ttl", env = "KVPOOL_DEFAULT_KV_SOFT_PIN_TTL", default_value = "30m", value_parser = millis)]
     pub default_kv_soft_pin_ttl: Duration,
     /// Start evicting when this fraction of capacity is used.
-    #[arg(long, alias = "eviction_high_watermark_ratio", env = "KVPOOL_EVICTION_HIGH_WATERMARK_RATIO", default_value_t = 0.95)]
+    #[arg(
+        long,
+        alias = "eviction_high_watermark_ratio",
+        env = "KVPOOL_EVICTION_HIGH_WATERMARK_RATIO",
+        default_value_t = 0.95
+    )]
     pub eviction_high_watermark_ratio: f64,
     /// Fraction of capacity freed per eviction pass.
-    #[arg(long, alias = "eviction_ratio", env = "KVPOOL_EVICTION_RATIO", default_value_t = 0.05)]
+    #[arg(
+        long,
+        alias = "eviction_ratio",
+        env = "KVPOOL_EVICTION_RATIO",
+        default_value_t = 0.05
+    )]
     pub eviction_ratio: f64,
     /// Silence after which a client or store is dropped (bare number: seconds).
     #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = seconds)]
@@ -189,9 +219,12 @@ pub async fn fetch_status(master: &str) -> anyhow::Result<ClusterStatus> {
         Duration::from_secs(5),
         1,
     );
-    let st = tokio::time::timeout(Duration::from_secs(5), pool.call(&kvpool_proto::msg::Status {}))
-        .await
-        .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??;
+    let st = tokio::time::timeout(
+        Duration::from_secs(5),
+        pool.call(&kvpool_proto::msg::Status {}),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??;
     Ok(st)
 }
 
@@ -213,7 +246,11 @@ pub fn human(n: u64) -> String {
 
 /// The text `kvpool status` prints; scripts grep the `segments: N` line.
 pub fn format_status(master: &str, s: &ClusterStatus) -> String {
-    let pct = if s.capacity > 0 { 100.0 * s.used as f64 / s.capacity as f64 } else { 0.0 };
+    let pct = if s.capacity > 0 {
+        100.0 * s.used as f64 / s.capacity as f64
+    } else {
+        0.0
+    };
     let mut out = format!(
         "master: {master}\nsegments: {}\ncapacity: {}\nused: {} ({pct:.1}%)\nkeys: {}\nputs in flight: {}\nclients: {}\nevictions: {}\n",
         s.segments.len(),
@@ -225,7 +262,10 @@ pub fn format_status(master: &str, s: &ClusterStatus) -> String {
         s.evictions
     );
     if !s.segments.is_empty() {
-        out.push_str(&format!("\n{:<24} {:<22} {:>10} {:>10} {:>8}\n", "SEGMENT", "ENDPOINT", "SIZE", "USED", "REGIONS"));
+        out.push_str(&format!(
+            "\n{:<24} {:<22} {:>10} {:>10} {:>8}\n",
+            "SEGMENT", "ENDPOINT", "SIZE", "USED", "REGIONS"
+        ));
         for seg in &s.segments {
             out.push_str(&format!(
                 "{:<24} {:<22} {:>10} {:>10} {:>8}\n",

@@ -21,7 +21,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kvpool: cannot start the runtime: {e}");
@@ -42,10 +45,11 @@ fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -86,7 +90,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 cli::human(u.segment_size),
                 u.data_dir.display()
             );
-            println!("clients use: KVPOOL_MASTER={}   stop with Ctrl-C", master.rpc_addr);
+            println!(
+                "clients use: KVPOOL_MASTER={}   stop with Ctrl-C",
+                master.rpc_addr
+            );
             let r = store.await;
             shutdown.cancel();
             master.stopped().await;
