@@ -33,6 +33,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use kvpool_proto::msg::ReplicateConfig;
 
+/// Idle connections kept per store, enough for many concurrent callers.
+const IDLE_CONNS_PER_STORE: usize = 64;
 /// Batches whose bytes exceed this are spread over several connections per store.
 const SPREAD_BYTES: u64 = 1 << 20;
 
@@ -47,7 +49,7 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Extra attempts after transient failures.
     pub retries: u32,
-    /// Connections kept open per store (and used in parallel for big batches).
+    /// Connections one big batch uses in parallel per store.
     pub conns_per_store: usize,
     /// Bytes to lend to the pool from this process (0 = pure client).
     pub segment_size: u64,
@@ -170,7 +172,7 @@ impl Client {
                     "client",
                     Limits::default(),
                     self.inner.cfg.timeout,
-                    self.inner.cfg.conns_per_store.max(1),
+                    IDLE_CONNS_PER_STORE,
                 ))
             })
             .clone()
@@ -285,7 +287,7 @@ impl Client {
             }
         };
         // Object headers must outlive the writes that borrow them.
-        let mut headers: Vec<(usize, Vec<u8>, Vec<Replica>)> = Vec::new();
+        let mut headers: Vec<(usize, u64, Vec<u8>, Vec<Replica>)> = Vec::new();
         for (&i, g) in index.iter().zip(grants) {
             match msg::from_wire(g) {
                 Ok(PutGrant::Exists) => {}
@@ -300,13 +302,13 @@ impl Client {
                         generation,
                         checksum: value_checksum(parts),
                     };
-                    headers.push((i, h.encode(), replicas));
+                    headers.push((i, generation, h.encode(), replicas));
                 }
                 Err(e) => results[i] = Err(e),
             }
         }
         let mut ops: Vec<(usize, String, WriteOp)> = Vec::new();
-        for (i, head, replicas) in &headers {
+        for (i, _, head, replicas) in &headers {
             for r in replicas {
                 let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + items[*i].1.len());
                 parts.push(head);
@@ -332,10 +334,16 @@ impl Client {
             }
         }
         let (mut commit, mut revoke) = (Vec::new(), Vec::new());
-        for (i, _, _) in &headers {
+        for (i, generation, _, _) in &headers {
             let key = items[*i].0.to_string();
             if results[*i].is_ok() {
-                commit.push((*i, key));
+                commit.push((
+                    *i,
+                    msg::PutEndItem {
+                        key,
+                        generation: *generation,
+                    },
+                ));
             } else {
                 revoke.push(key);
             }
@@ -352,13 +360,12 @@ impl Client {
                 .await;
         }
         if !commit.is_empty() {
-            let keys: Vec<String> = commit.iter().map(|(_, k)| k.clone()).collect();
             let r = self
                 .inner
                 .link
                 .call(&msg::PutEnd {
                     client_id: self.inner.link.client_id(),
-                    keys,
+                    items: commit.iter().map(|(_, c)| c.clone()).collect(),
                 })
                 .await;
             match r {

@@ -149,7 +149,7 @@ impl ControlHandler for Master {
                 out
             }
             Opcode::PutEnd => typed(meta, |r: msg::PutEnd| {
-                let v = s.put_end(r.client_id, &r.keys, now);
+                let v = s.put_end(r.client_id, &r.items, now);
                 m.record(op, v.len(), failed(&v));
                 wire(v)
             }),
@@ -343,7 +343,9 @@ async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvpool_proto::msg::{ClientId, PutItem, ReplicateConfig, SegmentId, SegmentInfo};
+    use kvpool_proto::msg::{
+        ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
+    };
 
     fn segment(id: u128) -> SegmentInfo {
         SegmentInfo {
@@ -416,18 +418,21 @@ mod tests {
             value_len: 10,
             region_len: 100,
         };
-        s.put_start(
+        let grant = s.put_start(
             c,
             &[item],
             &ReplicateConfig::default(),
             false,
             Instant::now(),
-        )[0]
-        .as_ref()
-        .unwrap();
-        s.put_end(c, &["k".into()], Instant::now())[0]
-            .as_ref()
-            .unwrap();
+        );
+        let Ok(PutGrant::Write { generation, .. }) = grant[0] else {
+            panic!("{grant:?}");
+        };
+        let end = PutEndItem {
+            key: "k".into(),
+            generation,
+        };
+        s.put_end(c, &[end], Instant::now())[0].as_ref().unwrap();
         s.get_replica_list(&["k".into()], Instant::now())[0]
             .as_ref()
             .unwrap();

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvpool_proto::msg::{
-    ClientId, ClusterStatus, ObjectLocation, PutGrant, PutItem, RegisterReply, Replica,
+    ClientId, ClusterStatus, ObjectLocation, PutEndItem, PutGrant, PutItem, RegisterReply, Replica,
     ReplicateConfig, SegmentId, SegmentInfo, SegmentStatus,
 };
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
@@ -531,9 +531,15 @@ impl MasterState {
     }
 
     /// Commits written objects; one result per key.
-    pub fn put_end(&self, client: ClientId, keys: &[String], now: Instant) -> Vec<KvResult<()>> {
-        keys.iter()
-            .map(|k| self.put_end_one(client, k, now))
+    pub fn put_end(
+        &self,
+        client: ClientId,
+        items: &[PutEndItem],
+        now: Instant,
+    ) -> Vec<KvResult<()>> {
+        items
+            .iter()
+            .map(|i| self.put_end_one(client, &i.key, i.generation, now))
             .collect()
     }
 
@@ -562,19 +568,30 @@ impl MasterState {
             .ok_or_else(|| KvError::from(Code::InternalError))
     }
 
-    fn put_end_one(&self, client: ClientId, key: &str, now: Instant) -> KvResult<()> {
+    fn put_end_one(
+        &self,
+        client: ClientId,
+        key: &str,
+        generation: u64,
+        now: Instant,
+    ) -> KvResult<()> {
         let mut shard = self.shard(key).lock();
-        let p = match self.take_pending(&mut shard, client, key) {
-            Ok(p) => p,
-            // A retried PutEnd whose first attempt committed.
-            Err(e) if e.code == Code::ObjectNotFound => {
-                return match shard.objects.get(key).and_then(|e| e.current.as_ref()) {
-                    Some(_) => Ok(()),
-                    None => Err(e),
-                };
+        let entry = shard.objects.get(key);
+        let committed = entry.and_then(|e| e.current.as_ref()).map(|v| v.generation);
+        let pending = entry
+            .and_then(|e| e.pending.as_ref())
+            .map(|p| p.version.generation);
+        if pending != Some(generation) {
+            // A retried PutEnd whose first attempt committed this very version.
+            if committed == Some(generation) {
+                return Ok(());
             }
-            Err(e) => return Err(e),
-        };
+            return Err(KvError::new(
+                Code::ObjectNotFound,
+                format!("no put of {key:?} generation {generation} in flight (revoked or expired)"),
+            ));
+        }
+        let p = self.take_pending(&mut shard, client, key)?;
         let mut v = p.version;
         // A segment may have gone away while the bytes were being written.
         let live = self.segments.read();

@@ -293,13 +293,23 @@ impl Rpc for PutStart {
     type Response = Vec<WireResult<PutGrant>>;
 }
 
+/// One object of a [`PutEnd`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutEndItem {
+    /// The key.
+    pub key: String,
+    /// The generation `PutStart` granted: a retried commit succeeds only if
+    /// this very version is the committed one, never an older value.
+    pub generation: u64,
+}
+
 /// Commit written objects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PutEnd {
     /// The writer.
     pub client_id: ClientId,
-    /// Keys whose bytes are fully written.
-    pub keys: Vec<String>,
+    /// Objects whose bytes are fully written.
+    pub items: Vec<PutEndItem>,
 }
 
 impl Rpc for PutEnd {

@@ -19,7 +19,9 @@ pub struct MappedRegion {
 
 impl MappedRegion {
     /// Maps `path` shared, creating it and setting its length to `size` when
-    /// it does not exist; an existing file keeps its contents (restart).
+    /// it does not exist; an existing file keeps its contents (restart). The
+    /// pages are faulted in up front: lent memory is committed at start, not
+    /// on the first write of each page in the data path.
     pub fn open_file(path: &Path, size: u64) -> io::Result<Self> {
         let file = OpenOptions::new()
             .read(true)
@@ -27,10 +29,23 @@ impl MappedRegion {
             .create(true)
             .truncate(false)
             .open(path)?;
-        if file.metadata()?.len() != size {
+        let old_len = file.metadata()?.len();
+        if old_len != size {
             file.set_len(size)?;
         }
-        let map = MmapOptions::new().len(size as usize).map_raw(&file)?;
+        if let Err(e) = reserve(&file, size) {
+            // Give back what a failed reservation took (tmpfs pages are RAM).
+            if old_len == 0 {
+                let _ = std::fs::remove_file(path);
+            } else {
+                let _ = file.set_len(old_len);
+            }
+            return Err(e);
+        }
+        let map = MmapOptions::new()
+            .len(size as usize)
+            .populate()
+            .map_raw(&file)?;
         Ok(MappedRegion {
             map,
             path: Some(path.to_path_buf()),
@@ -96,6 +111,24 @@ impl MappedRegion {
     pub fn flush(&self) -> io::Result<()> {
         self.map.flush()
     }
+}
+
+/// Reserves the file's blocks now, so a full tmpfs or disk is a clean error
+/// at start instead of a SIGBUS on some later write into the mapping.
+fn reserve(file: &std::fs::File, size: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(size)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment size too large"))?;
+    // SAFETY: plain syscall on an open descriptor we own.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    if rc != 0 {
+        let e = io::Error::from_raw_os_error(rc);
+        return Err(io::Error::new(
+            e.kind(),
+            format!("cannot reserve {size} bytes: {e}"),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,1370 @@
+//! Tests of the master's metadata state through its public API: puts and
+//! reads, write ownership, read leases, pins and eviction, client liveness,
+//! segment ownership, and a property test of its invariants over random
+//! sequences of operations.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use kvpool_master::state::{Evicted, MasterState, StateConfig};
+use kvpool_proto::msg::{
+    ClientId, ObjectLocation, PutEndItem, PutGrant, PutItem, Replica, ReplicateConfig, SegmentId,
+    SegmentInfo,
+};
+use kvpool_proto::{KvResult, MAX_KEY_LEN};
+use proptest::prelude::*;
+use tokio::time::Instant;
+
+// Mooncake's numbers for the codes the state answers with.
+const SEGMENT_NOT_FOUND: i32 = -101;
+const SEGMENT_ALREADY_EXISTS: i32 = -102;
+const CLIENT_NOT_FOUND: i32 = -103;
+const NO_AVAILABLE_HANDLE: i32 = -200;
+const INVALID_KEY: i32 = -400;
+const INVALID_PARAMS: i32 = -600;
+const ILLEGAL_CLIENT: i32 = -601;
+const REPLICA_IS_NOT_READY: i32 = -703;
+const OBJECT_NOT_FOUND: i32 = -704;
+const OBJECT_HAS_LEASE: i32 = -706;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+/// Milliseconds in a second, for `Pool::at`.
+const SEC: u64 = 1000;
+/// Bytes of a region that do not hold value bytes (the object header).
+const HEADER: u64 = 64;
+/// First usable offset of every segment mounted here.
+const BASE: u64 = 4096;
+/// Region size used where the size does not matter.
+const OBJ: u64 = 64 * KIB;
+
+/// A 1 s read lease, eviction of one object at a time, and clients and puts
+/// that never expire; tests override what they are about.
+fn config() -> StateConfig {
+    StateConfig {
+        lease_ttl: Duration::from_secs(1),
+        soft_pin_ttl: Duration::from_secs(60),
+        high_watermark: 0.95,
+        eviction_ratio: 0.01,
+        client_ttl: Duration::from_secs(3600),
+        pending_ttl: Duration::from_secs(3600),
+    }
+}
+
+/// The Mooncake number of an expected error.
+fn code<T: Debug>(r: KvResult<T>) -> i32 {
+    r.expect_err("expected an error").code.as_i32()
+}
+
+/// An object taking `region_len` bytes, header included.
+fn item(key: &str, region_len: u64) -> PutItem {
+    PutItem {
+        key: key.into(),
+        value_len: region_len - HEADER,
+        region_len,
+    }
+}
+
+fn replicas(n: u32) -> ReplicateConfig {
+    ReplicateConfig {
+        replica_num: n,
+        ..Default::default()
+    }
+}
+
+fn preferring(names: &[&str], n: u32) -> ReplicateConfig {
+    ReplicateConfig {
+        preferred_segments: names.iter().map(|s| s.to_string()).collect(),
+        ..replicas(n)
+    }
+}
+
+fn hard_pin() -> ReplicateConfig {
+    ReplicateConfig {
+        with_hard_pin: true,
+        ..replicas(1)
+    }
+}
+
+fn soft_pin(ttl_ms: Option<u64>) -> ReplicateConfig {
+    ReplicateConfig {
+        with_soft_pin: true,
+        soft_pin_ttl_ms: ttl_ms,
+        ..replicas(1)
+    }
+}
+
+fn segment(id: u128, name: &str, size: u64) -> SegmentInfo {
+    SegmentInfo {
+        id: SegmentId(id),
+        name: name.into(),
+        endpoint: format!("10.0.0.{id}:7000"),
+        base: BASE,
+        size,
+    }
+}
+
+fn segment_ids(reps: &[Replica]) -> Vec<u128> {
+    reps.iter().map(|r| r.segment.0).collect()
+}
+
+/// A batch of one key.
+fn one(key: &str) -> Vec<String> {
+    vec![key.to_string()]
+}
+
+/// A state under test and the instant its tests count time from.
+struct Pool {
+    st: MasterState,
+    t0: Instant,
+    /// Generation of the last put granted per key, for `end`.
+    granted: RefCell<HashMap<String, u64>>,
+}
+
+impl Pool {
+    fn new(cfg: StateConfig) -> Self {
+        Pool {
+            st: MasterState::new(cfg),
+            t0: Instant::now(),
+            granted: RefCell::default(),
+        }
+    }
+
+    /// A pool with client 1 owning one segment (id 1, name "a") of `size` bytes.
+    fn with_segment(cfg: StateConfig, size: u64) -> (Self, ClientId) {
+        let p = Pool::new(cfg);
+        let c = p.client(1);
+        p.mount(c, 1, "a", size);
+        (p, c)
+    }
+
+    /// `ms` milliseconds after the start of the test.
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    /// Registers client `id` at the start of the test.
+    fn client(&self, id: u128) -> ClientId {
+        let c = ClientId(id);
+        self.st.register_client(c, &format!("host-{id}"), self.t0);
+        c
+    }
+
+    fn mount(&self, owner: ClientId, id: u128, name: &str, size: u64) {
+        self.st
+            .mount(owner, segment(id, name, size))
+            .expect("mount");
+    }
+
+    fn put_with(
+        &self,
+        c: ClientId,
+        key: &str,
+        len: u64,
+        cfg: &ReplicateConfig,
+        upsert: bool,
+        now: Instant,
+    ) -> KvResult<PutGrant> {
+        let mut r = self.st.put_start(c, &[item(key, len)], cfg, upsert, now);
+        assert_eq!(r.len(), 1);
+        if let Ok(PutGrant::Write { generation, .. }) = &r[0] {
+            self.granted
+                .borrow_mut()
+                .insert(key.to_string(), *generation);
+        }
+        r.remove(0)
+    }
+
+    /// An insert of one replica.
+    fn put(&self, c: ClientId, key: &str, len: u64, now: Instant) -> KvResult<PutGrant> {
+        self.put_with(c, key, len, &replicas(1), false, now)
+    }
+
+    /// A put that must be granted: its generation and regions.
+    fn start_with(
+        &self,
+        c: ClientId,
+        key: &str,
+        len: u64,
+        cfg: &ReplicateConfig,
+        upsert: bool,
+        now: Instant,
+    ) -> (u64, Vec<Replica>) {
+        match self.put_with(c, key, len, cfg, upsert, now) {
+            Ok(PutGrant::Write {
+                generation,
+                replicas,
+            }) => (generation, replicas),
+            other => panic!("put_start of {key:?}: {other:?}"),
+        }
+    }
+
+    fn start(&self, c: ClientId, key: &str, len: u64, now: Instant) -> (u64, Vec<Replica>) {
+        self.start_with(c, key, len, &replicas(1), false, now)
+    }
+
+    fn upsert(&self, c: ClientId, key: &str, len: u64, now: Instant) -> (u64, Vec<Replica>) {
+        self.start_with(c, key, len, &replicas(1), true, now)
+    }
+
+    /// An insert that must be granted and committed.
+    fn commit_with(
+        &self,
+        c: ClientId,
+        key: &str,
+        len: u64,
+        cfg: &ReplicateConfig,
+        now: Instant,
+    ) -> (u64, Vec<Replica>) {
+        let grant = self.start_with(c, key, len, cfg, false, now);
+        self.end(c, key, now).expect("put_end");
+        grant
+    }
+
+    fn commit(&self, c: ClientId, key: &str, len: u64, now: Instant) -> (u64, Vec<Replica>) {
+        self.commit_with(c, key, len, &replicas(1), now)
+    }
+
+    /// Commits the last put granted for `key` (generation 0 if none was).
+    fn end(&self, c: ClientId, key: &str, now: Instant) -> KvResult<()> {
+        let generation = self.granted.borrow().get(key).copied().unwrap_or(0);
+        self.end_gen(c, key, generation, now)
+    }
+
+    fn end_gen(&self, c: ClientId, key: &str, generation: u64, now: Instant) -> KvResult<()> {
+        let item = PutEndItem {
+            key: key.to_string(),
+            generation,
+        };
+        self.st.put_end(c, &[item], now).remove(0)
+    }
+
+    fn revoke(&self, c: ClientId, key: &str) -> KvResult<()> {
+        self.st.put_revoke(c, &one(key)).remove(0)
+    }
+
+    fn get(&self, key: &str, now: Instant) -> KvResult<ObjectLocation> {
+        self.st.get_replica_list(&one(key), now).remove(0)
+    }
+
+    fn exist(&self, key: &str) -> KvResult<u64> {
+        self.st.exist(&one(key)).remove(0)
+    }
+
+    fn present(&self, key: &str) -> bool {
+        self.exist(key).is_ok()
+    }
+
+    fn remove(&self, key: &str, force: bool, now: Instant) -> KvResult<()> {
+        self.st.remove(&one(key), force, now).remove(0)
+    }
+
+    fn used(&self) -> u64 {
+        self.st.status().used
+    }
+
+    /// Fills with `n` objects `{prefix}{i}` of `OBJ` bytes, object `i` written
+    /// at second `i + 1`, the first `hard` of them hard-pinned.
+    fn fill(&self, c: ClientId, prefix: &str, n: u64, hard: u64) {
+        for i in 0..n {
+            let cfg = if i < hard { hard_pin() } else { replicas(1) };
+            self.commit_with(
+                c,
+                &format!("{prefix}{i}"),
+                OBJ,
+                &cfg,
+                self.at((i + 1) * SEC),
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------ puts and reads
+
+#[test]
+fn committed_put_is_readable_and_write_once() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let now = p.at(0);
+    let (generation, reps) = p.start(c, "k", 1000, now);
+    assert_eq!(segment_ids(&reps), [1]);
+    let r = &reps[0];
+    assert_eq!(r.endpoint, "10.0.0.1:7000");
+    assert!(
+        r.len >= 1000 && r.offset >= BASE && r.offset + r.len <= BASE + MIB,
+        "{r:?}"
+    );
+
+    // Reserved but not visible before the commit.
+    assert_eq!(code(p.get("k", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.exist("k")), OBJECT_NOT_FOUND);
+    assert!(p.st.key_info("k", now).is_none());
+    let s = p.st.status();
+    assert_eq!((s.keys, s.pending, s.used), (0, 1, r.len));
+
+    p.end(c, "k", now).unwrap();
+    let want = ObjectLocation {
+        value_len: 1000 - HEADER,
+        generation,
+        lease_ms: 1000,
+        replicas: reps.clone(),
+    };
+    assert_eq!(p.get("k", now).unwrap(), want);
+    assert_eq!(p.exist("k").unwrap(), 1000 - HEADER);
+    let s = p.st.status();
+    assert_eq!((s.keys, s.pending, s.used), (1, 0, r.len));
+
+    // Write-once: a second insert, by anyone, changes nothing.
+    let other = p.client(2);
+    assert_eq!(p.put(c, "k", 1000, now).unwrap(), PutGrant::Exists);
+    assert_eq!(
+        p.put_with(other, "k", 5000, &replicas(2), false, now)
+            .unwrap(),
+        PutGrant::Exists
+    );
+    assert_eq!(p.get("k", now).unwrap(), want);
+    assert_eq!(p.used(), r.len);
+
+    assert_eq!(code(p.get("missing", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.exist("missing")), OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn bad_keys_and_parameters_are_rejected_per_item() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let now = p.at(0);
+    let longest = "y".repeat(MAX_KEY_LEN);
+    let items = [
+        item("", 128),
+        item(&"x".repeat(MAX_KEY_LEN + 1), 128),
+        item(&longest, 128),
+        PutItem {
+            key: "value-bigger-than-region".into(),
+            value_len: 200,
+            region_len: 100,
+        },
+        PutItem {
+            key: "empty-region".into(),
+            value_len: 0,
+            region_len: 0,
+        },
+    ];
+    let mut out =
+        p.st.put_start(c, &items, &replicas(1), false, now)
+            .into_iter();
+    assert_eq!(code(out.next().unwrap()), INVALID_KEY);
+    assert_eq!(code(out.next().unwrap()), INVALID_KEY);
+    let Ok(PutGrant::Write { generation, .. }) = out.next().unwrap() else {
+        panic!("the valid item must be granted");
+    };
+    assert_eq!(code(out.next().unwrap()), INVALID_PARAMS);
+    assert_eq!(code(out.next().unwrap()), INVALID_PARAMS);
+    assert!(out.next().is_none());
+    assert_eq!(
+        code(p.put_with(c, "no-replicas", 128, &replicas(0), false, now)),
+        INVALID_PARAMS
+    );
+
+    // Only the valid item reserved anything.
+    let s = p.st.status();
+    assert_eq!((s.pending, s.used), (1, 128));
+    p.end_gen(c, &longest, generation, now).unwrap();
+    assert_eq!(p.exist(&longest).unwrap(), 128 - HEADER);
+}
+
+// ------------------------------------------------------------ placement
+
+#[test]
+fn replicas_go_to_distinct_and_preferred_segments() {
+    let p = Pool::new(config());
+    let c = p.client(1);
+    p.mount(c, 1, "a", 2 * MIB);
+    p.mount(c, 2, "b", MIB);
+    let now = p.at(0);
+    let placed = |key: &str, cfg: &ReplicateConfig| {
+        segment_ids(&p.start_with(c, key, 4 * KIB, cfg, false, now).1)
+    };
+
+    // The segment with the most free space first, unless a name is preferred.
+    assert_eq!(placed("plain", &replicas(1)), [1]);
+    assert_eq!(placed("pref-b", &preferring(&["b"], 1)), [2]);
+    assert_eq!(placed("pref-unknown", &preferring(&["zz"], 1)), [1]);
+    let mut two = placed("two", &replicas(2));
+    two.sort_unstable();
+    assert_eq!(two, [1, 2]);
+    assert_eq!(placed("two-pref", &preferring(&["b", "a"], 2)), [2, 1]);
+}
+
+#[test]
+fn more_replicas_than_segments_is_best_effort_without_eviction() {
+    let p = Pool::new(config());
+    let c = p.client(1);
+    p.mount(c, 1, "a", MIB);
+    p.mount(c, 2, "b", MIB);
+    p.fill(c, "o", 4, 0);
+
+    let (_, reps) = p.commit_with(c, "wide", OBJ, &replicas(3), p.at(10 * SEC));
+    let mut ids = segment_ids(&reps);
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2]);
+    assert_eq!(p.get("wide", p.at(10 * SEC)).unwrap().replicas, reps);
+    // The pool is mostly empty: nothing had to make room.
+    assert_eq!(p.st.evictions(), 0);
+    assert!((0..4).all(|i| p.present(&format!("o{i}"))));
+    assert_eq!(p.used(), 6 * OBJ);
+}
+
+// ------------------------------------------------------------ writers
+
+#[test]
+fn only_the_writer_ends_or_revokes_and_retries_are_idempotent() {
+    let (p, a) = Pool::with_segment(config(), MIB);
+    let b = p.client(2);
+    let now = p.at(0);
+    let grant = p.put(a, "k", 4 * KIB, now).unwrap();
+
+    // The writer's retry gets the same regions, and reserves nothing more.
+    assert_eq!(p.put(a, "k", 4 * KIB, now).unwrap(), grant);
+    assert_eq!((p.st.status().pending, p.used()), (1, 4 * KIB));
+
+    // Anyone else must wait, insert or upsert.
+    assert_eq!(code(p.put(b, "k", 4 * KIB, now)), REPLICA_IS_NOT_READY);
+    assert_eq!(
+        code(p.put_with(b, "k", 4 * KIB, &replicas(1), true, now)),
+        REPLICA_IS_NOT_READY
+    );
+    assert_eq!(code(p.end(b, "k", now)), ILLEGAL_CLIENT);
+    assert_eq!(code(p.revoke(b, "k")), ILLEGAL_CLIENT);
+    assert_eq!(p.st.status().pending, 1);
+
+    p.end(a, "k", now).unwrap();
+    // A retried commit (its answer was lost) succeeds again.
+    p.end(a, "k", now).unwrap();
+    let PutGrant::Write {
+        generation,
+        replicas: reps,
+    } = grant
+    else {
+        unreachable!()
+    };
+    let loc = p.get("k", now).unwrap();
+    assert_eq!((loc.generation, loc.replicas), (generation, reps));
+
+    assert_eq!(code(p.end(a, "never-started", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.revoke(a, "never-started")), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.put(ClientId(99), "x", 128, now)), CLIENT_NOT_FOUND);
+}
+
+#[test]
+fn revoke_frees_the_space_and_hides_the_key() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let now = p.at(0);
+    let (_, first) = p.start(c, "k", OBJ, now);
+    assert_eq!(p.used(), OBJ);
+
+    p.revoke(c, "k").unwrap();
+    let s = p.st.status();
+    assert_eq!(
+        (s.keys, s.pending, s.used, s.segments[0].regions),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(code(p.get("k", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.exist("k")), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.end(c, "k", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.revoke(c, "k")), OBJECT_NOT_FOUND);
+
+    // The freed space is handed out again.
+    let (g1, second) = p.commit(c, "k", OBJ, now);
+    assert_eq!(second, first);
+
+    // Revoking an upsert keeps the committed version.
+    p.upsert(c, "k", OBJ, now);
+    assert_eq!(p.used(), 2 * OBJ);
+    p.revoke(c, "k").unwrap();
+    assert_eq!(p.get("k", now).unwrap().generation, g1);
+    assert_eq!(p.used(), OBJ);
+}
+
+// ------------------------------------------------------------ leases
+
+#[test]
+fn remove_waits_for_read_leases_unless_forced() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    p.commit(c, "k", OBJ, p.at(0));
+    p.get("k", p.at(0)).unwrap();
+    assert_eq!(
+        p.st.key_info("k", p.at(400)).unwrap().lease_remaining_ms,
+        600
+    );
+    assert_eq!(code(p.remove("k", false, p.at(500))), OBJECT_HAS_LEASE);
+    // A second read extends the lease.
+    p.get("k", p.at(800)).unwrap();
+    assert_eq!(code(p.remove("k", false, p.at(1200))), OBJECT_HAS_LEASE);
+    assert_eq!(p.exist("k").unwrap(), OBJ - HEADER);
+    p.remove("k", false, p.at(1801)).unwrap();
+    assert_eq!(code(p.exist("k")), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.remove("k", false, p.at(1801))), OBJECT_NOT_FOUND);
+
+    let (_, f) = p.commit(c, "f", OBJ, p.at(0));
+    p.get("f", p.at(0)).unwrap();
+    p.remove("f", true, p.at(100)).unwrap();
+    assert_eq!(code(p.get("f", p.at(100))), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.exist("f")), OBJECT_NOT_FOUND);
+    // A forced remove frees at once (docs/operations.md): a reader still in
+    // flight fails its header or checksum check instead.
+    assert_eq!(p.used(), 0);
+    let (_, reused) = p.start(c, "new", OBJ, p.at(100));
+    assert_eq!(reused, f);
+}
+
+#[test]
+fn replaced_version_under_lease_is_reused_only_after_the_lease() {
+    let (p, c) = Pool::with_segment(config(), 4 * OBJ);
+    p.fill(c, "pin", 2, 2);
+    let (_, old) = p.commit(c, "k", OBJ, p.at(3 * SEC));
+    p.get("k", p.at(10 * SEC)).unwrap();
+    // The upsert takes the last free slot, pinned so that nothing is evictable.
+    p.start_with(c, "k", OBJ, &hard_pin(), true, p.at(10 * SEC));
+    p.end(c, "k", p.at(10_500)).unwrap();
+
+    // The old bytes stay reserved while a reader may still be reading them.
+    assert_eq!(p.used(), 4 * OBJ);
+    assert_eq!(
+        code(p.put(c, "new", OBJ, p.at(10_500))),
+        NO_AVAILABLE_HANDLE
+    );
+    p.st.sweep(p.at(10_900));
+    assert_eq!(p.used(), 4 * OBJ);
+    assert_eq!(p.st.evictions(), 0);
+
+    p.st.sweep(p.at(11_001));
+    assert_eq!(p.used(), 3 * OBJ);
+    let (_, reused) = p.start(c, "new", OBJ, p.at(11_001));
+    assert_eq!(reused, old);
+}
+
+// ------------------------------------------------------------ eviction
+
+#[test]
+fn eviction_takes_the_least_recently_read_first() {
+    let (p, c) = Pool::with_segment(config(), 16 * OBJ);
+    p.fill(c, "o", 16, 0);
+    assert_eq!(p.used(), 16 * OBJ);
+    assert!(p.st.above_watermark());
+
+    // o0 is read (refreshed); o1 is only checked for, which keeps it old.
+    p.get("o0", p.at(20 * SEC)).unwrap();
+    p.exist("o1").unwrap();
+
+    let mut live: Vec<String> = (0..16).map(|i| format!("o{i}")).collect();
+    let mut order = Vec::new();
+    for i in 0..16 {
+        p.commit(c, &format!("n{i}"), OBJ, p.at(30 * SEC + i));
+        let (gone, kept): (Vec<String>, Vec<String>) =
+            live.into_iter().partition(|k| !p.present(k));
+        assert_eq!(gone.len(), 1, "put {i} evicted {gone:?}");
+        order.extend(gone);
+        live = kept;
+    }
+    let mut want: Vec<String> = (1..16).map(|i| format!("o{i}")).collect();
+    want.push("o0".into());
+    assert_eq!(order, want);
+    assert_eq!(p.st.evictions(), 16);
+    assert_eq!(p.st.status().evictions, 16);
+}
+
+#[test]
+fn pins_and_leases_constrain_eviction() {
+    let (p, c) = Pool::with_segment(config(), 4 * OBJ);
+    p.commit_with(c, "hard", OBJ, &hard_pin(), p.at(SEC));
+    p.commit_with(c, "soft", OBJ, &soft_pin(None), p.at(2 * SEC));
+    p.commit(c, "plain", OBJ, p.at(3 * SEC));
+    p.commit(c, "read", OBJ, p.at(4 * SEC));
+    let now = p.at(10 * SEC);
+    p.get("read", now).unwrap();
+
+    // Unpinned first even though the soft-pinned one is older; leased skipped.
+    p.start(c, "n0", OBJ, now);
+    assert!(!p.present("plain"));
+    p.start(c, "n1", OBJ, now);
+    assert!(!p.present("soft"));
+    // Left: a hard pin, a leased object, two puts in flight.
+    assert_eq!(code(p.put(c, "n2", OBJ, now)), NO_AVAILABLE_HANDLE);
+    assert!(p.present("hard") && p.present("read"));
+    let s = p.st.status();
+    assert_eq!((s.keys, s.pending, s.used, s.evictions), (2, 2, 4 * OBJ, 2));
+
+    // Once the lease is over, the leased object can go; the hard pin never.
+    let later = p.at(11_001);
+    p.start(c, "n2", OBJ, later);
+    assert!(!p.present("read"));
+    assert_eq!(code(p.put(c, "n3", OBJ, later)), NO_AVAILABLE_HANDLE);
+    assert!(p.present("hard"));
+    assert_eq!(p.st.evictions(), 3);
+}
+
+#[test]
+fn expired_soft_pin_no_longer_protects() {
+    let (p, c) = Pool::with_segment(config(), 2 * OBJ);
+    p.commit_with(c, "soft", OBJ, &soft_pin(Some(2000)), p.at(0));
+    p.commit(c, "plain", OBJ, p.at(SEC));
+    assert_eq!(
+        p.st.key_info("soft", p.at(500))
+            .unwrap()
+            .soft_pin_remaining_ms,
+        Some(1500)
+    );
+    assert_eq!(
+        p.st.key_info("plain", p.at(500))
+            .unwrap()
+            .soft_pin_remaining_ms,
+        None
+    );
+
+    p.commit(c, "n0", OBJ, p.at(1500));
+    assert!(p.present("soft") && !p.present("plain"));
+    // Past its pin, "soft" is just the least recently used object.
+    p.commit(c, "n1", OBJ, p.at(3 * SEC));
+    assert!(!p.present("soft") && p.present("n0"));
+}
+
+#[test]
+fn full_pool_of_leased_and_pinned_objects_refuses_puts_without_loss() {
+    let (p, c) = Pool::with_segment(config(), 4 * OBJ);
+    p.fill(c, "o", 4, 2);
+    let now = p.at(10 * SEC);
+    p.get("o2", now).unwrap();
+    p.get("o3", now).unwrap();
+
+    assert_eq!(code(p.put(c, "new", OBJ, now)), NO_AVAILABLE_HANDLE);
+    assert_eq!(code(p.put(c, "tiny", 64, now)), NO_AVAILABLE_HANDLE);
+    assert!((0..4).all(|i| p.present(&format!("o{i}"))));
+    let s = p.st.status();
+    assert_eq!((s.keys, s.pending, s.used, s.evictions), (4, 0, 4 * OBJ, 0));
+}
+
+#[test]
+fn evict_frees_at_least_the_configured_ratio() {
+    let cfg = StateConfig {
+        eviction_ratio: 0.25,
+        ..config()
+    };
+    let (p, c) = Pool::with_segment(cfg, 16 * OBJ);
+    p.fill(c, "o", 16, 4);
+    assert!(p.st.above_watermark());
+    let now = p.at(20 * SEC);
+    let gone = |from: u64, to: u64| (from..to).all(|i| !p.present(&format!("o{i}")));
+
+    // A quarter of the capacity, oldest unpinned first.
+    assert_eq!(
+        p.st.evict(now, 0),
+        Evicted {
+            objects: 4,
+            bytes: 4 * OBJ
+        }
+    );
+    assert!(gone(4, 8) && p.present("o8"));
+    assert!(!p.st.above_watermark());
+    // More when asked for more.
+    assert_eq!(
+        p.st.evict(now, 4 * OBJ + 1),
+        Evicted {
+            objects: 5,
+            bytes: 5 * OBJ
+        }
+    );
+    assert!(gone(8, 13) && p.present("o13"));
+    // As much as possible when not enough is evictable.
+    assert_eq!(
+        p.st.evict(now, 16 * OBJ),
+        Evicted {
+            objects: 3,
+            bytes: 3 * OBJ
+        }
+    );
+    assert_eq!(p.st.evict(now, 0), Evicted::default());
+    assert!((0..4).all(|i| p.present(&format!("o{i}"))));
+    assert_eq!(p.used(), 4 * OBJ);
+    assert_eq!(p.st.evictions(), 12);
+}
+
+// ------------------------------------------------------------ upsert
+
+#[test]
+fn upsert_publishes_the_new_version_on_commit() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let now = p.at(0);
+    let (g1, r1) = p.commit(c, "k", 4 * KIB, now);
+    let (g2, r2) = p.upsert(c, "k", 8 * KIB, now);
+    assert!(g2 > g1, "{g2} after {g1}");
+    assert_ne!(r1, r2);
+
+    // The old version is served until the new one is committed.
+    let old = p.get("k", now).unwrap();
+    assert_eq!(
+        (old.generation, old.value_len, &old.replicas),
+        (g1, 4 * KIB - HEADER, &r1)
+    );
+    assert!(p.st.key_info("k", now).unwrap().put_in_flight);
+    p.end(c, "k", p.at(100)).unwrap();
+    let new = p.get("k", p.at(100)).unwrap();
+    assert_eq!(
+        (new.generation, new.value_len, &new.replicas),
+        (g2, 8 * KIB - HEADER, &r2)
+    );
+    assert!(!p.st.key_info("k", p.at(100)).unwrap().put_in_flight);
+
+    // The old regions were read under a lease: freed when it ends.
+    assert_eq!(p.used(), 12 * KIB);
+    p.st.sweep(p.at(1001));
+    assert_eq!(p.used(), 8 * KIB);
+
+    // Unread old regions are freed at once.
+    let later = p.at(5 * SEC);
+    let (g3, r3) = p.upsert(c, "k", 4 * KIB, later);
+    assert!(g3 > g2);
+    p.end(c, "k", later).unwrap();
+    assert_eq!(p.used(), 4 * KIB);
+    assert_eq!(p.get("k", later).unwrap().replicas, r3);
+
+    // An upsert of a new key is a plain put.
+    let (g4, _) = p.upsert(c, "fresh", 4 * KIB, later);
+    p.end(c, "fresh", later).unwrap();
+    assert_eq!(p.get("fresh", later).unwrap().generation, g4);
+}
+
+// ------------------------------------------------------------ liveness
+
+#[test]
+fn silent_client_loses_its_segment_and_puts() {
+    let p = Pool::new(StateConfig {
+        client_ttl: Duration::from_secs(10),
+        ..config()
+    });
+    let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
+    let reply = p.st.register_client(w, "host-3", p.t0);
+    assert_eq!(
+        (reply.heartbeat_interval_ms, reply.client_ttl_ms),
+        (2500, 10_000)
+    );
+    p.mount(s1, 1, "s1", MIB);
+    p.mount(s2, 2, "s2", MIB);
+    let now = p.at(SEC);
+    let (_, solo) = p.commit_with(w, "solo", OBJ, &preferring(&["s1"], 1), now);
+    let (_, both) = p.commit_with(w, "both", OBJ, &preferring(&["s1", "s2"], 2), now);
+    let (_, safe) = p.commit_with(w, "safe", OBJ, &preferring(&["s2"], 1), now);
+    assert_eq!(
+        (segment_ids(&solo), segment_ids(&both), segment_ids(&safe)),
+        (vec![1], vec![1, 2], vec![2])
+    );
+    // The dying client writes to the surviving segment; w writes to the dying one.
+    p.start_with(s1, "s1-put", OBJ, &preferring(&["s2"], 1), false, now);
+    p.start_with(w, "w-put", OBJ, &preferring(&["s1"], 1), false, now);
+
+    assert!(p.st.heartbeat(s2, p.at(8 * SEC)) && p.st.heartbeat(w, p.at(8 * SEC)));
+    assert!(p.st.sweep(p.at(9 * SEC)).is_empty());
+    assert_eq!(p.st.sweep(p.at(12 * SEC)), vec![s1]);
+
+    let s = p.st.status();
+    assert_eq!(
+        s.segments.iter().map(|s| s.info.id).collect::<Vec<_>>(),
+        [SegmentId(2)]
+    );
+    assert_eq!((s.clients, s.keys, s.pending), (2, 2, 0));
+    assert_eq!((s.used, s.segments[0].regions), (2 * OBJ, 2));
+    let now = p.at(12 * SEC);
+    assert_eq!(code(p.get("solo", now)), OBJECT_NOT_FOUND);
+    assert_eq!(p.get("both", now).unwrap().replicas, both[1..]);
+    assert_eq!(p.get("safe", now).unwrap().replicas, safe);
+    assert_eq!(code(p.end(w, "w-put", now)), OBJECT_NOT_FOUND);
+
+    assert!(!p.st.heartbeat(s1, now));
+    assert_eq!(code(p.put(s1, "x", 128, now)), CLIENT_NOT_FOUND);
+    assert_eq!(
+        code(p.st.mount(s1, segment(1, "s1", MIB))),
+        CLIENT_NOT_FOUND
+    );
+
+    // Back after registering again, with an empty segment.
+    p.st.register_client(s1, "host-1", now);
+    p.mount(s1, 1, "s1", MIB);
+    assert_eq!(
+        p.st.status()
+            .segments
+            .iter()
+            .map(|s| s.used)
+            .collect::<Vec<_>>(),
+        [0, 2 * OBJ]
+    );
+}
+
+#[test]
+fn stale_puts_in_flight_are_revoked_by_sweep() {
+    let cfg = StateConfig {
+        pending_ttl: Duration::from_secs(5),
+        ..config()
+    };
+    let (p, c) = Pool::with_segment(cfg, MIB);
+    let (g1, _) = p.commit(c, "old", OBJ, p.at(0));
+    p.start(c, "fresh", OBJ, p.at(0));
+    p.upsert(c, "old", OBJ, p.at(0));
+    p.start(c, "late", OBJ, p.at(3 * SEC));
+
+    assert!(p.st.heartbeat(c, p.at(4 * SEC)));
+    assert!(p.st.sweep(p.at(4 * SEC)).is_empty());
+    assert_eq!(p.st.status().pending, 3);
+    assert!(p.st.sweep(p.at(6 * SEC)).is_empty());
+    let s = p.st.status();
+    assert_eq!((s.keys, s.pending, s.used), (1, 1, 2 * OBJ));
+    assert_eq!(code(p.end(c, "fresh", p.at(6 * SEC))), OBJECT_NOT_FOUND);
+    assert_eq!(p.get("old", p.at(6 * SEC)).unwrap().generation, g1);
+    p.end(c, "late", p.at(6 * SEC)).unwrap();
+    assert_eq!(p.exist("late").unwrap(), OBJ - HEADER);
+}
+
+// ------------------------------------------------------------ segments
+
+#[test]
+fn segment_mount_and_unmount_rules() {
+    let p = Pool::new(config());
+    let (a, b) = (p.client(1), p.client(2));
+    assert_eq!(
+        code(p.st.mount(ClientId(9), segment(1, "a", MIB))),
+        CLIENT_NOT_FOUND
+    );
+    assert_eq!(code(p.st.mount(a, segment(1, "a", 0))), INVALID_PARAMS);
+    p.mount(a, 1, "a", MIB);
+    let now = p.at(0);
+    p.commit(a, "k", OBJ, now);
+
+    // Mounting again is harmless for the owner, refused for anyone else.
+    p.st.mount(a, segment(1, "a", MIB)).unwrap();
+    assert_eq!((p.st.status().segments.len(), p.used()), (1, OBJ));
+    assert!(p.present("k"));
+    assert_eq!(
+        code(p.st.mount(b, segment(1, "a", MIB))),
+        SEGMENT_ALREADY_EXISTS
+    );
+    assert_eq!(
+        code(p.st.mount(a, segment(1, "a", 2 * MIB))),
+        SEGMENT_ALREADY_EXISTS
+    );
+
+    assert_eq!(code(p.st.unmount(b, SegmentId(1))), ILLEGAL_CLIENT);
+    assert!(p.present("k"));
+    assert_eq!(code(p.st.unmount(a, SegmentId(7))), SEGMENT_NOT_FOUND);
+    p.st.unmount(a, SegmentId(1)).unwrap();
+    let s = p.st.status();
+    assert_eq!((s.segments.len(), s.keys, s.capacity, s.used), (0, 0, 0, 0));
+    assert_eq!(code(p.get("k", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.st.unmount(a, SegmentId(1))), SEGMENT_NOT_FOUND);
+    assert_eq!(code(p.put(a, "k", OBJ, now)), NO_AVAILABLE_HANDLE);
+}
+
+#[test]
+fn remove_matching_and_status_counts() {
+    let p = Pool::new(config());
+    let (a, b) = (p.client(1), p.client(2));
+    p.mount(b, 2, "b", MIB);
+    p.mount(a, 1, "a", MIB);
+    let now = p.at(0);
+    for k in ["a/1", "a/2", "a/3", "b/1"] {
+        p.commit(a, k, 4 * KIB, now);
+    }
+    p.start(b, "a/pending", 4 * KIB, now);
+    p.get("a/1", now).unwrap();
+
+    let s = p.st.status();
+    assert_eq!(
+        (
+            s.keys,
+            s.pending,
+            s.used,
+            s.capacity,
+            s.clients,
+            s.evictions
+        ),
+        (4, 1, 20 * KIB, 2 * MIB, 2, 0)
+    );
+    assert_eq!(
+        s.segments
+            .iter()
+            .map(|s| s.info.name.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert_eq!(s.segments.iter().map(|s| s.regions).sum::<u64>(), 5);
+
+    let in_a = |k: &str| k.starts_with("a/");
+    assert_eq!(p.st.remove_matching(in_a, false, now), 2);
+    assert!(p.present("a/1") && !p.present("a/2") && !p.present("a/3"));
+    assert_eq!(p.st.remove_matching(in_a, true, now), 1);
+    let s = p.st.status();
+    assert_eq!((s.keys, s.pending), (1, 1));
+    assert_eq!(p.st.remove_matching(|_| true, false, p.at(500)), 1);
+    let s = p.st.status();
+    assert_eq!((s.keys, s.pending, s.used), (0, 1, 4 * KIB));
+    p.end(b, "a/pending", p.at(500)).unwrap();
+    assert_eq!(p.st.status().keys, 1);
+}
+
+// ------------------------------------------------------------ property test
+
+const KEYS: usize = 4;
+const CLIENTS: usize = 2;
+const SEGMENT: u64 = 32 * KIB;
+const LEASE: Duration = Duration::from_secs(1);
+const PENDING_TTL: Duration = Duration::from_secs(4);
+const RATIO: f64 = 0.1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pin {
+    None,
+    Soft,
+    Hard,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put {
+        client: usize,
+        key: usize,
+        region: u64,
+        replicas: u32,
+        upsert: bool,
+        pin: Pin,
+    },
+    End {
+        client: usize,
+        key: usize,
+    },
+    Revoke {
+        client: usize,
+        key: usize,
+    },
+    Get {
+        key: usize,
+    },
+    Remove {
+        key: usize,
+        force: bool,
+    },
+    Evict,
+    /// Advance the clock, then sweep.
+    Advance {
+        ms: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let client = 0..CLIENTS;
+    let key = 0..KEYS;
+    let region = prop::sample::select(vec![KIB, 4 * KIB, 8 * KIB, 12 * KIB]);
+    let pin = prop_oneof![6 => Just(Pin::None), 2 => Just(Pin::Soft), 1 => Just(Pin::Hard)];
+    prop_oneof![
+        4 => (client.clone(), key.clone(), region, 1..=3u32, any::<bool>(), pin).prop_map(
+            |(client, key, region, replicas, upsert, pin)| Op::Put { client, key, region, replicas, upsert, pin }
+        ),
+        3 => (client.clone(), key.clone()).prop_map(|(client, key)| Op::End { client, key }),
+        1 => (client, key.clone()).prop_map(|(client, key)| Op::Revoke { client, key }),
+        2 => key.clone().prop_map(|key| Op::Get { key }),
+        1 => (key, any::<bool>()).prop_map(|(key, force)| Op::Remove { key, force }),
+        1 => Just(Op::Evict),
+        2 => (0..1500u64).prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+/// A version as the model expects it.
+#[derive(Debug, Clone)]
+struct Version {
+    generation: u64,
+    value_len: u64,
+    replicas: Vec<Replica>,
+    lease_until: Instant,
+    hard: bool,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    owner: usize,
+    started: Instant,
+    version: Version,
+}
+
+/// The state under test beside a model of what it must hold.
+struct Sim {
+    st: MasterState,
+    clients: [ClientId; CLIENTS],
+    now: Instant,
+    committed: HashMap<usize, Version>,
+    pending: HashMap<usize, InFlight>,
+    /// Regions of versions replaced under a lease, with its end.
+    deferred: Vec<(Instant, Replica)>,
+    last_generation: u64,
+    evicted: u64,
+}
+
+fn key_name(k: usize) -> String {
+    format!("key-{k}")
+}
+
+fn bytes(reps: &[Replica]) -> u64 {
+    reps.iter().map(|r| r.len).sum()
+}
+
+impl Sim {
+    fn new() -> Self {
+        let st = MasterState::new(StateConfig {
+            lease_ttl: LEASE,
+            soft_pin_ttl: Duration::from_secs(3),
+            high_watermark: 0.9,
+            eviction_ratio: RATIO,
+            client_ttl: Duration::from_secs(24 * 3600),
+            pending_ttl: PENDING_TTL,
+        });
+        let now = Instant::now();
+        let clients = [ClientId(1), ClientId(2)];
+        for (i, c) in clients.iter().enumerate() {
+            st.register_client(*c, "host", now);
+            st.mount(*c, segment(i as u128 + 1, &format!("s{i}"), SEGMENT))
+                .expect("mount");
+        }
+        Sim {
+            st,
+            clients,
+            now,
+            committed: HashMap::new(),
+            pending: HashMap::new(),
+            deferred: Vec::new(),
+            last_generation: 0,
+            evicted: 0,
+        }
+    }
+
+    /// A version replaced by an upsert: its regions wait for its lease.
+    fn release(&mut self, v: Version) {
+        if v.lease_until > self.now {
+            self.deferred
+                .extend(v.replicas.into_iter().map(|r| (v.lease_until, r)));
+        }
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let now = self.now;
+        match *op {
+            Op::Put {
+                client,
+                key,
+                region,
+                replicas,
+                upsert,
+                pin,
+            } => {
+                let cfg = ReplicateConfig {
+                    replica_num: replicas,
+                    with_soft_pin: pin == Pin::Soft,
+                    with_hard_pin: pin == Pin::Hard,
+                    ..Default::default()
+                };
+                let it = item(&key_name(key), region);
+                let got = self
+                    .st
+                    .put_start(
+                        self.clients[client],
+                        std::slice::from_ref(&it),
+                        &cfg,
+                        upsert,
+                        now,
+                    )
+                    .remove(0);
+                match self.pending.get(&key) {
+                    Some(p) if p.owner == client && p.version.value_len == it.value_len => {
+                        let want = PutGrant::Write {
+                            generation: p.version.generation,
+                            replicas: p.version.replicas.clone(),
+                        };
+                        prop_assert_eq!(got, Ok(want));
+                    }
+                    Some(_) => prop_assert_eq!(code(got), REPLICA_IS_NOT_READY),
+                    None if self.committed.contains_key(&key) && !upsert => {
+                        prop_assert_eq!(got, Ok(PutGrant::Exists))
+                    }
+                    None => match got {
+                        Ok(PutGrant::Write {
+                            generation,
+                            replicas: reps,
+                        }) => {
+                            prop_assert!(
+                                (1..=replicas.min(2) as usize).contains(&reps.len()),
+                                "{reps:?}"
+                            );
+                            prop_assert!(
+                                reps.len() < 2 || reps[0].segment != reps[1].segment,
+                                "{reps:?}"
+                            );
+                            prop_assert!(reps.iter().all(|r| r.len >= region), "{reps:?}");
+                            prop_assert!(generation > self.last_generation);
+                            self.last_generation = generation;
+                            let version = Version {
+                                generation,
+                                value_len: it.value_len,
+                                replicas: reps,
+                                lease_until: now,
+                                hard: pin == Pin::Hard,
+                            };
+                            self.pending.insert(
+                                key,
+                                InFlight {
+                                    owner: client,
+                                    started: now,
+                                    version,
+                                },
+                            );
+                        }
+                        other => prop_assert_eq!(code(other), NO_AVAILABLE_HANDLE),
+                    },
+                }
+                self.check(true).map(drop)
+            }
+            Op::End { client, key } => {
+                // The writer commits what it was granted; anyone else retries the
+                // committed generation (must succeed only for that version).
+                let generation = match (self.pending.get(&key), self.committed.get(&key)) {
+                    (Some(p), _) => p.version.generation,
+                    (None, Some(v)) => v.generation,
+                    (None, None) => 0,
+                };
+                let item = PutEndItem {
+                    key: key_name(key),
+                    generation,
+                };
+                let got = self
+                    .st
+                    .put_end(self.clients[client], &[item], now)
+                    .remove(0);
+                match self.pending.get(&key) {
+                    Some(p) if p.owner == client => {
+                        prop_assert_eq!(got, Ok(()));
+                        let p = self.pending.remove(&key).expect("pending");
+                        if let Some(old) = self.committed.insert(key, p.version) {
+                            self.release(old);
+                        }
+                    }
+                    Some(_) => prop_assert_eq!(code(got), ILLEGAL_CLIENT),
+                    None if self.committed.contains_key(&key) => prop_assert_eq!(got, Ok(())),
+                    None => prop_assert_eq!(code(got), OBJECT_NOT_FOUND),
+                }
+                self.check(false).map(drop)
+            }
+            Op::Revoke { client, key } => {
+                let got = self
+                    .st
+                    .put_revoke(self.clients[client], &[key_name(key)])
+                    .remove(0);
+                match self.pending.get(&key) {
+                    Some(p) if p.owner == client => {
+                        prop_assert_eq!(got, Ok(()));
+                        self.pending.remove(&key);
+                    }
+                    Some(_) => prop_assert_eq!(code(got), ILLEGAL_CLIENT),
+                    None => prop_assert_eq!(code(got), OBJECT_NOT_FOUND),
+                }
+                self.check(false).map(drop)
+            }
+            Op::Get { key } => {
+                let got = self.st.get_replica_list(&[key_name(key)], now).remove(0);
+                match self.committed.get_mut(&key) {
+                    Some(v) => {
+                        let loc =
+                            got.map_err(|e| TestCaseError::fail(format!("get {key}: {e}")))?;
+                        prop_assert_eq!(loc.generation, v.generation);
+                        prop_assert_eq!(loc.value_len, v.value_len);
+                        prop_assert_eq!(&loc.replicas, &v.replicas);
+                        v.lease_until = v.lease_until.max(now + LEASE);
+                    }
+                    None => prop_assert_eq!(code(got), OBJECT_NOT_FOUND),
+                }
+                self.check(false).map(drop)
+            }
+            Op::Remove { key, force } => {
+                let got = self.st.remove(&[key_name(key)], force, now).remove(0);
+                match self.committed.get(&key) {
+                    Some(v) if v.lease_until > now && !force => {
+                        prop_assert_eq!(code(got), OBJECT_HAS_LEASE)
+                    }
+                    Some(_) => {
+                        // Freed at once, even under a lease (forced).
+                        prop_assert_eq!(got, Ok(()));
+                        self.committed.remove(&key);
+                    }
+                    None => prop_assert_eq!(code(got), OBJECT_NOT_FOUND),
+                }
+                self.check(false).map(drop)
+            }
+            Op::Evict => {
+                let evictable: u64 = self
+                    .committed
+                    .values()
+                    .filter(|v| !v.hard && v.lease_until <= now)
+                    .map(|v| bytes(&v.replicas))
+                    .sum();
+                let out = self.st.evict(now, 0);
+                self.deferred.retain(|(t, _)| *t > now);
+                let (objects, freed) = self.check(true)?;
+                prop_assert_eq!(
+                    out,
+                    Evicted {
+                        objects,
+                        bytes: freed
+                    }
+                );
+                let target = (2.0 * SEGMENT as f64 * RATIO) as u64;
+                prop_assert!(
+                    freed >= target.min(evictable),
+                    "freed {freed} of {evictable} evictable"
+                );
+                Ok(())
+            }
+            Op::Advance { ms } => {
+                self.now += Duration::from_millis(ms);
+                let now = self.now;
+                prop_assert!(self.st.sweep(now).is_empty());
+                self.pending
+                    .retain(|_, p| now.saturating_duration_since(p.started) <= PENDING_TTL);
+                self.deferred.retain(|(t, _)| *t > now);
+                self.check(false).map(drop)
+            }
+        }
+    }
+
+    /// Compares the state with the model after an operation; objects may have
+    /// been evicted only if `may_evict`. Returns the objects and bytes evicted.
+    fn check(&mut self, may_evict: bool) -> Result<(u64, u64), TestCaseError> {
+        let now = self.now;
+        let (mut objects, mut freed) = (0, 0);
+        for k in 0..KEYS {
+            let info = self.st.key_info(&key_name(k), now);
+            match (self.committed.get(&k), info) {
+                (Some(v), Some(i)) => {
+                    prop_assert_eq!(i.generation, v.generation);
+                    prop_assert_eq!(i.value_len, v.value_len);
+                    prop_assert_eq!(&i.replicas, &v.replicas);
+                    prop_assert_eq!(i.hard_pin, v.hard);
+                    prop_assert_eq!(i.put_in_flight, self.pending.contains_key(&k));
+                }
+                (Some(v), None) => {
+                    prop_assert!(may_evict, "key {k} vanished");
+                    prop_assert!(
+                        !v.hard && v.lease_until <= now,
+                        "key {k} evicted while protected: {v:?}"
+                    );
+                    objects += 1;
+                    freed += bytes(&v.replicas);
+                    self.committed.remove(&k);
+                }
+                (None, Some(i)) => prop_assert!(false, "key {k} came back: {i:?}"),
+                (None, None) => {}
+            }
+        }
+        self.evicted += objects;
+        prop_assert_eq!(self.st.evictions(), self.evicted);
+
+        let status = self.st.status();
+        prop_assert_eq!(status.keys, self.committed.len() as u64);
+        prop_assert_eq!(status.pending, self.pending.len() as u64);
+        prop_assert_eq!(
+            status.used,
+            status.segments.iter().map(|s| s.used).sum::<u64>()
+        );
+
+        // Regions certainly reserved, and regions whose lease ended but which
+        // only a sweep or an eviction pass hands back.
+        let certain: Vec<&Replica> = self
+            .committed
+            .values()
+            .chain(self.pending.values().map(|p| &p.version))
+            .flat_map(|v| &v.replicas)
+            .chain(
+                self.deferred
+                    .iter()
+                    .filter(|(t, _)| *t > now)
+                    .map(|(_, r)| r),
+            )
+            .collect();
+        let maybe: Vec<&Replica> = self
+            .deferred
+            .iter()
+            .filter(|(t, _)| *t <= now)
+            .map(|(_, r)| r)
+            .collect();
+        for seg in &status.segments {
+            let id = seg.info.id;
+            let mut mine: Vec<&Replica> = certain
+                .iter()
+                .copied()
+                .filter(|r| r.segment == id)
+                .collect();
+            mine.sort_by_key(|r| r.offset);
+            for r in &mine {
+                prop_assert!(
+                    r.offset >= BASE && r.offset + r.len <= BASE + SEGMENT,
+                    "{r:?} outside"
+                );
+            }
+            for w in mine.windows(2) {
+                prop_assert!(
+                    w[0].offset + w[0].len <= w[1].offset,
+                    "overlap: {:?} {:?}",
+                    w[0],
+                    w[1]
+                );
+            }
+            let extra: Vec<&Replica> = maybe.iter().copied().filter(|r| r.segment == id).collect();
+            let (sure_b, sure_n) = (mine.iter().map(|r| r.len).sum::<u64>(), mine.len() as u64);
+            let (extra_b, extra_n) = (extra.iter().map(|r| r.len).sum::<u64>(), extra.len() as u64);
+            prop_assert!(
+                (sure_b..=sure_b + extra_b).contains(&seg.used),
+                "{id}: used {} not in {sure_b}+{extra_b}",
+                seg.used
+            );
+            prop_assert!(
+                (sure_n..=sure_n + extra_n).contains(&seg.regions),
+                "{id}: {} regions, {sure_n}+{extra_n}",
+                seg.regions
+            );
+        }
+        Ok((objects, freed))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_operations_keep_the_invariants(ops in prop::collection::vec(op(), 1..100)) {
+        let mut sim = Sim::new();
+        for op in &ops {
+            sim.apply(op)?;
+        }
+    }
+}
+
+/// A commit retried after its upsert was revoked must fail: success would
+/// claim the new value is stored while readers get the old one.
+#[test]
+fn commit_of_a_revoked_upsert_fails_and_the_old_value_stays() {
+    let cfg = StateConfig {
+        pending_ttl: Duration::from_secs(5),
+        ..StateConfig::default()
+    };
+    let (p, c) = Pool::with_segment(cfg, 1 << 20);
+    let (g1, _) = p.commit(c, "k", 1000, p.at(0));
+    let (g2, _) = p.upsert(c, "k", 1000, p.at(0));
+    assert_ne!(g1, g2);
+    p.st.sweep(p.at(6_000));
+    assert_eq!(code(p.end_gen(c, "k", g2, p.at(6_000))), OBJECT_NOT_FOUND);
+    assert_eq!(p.get("k", p.at(6_000)).unwrap().generation, g1);
+    // A retry of the commit that did land still answers success.
+    assert_eq!(p.end_gen(c, "k", g1, p.at(6_000)), Ok(()));
+}
