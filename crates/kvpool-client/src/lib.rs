@@ -435,6 +435,8 @@ impl Client {
 
     /// Reads many values into new vectors; one result per key.
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        // The lease runs from when the master was asked, not from its answer.
+        let t0 = Instant::now();
         let locs = self.locate(keys).await;
         let mut bufs: Vec<Vec<u8>> = locs
             .iter()
@@ -451,7 +453,6 @@ impl Client {
                 dst: vec![&mut b[..]],
             })
             .collect();
-        let t0 = Instant::now();
         let res = self.read_located(&mut items, locs, t0).await;
         drop(items);
         res.into_iter()

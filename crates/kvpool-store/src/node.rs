@@ -72,7 +72,7 @@ impl DataNode {
             base,
             size: region.len().saturating_sub(base),
         };
-        self.table.insert(id, region);
+        self.table.insert(id, region, base);
         self.segments.lock().push(info.clone());
         info
     }

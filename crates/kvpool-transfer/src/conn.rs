@@ -353,5 +353,7 @@ pub async fn accept_handshake(conn: &mut FramedConn, server: &str) -> bool {
         }
         Err(e) => conn.send_error(&h, &e).await,
     };
-    ok && sent.is_ok() && conn.flush().await.is_ok()
+    // Flush even a refusal: the peer must learn why it is being disconnected.
+    let flushed = sent.is_ok() && conn.flush().await.is_ok();
+    ok && flushed
 }

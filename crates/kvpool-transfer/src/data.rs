@@ -29,22 +29,23 @@ const WINDOW: usize = 64;
 /// The segments a data server serves, by id.
 #[derive(Default)]
 pub struct SegmentTable {
-    map: RwLock<HashMap<SegmentId, Arc<MappedRegion>>>,
+    map: RwLock<HashMap<SegmentId, (Arc<MappedRegion>, u64)>>,
 }
 
 impl SegmentTable {
-    /// Starts serving `region` as `id`.
-    pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>) {
-        self.map.write().insert(id, region);
+    /// Starts serving `region` as `id`; bytes below `base` (the segment's own
+    /// superblock) are never written over the wire.
+    pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>, base: u64) {
+        self.map.write().insert(id, (region, base));
     }
 
     /// Stops serving `id`.
     pub fn remove(&self, id: SegmentId) -> Option<Arc<MappedRegion>> {
-        self.map.write().remove(&id)
+        self.map.write().remove(&id).map(|(r, _)| r)
     }
 
-    /// The region for `id`.
-    pub fn get(&self, id: SegmentId) -> Option<Arc<MappedRegion>> {
+    /// The region for `id` and the start of its object area.
+    pub fn get(&self, id: SegmentId) -> Option<(Arc<MappedRegion>, u64)> {
         self.map.read().get(&id).cloned()
     }
 }
@@ -55,12 +56,18 @@ fn region_for(
     offset: u64,
     len: u64,
 ) -> KvResult<Arc<MappedRegion>> {
-    let region = table.get(segment).ok_or_else(|| {
+    let (region, base) = table.get(segment).ok_or_else(|| {
         KvError::new(
             Code::SegmentNotFound,
             format!("segment {segment} not served here"),
         )
     })?;
+    if offset < base {
+        return Err(KvError::new(
+            Code::InvalidParams,
+            format!("offset {offset} is below the object area at {base}"),
+        ));
+    }
     if !region.contains(offset, len) {
         return Err(KvError::new(
             Code::InvalidParams,
@@ -299,6 +306,7 @@ mod tests {
         table.insert(
             SegmentId(7),
             Arc::new(MappedRegion::anonymous(1 << 20).unwrap()),
+            0,
         );
         let token = CancellationToken::new();
         tokio::spawn(serve_data(

@@ -21,6 +21,10 @@ pub trait ControlHandler: Send + Sync + 'static {
     fn handle(&self, opcode: Opcode, meta: &[u8]) -> KvResult<Vec<u8>>;
 }
 
+/// Most connections one server keeps open; more are closed on accept, so a
+/// flood of sockets cannot exhaust descriptors and memory.
+pub const MAX_CONNECTIONS: usize = 8192;
+
 /// Accepts connections until `shutdown`, running `serve` for each; returns
 /// after every connection task has finished (they watch the same token).
 pub async fn accept_loop<F, Fut>(listener: TcpListener, shutdown: CancellationToken, serve: F)
@@ -29,13 +33,22 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let tracker = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        warn!(%peer, "connection limit of {MAX_CONNECTIONS} reached; closing");
+                        continue;
+                    };
                     debug!(%peer, "accepted");
-                    tracker.spawn(serve(stream));
+                    let conn = serve(stream);
+                    tracker.spawn(async move {
+                        conn.await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off, keep serving.

@@ -1,0 +1,226 @@
+//! A client that dies in the middle of a put leaves nothing half-visible: the
+//! object is never readable, and once the client's TTL runs out the master
+//! revokes the put and its region is free again.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{random_bytes, Cluster, CLIENT_TTL, TTL_MARGIN};
+use kvpool_client::{Client, ReplicateConfig};
+use kvpool_proto::frame::Limits;
+use kvpool_proto::msg::{self, ClusterStatus, PutGrant, PutItem, PutStart, WriteReq};
+use kvpool_proto::Code;
+use kvpool_store::header::{value_checksum, ObjectHeader};
+use kvpool_transfer::data::{write_regions, WriteOp};
+use kvpool_transfer::FramedConn;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+const VALUE_LEN: usize = 1 << 20;
+
+/// Waits until the master has no put in flight, and returns its status then.
+async fn wait_no_pending(client: &Client) -> ClusterStatus {
+    common::eventually("no put in flight", CLIENT_TTL + TTL_MARGIN, async || {
+        let st = client.status().await.ok()?;
+        (st.pending == 0).then_some(st)
+    })
+    .await
+}
+
+/// Asserts that `key` is not visible to `client` in any way.
+async fn assert_invisible(client: &Client, key: &str, when: &str) {
+    let e = client
+        .get(key)
+        .await
+        .expect_err("a half-written object must not be readable");
+    assert_eq!(e.code, Code::ObjectNotFound, "{when}: get({key}) error");
+    assert_eq!(Code::ObjectNotFound.as_i32(), -704);
+    assert!(
+        !client.exist(key).await.expect("exist"),
+        "{when}: exist({key})"
+    );
+    let e = client
+        .get_size(key)
+        .await
+        .expect_err("no size for a half-written object");
+    assert_eq!(
+        e.code,
+        Code::ObjectNotFound,
+        "{when}: get_size({key}) error"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_abandoned_mid_write_is_invisible_then_revoked() {
+    let mut cluster = Cluster::builder().start().await;
+    let observer = cluster.client().await;
+    let before = observer.status().await.expect("status");
+    assert_eq!(before.pending, 0);
+
+    // The dying client: registered, but it never heartbeats.
+    let link = cluster.master_link("dying-client");
+    link.register().await.expect("register");
+    let key = "client-death/torn";
+    let value = random_bytes(&mut StdRng::seed_from_u64(7), VALUE_LEN);
+    let header = ObjectHeader {
+        key: key.into(),
+        value_len: VALUE_LEN as u64,
+        generation: 0,
+        checksum: value_checksum(&[&value]),
+    };
+    let region_len = (header.encode().len() + VALUE_LEN) as u64;
+    let grants = link
+        .call(&PutStart {
+            client_id: link.client_id(),
+            items: vec![PutItem {
+                key: key.into(),
+                value_len: VALUE_LEN as u64,
+                region_len,
+            }],
+            config: ReplicateConfig::default(),
+            upsert: false,
+        })
+        .await
+        .expect("PutStart");
+    let grant = msg::from_wire(grants.into_iter().next().expect("one grant")).expect("granted");
+    let PutGrant::Write {
+        generation,
+        replicas,
+    } = grant
+    else {
+        panic!("a new key must get regions to write, got {grant:?}");
+    };
+    assert_eq!(replicas.len(), 1);
+    let head = ObjectHeader {
+        generation,
+        ..header
+    }
+    .encode();
+
+    // Write the header and half of the value, then vanish: no PutEnd, no revoke.
+    let mut conn = FramedConn::connect(&replicas[0].endpoint, "test", Limits::default())
+        .await
+        .expect("connect to the store");
+    let op = WriteOp {
+        req: WriteReq {
+            segment: replicas[0].segment,
+            offset: replicas[0].offset,
+        },
+        parts: vec![&head, &value[..VALUE_LEN / 2]],
+    };
+    let acks = write_regions(&mut conn, &[op])
+        .await
+        .expect("data connection");
+    assert!(acks[0].is_ok(), "half write refused: {:?}", acks[0]);
+    drop(conn);
+    drop(link);
+
+    assert_invisible(&observer, key, "while the put is in flight").await;
+    let mid = observer.status().await.expect("status");
+    assert_eq!(mid.pending, 1, "the abandoned put is in flight");
+    assert_eq!(mid.keys, before.keys, "an uncommitted put is not a key");
+    assert!(
+        mid.used >= before.used + region_len,
+        "the put reserves its region"
+    );
+    assert_eq!(mid.clients, before.clients + 1);
+
+    let after = wait_no_pending(&observer).await;
+    assert_eq!(
+        after.used, before.used,
+        "the revoked put's region is free again"
+    );
+    assert_eq!(
+        after.clients, before.clients,
+        "the silent client was dropped"
+    );
+    assert_eq!(after.keys, before.keys);
+    assert_invisible(&observer, key, "after the put was revoked").await;
+
+    // The key is not stuck: another client can write it.
+    observer
+        .put(key, &value, &ReplicateConfig::default())
+        .await
+        .expect("put after revoke");
+    assert!(
+        observer.get(key).await.expect("get") == value,
+        "the new value reads back"
+    );
+    cluster.assert_alive();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_a_bench_mid_put_leaves_no_put_in_flight() {
+    let mut cluster = Cluster::builder().segment_size("256MiB").start().await;
+    let observer = cluster.client().await;
+    let before = observer.status().await.expect("status");
+    let mut bench = cluster.spawn(
+        "bench",
+        [
+            "bench",
+            "--master",
+            &cluster.master_addr,
+            "--ops",
+            "put",
+            "--sizes",
+            "1MiB",
+            "--duration",
+            "30s",
+            "--batch",
+            "8",
+            "--concurrency",
+            "4",
+        ],
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    common::eventually(
+        "the bench to have puts in flight",
+        Duration::from_secs(15),
+        async || {
+            assert!(
+                bench.try_exit().is_none(),
+                "the bench exited early\n{}",
+                bench.logs()
+            );
+            let st = observer.status().await.ok()?;
+            (st.pending > 0).then_some(())
+        },
+    )
+    .await;
+    bench.kill9();
+
+    let at_kill = observer.status().await.expect("status");
+    assert_eq!(
+        at_kill.clients,
+        before.clients + 1,
+        "the bench's client is still registered"
+    );
+    assert!(
+        at_kill.pending > 0,
+        "puts of the killed bench are still in flight"
+    );
+    assert!(
+        at_kill.keys > 0,
+        "the bench committed some objects before it died"
+    );
+
+    let after = wait_no_pending(&observer).await;
+    assert_eq!(
+        after.clients, before.clients,
+        "the killed bench's client was dropped"
+    );
+    // Every byte still reserved belongs to a committed object: removing them all empties the pool.
+    let removed = observer.remove_all(true).await.expect("remove_all");
+    assert!(removed > 0);
+    common::eventually(
+        "the pool to be empty",
+        Duration::from_secs(10),
+        async || {
+            let st = observer.status().await.ok()?;
+            (st.used == before.used && st.keys == 0).then_some(())
+        },
+    )
+    .await;
+    cluster.assert_alive();
+}

@@ -1,0 +1,577 @@
+//! Harness for the integration tests: starts the real `kvpool` binary (master,
+//! stores, one-shot CLI commands) on 127.0.0.1, captures every process's
+//! output in a scratch directory, and kills every child on drop. When a test
+//! panics, each process prints the tail of its logs as it is dropped.
+//!
+//! Every wait is bounded by a deadline and panics with what it waited for.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvpool_client::{Client, ClientConfig};
+use kvpool_proto::msg::ClientId;
+use kvpool_transfer::{CallPolicy, MasterLink};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// The `kvpool` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_kvpool");
+/// Client TTL the test masters run with, unless a test overrides it.
+pub const CLIENT_TTL: Duration = Duration::from_secs(2);
+/// Slack on top of a TTL for the master's sweeper to act (it ticks at TTL/8).
+pub const TTL_MARGIN: Duration = Duration::from_secs(5);
+/// Longest a process may take to start listening or mounting.
+pub const STARTUP: Duration = Duration::from_secs(20);
+/// Lines of each log printed when a test fails.
+const LOG_TAIL: usize = 80;
+
+/// A scratch directory under /dev/shm (or the system temp dir), removed on drop.
+pub fn scratch_dir() -> TempDir {
+    let builder = tempfile::Builder::new().prefix("kvpool-it-").to_owned();
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = builder.tempdir_in(shm) {
+            return dir;
+        }
+    }
+    builder.tempdir().expect("create a scratch directory")
+}
+
+/// A TCP port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// A `kvpool` command without the caller's `KVPOOL_*`/`MOONCAKE_*` env, logging
+/// uncoloured at `$KVPOOL_TEST_LOG` (default `info`).
+pub fn kvpool_command<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).stdin(Stdio::null());
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("KVPOOL_") || k.starts_with("MOONCAKE_") {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd.env("NO_COLOR", "1");
+    cmd.env(
+        "KVPOOL_LOG",
+        std::env::var("KVPOOL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+    );
+    cmd
+}
+
+/// Runs a one-shot `kvpool` command to completion (bounded by `timeout`).
+pub async fn run_kvpool(args: &[&str], timeout: Duration) -> Output {
+    let mut cmd = kvpool_command(args);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let what = format!("kvpool {}", args.join(" "));
+    let run = tokio::task::spawn_blocking(move || cmd.output());
+    match tokio::time::timeout(timeout, run).await {
+        Ok(Ok(Ok(out))) => out,
+        Ok(Ok(Err(e))) => panic!("cannot run {what}: {e}"),
+        Ok(Err(e)) => panic!("{what}: {e}"),
+        Err(_) => panic!("{what} did not finish within {timeout:?}"),
+    }
+}
+
+/// Polls `probe` every 50 ms until it returns `Some`, panicking after `timeout`.
+pub async fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A child `kvpool` process with stdout/stderr in log files; killed (and
+/// reaped) on drop, printing its logs first if the test is panicking.
+pub struct Process {
+    name: String,
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    exit: Option<ExitStatus>,
+    killed: bool,
+}
+
+impl Process {
+    /// Starts `kvpool <args>` with its output in `<log_dir>/<name>.{stdout,stderr}`.
+    pub fn spawn<I, S>(name: &str, args: I, log_dir: &Path) -> Process
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let stdout = log_dir.join(format!("{name}.stdout"));
+        let stderr = log_dir.join(format!("{name}.stderr"));
+        let file =
+            |p: &Path| File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+        let child = kvpool_command(args)
+            .stdout(file(&stdout))
+            .stderr(file(&stderr))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {BIN} for {name}: {e}"));
+        Process {
+            name: name.to_string(),
+            child,
+            stdout,
+            stderr,
+            exit: None,
+            killed: false,
+        }
+    }
+
+    /// The name given at spawn.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Everything the process printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    /// Everything the process printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// The tail of both logs, labelled, for failure messages.
+    pub fn logs(&self) -> String {
+        let tail = |s: String| {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n")
+        };
+        format!(
+            "----- {} stdout -----\n{}\n----- {} stderr -----\n{}\n",
+            self.name,
+            tail(self.stdout()),
+            self.name,
+            tail(self.stderr())
+        )
+    }
+
+    /// The exit status, if the process has exited (reaps it).
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exit.is_none() {
+            self.exit = self.child.try_wait().ok().flatten();
+        }
+        self.exit
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; kills it and
+    /// panics (with its logs) if it does not.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.try_exit() {
+                return s;
+            }
+            if Instant::now() >= deadline {
+                self.kill9();
+                panic!(
+                    "{} did not exit within {timeout:?}\n{}",
+                    self.name,
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends SIGKILL and reaps the process (no-op if it already exited).
+    pub fn kill9(&mut self) {
+        if self.try_exit().is_none() {
+            let _ = self.child.kill();
+            self.exit = self.child.wait().ok();
+            self.killed = true;
+        }
+    }
+
+    /// Whether this harness killed the process (as opposed to it exiting).
+    pub fn was_killed(&self) -> bool {
+        self.killed
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}
+
+/// A running master (`kvpool master` or `kvpool up`) and where it listens.
+pub struct MasterProcess {
+    /// The process.
+    pub process: Process,
+    /// RPC address `127.0.0.1:port`.
+    pub rpc: String,
+    /// Metrics/admin HTTP address `127.0.0.1:port`.
+    pub metrics: String,
+}
+
+/// Starts a master on free ports: `make_args(rpc_port, metrics_port)` builds
+/// its command line. Ready once both ports accept connections; retried on
+/// fresh ports if another process took one in between.
+pub async fn spawn_master(
+    name: &str,
+    log_dir: &Path,
+    make_args: impl Fn(u16, u16) -> Vec<String>,
+) -> MasterProcess {
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
+        let (rpc_port, metrics_port) = (free_port(), free_port());
+        let mut process = Process::spawn(name, make_args(rpc_port, metrics_port), log_dir);
+        let rpc = format!("127.0.0.1:{rpc_port}");
+        let metrics = format!("127.0.0.1:{metrics_port}");
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            if let Some(status) = process.try_exit() {
+                if process.stderr().contains("cannot listen") && attempt < ATTEMPTS {
+                    break;
+                }
+                panic!(
+                    "{name} exited during startup with {status}\n{}",
+                    process.logs()
+                );
+            }
+            let accepts = |a: &str| tokio::net::TcpStream::connect(a.to_string());
+            if accepts(&rpc).await.is_ok()
+                && accepts(&metrics).await.is_ok()
+                && process.try_exit().is_none()
+            {
+                return MasterProcess {
+                    process,
+                    rpc,
+                    metrics,
+                };
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{name} did not listen on {rpc} and {metrics} within {STARTUP:?}\n{}",
+                    process.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    unreachable!("the last attempt panics instead of retrying")
+}
+
+/// Starts `kvpool store` named `name` lending `segment_size` from `data_dir`.
+pub fn spawn_store(
+    name: &str,
+    master: &str,
+    segment_size: &str,
+    data_dir: &Path,
+    log_dir: &Path,
+) -> Process {
+    let data_dir = data_dir.to_string_lossy();
+    Process::spawn(
+        name,
+        [
+            "store",
+            "--master",
+            master,
+            "--segment-size",
+            segment_size,
+            "--data-dir",
+            &data_dir,
+            "--address",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--name",
+            name,
+        ],
+        log_dir,
+    )
+}
+
+/// The `segments: N` count printed by `kvpool status`, if it answered.
+pub async fn cli_segments(master: &str) -> Option<usize> {
+    let out = run_kvpool(&["status", "--master", master], Duration::from_secs(15)).await;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("segments: "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// Waits until `kvpool status` reports exactly `n` segments; panics on timeout
+/// or when one of `watch` exits meanwhile.
+pub async fn wait_for_segments(master: &str, n: usize, watch: &mut [&mut Process]) {
+    let deadline = Instant::now() + STARTUP;
+    let mut last = None;
+    loop {
+        for p in watch.iter_mut() {
+            if let Some(s) = p.try_exit() {
+                panic!(
+                    "{} exited with {s} while waiting for {n} segment(s)\n{}",
+                    p.name(),
+                    p.logs()
+                );
+            }
+        }
+        last = cli_segments(master).await.or(last);
+        if last == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`kvpool status --master {master}` did not show `segments: {n}` within {STARTUP:?} (last: {last:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A master link for protocol-level tests, under its own random client id (not registered).
+pub fn master_link(master: &str, hostname: &str) -> Arc<MasterLink> {
+    MasterLink::new(
+        master,
+        ClientId(rand::random()),
+        hostname,
+        "test",
+        CallPolicy::default(),
+    )
+}
+
+/// A `GET` over a raw TCP connection; returns the status code and the body.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET http://{addr}{path} timed out"))
+        .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"));
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("GET {path}: no header end in {raw:?}"));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("GET {path}: bad status line in {head:?}"));
+    (code, body.to_string())
+}
+
+/// A deterministic seed derived from `key`.
+pub fn seed_of(key: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// `len` pseudo-random bytes from `rng`.
+pub fn random_bytes(rng: &mut StdRng, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rng.fill_bytes(&mut v);
+    v
+}
+
+/// The value tests store under `key`: length in `1..=max_len` and bytes both
+/// derived from the key, so any reader can check it without shared state.
+pub fn value_for(key: &str, max_len: usize) -> Vec<u8> {
+    let mut rng = StdRng::seed_from_u64(seed_of(key));
+    let len = 1 + (rng.next_u64() % max_len as u64) as usize;
+    random_bytes(&mut rng, len)
+}
+
+/// Options of a test cluster; see [`Cluster::builder`].
+pub struct ClusterBuilder {
+    stores: usize,
+    segment_size: String,
+    master_flags: Vec<(String, String)>,
+}
+
+impl ClusterBuilder {
+    /// Number of `kvpool store` processes (default 1).
+    pub fn stores(mut self, n: usize) -> Self {
+        self.stores = n;
+        self
+    }
+
+    /// Segment size each store lends, e.g. `64MiB` (default 64MiB).
+    pub fn segment_size(mut self, size: &str) -> Self {
+        self.segment_size = size.to_string();
+        self
+    }
+
+    /// Sets a master flag, replacing an earlier value of the same flag.
+    pub fn master_flag(mut self, flag: &str, value: &str) -> Self {
+        self.master_flags.retain(|(f, _)| f != flag);
+        self.master_flags
+            .push((flag.to_string(), value.to_string()));
+        self
+    }
+
+    /// Starts the master and the stores; returns once every segment is mounted.
+    pub async fn start(self) -> Cluster {
+        let dir = scratch_dir();
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&logs).expect("create the log dir");
+        let flags = self.master_flags;
+        let master = spawn_master("master", &logs, |rpc, metrics| {
+            let mut args: Vec<String> = [
+                "master",
+                "--rpc-port",
+                &rpc.to_string(),
+                "--metrics-port",
+                &metrics.to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            for (f, v) in &flags {
+                args.extend([f.clone(), v.clone()]);
+            }
+            args
+        })
+        .await;
+        let mut stores: Vec<Process> = (0..self.stores)
+            .map(|i| {
+                let name = Cluster::store_name(i);
+                spawn_store(
+                    &name,
+                    &master.rpc,
+                    &self.segment_size,
+                    &dir.path().join(&name),
+                    &logs,
+                )
+            })
+            .collect();
+        let MasterProcess {
+            mut process,
+            rpc,
+            metrics,
+        } = master;
+        let mut watch: Vec<&mut Process> = stores.iter_mut().collect();
+        watch.push(&mut process);
+        wait_for_segments(&rpc, self.stores, &mut watch).await;
+        Cluster {
+            master_addr: rpc,
+            metrics_addr: metrics,
+            master: process,
+            stores,
+            dir,
+        }
+    }
+}
+
+/// A master and N stores running as real processes on 127.0.0.1.
+pub struct Cluster {
+    /// Master RPC address.
+    pub master_addr: String,
+    /// Master metrics/admin HTTP address.
+    pub metrics_addr: String,
+    master: Process,
+    stores: Vec<Process>,
+    // Declared last: removed only after every process above is dead.
+    dir: TempDir,
+}
+
+impl Cluster {
+    /// A builder with defaults: 1 store of 64MiB, master `--client-ttl 2s`.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder {
+            stores: 1,
+            segment_size: "64MiB".into(),
+            master_flags: vec![("--client-ttl".into(), format!("{}s", CLIENT_TTL.as_secs()))],
+        }
+    }
+
+    /// The segment name (`--name`) of store `i`.
+    pub fn store_name(i: usize) -> String {
+        format!("store-{i}")
+    }
+
+    /// The scratch directory (data dirs and logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts another `kvpool` process (e.g. a bench) logging into the cluster's dir.
+    pub fn spawn<I, S>(&self, name: &str, args: I) -> Process
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Process::spawn(name, args, &self.dir.path().join("logs"))
+    }
+
+    /// SIGKILLs store `i` (no unmount, no goodbye) and reaps it.
+    pub fn kill9_store(&mut self, i: usize) {
+        self.stores[i].kill9();
+    }
+
+    /// A connected client with default settings.
+    pub async fn client(&self) -> Client {
+        self.client_with(|_| {}).await
+    }
+
+    /// A connected client whose config `tweak` adjusted.
+    pub async fn client_with(&self, tweak: impl FnOnce(&mut ClientConfig)) -> Client {
+        let mut cfg = ClientConfig::new(&self.master_addr);
+        tweak(&mut cfg);
+        Client::connect(cfg)
+            .await
+            .unwrap_or_else(|e| panic!("client cannot connect to {}: {e}", self.master_addr))
+    }
+
+    /// A master link (not registered) for protocol-level tests.
+    pub fn master_link(&self, hostname: &str) -> Arc<MasterLink> {
+        master_link(&self.master_addr, hostname)
+    }
+
+    /// Panics (with every log) unless the master and every store not killed on purpose still run.
+    pub fn assert_alive(&mut self) {
+        let mut dead = Vec::new();
+        for p in std::iter::once(&mut self.master).chain(self.stores.iter_mut()) {
+            if p.was_killed() {
+                continue;
+            }
+            if let Some(s) = p.try_exit() {
+                dead.push(format!("{} exited with {s}", p.name()));
+            }
+        }
+        assert!(dead.is_empty(), "cluster processes died: {dead:?}");
+    }
+}
