@@ -47,8 +47,12 @@ pub struct ClientConfig {
     pub hostname: String,
     /// Limit for each master call attempt and each transfer.
     pub timeout: Duration,
-    /// Extra attempts after transient failures.
+    /// Most extra attempts after transient failures (master calls, and keys
+    /// whose store was unreachable or busy).
     pub retries: u32,
+    /// Transient failures are retried only while the call is younger than
+    /// this: long enough to ride out a store restart or a master failover.
+    pub retry_for: Duration,
     /// Connections one big batch uses in parallel per store.
     pub conns_per_store: usize,
     /// Bytes to lend to the pool from this process (0 = pure client).
@@ -64,7 +68,8 @@ impl ClientConfig {
             master: master.to_string(),
             hostname: "127.0.0.1".into(),
             timeout: Duration::from_secs(10),
-            retries: 5,
+            retries: 50,
+            retry_for: Duration::from_secs(10),
             conns_per_store: 4,
             segment_size: 0,
             segment_address: "127.0.0.1".into(),
@@ -107,6 +112,7 @@ impl Client {
         let policy = CallPolicy {
             timeout: cfg.timeout,
             retries: cfg.retries,
+            retry_for: cfg.retry_for,
             ..CallPolicy::default()
         };
         let link = MasterLink::new(
@@ -208,33 +214,15 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<KvResult<()>> {
-        let mut results: Vec<Option<KvResult<()>>> = vec![None; items.len()];
-        let mut todo: Vec<usize> = (0..items.len()).collect();
-        let mut backoff = Duration::from_millis(5);
-        for attempt in 0..=self.inner.cfg.retries {
-            let round: Vec<(&str, &[&[u8]])> = todo.iter().map(|&i| items[i]).collect();
+        // Another writer holding a key, or a store restarting, is worth a retry.
+        let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
+        loop {
+            let round: Vec<(&str, &[&[u8]])> = retry.todo().iter().map(|&i| items[i]).collect();
             let out = self.put_round(&round, config, upsert).await;
-            let mut again = Vec::new();
-            for (&i, r) in todo.iter().zip(out) {
-                match r {
-                    // Another writer holds the key, or a store was unreachable: try again.
-                    Err(e) if e.code.is_transient() && attempt < self.inner.cfg.retries => {
-                        again.push(i)
-                    }
-                    r => results[i] = Some(r),
-                }
+            if !retry.settle(out).await {
+                return retry.finish();
             }
-            if again.is_empty() {
-                break;
-            }
-            todo = again;
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(500));
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
-            .collect()
     }
 
     async fn put_round(
@@ -371,7 +359,15 @@ impl Client {
             match r {
                 Ok(v) if v.len() == commit.len() => {
                     for ((i, _), r) in commit.iter().zip(v) {
-                        results[*i] = msg::from_wire(r);
+                        results[*i] = msg::from_wire(r).map_err(|e| match e.code {
+                            // The put vanished before its commit (the master restarted or
+                            // failed over, or the put timed out): write it again.
+                            Code::ObjectNotFound => KvError::new(
+                                Code::UnavailableInCurrentStatus,
+                                format!("put was lost before its commit: {}", e.message),
+                            ),
+                            _ => e,
+                        });
                     }
                 }
                 Ok(_) => {
@@ -435,6 +431,17 @@ impl Client {
 
     /// Reads many values into new vectors; one result per key.
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
+        loop {
+            let round: Vec<&str> = retry.todo().iter().map(|&i| keys[i]).collect();
+            let out = self.get_pass(&round).await;
+            if !retry.settle(out).await {
+                return retry.finish();
+            }
+        }
+    }
+
+    async fn get_pass(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
         // The lease runs from when the master was asked, not from its answer.
         let t0 = Instant::now();
         let locs = self.locate(keys).await;
@@ -473,10 +480,27 @@ impl Client {
 
     /// Reads many values into caller buffers; one result (value length) per item.
     pub async fn batch_get_into(&self, items: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
-        let t0 = Instant::now();
-        let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
-        let locs = self.locate(&keys).await;
-        self.read_located(items, locs, t0).await
+        let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
+        loop {
+            let todo = retry.todo();
+            let mut round: Vec<GetInto> = items
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| todo.binary_search(i).is_ok())
+                .map(|(_, it)| GetInto {
+                    key: it.key,
+                    dst: it.dst.iter_mut().map(|d| &mut **d).collect(),
+                })
+                .collect();
+            let t0 = Instant::now();
+            let keys: Vec<&str> = round.iter().map(|i| i.key).collect();
+            let locs = self.locate(&keys).await;
+            let out = self.read_located(&mut round, locs, t0).await;
+            drop(round);
+            if !retry.settle(out).await {
+                return retry.finish();
+            }
+        }
     }
 
     async fn locate(&self, keys: &[&str]) -> Vec<KvResult<ObjectLocation>> {
@@ -732,6 +756,65 @@ impl Client {
     /// The cluster as the master sees it.
     pub async fn status(&self) -> KvResult<ClusterStatus> {
         self.inner.link.call(&msg::Status {}).await
+    }
+}
+
+/// Per-key retries of a batch: the keys that failed transiently go again,
+/// with backoff, within the client's retry budget.
+struct KeyRetry<T> {
+    results: Vec<Option<KvResult<T>>>,
+    todo: Vec<usize>,
+    attempt: u32,
+    retries: u32,
+    retry_for: Duration,
+    start: Instant,
+    backoff: Duration,
+}
+
+impl<T> KeyRetry<T> {
+    fn new(n: usize, cfg: &ClientConfig) -> Self {
+        KeyRetry {
+            results: (0..n).map(|_| None).collect(),
+            todo: (0..n).collect(),
+            attempt: 0,
+            retries: cfg.retries,
+            retry_for: cfg.retry_for,
+            start: Instant::now(),
+            backoff: Duration::from_millis(5),
+        }
+    }
+
+    /// Item indexes for the next pass, ascending.
+    fn todo(&self) -> Vec<usize> {
+        self.todo.clone()
+    }
+
+    /// Records a pass's results (one per `todo` index); returns whether
+    /// another pass is due, after sleeping its backoff.
+    async fn settle(&mut self, out: Vec<KvResult<T>>) -> bool {
+        let more = self.attempt < self.retries && self.start.elapsed() < self.retry_for;
+        let mut again = Vec::new();
+        for (&i, r) in self.todo.iter().zip(out) {
+            match r {
+                Err(e) if more && e.code.is_transient() => again.push(i),
+                r => self.results[i] = Some(r),
+            }
+        }
+        self.todo = again;
+        if self.todo.is_empty() {
+            return false;
+        }
+        self.attempt += 1;
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(Duration::from_millis(500));
+        true
+    }
+
+    fn finish(self) -> Vec<KvResult<T>> {
+        self.results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
+            .collect()
     }
 }
 

@@ -88,16 +88,19 @@ pub struct Master {
     /// Counters and gauges.
     pub metrics: Metrics,
     evict_soon: Notify,
+    /// Itself, for timers that outlive a request (delayed unmounts).
+    me: std::sync::Weak<Master>,
 }
 
 impl Master {
     /// A master with empty state.
-    pub fn new(cfg: StateConfig) -> Self {
-        Master {
+    pub fn new(cfg: StateConfig) -> Arc<Self> {
+        Arc::new_cyclic(|me| Master {
             state: MasterState::new(cfg),
             metrics: Metrics::default(),
             evict_soon: Notify::new(),
-        }
+            me: me.clone(),
+        })
     }
 }
 
@@ -131,7 +134,34 @@ impl ControlHandler for Master {
             }),
             Opcode::MountSegment => {
                 let r: msg::MountSegment = msg::decode(meta)?;
-                s.mount(r.client_id, r.segment).map(|()| msg::encode(&()))
+                s.mount(r.client_id, r.segment, r.objects)
+                    .map(|()| msg::encode(&()))
+            }
+            Opcode::ReportObjects => {
+                let r: msg::ReportObjects = msg::decode(meta)?;
+                s.report_objects(r.client_id, r.segment, r.objects, r.last, now)
+                    .map(|v| msg::encode(&v))
+            }
+            Opcode::DrainSegment => {
+                let r: msg::DrainSegment = msg::decode(meta)?;
+                let ids = s.drain(&r.segment);
+                if ids.is_empty() {
+                    return Err(KvError::new(
+                        Code::SegmentNotFound,
+                        format!("no segment named {:?}", r.segment),
+                    ));
+                }
+                info!(segment = %r.segment, unmount_after_ms = ?r.unmount_after_ms, "segment draining");
+                if let (Some(ms), Some(me)) = (r.unmount_after_ms, self.me.upgrade()) {
+                    let ids = ids.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        for id in ids {
+                            me.state.unmount_admin(id);
+                        }
+                    });
+                }
+                Ok(msg::encode(&ids))
             }
             Opcode::UnmountSegment => {
                 let r: msg::UnmountSegment = msg::decode(meta)?;
@@ -190,7 +220,7 @@ impl ControlHandler for Master {
             }),
             Opcode::Status => typed(meta, |_: msg::Status| s.status()),
             Opcode::Hello => Err(KvError::new(Code::InvalidParams, "handshake already done")),
-            Opcode::Write | Opcode::Read => Err(KvError::new(
+            Opcode::Write | Opcode::Read | Opcode::Invalidate => Err(KvError::new(
                 Code::NotSupported,
                 "the master does not serve data; write to the segment's endpoint",
             )),
@@ -269,7 +299,7 @@ pub async fn start(
     let admin_addr = local(&admin)?;
     let metadata_addr = metadata.as_ref().map(local).transpose()?;
 
-    let master = Arc::new(Master::new(cfg.state.clone()));
+    let master = Master::new(cfg.state.clone());
     let tasks = TaskTracker::new();
     tasks.spawn(serve_control(
         rpc,
@@ -295,6 +325,7 @@ pub async fn start(
     }
     tasks.spawn(sweeper(master.clone(), shutdown.clone()));
     tasks.spawn(evictor(master.clone(), shutdown.clone()));
+    tasks.spawn(invalidator(master.clone(), shutdown.clone()));
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
     Ok(MasterHandle {
@@ -321,6 +352,50 @@ async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => { master.state.sweep(Instant::now()); }
+        }
+    }
+}
+
+/// Delivers freed regions to their stores, which destroy the objects there so
+/// that a store or master restart can never bring them back. A store that
+/// cannot be reached gets them again later (or reconciles on remount).
+async fn invalidator(master: Arc<Master>, shutdown: CancellationToken) {
+    let mut pools: std::collections::HashMap<String, kvpool_transfer::ConnPool> =
+        Default::default();
+    let mut backoff: std::collections::HashMap<msg::SegmentId, Instant> = Default::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = Instant::now();
+        backoff.retain(|_, until| *until > now);
+        for (id, endpoint, regions) in master.state.take_invalidations() {
+            if backoff.contains_key(&id) {
+                master.state.requeue_invalidations(id, regions);
+                continue;
+            }
+            let pool = pools.entry(endpoint.clone()).or_insert_with(|| {
+                kvpool_transfer::ConnPool::new(
+                    &endpoint,
+                    "master",
+                    Limits::default(),
+                    Duration::from_secs(2),
+                    2,
+                )
+            });
+            let req = msg::InvalidateReq {
+                segment: id,
+                regions,
+            };
+            let sent = tokio::time::timeout(Duration::from_secs(5), pool.call(&req)).await;
+            if !matches!(sent, Ok(Ok(_))) {
+                tracing::debug!(segment = %id, "invalidation not delivered; will retry");
+                master.state.requeue_invalidations(id, req.regions);
+                backoff.insert(id, now + Duration::from_secs(1));
+            }
         }
     }
 }
@@ -365,15 +440,15 @@ mod tests {
             client_ttl: Duration::from_secs(10),
             ..StateConfig::default()
         };
-        let master = Arc::new(Master::new(cfg));
+        let master = Master::new(cfg);
         let shutdown = CancellationToken::new();
         tokio::spawn(sweeper(master.clone(), shutdown.clone()));
         let s = &master.state;
         let (silent, alive) = (ClientId(1), ClientId(2));
         s.register_client(silent, "silent", Instant::now());
         s.register_client(alive, "alive", Instant::now());
-        s.mount(silent, segment(1)).unwrap();
-        s.mount(alive, segment(2)).unwrap();
+        s.mount(silent, segment(1), 0).unwrap();
+        s.mount(alive, segment(2), 0).unwrap();
         let item = PutItem {
             key: "k".into(),
             value_len: 10,
@@ -412,7 +487,7 @@ mod tests {
         let s = &master.state;
         let c = ClientId(7);
         s.register_client(c, "c", Instant::now());
-        s.mount(c, segment(1)).unwrap();
+        s.mount(c, segment(1), 0).unwrap();
         let item = PutItem {
             key: "k".into(),
             value_len: 10,

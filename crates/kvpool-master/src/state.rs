@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvpool_proto::msg::{
-    ClientId, ClusterStatus, ObjectLocation, PutEndItem, PutGrant, PutItem, RegisterReply, Replica,
-    ReplicateConfig, SegmentId, SegmentInfo, SegmentStatus,
+    ClientId, ClusterStatus, InventoryItem, InventoryVerdict, ObjectLocation, PutEndItem, PutGrant,
+    PutItem, RegisterReply, Replica, ReplicateConfig, SegmentId, SegmentInfo, SegmentStatus,
 };
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
@@ -99,6 +99,10 @@ struct SegmentSlot {
     info: SegmentInfo,
     owner: ClientId,
     alloc: Mutex<OffsetAllocator>,
+    /// Waiting for the rest of its inventory: takes no new objects yet.
+    recovering: Option<Vec<InventoryItem>>,
+    /// Shutting down or being emptied: takes no new objects.
+    draining: bool,
 }
 
 struct ClientEntry {
@@ -129,6 +133,10 @@ pub struct KeyInfo {
     pub put_in_flight: bool,
 }
 
+/// Freed regions of one segment to destroy on its store: the segment, its
+/// data endpoint, and `(offset, generation)` pairs.
+pub type Invalidations = (SegmentId, String, Vec<(u64, u64)>);
+
 /// Outcome of an eviction pass.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Evicted {
@@ -144,7 +152,10 @@ pub struct MasterState {
     shards: Box<[Mutex<Shard>]>,
     segments: RwLock<HashMap<SegmentId, SegmentSlot>>,
     clients: Mutex<HashMap<ClientId, ClientEntry>>,
-    deferred: Mutex<Vec<(Instant, SegmentId, Region)>>,
+    deferred: Mutex<Vec<(Instant, SegmentId, Region, u64)>>,
+    /// Freed `(offset, generation)` per segment, to be destroyed on the store
+    /// so a restart cannot bring them back.
+    invalidations: Mutex<HashMap<SegmentId, Vec<(u64, u64)>>>,
     /// Serializes eviction passes so concurrent puts do not evict twice.
     evicting: Mutex<()>,
     next_generation: AtomicU64,
@@ -170,6 +181,7 @@ impl MasterState {
             segments: RwLock::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
+            invalidations: Mutex::new(HashMap::new()),
             evicting: Mutex::new(()),
             next_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
@@ -228,8 +240,11 @@ impl MasterState {
 
     // ------------------------------------------------------------ segments
 
-    /// Lends a segment to the pool.
-    pub fn mount(&self, client: ClientId, info: SegmentInfo) -> KvResult<()> {
+    /// Lends a segment to the pool. `objects` > 0 announces an inventory
+    /// (reported next with [`Self::report_objects`]): the segment takes no
+    /// new objects until it is complete. A segment still mounted under
+    /// another client is taken over: its store restarted within the TTL.
+    pub fn mount(&self, client: ClientId, info: SegmentInfo, objects: u64) -> KvResult<()> {
         self.require_client(client)?;
         if info.size == 0 {
             return Err(KvError::new(
@@ -237,26 +252,225 @@ impl MasterState {
                 "segment has no usable bytes",
             ));
         }
+        let recovering = (objects > 0).then(Vec::new);
         let mut segs = self.segments.write();
-        if let Some(s) = segs.get(&info.id) {
-            if s.owner == client && s.info == info {
+        if let Some(s) = segs.get_mut(&info.id) {
+            if (s.info.base, s.info.size) != (info.base, info.size) {
+                return Err(KvError::new(
+                    Code::SegmentAlreadyExists,
+                    format!("segment {} is mounted with another size", info.id),
+                ));
+            }
+            if s.owner == client && s.info == info && s.recovering.is_none() && recovering.is_none()
+            {
                 return Ok(());
             }
-            return Err(KvError::new(
-                Code::SegmentAlreadyExists,
-                format!("segment {} is mounted", info.id),
-            ));
+            // Its store restarted (maybe on another port) within the TTL.
+            tracing::info!(segment = %info.id, endpoint = %info.endpoint, "segment remounted by a restarted store");
+            s.info = info.clone();
+            s.owner = client;
+            s.recovering = recovering;
+            s.draining = false;
+            drop(segs);
+            if objects == 0 {
+                // Nothing survived: every replica the master placed there is gone.
+                self.reconcile_known(info.id, &[]);
+            }
+            return Ok(());
         }
-        tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, "segment mounted");
+        tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, objects, "segment mounted");
         segs.insert(
             info.id,
             SegmentSlot {
                 alloc: Mutex::new(OffsetAllocator::new(info.base, info.size)),
                 info,
                 owner: client,
+                recovering,
+                draining: false,
             },
         );
         Ok(())
+    }
+
+    /// Takes part of a remounted segment's inventory; on the last part,
+    /// reconciles it with the object map and opens the segment.
+    pub fn report_objects(
+        &self,
+        client: ClientId,
+        id: SegmentId,
+        items: Vec<InventoryItem>,
+        last: bool,
+        now: Instant,
+    ) -> KvResult<InventoryVerdict> {
+        let (all, fresh) = {
+            let mut segs = self.segments.write();
+            let s = segs.get_mut(&id).ok_or_else(|| {
+                KvError::new(
+                    Code::SegmentNotFound,
+                    format!("segment {id} is not mounted"),
+                )
+            })?;
+            if s.owner != client {
+                return Err(KvError::new(
+                    Code::IllegalClient,
+                    format!("segment {id} belongs to another client"),
+                ));
+            }
+            let Some(inv) = s.recovering.as_mut() else {
+                return Err(KvError::new(
+                    Code::InvalidParams,
+                    format!("segment {id} announced no inventory"),
+                ));
+            };
+            inv.extend(items);
+            if !last {
+                return Ok(InventoryVerdict::default());
+            }
+            let all = s.recovering.take().unwrap_or_default();
+            // A segment that holds no live region yet was new to this master.
+            let fresh = s.alloc.lock().live_regions() == 0;
+            if fresh {
+                let used = all.iter().map(|i| (i.offset, i.region_len));
+                let alloc =
+                    OffsetAllocator::with_used(s.info.base, s.info.size, used).map_err(|e| {
+                        KvError::new(Code::InvalidParams, format!("inventory of {id}: {e}"))
+                    })?;
+                *s.alloc.lock() = alloc;
+            }
+            (all, fresh)
+        };
+        if let Some(max) = all.iter().map(|i| i.generation).max() {
+            self.next_generation.fetch_max(max + 1, Ordering::Relaxed);
+        }
+        let verdict = if fresh {
+            self.reconcile_fresh(id, all, now)
+        } else {
+            self.reconcile_known(id, &all)
+        };
+        tracing::info!(segment = %id, accepted = verdict.accepted, rejected = verdict.rejected.len(), "inventory reconciled");
+        Ok(verdict)
+    }
+
+    /// A segment new to this master (after a master restart or failover, or a
+    /// store back after its TTL): its objects become readable unless the map
+    /// already has a newer version of the key. Every reported region is
+    /// already reserved in the segment's allocator; rejected ones are freed.
+    fn reconcile_fresh(
+        &self,
+        id: SegmentId,
+        items: Vec<InventoryItem>,
+        now: Instant,
+    ) -> InventoryVerdict {
+        let mut v = InventoryVerdict::default();
+        for it in items {
+            let region = Region {
+                offset: it.offset,
+                len: it.region_len,
+            };
+            let mut shard = self.shard(&it.key).lock();
+            let e = shard.objects.entry(it.key.clone()).or_default();
+            let current = e.current.as_ref().map(|c| c.generation);
+            let keep = match current {
+                Some(g) if g > it.generation => false,
+                Some(g) if g == it.generation => {
+                    if let Some(c) = e.current.as_mut() {
+                        if !c.replicas.iter().any(|(s, _)| *s == id) {
+                            c.replicas.push((id, region));
+                        }
+                    }
+                    true
+                }
+                _ => {
+                    let old = e.current.replace(Version {
+                        value_len: it.value_len,
+                        generation: it.generation,
+                        replicas: vec![(id, region)],
+                        lease_until: now,
+                        soft_pin_until: None,
+                        hard_pin: false,
+                        last_access: now,
+                    });
+                    drop(shard);
+                    if let Some(old) = old {
+                        self.release(old, now);
+                    }
+                    true
+                }
+            };
+            if keep {
+                v.accepted += 1;
+            } else {
+                self.free_now(&[(id, region)], None);
+                v.rejected.push((it.offset, it.generation));
+            }
+        }
+        self.open_segment(id);
+        v
+    }
+
+    /// A segment this master still has, remounted by a restarted store: the
+    /// map decides. Replicas whose bytes did not survive are dropped; objects
+    /// the map does not hold there are rejected.
+    fn reconcile_known(&self, id: SegmentId, items: &[InventoryItem]) -> InventoryVerdict {
+        let reported: std::collections::HashSet<(u64, u64)> =
+            items.iter().map(|i| (i.offset, i.generation)).collect();
+        let mut kept = std::collections::HashSet::new();
+        let mut lost = Vec::new();
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            sh.objects.retain(|_, e| {
+                if let Some(v) = &mut e.current {
+                    let gen = v.generation;
+                    v.replicas.retain(|(s, r)| {
+                        if *s != id {
+                            return true;
+                        }
+                        if reported.contains(&(r.offset, gen)) {
+                            kept.insert((r.offset, gen));
+                            true
+                        } else {
+                            lost.push(*r);
+                            false
+                        }
+                    });
+                    if v.replicas.is_empty() {
+                        e.current = None;
+                    }
+                }
+                e.current.is_some() || e.pending.is_some()
+            });
+        }
+        self.free_now(&lost.into_iter().map(|r| (id, r)).collect::<Vec<_>>(), None);
+        self.open_segment(id);
+        InventoryVerdict {
+            accepted: kept.len() as u64,
+            rejected: reported.difference(&kept).copied().collect(),
+        }
+    }
+
+    fn open_segment(&self, id: SegmentId) {
+        if let Some(s) = self.segments.write().get_mut(&id) {
+            s.recovering = None;
+        }
+    }
+
+    /// Stops placing objects on the segments named `name` (or with that id in
+    /// hex); returns their ids.
+    pub fn drain(&self, name: &str) -> Vec<SegmentId> {
+        let mut segs = self.segments.write();
+        let mut out = Vec::new();
+        for s in segs.values_mut() {
+            if s.info.name == name || s.info.id.to_string() == name {
+                s.draining = true;
+                out.push(s.info.id);
+            }
+        }
+        out
+    }
+
+    /// Unmounts a segment on an operator's request (after a drain).
+    pub fn unmount_admin(&self, id: SegmentId) {
+        self.drop_segment(id);
     }
 
     /// Withdraws a segment; only its owner may.
@@ -287,7 +501,8 @@ impl MasterState {
             return;
         }
         tracing::info!(segment = %id, "segment unmounted");
-        self.deferred.lock().retain(|(_, s, _)| *s != id);
+        self.deferred.lock().retain(|(_, s, _, _)| *s != id);
+        self.invalidations.lock().remove(&id);
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
             let sh = &mut *sh;
@@ -311,17 +526,48 @@ impl MasterState {
             });
             for (key, p) in revoked {
                 sh.pending.remove(&key);
-                self.free_now(&p.version.replicas);
+                self.free_now(&p.version.replicas, Some(p.version.generation));
             }
         }
     }
 
-    fn free_now(&self, replicas: &[(SegmentId, Region)]) {
+    /// Returns regions to their allocators. With the generation of the
+    /// object written there, also queues its destruction on the store.
+    fn free_now(&self, replicas: &[(SegmentId, Region)], written: Option<u64>) {
         let segs = self.segments.read();
+        let mut inv = written.map(|_| self.invalidations.lock());
         for (id, r) in replicas {
             if let Some(s) = segs.get(id) {
                 s.alloc.lock().free(*r);
+                if let (Some(inv), Some(gen)) = (inv.as_mut(), written) {
+                    inv.entry(*id).or_default().push((r.offset, gen));
+                }
             }
+        }
+    }
+
+    /// Takes the queued invalidations, with each segment's data endpoint.
+    pub fn take_invalidations(&self) -> Vec<Invalidations> {
+        let queued = std::mem::take(&mut *self.invalidations.lock());
+        let segs = self.segments.read();
+        queued
+            .into_iter()
+            .filter_map(|(id, regions)| {
+                segs.get(&id)
+                    .map(|s| (id, s.info.endpoint.clone(), regions))
+            })
+            .collect()
+    }
+
+    /// Puts back invalidations that could not be delivered (store down),
+    /// unless the segment is gone; its remount reconciles it anyway.
+    pub fn requeue_invalidations(&self, id: SegmentId, regions: Vec<(u64, u64)>) {
+        if self.segments.read().contains_key(&id) {
+            self.invalidations
+                .lock()
+                .entry(id)
+                .or_default()
+                .extend(regions);
         }
     }
 
@@ -330,9 +576,13 @@ impl MasterState {
     fn release(&self, v: Version, now: Instant) {
         if v.lease_until > now {
             let mut d = self.deferred.lock();
-            d.extend(v.replicas.into_iter().map(|(s, r)| (v.lease_until, s, r)));
+            d.extend(
+                v.replicas
+                    .into_iter()
+                    .map(|(s, r)| (v.lease_until, s, r, v.generation)),
+            );
         } else {
-            self.free_now(&v.replicas);
+            self.free_now(&v.replicas, Some(v.generation));
         }
     }
 
@@ -374,15 +624,30 @@ impl MasterState {
             .count()
     }
 
+    /// Owners silent for half the client TTL: probably dead, so their
+    /// segments get no new objects while the TTL runs out.
+    fn late_owners(&self, now: Instant) -> std::collections::HashSet<ClientId> {
+        let grace = self.cfg.client_ttl / 2;
+        self.clients
+            .lock()
+            .iter()
+            .filter(|(_, c)| now.saturating_duration_since(c.last_seen) > grace)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     fn allocate(
         &self,
         region_len: u64,
         replica_num: usize,
         preferred: &[String],
+        now: Instant,
     ) -> Vec<(SegmentId, Region)> {
+        let late = self.late_owners(now);
         let segs = self.segments.read();
         let views: Vec<SegmentView> = segs
             .values()
+            .filter(|s| s.recovering.is_none() && !s.draining && !late.contains(&s.owner))
             .map(|s| SegmentView {
                 id: s.info.id,
                 name: s.info.name.clone(),
@@ -476,14 +741,14 @@ impl MasterState {
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
-        let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments);
+        let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments, now);
         // Evict only for replicas that room could give: with fewer segments big
         // enough than `replica_num`, the put is best effort, not a reason to evict.
         let reachable = want.min(self.segments_that_fit(item.region_len));
         if replicas.len() < reachable {
-            self.free_now(&replicas);
+            self.free_now(&replicas, None);
             self.evict(now, item.region_len.saturating_mul(reachable as u64));
-            replicas = self.allocate(item.region_len, want, &config.preferred_segments);
+            replicas = self.allocate(item.region_len, want, &config.preferred_segments, now);
         }
         if replicas.is_empty() {
             let (cap, used) = self.usage();
@@ -499,7 +764,7 @@ impl MasterState {
         let e = shard.objects.entry(item.key.clone()).or_default();
         if let Some(answer) = self.existing_answer(e, client, item, upsert) {
             // Lost a race with another writer of the same key.
-            self.free_now(&replicas);
+            self.free_now(&replicas, None);
             return answer;
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
@@ -627,7 +892,7 @@ impl MasterState {
                     shard.objects.remove(k);
                 }
                 drop(shard);
-                self.free_now(&p.version.replicas);
+                self.free_now(&p.version.replicas, Some(p.version.generation));
                 Ok(())
             })
             .collect()
@@ -712,7 +977,7 @@ impl MasterState {
                 // A forced remove frees at once, as the caller asked; a reader still
                 // in flight on it fails its header or checksum check, never returns
                 // the new bytes.
-                self.free_now(&v.replicas);
+                self.free_now(&v.replicas, Some(v.generation));
                 Ok(())
             })
             .collect()
@@ -744,7 +1009,7 @@ impl MasterState {
             drop(sh);
             removed += versions.len() as u64;
             for v in versions {
-                self.free_now(&v.replicas);
+                self.free_now(&v.replicas, Some(v.generation));
             }
         }
         removed
@@ -797,7 +1062,7 @@ impl MasterState {
             drop(shard);
             out.objects += 1;
             out.bytes += v.bytes();
-            self.free_now(&v.replicas);
+            self.free_now(&v.replicas, Some(v.generation));
         }
         self.evictions.fetch_add(out.objects, Ordering::Relaxed);
         if out.objects > 0 {
@@ -818,13 +1083,15 @@ impl MasterState {
     // ------------------------------------------------------------ timers
 
     fn free_expired_deferred(&self, now: Instant) {
-        let due: Vec<(SegmentId, Region)> = {
+        let due: Vec<_> = {
             let mut d = self.deferred.lock();
-            let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _, _)| *t <= now);
+            let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _, _, _)| *t <= now);
             *d = keep;
-            due.into_iter().map(|(_, s, r)| (s, r)).collect()
+            due
         };
-        self.free_now(&due);
+        for (_, s, r, gen) in due {
+            self.free_now(&[(s, r)], Some(gen));
+        }
     }
 
     /// Periodic upkeep: drops clients silent for `client_ttl` (their segments
@@ -885,7 +1152,7 @@ impl MasterState {
             }
             drop(sh);
             for p in freed {
-                self.free_now(&p.version.replicas);
+                self.free_now(&p.version.replicas, Some(p.version.generation));
             }
         }
         self.free_expired_deferred(now);

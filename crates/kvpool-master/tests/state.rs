@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use kvpool_master::state::{Evicted, MasterState, StateConfig};
 use kvpool_proto::msg::{
-    ClientId, ObjectLocation, PutEndItem, PutGrant, PutItem, Replica, ReplicateConfig, SegmentId,
-    SegmentInfo,
+    ClientId, InventoryItem, ObjectLocation, PutEndItem, PutGrant, PutItem, Replica,
+    ReplicateConfig, SegmentId, SegmentInfo,
 };
 use kvpool_proto::{KvResult, MAX_KEY_LEN};
 use proptest::prelude::*;
@@ -154,7 +154,7 @@ impl Pool {
 
     fn mount(&self, owner: ClientId, id: u128, name: &str, size: u64) {
         self.st
-            .mount(owner, segment(id, name, size))
+            .mount(owner, segment(id, name, size), 0)
             .expect("mount");
     }
 
@@ -782,7 +782,7 @@ fn silent_client_loses_its_segment_and_puts() {
     assert!(!p.st.heartbeat(s1, now));
     assert_eq!(code(p.put(s1, "x", 128, now)), CLIENT_NOT_FOUND);
     assert_eq!(
-        code(p.st.mount(s1, segment(1, "s1", MIB))),
+        code(p.st.mount(s1, segment(1, "s1", MIB), 0)),
         CLIENT_NOT_FOUND
     );
 
@@ -830,24 +830,22 @@ fn segment_mount_and_unmount_rules() {
     let p = Pool::new(config());
     let (a, b) = (p.client(1), p.client(2));
     assert_eq!(
-        code(p.st.mount(ClientId(9), segment(1, "a", MIB))),
+        code(p.st.mount(ClientId(9), segment(1, "a", MIB), 0)),
         CLIENT_NOT_FOUND
     );
-    assert_eq!(code(p.st.mount(a, segment(1, "a", 0))), INVALID_PARAMS);
+    assert_eq!(code(p.st.mount(a, segment(1, "a", 0), 0)), INVALID_PARAMS);
     p.mount(a, 1, "a", MIB);
     let now = p.at(0);
     p.commit(a, "k", OBJ, now);
 
-    // Mounting again is harmless for the owner, refused for anyone else.
-    p.st.mount(a, segment(1, "a", MIB)).unwrap();
+    // Mounting again is harmless for the owner; another shape under the same
+    // id is refused. (Another client mounting it is a store restart: see
+    // `restarted_store_takes_over_its_segment`.)
+    p.st.mount(a, segment(1, "a", MIB), 0).unwrap();
     assert_eq!((p.st.status().segments.len(), p.used()), (1, OBJ));
     assert!(p.present("k"));
     assert_eq!(
-        code(p.st.mount(b, segment(1, "a", MIB))),
-        SEGMENT_ALREADY_EXISTS
-    );
-    assert_eq!(
-        code(p.st.mount(a, segment(1, "a", 2 * MIB))),
+        code(p.st.mount(a, segment(1, "a", 2 * MIB), 0)),
         SEGMENT_ALREADY_EXISTS
     );
 
@@ -1027,7 +1025,7 @@ impl Sim {
         let clients = [ClientId(1), ClientId(2)];
         for (i, c) in clients.iter().enumerate() {
             st.register_client(*c, "host", now);
-            st.mount(*c, segment(i as u128 + 1, &format!("s{i}"), SEGMENT))
+            st.mount(*c, segment(i as u128 + 1, &format!("s{i}"), SEGMENT), 0)
                 .expect("mount");
         }
         Sim {
@@ -1367,4 +1365,151 @@ fn commit_of_a_revoked_upsert_fails_and_the_old_value_stays() {
     assert_eq!(p.get("k", p.at(6_000)).unwrap().generation, g1);
     // A retry of the commit that did land still answers success.
     assert_eq!(p.end_gen(c, "k", g1, p.at(6_000)), Ok(()));
+}
+
+// ------------------------------------------------------------ recovery
+
+fn inventory(key: &str, generation: u64, replica: &Replica) -> InventoryItem {
+    InventoryItem {
+        key: key.into(),
+        generation,
+        value_len: replica.len - HEADER,
+        offset: replica.offset,
+        region_len: replica.len,
+    }
+}
+
+/// A store restarted within the TTL remounts its segment under a new client:
+/// the master's map decides what survives.
+#[test]
+fn restarted_store_takes_over_its_segment() {
+    let (p, old) = Pool::with_segment(config(), MIB);
+    let now = p.at(0);
+    let (g_kept, r_kept) = p.commit(old, "kept", OBJ, now);
+    let (_, _r_lost) = p.commit(old, "lost", OBJ, now);
+    let (g_gone, r_gone) = p.commit(old, "removed", OBJ, now);
+    p.remove("removed", false, now).unwrap();
+    let used = p.used();
+
+    let new = p.client(2);
+    p.st.mount(new, segment(1, "a", MIB), 2).unwrap();
+    // The store found "kept" and the stale bytes of "removed"; "lost" was torn.
+    let verdict =
+        p.st.report_objects(
+            new,
+            SegmentId(1),
+            vec![
+                inventory("kept", g_kept, &r_kept[0]),
+                inventory("removed", g_gone, &r_gone[0]),
+            ],
+            true,
+            now,
+        )
+        .unwrap();
+    assert_eq!(verdict.accepted, 1);
+    assert_eq!(verdict.rejected, vec![(r_gone[0].offset, g_gone)]);
+    assert_eq!(p.get("kept", now).unwrap().generation, g_kept);
+    assert_eq!(code(p.get("lost", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.get("removed", now)), OBJECT_NOT_FOUND);
+    assert_eq!(
+        p.used(),
+        used - OBJ,
+        "the lost object's region is free again"
+    );
+    // The old owner's expiry no longer takes the segment away.
+    let ttl = config().client_ttl;
+    assert!(p.st.heartbeat(new, p.t0 + ttl));
+    assert_eq!(p.st.sweep(p.t0 + ttl + Duration::from_secs(1)), vec![old]);
+    assert_eq!(p.st.status().segments.len(), 1);
+}
+
+/// A master that never saw a segment (it restarted, or took over) rebuilds
+/// the map from inventories: the newest generation of a key wins, an equal
+/// generation on another segment is another replica.
+#[test]
+fn new_master_rebuilds_from_inventories() {
+    let p = Pool::new(config());
+    let (s1, s2) = (p.client(1), p.client(2));
+    let now = p.at(0);
+    let region = |offset: u64| Replica {
+        segment: SegmentId(0),
+        endpoint: String::new(),
+        offset,
+        len: OBJ,
+    };
+    let base = 4096;
+    p.st.mount(s1, segment(1, "a", MIB), 3).unwrap();
+    p.st.mount(s2, segment(2, "b", MIB), 2).unwrap();
+    // Recovering segments take no new objects.
+    assert_eq!(code(p.put(s1, "new", 128, now)), NO_AVAILABLE_HANDLE);
+    let v1 =
+        p.st.report_objects(
+            s1,
+            SegmentId(1),
+            vec![
+                inventory("both", 50, &region(base)),
+                inventory("upserted", 60, &region(base + OBJ)),
+            ],
+            false,
+            now,
+        )
+        .unwrap();
+    assert_eq!(v1.accepted, 0, "nothing is decided before the last part");
+    let v1 =
+        p.st.report_objects(
+            s1,
+            SegmentId(1),
+            vec![inventory("solo", 40, &region(base + 2 * OBJ))],
+            true,
+            now,
+        )
+        .unwrap();
+    assert_eq!((v1.accepted, v1.rejected.len()), (3, 0));
+    let v2 =
+        p.st.report_objects(
+            s2,
+            SegmentId(2),
+            vec![
+                inventory("both", 50, &region(base)),
+                inventory("upserted", 70, &region(base + OBJ)),
+            ],
+            true,
+            now,
+        )
+        .unwrap();
+    assert_eq!((v2.accepted, v2.rejected.len()), (2, 0));
+    let both = p.get("both", now).unwrap();
+    assert_eq!(segment_ids(&both.replicas), vec![1, 2]);
+    let up = p.get("upserted", now).unwrap();
+    assert_eq!((up.generation, segment_ids(&up.replicas)), (70, vec![2]));
+    assert_eq!(p.get("solo", now).unwrap().generation, 40);
+    // The superseded version was freed and queued for destruction.
+    let inv = p.st.take_invalidations();
+    assert_eq!(inv.len(), 1);
+    assert_eq!(
+        (inv[0].0, &inv[0].2),
+        (SegmentId(1), &vec![(base + OBJ, 60)])
+    );
+    // New puts get generations above everything recovered, and the segments
+    // are open again.
+    let (g, _) = p.commit(s1, "new", 128, now);
+    assert!(g > 70);
+}
+
+/// Every free of written bytes is queued for destruction on its store.
+#[test]
+fn frees_are_queued_for_invalidation() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let now = p.at(0);
+    let (g1, r1) = p.commit(c, "removed", OBJ, now);
+    let (g2, r2) = p.start(c, "revoked", OBJ, now);
+    p.remove("removed", false, now).unwrap();
+    p.revoke(c, "revoked").unwrap();
+    let mut got = p.st.take_invalidations();
+    assert_eq!(got.len(), 1);
+    got[0].2.sort();
+    let mut want = vec![(r1[0].offset, g1), (r2[0].offset, g2)];
+    want.sort();
+    assert_eq!(got[0].2, want);
+    assert!(p.st.take_invalidations().is_empty());
 }

@@ -76,6 +76,8 @@ opcodes! {
     Write = 10,
     /// Data plane: read a segment region into the response payload.
     Read = 11,
+    /// Data plane: destroy freed objects so a restart cannot find them.
+    Invalidate = 12,
     /// Control: a client or store announces itself to the master.
     RegisterClient = 20,
     /// Control: liveness ping from a registered client.
@@ -84,6 +86,10 @@ opcodes! {
     MountSegment = 22,
     /// Control: withdraw a segment.
     UnmountSegment = 23,
+    /// Control: the objects a remounted segment holds (restart recovery).
+    ReportObjects = 24,
+    /// Control: stop placing objects on segments, optionally unmount later.
+    DrainSegment = 25,
     /// Control: reserve regions for new objects.
     PutStart = 30,
     /// Control: commit written objects.

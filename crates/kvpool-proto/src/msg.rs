@@ -120,6 +120,23 @@ impl Rpc for ReadReq {
     type Response = ();
 }
 
+/// Destroy freed objects: each `(offset, generation)` is invalidated only if
+/// the object there still carries that generation (the region may already
+/// hold a newer object).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvalidateReq {
+    /// The segment.
+    pub segment: SegmentId,
+    /// Regions freed by the master.
+    pub regions: Vec<(u64, u64)>,
+}
+
+impl Rpc for InvalidateReq {
+    const OPCODE: Opcode = Opcode::Invalidate;
+    /// How many objects were destroyed.
+    type Response = u64;
+}
+
 // ---------------------------------------------------------------- liveness
 
 /// A client or store announces itself; repeated after the master forgot it.
@@ -187,11 +204,75 @@ pub struct MountSegment {
     pub client_id: ClientId,
     /// The segment.
     pub segment: SegmentInfo,
+    /// Objects the segment already holds, reported next with
+    /// [`ReportObjects`]; the segment takes no new objects until the last
+    /// report. 0 for a new or empty segment.
+    pub objects: u64,
 }
 
 impl Rpc for MountSegment {
     const OPCODE: Opcode = Opcode::MountSegment;
     type Response = ();
+}
+
+/// An object found in a segment by a store's scan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryItem {
+    /// The key.
+    pub key: String,
+    /// Generation from its header.
+    pub generation: u64,
+    /// Value bytes.
+    pub value_len: u64,
+    /// Region start.
+    pub offset: u64,
+    /// Region length (rounded up to the allocator's alignment).
+    pub region_len: u64,
+}
+
+/// Part of a remounted segment's inventory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportObjects {
+    /// The lending client.
+    pub client_id: ClientId,
+    /// The segment.
+    pub segment: SegmentId,
+    /// Objects found.
+    pub objects: Vec<InventoryItem>,
+    /// This is the last part: the master reconciles and opens the segment.
+    pub last: bool,
+}
+
+/// The master's verdict on a segment's inventory (on the last report).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryVerdict {
+    /// Objects readable again.
+    pub accepted: u64,
+    /// `(offset, generation)` of objects the store must invalidate: removed,
+    /// replaced by a newer version, or never committed.
+    pub rejected: Vec<(u64, u64)>,
+}
+
+impl Rpc for ReportObjects {
+    const OPCODE: Opcode = Opcode::ReportObjects;
+    type Response = InventoryVerdict;
+}
+
+/// Stop placing new objects on segments (a store shutting down for a
+/// restart, or an operator emptying a node); optionally unmount them after a
+/// grace period, which drops the objects that have no other replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainSegment {
+    /// Segment name, or id in hex.
+    pub segment: String,
+    /// Unmount this many ms from now; `None` keeps the segment mounted.
+    pub unmount_after_ms: Option<u64>,
+}
+
+impl Rpc for DrainSegment {
+    const OPCODE: Opcode = Opcode::DrainSegment;
+    /// The segments now draining.
+    type Response = Vec<SegmentId>;
 }
 
 /// Withdraw a segment; objects with no other replica are dropped.

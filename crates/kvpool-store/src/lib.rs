@@ -5,6 +5,7 @@
 
 pub mod header;
 pub mod node;
+pub mod recovery;
 pub mod segment;
 
 use std::path::PathBuf;
@@ -48,13 +49,21 @@ pub struct StoreConfig {
     pub port: u16,
     /// Segment name for `preferred_segments`; defaults to the data endpoint.
     pub name: Option<String>,
+    /// On shutdown, how long to keep serving after the master stopped placing
+    /// new objects here, so transfers already under way complete.
+    pub shutdown_grace: Duration,
 }
 
-/// Runs a storage node until `shutdown`: opens the segment, serves it, mounts
-/// it (waiting for the master to come up), heartbeats, and unmounts on exit.
+/// Runs a storage node until `shutdown`: opens (or recovers) the segment,
+/// serves it, mounts it with the objects it already holds (waiting for the
+/// master to come up), and heartbeats. On shutdown the segment is drained,
+/// not unmounted: its objects stay in the data dir and are readable again
+/// when the store comes back.
 pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), StoreError> {
     let seg = SegmentFile::open(&cfg.data_dir, cfg.segment_size)?;
-    let node = DataNode::bind(&cfg.address, cfg.port, shutdown.clone())
+    // The data plane outlives the shutdown signal by the grace period.
+    let data_plane = CancellationToken::new();
+    let node = DataNode::bind(&cfg.address, cfg.port, data_plane.clone())
         .await
         .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
     let name = cfg
@@ -71,30 +80,42 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         "store",
         CallPolicy::default(),
     );
-    let reply = loop {
-        match link.register().await {
-            Ok(r) => break r,
-            Err(e) if e.code.is_transient() => {
-                warn!(master = %cfg.master, error = %e, "master not reachable yet; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+    let mounted = async {
+        let reply = loop {
+            match link.register().await {
+                Ok(r) => break r,
+                Err(e) if e.code.is_transient() => {
+                    warn!(master = %cfg.master, error = %e, "master not reachable yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                 }
+                Err(e) => return Err(StoreError::from(e)),
             }
-            Err(e) => return Err(e.into()),
-        }
+        };
+        node.mount_all(&link).await?;
+        Ok(reply)
     };
-    node.mount_all(&link).await?;
+    let reply = tokio::select! {
+        _ = shutdown.cancelled() => {
+            data_plane.cancel();
+            return Ok(());
+        }
+        r = mounted => r?,
+    };
     info!(master = %cfg.master, "segment mounted");
+    let heartbeat = CancellationToken::new();
     link.spawn_heartbeat(
         Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
         node.remount_hook(&link),
-        shutdown.clone(),
+        heartbeat.clone(),
     );
     shutdown.cancelled().await;
-    info!("shutting down: unmounting and finishing in-flight transfers");
-    node.unmount_all(&link).await;
+    info!(grace = ?cfg.shutdown_grace, "shutting down: draining, finishing transfers in flight");
+    node.drain_all(&link).await;
+    tokio::time::sleep(cfg.shutdown_grace).await;
+    heartbeat.cancel();
+    data_plane.cancel();
     node.stopped().await;
     let _ = seg.region.flush();
+    info!("store stopped; its objects stay in the data dir for the next start");
     Ok(())
 }

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use kvpool_proto::frame::Limits;
-use kvpool_proto::msg::{MountSegment, SegmentId, SegmentInfo, UnmountSegment};
+use kvpool_proto::msg::{
+    InventoryItem, MountSegment, ReportObjects, SegmentId, SegmentInfo, UnmountSegment,
+};
 use kvpool_proto::{Code, KvResult};
 use kvpool_transfer::data::{serve_data, SegmentTable};
 use kvpool_transfer::master::RemountHook;
@@ -15,13 +17,17 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::recovery;
 use crate::segment::DATA_BASE;
+
+/// Objects per inventory report: keeps each message far below the frame limit.
+const REPORT_CHUNK: usize = 16 * 1024;
 
 /// A running data-plane server and the segments it lends.
 pub struct DataNode {
     table: Arc<SegmentTable>,
     endpoint: String,
-    segments: Mutex<Vec<SegmentInfo>>,
+    segments: Mutex<Vec<(SegmentInfo, Arc<MappedRegion>)>>,
     tasks: TaskTracker,
 }
 
@@ -35,7 +41,7 @@ impl DataNode {
     ) -> std::io::Result<Arc<DataNode>> {
         let listener = TcpListener::bind((address, port)).await?;
         let endpoint = listener.local_addr()?.to_string();
-        let table = Arc::new(SegmentTable::default());
+        let table = Arc::new(SegmentTable::with_invalidator(recovery::invalidate));
         let tasks = TaskTracker::new();
         tasks.spawn(serve_data(
             listener,
@@ -72,8 +78,8 @@ impl DataNode {
             base,
             size: region.len().saturating_sub(base),
         };
-        self.table.insert(id, region, base);
-        self.segments.lock().push(info.clone());
+        self.table.insert(id, region.clone(), base);
+        self.segments.lock().push((info.clone(), region));
         info
     }
 
@@ -83,28 +89,34 @@ impl DataNode {
         Ok(self.add_segment(SegmentId(rand::random()), name, region, DATA_BASE))
     }
 
-    /// Mounts every segment on the master (again, after a re-register).
+    /// Mounts every segment on the master (again, after a re-register),
+    /// reporting the objects each one already holds so they are readable
+    /// again (restart recovery).
     pub async fn mount_all(&self, link: &MasterLink) -> KvResult<()> {
         let segments = self.segments.lock().clone();
-        for segment in segments {
-            let r = link
-                .call(&MountSegment {
-                    client_id: link.client_id(),
-                    segment,
-                })
-                .await;
-            match r {
-                Ok(()) => {}
-                Err(e) if e.code == Code::SegmentAlreadyExists => {}
-                Err(e) => return Err(e),
-            }
+        for (info, region) in segments {
+            mount_one(link, info, &region).await?;
         }
         Ok(())
     }
 
+    /// Asks the master to place nothing new on this node's segments, keeping
+    /// their objects (best effort, before a restart).
+    pub async fn drain_all(&self, link: &MasterLink) {
+        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|(s, _)| s.id).collect();
+        for id in ids {
+            let _ = link
+                .call_once(&kvpool_proto::msg::DrainSegment {
+                    segment: id.to_string(),
+                    unmount_after_ms: None,
+                })
+                .await;
+        }
+    }
+
     /// Withdraws every segment from the master (best effort, on shutdown).
     pub async fn unmount_all(&self, link: &MasterLink) {
-        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|s| s.id).collect();
+        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|(s, _)| s.id).collect();
         for segment in ids {
             let _ = link
                 .call_once(&UnmountSegment {
@@ -135,4 +147,66 @@ impl DataNode {
     pub async fn stopped(&self) {
         self.tasks.wait().await;
     }
+}
+
+/// Scans one segment, mounts it with its inventory, and invalidates what the
+/// master rejects (removed, superseded or never committed objects).
+async fn mount_one(link: &MasterLink, info: SegmentInfo, region: &MappedRegion) -> KvResult<()> {
+    let t0 = std::time::Instant::now();
+    let (found, stats) = recovery::scan(region, info.base);
+    let scanned = t0.elapsed();
+    let id = info.id;
+    let r = link
+        .call(&MountSegment {
+            client_id: link.client_id(),
+            segment: info,
+            objects: found.len() as u64,
+        })
+        .await;
+    match r {
+        Ok(()) => {}
+        Err(e) if e.code == Code::SegmentAlreadyExists => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    let items: Vec<InventoryItem> = found
+        .into_iter()
+        .map(|f| InventoryItem {
+            key: f.key,
+            generation: f.generation,
+            value_len: f.value_len,
+            offset: f.offset,
+            region_len: f.region_len,
+        })
+        .collect();
+    let chunks: Vec<&[InventoryItem]> = items.chunks(REPORT_CHUNK).collect();
+    let mut verdict = Default::default();
+    for (i, chunk) in chunks.iter().enumerate() {
+        verdict = link
+            .call(&ReportObjects {
+                client_id: link.client_id(),
+                segment: id,
+                objects: chunk.to_vec(),
+                last: i + 1 == chunks.len(),
+            })
+            .await?;
+    }
+    let kvpool_proto::msg::InventoryVerdict { accepted, rejected } = verdict;
+    let invalidated = rejected
+        .iter()
+        .filter(|(off, gen)| recovery::invalidate(region, *off, *gen))
+        .count();
+    tracing::info!(
+        segment = %id,
+        found = stats.objects,
+        torn = stats.torn,
+        accepted,
+        invalidated,
+        scan_ms = scanned.as_millis() as u64,
+        total_ms = t0.elapsed().as_millis() as u64,
+        "segment mounted with its objects"
+    );
+    Ok(())
 }

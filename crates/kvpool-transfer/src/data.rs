@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
-use kvpool_proto::msg::{self, ReadReq, SegmentId, WriteReq};
+use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
@@ -26,13 +26,26 @@ use crate::server::{accept_loop, reject_and_close};
 /// bounds what either side must buffer so pipelining can never deadlock.
 const WINDOW: usize = 64;
 
+/// Destroys the object at `(offset, generation)` in a region if it is still
+/// there; the object format belongs to the store, which provides this.
+pub type Invalidator = fn(&MappedRegion, u64, u64) -> bool;
+
 /// The segments a data server serves, by id.
 #[derive(Default)]
 pub struct SegmentTable {
     map: RwLock<HashMap<SegmentId, (Arc<MappedRegion>, u64)>>,
+    invalidator: Option<Invalidator>,
 }
 
 impl SegmentTable {
+    /// A table whose server answers `Invalidate` with `f`.
+    pub fn with_invalidator(f: Invalidator) -> Self {
+        SegmentTable {
+            map: RwLock::default(),
+            invalidator: Some(f),
+        }
+    }
+
     /// Starts serving `region` as `id`; bytes below `base` (the segment's own
     /// superblock) are never written over the wire.
     pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>, base: u64) {
@@ -151,6 +164,25 @@ async fn data_conn(
                 }
                 region_for(table, req.segment, req.offset, req.len).map(|r| Some((r, req)))
             }),
+            (FrameKind::Request, Opcode::Invalidate) => {
+                let done =
+                    msg::decode::<InvalidateReq>(meta).and_then(|req| invalidate(table, &req));
+                match done {
+                    Ok(n) => {
+                        conn.discard_payload(h.payload_len).await?;
+                        let meta = msg::encode(&n);
+                        let rh = FrameHeader::response(&h, 0, meta.len() as u32, 0);
+                        conn.send_frame(&rh, &meta, &[])
+                            .await
+                            .map_err(|e| io_error("send", e))?;
+                        if !conn.has_buffered_input() {
+                            conn.flush().await.map_err(|e| io_error("send", e))?;
+                        }
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             _ => Err(KvError::new(
                 Code::NotSupported,
                 format!("{} is not served on the data plane", h.opcode.name()),
@@ -185,6 +217,23 @@ async fn data_conn(
             conn.flush().await.map_err(|e| io_error("send", e))?;
         }
     }
+}
+
+fn invalidate(table: &SegmentTable, req: &InvalidateReq) -> KvResult<u64> {
+    let f = table
+        .invalidator
+        .ok_or_else(|| KvError::new(Code::NotSupported, "this server cannot invalidate objects"))?;
+    let (region, _) = table.get(req.segment).ok_or_else(|| {
+        KvError::new(
+            Code::SegmentNotFound,
+            format!("segment {} not served here", req.segment),
+        )
+    })?;
+    Ok(req
+        .regions
+        .iter()
+        .filter(|(off, gen)| f(&region, *off, *gen))
+        .count() as u64)
 }
 
 /// One region write: the concatenation of `parts` goes to `req`'s region.

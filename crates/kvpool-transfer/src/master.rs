@@ -21,8 +21,11 @@ use crate::conn::ConnPool;
 pub struct CallPolicy {
     /// Limit for one attempt (connect included).
     pub timeout: Duration,
-    /// Extra attempts after a transient failure.
+    /// Most extra attempts after transient failures.
     pub retries: u32,
+    /// Transient failures are retried only while the call is younger than
+    /// this (long enough to ride out a master failover).
+    pub retry_for: Duration,
     /// First backoff; doubles per retry.
     pub backoff: Duration,
 }
@@ -31,7 +34,8 @@ impl Default for CallPolicy {
     fn default() -> Self {
         CallPolicy {
             timeout: Duration::from_secs(10),
-            retries: 5,
+            retries: 50,
+            retry_for: Duration::from_secs(15),
             backoff: Duration::from_millis(20),
         }
     }
@@ -46,6 +50,7 @@ where
 {
     let mut backoff = policy.backoff;
     let mut tries = 0;
+    let start = tokio::time::Instant::now();
     loop {
         let r = match tokio::time::timeout(policy.timeout, attempt()).await {
             Ok(r) => r,
@@ -55,12 +60,16 @@ where
             )),
         };
         match r {
-            Err(e) if e.code.is_transient() && tries < policy.retries => {
+            Err(e)
+                if e.code.is_transient()
+                    && tries < policy.retries
+                    && start.elapsed() < policy.retry_for =>
+            {
                 tries += 1;
                 // Jitter spreads out clients that failed together.
                 let jitter = backoff.mul_f64(rand::random::<f64>());
                 tokio::time::sleep(backoff + jitter).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                backoff = (backoff * 2).min(Duration::from_millis(500));
             }
             r => return r,
         }

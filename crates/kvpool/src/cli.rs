@@ -28,6 +28,8 @@ pub enum Command {
     Up(UpArgs),
     /// Print the cluster: segments, capacity, used, keys.
     Status(StatusArgs),
+    /// Take a segment out of the pool: no new objects now, unmounted after a grace period.
+    Drain(DrainArgs),
     /// Generate load and print throughput and latency.
     Bench(crate::bench::BenchArgs),
 }
@@ -175,6 +177,9 @@ pub struct StoreArgs {
     /// Segment name for preferred_segments (default: the data address).
     #[arg(long, env = "KVPOOL_SEGMENT_NAME")]
     pub name: Option<String>,
+    /// On SIGTERM, keep serving this long after new placements stop.
+    #[arg(long, env = "KVPOOL_SHUTDOWN_GRACE", default_value = "1s", value_parser = seconds)]
+    pub shutdown_grace: Duration,
 }
 
 impl StoreArgs {
@@ -187,6 +192,7 @@ impl StoreArgs {
             address: self.address.clone(),
             port: self.port,
             name: self.name.clone(),
+            shutdown_grace: self.shutdown_grace,
         }
     }
 }
@@ -210,8 +216,25 @@ pub struct StatusArgs {
     pub master: String,
 }
 
-/// Asks the master for the cluster status (one attempt, 5 s limit).
-pub async fn fetch_status(master: &str) -> anyhow::Result<ClusterStatus> {
+#[derive(Args, Debug, Clone)]
+pub struct DrainArgs {
+    /// Master RPC address host:port.
+    #[arg(long, env = "KVPOOL_MASTER", default_value = "127.0.0.1:50051")]
+    pub master: String,
+    /// Segment name (as in `kvpool status`) or id.
+    #[arg(long)]
+    pub segment: String,
+    /// Time readers and writers in flight get before the segment is unmounted
+    /// (its objects with no other replica are then gone).
+    #[arg(long, default_value = "30s", value_parser = seconds)]
+    pub grace: Duration,
+}
+
+/// One control call to the master outside any client session (5 s limit).
+pub async fn call_master<R: kvpool_proto::msg::Rpc>(
+    master: &str,
+    req: &R,
+) -> anyhow::Result<R::Response> {
     let pool = kvpool_transfer::ConnPool::new(
         master,
         "cli",
@@ -219,13 +242,14 @@ pub async fn fetch_status(master: &str) -> anyhow::Result<ClusterStatus> {
         Duration::from_secs(5),
         1,
     );
-    let st = tokio::time::timeout(
-        Duration::from_secs(5),
-        pool.call(&kvpool_proto::msg::Status {}),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??;
-    Ok(st)
+    Ok(tokio::time::timeout(Duration::from_secs(5), pool.call(req))
+        .await
+        .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??)
+}
+
+/// Asks the master for the cluster status (one attempt, 5 s limit).
+pub async fn fetch_status(master: &str) -> anyhow::Result<ClusterStatus> {
+    call_master(master, &kvpool_proto::msg::Status {}).await
 }
 
 /// Bytes with a binary unit, for people.

@@ -81,6 +81,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 address: master.rpc_addr.ip().to_string(),
                 port: 0,
                 name: None,
+                shutdown_grace: std::time::Duration::ZERO,
             };
             let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
             println!(
@@ -102,6 +103,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(s) => {
             let st = cli::fetch_status(&s.master).await?;
             print!("{}", cli::format_status(&s.master, &st));
+        }
+        Command::Drain(d) => {
+            let req = kvpool_proto::msg::DrainSegment {
+                segment: d.segment.clone(),
+                unmount_after_ms: Some(d.grace.as_millis() as u64),
+            };
+            let ids = cli::call_master(&d.master, &req).await?;
+            for id in ids {
+                println!(
+                    "segment {} ({id}) draining; unmounted in {:?}",
+                    d.segment, d.grace
+                );
+            }
         }
         Command::Bench(b) => {
             if !bench::run(b).await? {

@@ -63,7 +63,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let mut cmd = Command::new(BIN);
+    binary_command(Path::new(BIN), args)
+}
+
+/// Like [`kvpool_command`] for another copy of the binary (an upgrade).
+pub fn binary_command<I, S>(bin: &Path, args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(bin);
     cmd.args(args).stdin(Stdio::null());
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
@@ -130,15 +139,24 @@ impl Process {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        Process::spawn_bin(name, Path::new(BIN), args, log_dir)
+    }
+
+    /// Like [`Process::spawn`] with another copy of the binary.
+    pub fn spawn_bin<I, S>(name: &str, bin: &Path, args: I, log_dir: &Path) -> Process
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let stdout = log_dir.join(format!("{name}.stdout"));
         let stderr = log_dir.join(format!("{name}.stderr"));
         let file =
             |p: &Path| File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
-        let child = kvpool_command(args)
+        let child = binary_command(bin, args)
             .stdout(file(&stdout))
             .stderr(file(&stderr))
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {BIN} for {name}: {e}"));
+            .unwrap_or_else(|e| panic!("spawn {} for {name}: {e}", bin.display()));
         Process {
             name: name.to_string(),
             child,
@@ -213,6 +231,14 @@ impl Process {
             let _ = self.child.kill();
             self.exit = self.child.wait().ok();
             self.killed = true;
+        }
+    }
+
+    /// Sends SIGTERM (a graceful stop); see [`Process::wait_exit`].
+    pub fn terminate(&mut self) {
+        if self.try_exit().is_none() {
+            // SAFETY: plain syscall on the pid of a child we have not reaped.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         }
     }
 
@@ -297,9 +323,32 @@ pub fn spawn_store(
     data_dir: &Path,
     log_dir: &Path,
 ) -> Process {
-    let data_dir = data_dir.to_string_lossy();
-    Process::spawn(
+    spawn_store_bin(
+        Path::new(BIN),
         name,
+        name,
+        master,
+        segment_size,
+        data_dir,
+        log_dir,
+    )
+}
+
+/// [`spawn_store`] with another copy of the binary (an upgrade), logging as
+/// `log_name`.
+pub fn spawn_store_bin(
+    bin: &Path,
+    log_name: &str,
+    name: &str,
+    master: &str,
+    segment_size: &str,
+    data_dir: &Path,
+    log_dir: &Path,
+) -> Process {
+    let data_dir = data_dir.to_string_lossy();
+    Process::spawn_bin(
+        log_name,
+        bin,
         [
             "store",
             "--master",
@@ -490,7 +539,10 @@ impl ClusterBuilder {
             master_addr: rpc,
             metrics_addr: metrics,
             master: process,
+            master_flags: flags,
             stores,
+            segment_size: self.segment_size,
+            restarts: 0,
             dir,
         }
     }
@@ -503,7 +555,10 @@ pub struct Cluster {
     /// Master metrics/admin HTTP address.
     pub metrics_addr: String,
     master: Process,
+    master_flags: Vec<(String, String)>,
     stores: Vec<Process>,
+    segment_size: String,
+    restarts: usize,
     // Declared last: removed only after every process above is dead.
     dir: TempDir,
 }
@@ -537,9 +592,60 @@ impl Cluster {
         Process::spawn(name, args, &self.dir.path().join("logs"))
     }
 
-    /// SIGKILLs store `i` (no unmount, no goodbye) and reaps it.
+    /// SIGKILLs store `i` (no drain, no goodbye) and reaps it.
     pub fn kill9_store(&mut self, i: usize) {
         self.stores[i].kill9();
+    }
+
+    /// Starts store `i` again on its data dir (after a kill or a stop),
+    /// from `bin` (another copy of the binary: an upgrade) or the default.
+    pub fn restart_store(&mut self, i: usize, bin: Option<&Path>) {
+        let name = Cluster::store_name(i);
+        let logs = self.dir.path().join("logs");
+        self.restarts += 1;
+        self.stores[i] = spawn_store_bin(
+            bin.unwrap_or(Path::new(BIN)),
+            &format!("{name}.restart{}", self.restarts),
+            &name,
+            &self.master_addr,
+            &self.segment_size,
+            &self.dir.path().join(&name),
+            &logs,
+        );
+    }
+
+    /// The store process `i`, e.g. to signal it.
+    pub fn store(&mut self, i: usize) -> &mut Process {
+        &mut self.stores[i]
+    }
+
+    /// SIGKILLs the master.
+    pub fn kill9_master(&mut self) {
+        self.master.kill9();
+    }
+
+    /// Starts the master again on the same ports and flags (no HA: it comes
+    /// back empty and rebuilds from the stores).
+    pub async fn restart_master(&mut self) {
+        let port = |a: &str| a.rsplit(':').next().unwrap_or_default().to_string();
+        let mut args = vec![
+            "master".to_string(),
+            "--rpc-port".into(),
+            port(&self.master_addr),
+            "--metrics-port".into(),
+            port(&self.metrics_addr),
+        ];
+        for (f, v) in &self.master_flags {
+            args.extend([f.clone(), v.clone()]);
+        }
+        self.restarts += 1;
+        let log = format!("master.restart{}", self.restarts);
+        self.master = Process::spawn(&log, args, &self.dir.path().join("logs"));
+        let addr = self.master_addr.clone();
+        eventually("the restarted master to listen", STARTUP, async || {
+            tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
+        })
+        .await;
     }
 
     /// A connected client with default settings.
