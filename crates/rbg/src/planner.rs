@@ -1,0 +1,784 @@
+//! The planner: pure decisions, no I/O and no clock.
+//!
+//! A runtime (the local process runtime, later a Kubernetes controller)
+//! observes its instances, calls [`plan`] with the desired roles, the
+//! observations and the current time, executes the returned [`Action`]s and
+//! calls again on its next pass. Every rule of RBG.md §3 and §5 lives here so
+//! it can be table-tested without processes:
+//!
+//! - dependency levels and cycle detection ([`levels`]);
+//! - dependency gating, re-checked on every pass: a role whose dependencies
+//!   are not all fully ready gets no action at all (frozen);
+//! - scaling (create missing indexes, delete indexes beyond `replicas`);
+//! - rolling updates in decreasing index order within `maxUnavailable`,
+//!   with `maxSurge` extra instances and `partition`; in place when only
+//!   images changed and the role allows it, otherwise recreate;
+//! - coordination of rollouts (`maxSkew` between updated fractions, slowest
+//!   first) and of scaling (RBG.md §5 formula, `progression`);
+//! - restart policies after a crash, with exponential backoff.
+//!
+//! Crash restarts are the one thing not gated by dependencies: on Kubernetes
+//! the kubelet restarts a container whatever the controller thinks, and the
+//! local runtime does the same.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::revision;
+use crate::spec::{
+    CoordinationPolicy, Group, Progression, RestartPolicy, Role, UpdatePolicy, UpdateType,
+};
+
+/// Milliseconds on the runtime's monotonic clock; only differences matter.
+pub type Millis = u64;
+
+/// A problem with the dependency graph.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    /// A role depends on a role that does not exist.
+    #[error("role {role:?}: dependencies: unknown role {dependency:?}")]
+    UnknownDependency {
+        /// The role declaring the dependency.
+        role: String,
+        /// The missing role.
+        dependency: String,
+    },
+    /// The dependencies loop; the roles are listed along the loop.
+    #[error("dependency cycle: {}", cycle_text(.0))]
+    Cycle(Vec<String>),
+}
+
+fn cycle_text(c: &[String]) -> String {
+    let mut parts: Vec<&str> = c.iter().map(String::as_str).collect();
+    if let Some(first) = c.first() {
+        parts.push(first);
+    }
+    parts.join(" -> ")
+}
+
+/// Sorts roles into levels: level 0 has no dependencies, and a role's level
+/// is 1 + the highest level of its dependencies. Within a level, roles keep
+/// the order of `roles`. `roles` is `(name, dependencies)`.
+pub fn levels(roles: &[(&str, Vec<&str>)]) -> Result<Vec<Vec<String>>, GraphError> {
+    let index: BTreeMap<&str, usize> = roles
+        .iter()
+        .enumerate()
+        .map(|(i, (n, _))| (*n, i))
+        .collect();
+    for (name, deps) in roles {
+        for d in deps {
+            if !index.contains_key(d) {
+                return Err(GraphError::UnknownDependency {
+                    role: name.to_string(),
+                    dependency: d.to_string(),
+                });
+            }
+        }
+    }
+    // Depth-first search with colours; the grey path is the cycle when a
+    // grey node is met again.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        White,
+        Grey,
+        Black,
+    }
+    let n = roles.len();
+    let mut mark = vec![Mark::White; n];
+    let mut level = vec![0usize; n];
+    let mut path: Vec<usize> = Vec::new();
+
+    fn visit(
+        v: usize,
+        roles: &[(&str, Vec<&str>)],
+        index: &BTreeMap<&str, usize>,
+        mark: &mut [Mark],
+        level: &mut [usize],
+        path: &mut Vec<usize>,
+    ) -> Result<(), GraphError> {
+        mark[v] = Mark::Grey;
+        path.push(v);
+        let mut lv = 0;
+        for d in &roles[v].1 {
+            let Some(&u) = index.get(d) else { continue };
+            match mark[u] {
+                Mark::Grey => {
+                    let start = path.iter().position(|&p| p == u).unwrap_or(0);
+                    let cycle = path[start..]
+                        .iter()
+                        .map(|&i| roles[i].0.to_string())
+                        .collect();
+                    return Err(GraphError::Cycle(cycle));
+                }
+                Mark::White => visit(u, roles, index, mark, level, path)?,
+                Mark::Black => {}
+            }
+            lv = lv.max(level[u] + 1);
+        }
+        level[v] = lv;
+        mark[v] = Mark::Black;
+        path.pop();
+        Ok(())
+    }
+
+    for v in 0..n {
+        if mark[v] == Mark::White {
+            visit(v, roles, &index, &mut mark, &mut level, &mut path)?;
+        }
+    }
+    let depth = level.iter().copied().max().map_or(0, |m| m + 1);
+    let mut out = vec![Vec::new(); depth];
+    for (i, (name, _)) in roles.iter().enumerate() {
+        out[level[i]].push(name.to_string());
+    }
+    Ok(out)
+}
+
+/// Levels of a validated group (validation already rejected cycles).
+pub fn group_levels(g: &Group) -> Vec<Vec<String>> {
+    let edges: Vec<(&str, Vec<&str>)> = g
+        .roles
+        .iter()
+        .map(|r| {
+            (
+                r.name.as_str(),
+                r.dependencies.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    // Unreachable for a validated group; one flat level keeps callers simple.
+    levels(&edges).unwrap_or_else(|_| vec![g.roles.iter().map(|r| r.name.clone()).collect()])
+}
+
+/// What the planner needs to know about one role's desired state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredRole {
+    /// Role name.
+    pub name: String,
+    /// Instances wanted.
+    pub replicas: u32,
+    /// Roles that must be fully ready before this one is touched.
+    pub dependencies: Vec<String>,
+    /// The revision instances move to.
+    pub revision: String,
+    /// The revision's shape (template without images).
+    pub shape: String,
+    /// The revision before the latest change, used to recreate a missing
+    /// instance below the partition; `None` means use `revision`.
+    pub current_revision: Option<String>,
+    /// Rolling-update parameters.
+    pub update: UpdatePolicy,
+    /// What a crash triggers.
+    pub restart_policy: RestartPolicy,
+}
+
+impl DesiredRole {
+    /// The desired state of a validated role.
+    pub fn from_role(r: &Role) -> DesiredRole {
+        DesiredRole {
+            name: r.name.clone(),
+            replicas: r.replicas,
+            dependencies: r.dependencies.clone(),
+            revision: revision::revision(&r.template),
+            shape: revision::shape(&r.template),
+            current_revision: None,
+            update: r.update,
+            restart_policy: r.restart_policy,
+        }
+    }
+}
+
+/// An unhandled container exit of an instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crash {
+    /// When the exit was seen.
+    pub at: Millis,
+    /// Consecutive crashes without a healthy run in between (1 for the first).
+    pub streak: u32,
+}
+
+/// What a runtime observed about one instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedInstance {
+    /// Instance index.
+    pub index: u32,
+    /// Revision it runs (or is being moved to).
+    pub revision: String,
+    /// Shape of that revision.
+    pub shape: String,
+    /// Readiness probe passing (or running, without a probe).
+    pub ready: bool,
+    /// Its processes are started and alive ("scheduled").
+    pub running: bool,
+    /// Container restarts so far.
+    pub restarts: u32,
+    /// Set while a container exit waits for the planner's decision.
+    pub crash: Option<Crash>,
+    /// An earlier action is still being carried out (e.g. stopping); the
+    /// planner leaves the instance alone.
+    pub busy: bool,
+}
+
+/// Observations of every role, by role name.
+pub type Observed = BTreeMap<String, Vec<ObservedInstance>>;
+
+/// Exponential backoff for crash restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delay before the first restart.
+    pub base_ms: Millis,
+    /// Upper bound of the delay.
+    pub max_ms: Millis,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base_ms: 1_000,
+            max_ms: 60_000,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before restarting after the `streak`-th consecutive crash.
+    pub fn delay(&self, streak: u32) -> Millis {
+        let shift = streak.saturating_sub(1).min(32);
+        self.base_ms.saturating_mul(1u64 << shift).min(self.max_ms)
+    }
+}
+
+/// One decision for a runtime to carry out.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Action {
+    /// Start a new instance at `revision`.
+    Create {
+        /// Role name.
+        role: String,
+        /// Instance index.
+        index: u32,
+        /// Revision to run.
+        revision: String,
+    },
+    /// Stop the instance and delete its volumes.
+    Delete {
+        /// Role name.
+        role: String,
+        /// Instance index.
+        index: u32,
+    },
+    /// Restart the instance's containers at `revision`, keeping its
+    /// identity, address and volumes.
+    RestartInPlace {
+        /// Role name.
+        role: String,
+        /// Instance index.
+        index: u32,
+        /// Revision to run.
+        revision: String,
+    },
+    /// Delete the instance and create it again at `revision`.
+    Recreate {
+        /// Role name.
+        role: String,
+        /// Instance index.
+        index: u32,
+        /// Revision to run.
+        revision: String,
+    },
+    /// Stop every instance (reverse dependency order) and delete them; the
+    /// following passes create the group again in dependency order.
+    RecreateGroup {
+        /// What triggered it, for the user.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Create {
+                role,
+                index,
+                revision,
+            } => write!(f, "create {role}-{index} at {revision}"),
+            Action::Delete { role, index } => write!(f, "delete {role}-{index}"),
+            Action::RestartInPlace {
+                role,
+                index,
+                revision,
+            } => write!(f, "restart {role}-{index} in place at {revision}"),
+            Action::Recreate {
+                role,
+                index,
+                revision,
+            } => write!(f, "recreate {role}-{index} at {revision}"),
+            Action::RecreateGroup { reason } => write!(f, "recreate the group: {reason}"),
+        }
+    }
+}
+
+/// Why a role did not move on this pass (for progress output).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// The role is frozen until `dependency` has all replicas ready.
+    Dependency {
+        /// The frozen role.
+        role: String,
+        /// The first dependency not fully ready.
+        dependency: String,
+    },
+    /// A crashed instance waits for its backoff to end at `until`.
+    Backoff {
+        /// Role name.
+        role: String,
+        /// Instance index.
+        index: u32,
+        /// When it will be restarted.
+        until: Millis,
+    },
+}
+
+/// The result of one planning pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Actions to carry out now, in order.
+    pub actions: Vec<Action>,
+    /// Roles and instances that are waiting, and on what.
+    pub waiting: Vec<Wait>,
+}
+
+/// Everything one planning pass looks at.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanInput<'a> {
+    /// Desired roles, in spec order.
+    pub roles: &'a [DesiredRole],
+    /// Coordination entries of the group.
+    pub coordination: &'a [CoordinationPolicy],
+    /// What the runtime observed.
+    pub observed: &'a Observed,
+    /// Current time.
+    pub now: Millis,
+    /// Crash restart backoff.
+    pub backoff: Backoff,
+}
+
+/// Small tolerance so that e.g. 0.1 × 200 floors to 20, not 19.
+const EPS: f64 = 1e-9;
+
+fn instances<'a>(o: &'a Observed, role: &str) -> &'a [ObservedInstance] {
+    o.get(role).map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// Ready instances with index below `replicas`.
+pub fn ready_count(r: &DesiredRole, o: &Observed) -> u32 {
+    let n = instances(o, &r.name)
+        .iter()
+        .filter(|i| i.index < r.replicas && i.ready && !i.busy)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// True when every replica of the role is ready (RBG.md §3).
+pub fn role_ready(r: &DesiredRole, o: &Observed) -> bool {
+    ready_count(r, o) == r.replicas
+}
+
+/// True when every role has all replicas ready.
+pub fn group_ready(roles: &[DesiredRole], o: &Observed) -> bool {
+    roles.iter().all(|r| role_ready(r, o))
+}
+
+/// Instances with index below `replicas` at the desired revision.
+pub fn updated_count(r: &DesiredRole, o: &Observed) -> u32 {
+    let n = instances(o, &r.name)
+        .iter()
+        .filter(|i| i.index < r.replicas && i.revision == r.revision)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Instances with index below `replicas` at the desired revision and ready.
+pub fn updated_ready_count(r: &DesiredRole, o: &Observed) -> u32 {
+    let n = instances(o, &r.name)
+        .iter()
+        .filter(|i| i.index < r.replicas && i.revision == r.revision && i.ready && !i.busy)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The rolling-update parameters of a role after coordination overrides.
+fn effective_update(
+    r: &DesiredRole,
+    coordination: &[CoordinationPolicy],
+) -> (UpdatePolicy, Option<f64>) {
+    let mut u = r.update;
+    let mut skew = None;
+    for c in coordination {
+        if let Some(ru) = &c.rolling_update {
+            if c.roles.iter().any(|n| n == &r.name) {
+                if let Some(p) = ru.partition {
+                    u.partition = p;
+                }
+                if let Some(m) = ru.max_unavailable {
+                    u.max_unavailable = m;
+                }
+                skew = Some(ru.max_skew);
+            }
+        }
+    }
+    (u, skew)
+}
+
+/// `(partition, maxUnavailable, maxSurge)` as instance counts for `replicas`.
+fn resolved(u: &UpdatePolicy, replicas: u32) -> (u32, u32, u32) {
+    // A percentage partition rounds up so that "20%" never updates more
+    // than 80% of the role.
+    let partition = u.partition.of(replicas, true).min(replicas);
+    let mut unavailable = u.max_unavailable.of(replicas, false);
+    let surge = u.max_surge.of(replicas, true).min(replicas - partition);
+    if unavailable == 0 && surge == 0 {
+        // Percentages can round both to 0 for small roles; Kubernetes then
+        // allows one unavailable so the update can proceed.
+        unavailable = 1;
+    }
+    (partition, unavailable, surge)
+}
+
+/// How many of each coordinated role's instances (index < replicas) may be
+/// at the new revision after this pass; roles absent are not capped.
+fn rollout_caps(
+    roles: &[DesiredRole],
+    coordination: &[CoordinationPolicy],
+    o: &Observed,
+) -> BTreeMap<String, u32> {
+    let mut caps = BTreeMap::new();
+    for c in coordination {
+        let Some(ru) = &c.rolling_update else {
+            continue;
+        };
+        let members: Vec<&DesiredRole> = roles
+            .iter()
+            .filter(|r| c.roles.iter().any(|n| n == &r.name) && r.replicas > 0)
+            .collect();
+        // Progress of the slowest unfinished role, counted on ready updated
+        // instances so that an update in flight does not let others run ahead.
+        let mut min_f: Option<f64> = None;
+        for r in &members {
+            let (u, _) = effective_update(r, coordination);
+            let (partition, _, _) = resolved(&u, r.replicas);
+            let goal = r.replicas - partition;
+            let ready = updated_ready_count(r, o);
+            if ready < goal {
+                let f = f64::from(ready) / f64::from(r.replicas);
+                min_f = Some(min_f.map_or(f, |m: f64| m.min(f)));
+            }
+        }
+        let Some(min_f) = min_f else { continue };
+        for r in &members {
+            let n = f64::from(r.replicas);
+            let mut cap = ((min_f + ru.max_skew) * n + EPS).floor() as u32;
+            let updated = updated_count(r, o);
+            let ready = updated_ready_count(r, o);
+            let f = f64::from(ready) / n;
+            // When maxSkew is finer than one instance of this role, the
+            // slowest role still takes one step at a time, else nothing moves.
+            if cap <= updated && updated == ready && (f - min_f).abs() < EPS {
+                cap = updated + 1;
+            }
+            caps.insert(r.name.clone(), cap.min(r.replicas));
+        }
+    }
+    caps
+}
+
+/// How many instances (index < replicas) of each scaling-coordinated role
+/// may exist after this pass; roles absent are not capped.
+fn scaling_caps(
+    roles: &[DesiredRole],
+    coordination: &[CoordinationPolicy],
+    o: &Observed,
+) -> BTreeMap<String, u32> {
+    let mut caps = BTreeMap::new();
+    for c in coordination {
+        let Some(sc) = &c.scaling else { continue };
+        let members: Vec<&DesiredRole> = roles
+            .iter()
+            .filter(|r| c.roles.iter().any(|n| n == &r.name) && r.replicas > 0)
+            .collect();
+        let progress = |r: &DesiredRole| -> u32 {
+            let n = instances(o, &r.name)
+                .iter()
+                .filter(|i| i.index < r.replicas && !i.busy)
+                .filter(|i| match sc.progression {
+                    Progression::OrderScheduled => i.running || i.ready,
+                    Progression::OrderReady => i.ready,
+                })
+                .count();
+            u32::try_from(n).unwrap_or(u32::MAX)
+        };
+        let min_p = members
+            .iter()
+            .map(|r| f64::from(progress(r)) / f64::from(r.replicas))
+            .fold(1.0f64, f64::min);
+        for r in &members {
+            let n = f64::from(r.replicas);
+            let mut cap = ((min_p + sc.max_skew) * n - EPS).ceil().max(0.0) as u32;
+            let p = progress(r);
+            if cap <= p && (f64::from(p) / n - min_p).abs() < EPS {
+                // maxSkew 0: the slowest role still moves one at a time.
+                cap = p + 1;
+            }
+            caps.insert(r.name.clone(), cap.min(r.replicas));
+        }
+    }
+    caps
+}
+
+/// One planning pass: the actions that move the observed state towards the
+/// desired one without breaking any rule. Calling it again after the actions
+/// took effect continues the work; it is idempotent for unchanged input.
+pub fn plan(input: PlanInput<'_>) -> Plan {
+    let PlanInput {
+        roles,
+        coordination,
+        observed,
+        now,
+        backoff,
+    } = input;
+    let mut out = Plan::default();
+    let mut handled: BTreeSet<(String, u32)> = BTreeSet::new();
+
+    // Crashes first: they are not gated by dependencies (see module docs).
+    for r in roles {
+        for i in instances(observed, &r.name) {
+            let Some(c) = i.crash else { continue };
+            // Instances being scaled away are deleted by plan_role instead.
+            if i.busy || i.index >= r.replicas {
+                continue;
+            }
+            handled.insert((r.name.clone(), i.index));
+            let until = c.at.saturating_add(backoff.delay(c.streak));
+            if now < until {
+                out.waiting.push(Wait::Backoff {
+                    role: r.name.clone(),
+                    index: i.index,
+                    until,
+                });
+                continue;
+            }
+            match r.restart_policy {
+                RestartPolicy::RecreateRBGOnPodRestart => {
+                    return Plan {
+                        actions: vec![Action::RecreateGroup {
+                            reason: format!(
+                                "instance {}-{} of role {:?} restarted and the role has restartPolicy RecreateRBGOnPodRestart",
+                                r.name, i.index, r.name
+                            ),
+                        }],
+                        waiting: Vec::new(),
+                    };
+                }
+                RestartPolicy::RecreateRoleInstanceOnPodRestart => {
+                    out.actions.push(Action::Recreate {
+                        role: r.name.clone(),
+                        index: i.index,
+                        revision: i.revision.clone(),
+                    })
+                }
+                RestartPolicy::None => out.actions.push(Action::RestartInPlace {
+                    role: r.name.clone(),
+                    index: i.index,
+                    revision: i.revision.clone(),
+                }),
+            }
+        }
+    }
+
+    let rollout_caps = rollout_caps(roles, coordination, observed);
+    let scaling_caps = scaling_caps(roles, coordination, observed);
+    let by_name: BTreeMap<&str, &DesiredRole> =
+        roles.iter().map(|r| (r.name.as_str(), r)).collect();
+
+    for r in roles {
+        if let Some(dep) = r.dependencies.iter().find(|d| {
+            by_name
+                .get(d.as_str())
+                .is_some_and(|dr| !role_ready(dr, observed))
+        }) {
+            out.waiting.push(Wait::Dependency {
+                role: r.name.clone(),
+                dependency: dep.clone(),
+            });
+            continue;
+        }
+        plan_role(
+            r,
+            coordination,
+            observed,
+            rollout_caps.get(&r.name).copied(),
+            scaling_caps.get(&r.name).copied(),
+            &handled,
+            &mut out.actions,
+        );
+    }
+    out
+}
+
+/// Scaling and rolling update of one unfrozen role.
+fn plan_role(
+    r: &DesiredRole,
+    coordination: &[CoordinationPolicy],
+    observed: &Observed,
+    rollout_cap: Option<u32>,
+    scaling_cap: Option<u32>,
+    handled: &BTreeSet<(String, u32)>,
+    actions: &mut Vec<Action>,
+) {
+    let insts = instances(observed, &r.name);
+    let by_index: BTreeMap<u32, &ObservedInstance> = insts.iter().map(|i| (i.index, i)).collect();
+    let (u, _) = effective_update(r, coordination);
+    let (partition, max_unavailable, max_surge) = resolved(&u, r.replicas);
+    let is_handled = |i: u32| handled.contains(&(r.name.clone(), i));
+
+    // Rollout state: an instance in [partition, replicas) is pending until it
+    // runs the desired revision and is ready.
+    let pending = (partition..r.replicas)
+        .filter(|ix| {
+            by_index
+                .get(ix)
+                .is_none_or(|i| i.revision != r.revision || !i.ready || i.busy)
+        })
+        .count();
+    let outdated = (partition..r.replicas)
+        .filter(|ix| by_index.get(ix).is_some_and(|i| i.revision != r.revision))
+        .count();
+    // Surge instances exist while old ones remain, and stay until the
+    // updated ones are all ready (so availability never dips at the end).
+    let surge = if outdated > 0 || (pending > 0 && insts.iter().any(|i| i.index >= r.replicas)) {
+        max_surge
+    } else {
+        0
+    };
+
+    // Scale down, and surge instances no longer wanted or at a stale revision.
+    for i in insts.iter().rev() {
+        if i.busy || is_handled(i.index) || i.index < r.replicas {
+            continue;
+        }
+        if i.index >= r.replicas + surge || i.revision != r.revision {
+            actions.push(Action::Delete {
+                role: r.name.clone(),
+                index: i.index,
+            });
+        }
+    }
+
+    // Scale up (capped by scaling coordination), then surge instances.
+    let existing =
+        u32::try_from(insts.iter().filter(|i| i.index < r.replicas).count()).unwrap_or(u32::MAX);
+    let mut may_create = scaling_cap.map_or(u32::MAX, |c| c.saturating_sub(existing));
+    for ix in 0..r.replicas {
+        if by_index.contains_key(&ix) || may_create == 0 {
+            continue;
+        }
+        may_create -= 1;
+        let revision = match &r.current_revision {
+            Some(cur) if ix < partition => cur.clone(),
+            _ => r.revision.clone(),
+        };
+        actions.push(Action::Create {
+            role: r.name.clone(),
+            index: ix,
+            revision,
+        });
+    }
+    for ix in r.replicas..r.replicas + surge {
+        if !by_index.contains_key(&ix) {
+            actions.push(Action::Create {
+                role: r.name.clone(),
+                index: ix,
+                revision: r.revision.clone(),
+            });
+        }
+    }
+
+    if outdated == 0 {
+        return;
+    }
+    // Rolling update. Availability counts every ready instance, surge ones
+    // included, against the floor replicas - maxUnavailable.
+    let ready_now = i64::try_from(
+        insts
+            .iter()
+            .filter(|i| i.ready && !i.busy && i.index < r.replicas + surge)
+            .count(),
+    )
+    .unwrap_or(i64::MAX);
+    let floor = i64::from(r.replicas) - i64::from(max_unavailable);
+    let mut budget = ready_now - floor;
+    let mut updated = updated_count(r, observed);
+    for ix in (partition..r.replicas).rev() {
+        let Some(i) = by_index.get(&ix) else { continue };
+        if i.revision == r.revision {
+            continue;
+        }
+        if i.busy || is_handled(ix) {
+            // Strict order: a busy outdated instance blocks lower indexes.
+            break;
+        }
+        if rollout_cap.is_some_and(|cap| updated >= cap) {
+            break;
+        }
+        if i.ready {
+            if budget <= 0 {
+                break;
+            }
+            budget -= 1;
+        }
+        updated += 1;
+        let in_place = u.kind == UpdateType::InPlaceIfPossible && i.shape == r.shape;
+        actions.push(if in_place {
+            Action::RestartInPlace {
+                role: r.name.clone(),
+                index: ix,
+                revision: r.revision.clone(),
+            }
+        } else {
+            Action::Recreate {
+                role: r.name.clone(),
+                index: ix,
+                revision: r.revision.clone(),
+            }
+        });
+    }
+}
+
+/// The maximum difference of updated fractions between roles of a
+/// coordination, counting `ready_only` instances or all switched ones.
+pub fn coordination_skew(
+    c: &CoordinationPolicy,
+    roles: &[DesiredRole],
+    o: &Observed,
+    ready_only: bool,
+) -> f64 {
+    let fracs: Vec<f64> = roles
+        .iter()
+        .filter(|r| c.roles.iter().any(|n| n == &r.name) && r.replicas > 0)
+        .map(|r| {
+            let k = if ready_only {
+                updated_ready_count(r, o)
+            } else {
+                updated_count(r, o)
+            };
+            f64::from(k) / f64::from(r.replicas)
+        })
+        .collect();
+    let max = fracs.iter().copied().fold(f64::MIN, f64::max);
+    let min = fracs.iter().copied().fold(f64::MAX, f64::min);
+    if fracs.is_empty() {
+        0.0
+    } else {
+        max - min
+    }
+}
