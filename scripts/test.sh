@@ -11,6 +11,14 @@ if ! command -v cargo >/dev/null; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
+# The HA tests start a real etcd (Debian's etcd-server).
+if ! command -v etcd >/dev/null; then
+  echo "== installing etcd-server"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

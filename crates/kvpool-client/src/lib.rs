@@ -121,7 +121,7 @@ impl Client {
             &cfg.hostname,
             "client",
             policy,
-        );
+        )?;
         let reply = link.register().await?;
         let shutdown = CancellationToken::new();
         let node = if cfg.segment_size > 0 {

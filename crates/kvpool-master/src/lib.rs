@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod eviction;
+pub mod ha;
 pub mod http;
 pub mod metrics;
 pub mod placement;
@@ -49,6 +50,11 @@ pub struct MasterConfig {
     pub http_metadata_server_port: u16,
     /// Leases, pins, eviction and liveness.
     pub state: StateConfig,
+    /// Leadership through etcd; `None` runs a single master.
+    pub ha: Option<ha::HaConfig>,
+    /// After taking over (or with this set, after any start), object calls
+    /// wait this long for the stores to re-mount their inventories.
+    pub recovery_grace: Duration,
 }
 
 impl Default for MasterConfig {
@@ -61,6 +67,8 @@ impl Default for MasterConfig {
             enable_http_metadata_server: false,
             http_metadata_server_port: 8080,
             state: StateConfig::default(),
+            ha: None,
+            recovery_grace: Duration::ZERO,
         }
     }
 }
@@ -79,6 +87,20 @@ pub enum MasterError {
     /// Bad configuration.
     #[error("{0}")]
     Config(String),
+    /// This master led and can no longer be sure it does.
+    #[error("lost master leadership: {0}")]
+    LostLeadership(String),
+}
+
+/// What this master does with requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Serves everything.
+    Leader,
+    /// Newly leading: stores re-mount; object calls wait until the instant.
+    Recovering(Instant),
+    /// Another master leads: every call but `Status` is refused (retryable).
+    Standby,
 }
 
 /// The running master: state, metrics, and the eviction trigger.
@@ -88,6 +110,7 @@ pub struct Master {
     /// Counters and gauges.
     pub metrics: Metrics,
     evict_soon: Notify,
+    role: parking_lot::Mutex<Role>,
     /// Itself, for timers that outlive a request (delayed unmounts).
     me: std::sync::Weak<Master>,
 }
@@ -99,8 +122,50 @@ impl Master {
             state: MasterState::new(cfg),
             metrics: Metrics::default(),
             evict_soon: Notify::new(),
+            role: parking_lot::Mutex::new(Role::Leader),
             me: me.clone(),
         })
+    }
+
+    /// Changes what this master serves.
+    pub fn set_role(&self, role: Role) {
+        *self.role.lock() = role;
+    }
+
+    /// What this master serves now (a finished recovery reads as leader).
+    pub fn role(&self) -> Role {
+        let mut role = self.role.lock();
+        if matches!(*role, Role::Recovering(until) if Instant::now() >= until) {
+            info!("recovery grace over; serving objects");
+            *role = Role::Leader;
+        }
+        *role
+    }
+
+    /// Refuses what the current role does not serve.
+    fn admit(&self, op: Opcode) -> KvResult<()> {
+        let membership = matches!(
+            op,
+            Opcode::Status
+                | Opcode::RegisterClient
+                | Opcode::Heartbeat
+                | Opcode::MountSegment
+                | Opcode::ReportObjects
+                | Opcode::UnmountSegment
+        );
+        match self.role() {
+            Role::Leader => Ok(()),
+            Role::Recovering(_) if membership => Ok(()),
+            Role::Recovering(_) => Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                "new master leader: stores are re-mounting, retry shortly",
+            )),
+            Role::Standby if op == Opcode::Status => Ok(()),
+            Role::Standby => Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                "this master is a standby; the leader is published in etcd",
+            )),
+        }
     }
 }
 
@@ -120,6 +185,7 @@ fn failed<T>(v: &[KvResult<T>]) -> usize {
 
 impl ControlHandler for Master {
     fn handle(&self, op: Opcode, meta: &[u8]) -> KvResult<Vec<u8>> {
+        self.admit(op)?;
         let now = Instant::now();
         let s = &self.state;
         let m = &self.metrics;
@@ -218,7 +284,16 @@ impl ControlHandler for Master {
                 m.record(op, 0, 0);
                 s.remove_matching(|_| true, r.force, now)
             }),
-            Opcode::Status => typed(meta, |_: msg::Status| s.status()),
+            Opcode::Status => typed(meta, |_: msg::Status| {
+                let mut st = s.status();
+                st.role = match self.role() {
+                    Role::Leader => "leader",
+                    Role::Recovering(_) => "recovering",
+                    Role::Standby => "standby",
+                }
+                .into();
+                st
+            }),
             Opcode::Hello => Err(KvError::new(Code::InvalidParams, "handshake already done")),
             Opcode::Write | Opcode::Read | Opcode::Invalidate => Err(KvError::new(
                 Code::NotSupported,
@@ -243,12 +318,21 @@ pub struct MasterHandle {
     /// The master itself (for in-process use and tests).
     pub master: Arc<Master>,
     tasks: TaskTracker,
+    ha: Option<tokio::task::JoinHandle<Result<(), MasterError>>>,
 }
 
 impl MasterHandle {
-    /// Waits until every listener and timer has stopped (after shutdown).
-    pub async fn stopped(self) {
+    /// Waits until every listener and timer has stopped (after shutdown, or
+    /// after leadership was lost, which is the error returned).
+    pub async fn stopped(self) -> Result<(), MasterError> {
+        let ha = match self.ha {
+            Some(h) => h
+                .await
+                .unwrap_or_else(|e| Err(MasterError::Config(e.to_string()))),
+            None => Ok(()),
+        };
         self.tasks.wait().await;
+        ha
     }
 }
 
@@ -300,6 +384,36 @@ pub async fn start(
     let metadata_addr = metadata.as_ref().map(local).transpose()?;
 
     let master = Master::new(cfg.state.clone());
+    if !cfg.recovery_grace.is_zero() {
+        master.set_role(Role::Recovering(Instant::now() + cfg.recovery_grace));
+    }
+    // Losing leadership stops this master's servers, not the caller's token.
+    let shutdown = shutdown.child_token();
+    let ha = match cfg.ha.clone() {
+        None => None,
+        Some(ha_cfg) => {
+            if rpc_addr.ip().is_unspecified() {
+                return Err(MasterError::Config(
+                    "--enable-ha needs a routable --rpc-address to publish, not 0.0.0.0".into(),
+                ));
+            }
+            master.set_role(Role::Standby);
+            let (m, token) = (master.clone(), shutdown.clone());
+            let grace = if cfg.recovery_grace.is_zero() {
+                // Two heartbeats: every live store has re-mounted by then.
+                cfg.state.client_ttl / 2
+            } else {
+                cfg.recovery_grace
+            };
+            Some(tokio::spawn(async move {
+                let r = ha::run(m, ha_cfg, rpc_addr.to_string(), grace, token.clone()).await;
+                if r.is_err() {
+                    token.cancel();
+                }
+                r
+            }))
+        }
+    };
     let tasks = TaskTracker::new();
     tasks.spawn(serve_control(
         rpc,
@@ -334,13 +448,13 @@ pub async fn start(
         metadata_addr,
         master,
         tasks,
+        ha,
     })
 }
 
 /// Runs a master until `shutdown`.
 pub async fn run(cfg: MasterConfig, shutdown: CancellationToken) -> Result<(), MasterError> {
-    start(cfg, shutdown).await?.stopped().await;
-    Ok(())
+    start(cfg, shutdown).await?.stopped().await
 }
 
 /// Expires silent clients, stale puts and ended leases.

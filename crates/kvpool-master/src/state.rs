@@ -1186,6 +1186,7 @@ impl MasterState {
             pending += sh.pending.len() as u64;
         }
         ClusterStatus {
+            role: "leader".into(),
             capacity: segments.iter().map(|s| s.info.size).sum(),
             used: segments.iter().map(|s| s.used).sum(),
             segments,

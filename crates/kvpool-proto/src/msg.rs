@@ -510,6 +510,9 @@ pub struct SegmentStatus {
 /// The cluster as the master sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterStatus {
+    /// `leader`, `recovering` (a new leader waiting for stores to re-mount)
+    /// or `standby`.
+    pub role: String,
     /// Mounted segments.
     pub segments: Vec<SegmentStatus>,
     /// Committed objects.

@@ -79,7 +79,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         &name,
         "store",
         CallPolicy::default(),
-    );
+    )?;
     let mounted = async {
         let reply = loop {
             match link.register().await {

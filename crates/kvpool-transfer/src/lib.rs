@@ -6,6 +6,7 @@
 
 pub mod conn;
 pub mod data;
+pub mod etcd;
 pub mod mapped;
 pub mod master;
 pub mod server;

@@ -15,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::conn::ConnPool;
+use crate::etcd::MasterAddr;
+use parking_lot::Mutex;
 
 /// Timeouts and retries for calls to the master.
 #[derive(Debug, Clone)]
@@ -79,33 +81,130 @@ where
 /// Called after re-registering, to mount the caller's segments again.
 pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
-/// A registered client's connection to the master.
+/// A registered client's connection to the master, following the leader
+/// when the address is `etcd://...`.
 pub struct MasterLink {
-    calls: ConnPool,
-    heartbeats: ConnPool,
+    target: MasterAddr,
+    role: String,
+    conns: Mutex<Option<Conns>>,
+    resolved_at: Mutex<Option<tokio::time::Instant>>,
     client_id: ClientId,
     hostname: String,
     policy: CallPolicy,
 }
 
+/// Pools to the master currently believed to lead.
+struct Conns {
+    calls: Arc<ConnPool>,
+    heartbeats: Arc<ConnPool>,
+}
+
+/// Least time between two leader look-ups in etcd.
+const RESOLVE_EVERY: Duration = Duration::from_millis(200);
+
 impl MasterLink {
-    /// A link to `addr` for `client_id` (not yet registered).
+    /// A link to `addr` (`host:port` or `etcd://...`) for `client_id` (not
+    /// yet registered).
     pub fn new(
         addr: &str,
         client_id: ClientId,
         hostname: &str,
         role: &str,
         policy: CallPolicy,
-    ) -> Arc<Self> {
-        let limits = Limits::default();
-        Arc::new(MasterLink {
-            calls: ConnPool::new(addr, role, limits, policy.timeout, 16),
-            // Heartbeats get their own connection so they never queue behind bulk metadata.
-            heartbeats: ConnPool::new(addr, role, limits, policy.timeout, 1),
+    ) -> KvResult<Arc<Self>> {
+        let target = MasterAddr::parse(addr)?;
+        let link = MasterLink {
+            target,
+            role: role.to_string(),
+            conns: Mutex::new(None),
+            resolved_at: Mutex::new(None),
             client_id,
             hostname: hostname.to_string(),
             policy,
-        })
+        };
+        if let MasterAddr::Static(a) = &link.target {
+            *link.conns.lock() = Some(link.pools_for(a));
+        }
+        Ok(Arc::new(link))
+    }
+
+    fn pools_for(&self, addr: &str) -> Conns {
+        let limits = Limits::default();
+        Conns {
+            calls: Arc::new(ConnPool::new(
+                addr,
+                &self.role,
+                limits,
+                self.policy.timeout,
+                16,
+            )),
+            // Heartbeats get their own connection so they never queue behind bulk metadata.
+            heartbeats: Arc::new(ConnPool::new(
+                addr,
+                &self.role,
+                limits,
+                self.policy.timeout,
+                1,
+            )),
+        }
+    }
+
+    /// The pools to the current leader, looking it up first if none is known.
+    async fn pools(&self) -> KvResult<(Arc<ConnPool>, Arc<ConnPool>)> {
+        if let Some(c) = self.conns.lock().as_ref() {
+            return Ok((c.calls.clone(), c.heartbeats.clone()));
+        }
+        self.refresh().await?;
+        self.conns
+            .lock()
+            .as_ref()
+            .map(|c| (c.calls.clone(), c.heartbeats.clone()))
+            .ok_or_else(|| KvError::new(Code::UnavailableInCurrentStatus, "no master leader known"))
+    }
+
+    /// Looks the leader up again (after a failure that may mean a failover);
+    /// a no-op for a fixed address, and at most every 200 ms.
+    async fn refresh(&self) -> KvResult<()> {
+        if matches!(self.target, MasterAddr::Static(_)) {
+            return Ok(());
+        }
+        {
+            let mut at = self.resolved_at.lock();
+            let now = tokio::time::Instant::now();
+            if at.is_some_and(|t| now.duration_since(t) < RESOLVE_EVERY)
+                && self.conns.lock().is_some()
+            {
+                return Ok(());
+            }
+            *at = Some(now);
+        }
+        let addr = self.target.resolve().await?;
+        let mut conns = self.conns.lock();
+        if conns.as_ref().map(|c| c.calls.addr()) != Some(addr.as_str()) {
+            tracing::info!(master = %addr, "following the master leader");
+            *conns = Some(self.pools_for(&addr));
+        }
+        Ok(())
+    }
+
+    /// One attempt on the call pools; a failure that may mean the leader
+    /// moved triggers a look-up before the next attempt.
+    async fn attempt<R: Rpc>(&self, req: &R, heartbeat: bool) -> KvResult<R::Response> {
+        let (calls, heartbeats) = self.pools().await?;
+        let r = if heartbeat {
+            heartbeats.call(req).await
+        } else {
+            calls.call(req).await
+        };
+        if let Err(e) = &r {
+            if matches!(
+                e.code,
+                Code::RpcFail | Code::RpcTimeout | Code::UnavailableInCurrentStatus
+            ) {
+                let _ = self.refresh().await;
+            }
+        }
+        r
     }
 
     /// This client's id.
@@ -113,9 +212,13 @@ impl MasterLink {
         self.client_id
     }
 
-    /// The master address.
-    pub fn addr(&self) -> &str {
-        self.calls.addr()
+    /// The master address now (`""` before the first etcd look-up).
+    pub fn addr(&self) -> String {
+        self.conns
+            .lock()
+            .as_ref()
+            .map(|c| c.calls.addr().to_string())
+            .unwrap_or_default()
     }
 
     /// The call policy in force.
@@ -123,14 +226,14 @@ impl MasterLink {
         &self.policy
     }
 
-    /// A typed call with timeout and retries.
+    /// A typed call with timeout and retries (across a master failover).
     pub async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        with_retries(&self.policy, || self.calls.call(req)).await
+        with_retries(&self.policy, || self.attempt(req, false)).await
     }
 
     /// A typed call with one attempt bounded by the policy timeout.
     pub async fn call_once<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        tokio::time::timeout(self.policy.timeout, self.calls.call(req))
+        tokio::time::timeout(self.policy.timeout, self.attempt(req, false))
             .await
             .unwrap_or_else(|_| {
                 Err(KvError::new(
@@ -169,7 +272,7 @@ impl MasterLink {
                 let hb = Heartbeat {
                     client_id: link.client_id,
                 };
-                let r = tokio::time::timeout(link.policy.timeout, link.heartbeats.call(&hb)).await;
+                let r = tokio::time::timeout(link.policy.timeout, link.attempt(&hb, true)).await;
                 match r {
                     Ok(Ok(reply)) if reply.known => {}
                     Ok(Ok(_))

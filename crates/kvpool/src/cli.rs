@@ -120,25 +120,45 @@ pub struct MasterArgs {
     /// A put not committed within this long is revoked.
     #[arg(long, env = "KVPOOL_PUT_TIMEOUT", default_value = "60s", value_parser = seconds)]
     pub put_timeout: Duration,
-    /// High availability through etcd (not available yet in this release).
+    /// Elect a leader among masters through etcd; standbys take over when it dies.
     #[arg(long, alias = "enable_ha", env = "KVPOOL_ENABLE_HA", num_args = 0..=1,
           default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
     pub enable_ha: bool,
-    /// etcd endpoints for HA.
+    /// etcd endpoints for HA, host:port separated by ';' or ','.
     #[arg(long, alias = "etcd_endpoints", env = "KVPOOL_ETCD_ENDPOINTS")]
     pub etcd_endpoints: Option<String>,
-    /// Cluster id for HA.
-    #[arg(long, alias = "cluster_id", env = "KVPOOL_CLUSTER_ID")]
-    pub cluster_id: Option<String>,
+    /// Masters with the same cluster id compete to lead one pool.
+    #[arg(
+        long,
+        alias = "cluster_id",
+        env = "KVPOOL_CLUSTER_ID",
+        default_value = "kvpool"
+    )]
+    pub cluster_id: String,
+    /// Leadership lease: a dead leader is replaced within about this long.
+    #[arg(long, env = "KVPOOL_HA_LEASE_TTL", default_value = "5s", value_parser = seconds)]
+    pub ha_lease_ttl: Duration,
+    /// After taking over, object calls wait this long for stores to re-mount
+    /// (0 = half the client TTL with HA, none without).
+    #[arg(long, env = "KVPOOL_RECOVERY_GRACE", default_value = "0s", value_parser = seconds)]
+    pub recovery_grace: Duration,
 }
 
 impl MasterArgs {
     /// The library config these flags describe.
     pub fn to_config(&self) -> anyhow::Result<MasterConfig> {
-        if self.enable_ha {
-            anyhow::bail!("--enable-ha is not supported by this build yet; run a single master");
-        }
+        let ha = match (self.enable_ha, &self.etcd_endpoints) {
+            (false, _) => None,
+            (true, None) => anyhow::bail!("--enable-ha needs --etcd-endpoints"),
+            (true, Some(e)) => Some(kvpool_master::ha::HaConfig {
+                etcd_endpoints: e.clone(),
+                cluster_id: self.cluster_id.clone(),
+                lease_ttl: self.ha_lease_ttl,
+            }),
+        };
         Ok(MasterConfig {
+            ha,
+            recovery_grace: self.recovery_grace,
             rpc_address: self.rpc_address.clone(),
             rpc_port: self.rpc_port,
             metrics_address: self.metrics_address.clone(),
@@ -235,8 +255,11 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
     master: &str,
     req: &R,
 ) -> anyhow::Result<R::Response> {
+    let addr = kvpool_transfer::etcd::MasterAddr::parse(master)?
+        .resolve()
+        .await?;
     let pool = kvpool_transfer::ConnPool::new(
-        master,
+        &addr,
         "cli",
         kvpool_proto::frame::Limits::default(),
         Duration::from_secs(5),
@@ -276,7 +299,8 @@ pub fn format_status(master: &str, s: &ClusterStatus) -> String {
         0.0
     };
     let mut out = format!(
-        "master: {master}\nsegments: {}\ncapacity: {}\nused: {} ({pct:.1}%)\nkeys: {}\nputs in flight: {}\nclients: {}\nevictions: {}\n",
+        "master: {master}\nrole: {}\nsegments: {}\ncapacity: {}\nused: {} ({pct:.1}%)\nkeys: {}\nputs in flight: {}\nclients: {}\nevictions: {}\n",
+        s.role,
         s.segments.len(),
         human(s.capacity),
         human(s.used),

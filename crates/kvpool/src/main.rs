@@ -20,6 +20,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -97,7 +98,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             let r = store.await;
             shutdown.cancel();
-            master.stopped().await;
+            master.stopped().await?;
             r??;
         }
         Command::Status(s) => {

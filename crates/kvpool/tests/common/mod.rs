@@ -416,6 +416,7 @@ pub fn master_link(master: &str, hostname: &str) -> Arc<MasterLink> {
         "test",
         CallPolicy::default(),
     )
+    .expect("a valid master address")
 }
 
 /// A `GET` over a raw TCP connection; returns the status code and the body.
@@ -680,4 +681,45 @@ impl Cluster {
         }
         assert!(dead.is_empty(), "cluster processes died: {dead:?}");
     }
+}
+
+/// A real etcd (Debian's `etcd-server`) on free loopback ports, with its
+/// client endpoint `127.0.0.1:port`. The suite's setup installs it; a missing
+/// binary fails the test with that hint rather than skipping it.
+pub async fn spawn_etcd(log_dir: &Path) -> (Process, String) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join("etcd").is_file()));
+    assert!(
+        found,
+        "etcd not found on PATH: scripts/test.sh installs it (apt-get install etcd-server)"
+    );
+    let (client, peer) = (free_port(), free_port());
+    let data = log_dir.join(format!("etcd-{client}"));
+    let endpoint = format!("127.0.0.1:{client}");
+    let mut etcd = Process::spawn_bin(
+        "etcd",
+        Path::new("etcd"),
+        [
+            "--data-dir".to_string(),
+            data.to_string_lossy().into_owned(),
+            "--listen-client-urls".into(),
+            format!("http://{endpoint}"),
+            "--advertise-client-urls".into(),
+            format!("http://{endpoint}"),
+            "--listen-peer-urls".into(),
+            format!("http://127.0.0.1:{peer}"),
+        ],
+        log_dir,
+    );
+    let ep = endpoint.clone();
+    eventually(
+        "etcd to listen (is etcd-server installed?)",
+        STARTUP,
+        async || {
+            assert!(etcd.try_exit().is_none(), "etcd exited:\n{}", etcd.logs());
+            tokio::net::TcpStream::connect(&ep).await.ok().map(|_| ())
+        },
+    )
+    .await;
+    (etcd, endpoint)
 }

@@ -1,0 +1,107 @@
+//! Master high availability: masters of one cluster campaign for a key in
+//! etcd held under a lease; the holder leads and publishes its RPC address
+//! there (clients and stores given `etcd://...` follow it). etcd holds
+//! leadership only: a new leader starts empty and rebuilds the object map
+//! from the stores' inventories as they re-mount, answering object calls
+//! with a retryable `UNAVAILABLE_IN_CURRENT_STATUS` meanwhile.
+//!
+//! A leader that cannot renew its lease within the TTL steps down by exiting
+//! (its supervisor restarts it as a standby): it cannot know whether another
+//! master has taken over, and must not serve a stale map beside it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvpool_transfer::etcd::{leader_key, Etcd};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{Master, MasterError, Role};
+
+/// Settings of `--enable-ha`.
+#[derive(Debug, Clone)]
+pub struct HaConfig {
+    /// etcd endpoints, `host:port` separated by `;` or `,`.
+    pub etcd_endpoints: String,
+    /// Masters with the same id compete for leadership of one pool.
+    pub cluster_id: String,
+    /// Leadership lease: a dead leader is replaced within about this long.
+    pub lease_ttl: Duration,
+}
+
+/// Campaigns until `shutdown`; while leading, keeps the lease alive. Returns
+/// an error when leadership was lost (the process should exit).
+pub async fn run(
+    master: Arc<Master>,
+    ha: HaConfig,
+    advertise: String,
+    recovery_grace: Duration,
+    shutdown: CancellationToken,
+) -> Result<(), MasterError> {
+    let etcd = Etcd::new(&ha.etcd_endpoints).map_err(|e| MasterError::Config(e.to_string()))?;
+    let key = leader_key(&ha.cluster_id);
+    let lease = loop {
+        let attempt = campaign(&etcd, &key, &advertise, ha.lease_ttl);
+        let won = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            r = attempt => r,
+        };
+        match won {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => {}
+            Err(e) => warn!(error = %e, "etcd unreachable while campaigning"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+        }
+    };
+    info!(%key, %advertise, grace = ?recovery_grace, "elected master leader; rebuilding from the stores");
+    master.set_role(Role::Recovering(Instant::now() + recovery_grace));
+    let every = (ha.lease_ttl / 3).max(Duration::from_millis(100));
+    let mut renewed = Instant::now();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                // Hand over at once instead of making the standbys wait a TTL.
+                let _ = etcd.revoke(lease).await;
+                return Ok(());
+            }
+            _ = tokio::time::sleep(every) => {}
+        }
+        match etcd.keep_alive(lease).await {
+            Ok(true) => renewed = Instant::now(),
+            Ok(false) => return Err(lost("the lease expired")),
+            Err(e) => {
+                warn!(error = %e, "cannot renew the leadership lease");
+                if renewed.elapsed() + every >= ha.lease_ttl {
+                    return Err(lost("etcd unreachable for a whole lease"));
+                }
+            }
+        }
+    }
+}
+
+fn lost(why: &str) -> MasterError {
+    MasterError::LostLeadership(why.to_string())
+}
+
+/// One try: a fresh lease and a create-if-absent of the leader key. `None`
+/// when another master leads.
+async fn campaign(
+    etcd: &Etcd,
+    key: &str,
+    advertise: &str,
+    ttl: Duration,
+) -> kvpool_proto::KvResult<Option<i64>> {
+    if etcd.get(key).await?.is_some() {
+        return Ok(None);
+    }
+    let lease = etcd.grant(ttl).await?;
+    if etcd.create(key, advertise, lease).await? {
+        return Ok(Some(lease));
+    }
+    let _ = etcd.revoke(lease).await;
+    Ok(None)
+}

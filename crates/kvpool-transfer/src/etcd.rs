@@ -1,0 +1,267 @@
+//! The few etcd v3 operations kvpool needs for master high availability:
+//! leases, a create-if-absent transaction, and reading a key. They go through
+//! etcd's JSON gateway (`POST /v3/...`), which every etcd 3.4+ serves on its
+//! client port, so building kvpool needs no protobuf compiler (the gRPC client
+//! crates generate code with `protoc` at build time).
+//!
+//! Master addresses of the form `etcd://host:port[;host:port...][/cluster]`
+//! are resolved here: the leader publishes its RPC address under
+//! [`leader_key`].
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use kvpool_proto::{Code, KvError, KvResult};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Cluster id used when an `etcd://` address names none.
+pub const DEFAULT_CLUSTER: &str = "kvpool";
+
+/// The etcd key under which the leader of `cluster` publishes its address.
+pub fn leader_key(cluster: &str) -> String {
+    format!("/kvpool/{cluster}/master")
+}
+
+/// A set of etcd endpoints, tried in order.
+#[derive(Clone)]
+pub struct Etcd {
+    endpoints: Vec<String>,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("endpoints", &self.endpoints)
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct RangeKv {
+    value: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RangeReply {
+    kvs: Option<Vec<RangeKv>>,
+}
+
+#[derive(Deserialize)]
+struct GrantReply {
+    #[serde(rename = "ID")]
+    id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct KeepAliveResult {
+    #[serde(rename = "TTL")]
+    ttl: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct KeepAliveReply {
+    result: Option<KeepAliveResult>,
+}
+
+#[derive(Deserialize)]
+struct TxnReply {
+    succeeded: Option<bool>,
+}
+
+fn etcd_error(msg: impl Into<String>) -> KvError {
+    KvError::new(Code::EtcdOperationError, msg)
+}
+
+impl Etcd {
+    /// Endpoints as `host:port` separated by `;` or `,` (a `http://` prefix is accepted).
+    pub fn new(endpoints: &str) -> KvResult<Etcd> {
+        let endpoints: Vec<String> = endpoints
+            .split([';', ','])
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                if e.starts_with("http://") {
+                    e.trim_end_matches('/').to_string()
+                } else {
+                    format!("http://{}", e.trim_end_matches('/'))
+                }
+            })
+            .collect();
+        if endpoints.is_empty() {
+            return Err(KvError::new(Code::InvalidParams, "no etcd endpoints given"));
+        }
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(1))
+            .timeout(Duration::from_secs(3))
+            .build();
+        Ok(Etcd { endpoints, agent })
+    }
+
+    /// POSTs `body` to `path` on the first endpoint that answers.
+    async fn post<T: serde::de::DeserializeOwned + Send + 'static>(
+        &self,
+        path: &str,
+        body: Value,
+    ) -> KvResult<T> {
+        let this = self.clone();
+        let path = path.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut last = String::new();
+            for e in &this.endpoints {
+                match this
+                    .agent
+                    .post(&format!("{e}{path}"))
+                    .send_json(body.clone())
+                {
+                    Ok(r) => {
+                        return r
+                            .into_json::<T>()
+                            .map_err(|err| etcd_error(format!("{e}{path}: {err}")))
+                    }
+                    Err(err) => last = format!("{e}{path}: {err}"),
+                }
+            }
+            Err(etcd_error(last))
+        })
+        .await
+        .map_err(|e| etcd_error(e.to_string()))?
+    }
+
+    /// The value of `key`, if set.
+    pub async fn get(&self, key: &str) -> KvResult<Option<String>> {
+        let r: RangeReply = self
+            .post("/v3/kv/range", json!({ "key": B64.encode(key) }))
+            .await?;
+        let Some(v) = r
+            .kvs
+            .and_then(|kvs| kvs.into_iter().next())
+            .and_then(|kv| kv.value)
+        else {
+            return Ok(None);
+        };
+        let bytes = B64
+            .decode(v)
+            .map_err(|e| etcd_error(format!("bad value of {key}: {e}")))?;
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| etcd_error(format!("value of {key} is not UTF-8")))
+    }
+
+    /// A lease of `ttl`; keys attached to it vanish when it is not kept alive.
+    pub async fn grant(&self, ttl: Duration) -> KvResult<i64> {
+        let r: GrantReply = self
+            .post("/v3/lease/grant", json!({ "TTL": ttl.as_secs().max(1) }))
+            .await?;
+        r.id.and_then(|id| id.parse().ok())
+            .ok_or_else(|| etcd_error("lease grant returned no id"))
+    }
+
+    /// Refreshes a lease; false once it has expired.
+    pub async fn keep_alive(&self, lease: i64) -> KvResult<bool> {
+        let r: KeepAliveReply = self
+            .post("/v3/lease/keepalive", json!({ "ID": lease.to_string() }))
+            .await?;
+        let ttl: i64 = r
+            .result
+            .and_then(|r| r.ttl)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        Ok(ttl > 0)
+    }
+
+    /// Ends a lease now (its keys vanish at once).
+    pub async fn revoke(&self, lease: i64) -> KvResult<()> {
+        let _: Value = self
+            .post("/v3/lease/revoke", json!({ "ID": lease.to_string() }))
+            .await?;
+        Ok(())
+    }
+
+    /// Sets `key` to `value` under `lease` only if the key does not exist;
+    /// true if this call created it.
+    pub async fn create(&self, key: &str, value: &str, lease: i64) -> KvResult<bool> {
+        let k = B64.encode(key);
+        let body = json!({
+            "compare": [{ "target": "CREATE", "key": k, "create_revision": "0", "result": "EQUAL" }],
+            "success": [{ "request_put": { "key": k, "value": B64.encode(value), "lease": lease.to_string() } }],
+        });
+        let r: TxnReply = self.post("/v3/kv/txn", body).await?;
+        Ok(r.succeeded.unwrap_or(false))
+    }
+}
+
+/// A master address: a fixed `host:port`, or the leader published in etcd.
+#[derive(Debug, Clone)]
+pub enum MasterAddr {
+    /// `host:port`.
+    Static(String),
+    /// `etcd://endpoints[/cluster]`: whoever holds the leader key.
+    Etcd {
+        /// The etcd cluster.
+        etcd: Etcd,
+        /// The leader key.
+        key: String,
+    },
+}
+
+impl MasterAddr {
+    /// Parses `host:port` or `etcd://h:p[;h:p...][/cluster]`; without a
+    /// cluster in the address, `KVPOOL_CLUSTER_ID` or [`DEFAULT_CLUSTER`].
+    pub fn parse(addr: &str) -> KvResult<MasterAddr> {
+        let Some(rest) = addr.strip_prefix("etcd://") else {
+            return Ok(MasterAddr::Static(addr.to_string()));
+        };
+        let (endpoints, cluster) = match rest.split_once('/') {
+            Some((e, c)) if !c.is_empty() => (e, c.to_string()),
+            Some((e, _)) => (e, default_cluster()),
+            None => (rest, default_cluster()),
+        };
+        Ok(MasterAddr::Etcd {
+            etcd: Etcd::new(endpoints)?,
+            key: leader_key(&cluster),
+        })
+    }
+
+    /// The master's `host:port` now (asks etcd for the leader).
+    pub async fn resolve(&self) -> KvResult<String> {
+        match self {
+            MasterAddr::Static(a) => Ok(a.clone()),
+            MasterAddr::Etcd { etcd, key } => etcd.get(key).await?.ok_or_else(|| {
+                KvError::new(
+                    Code::UnavailableInCurrentStatus,
+                    format!("no master leader in etcd under {key}"),
+                )
+            }),
+        }
+    }
+}
+
+fn default_cluster() -> String {
+    std::env::var("KVPOOL_CLUSTER_ID").unwrap_or_else(|_| DEFAULT_CLUSTER.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse() {
+        assert!(
+            matches!(MasterAddr::parse("10.0.0.1:50051").unwrap(), MasterAddr::Static(a) if a == "10.0.0.1:50051")
+        );
+        let MasterAddr::Etcd { etcd, key } =
+            MasterAddr::parse("etcd://127.0.0.1:2379;127.0.0.2:2379/prod").unwrap()
+        else {
+            panic!("not etcd")
+        };
+        assert_eq!(
+            etcd.endpoints,
+            ["http://127.0.0.1:2379", "http://127.0.0.2:2379"]
+        );
+        assert_eq!(key, "/kvpool/prod/master");
+        assert!(MasterAddr::parse("etcd://").is_err());
+    }
+}
