@@ -3,7 +3,9 @@
 //! workers, prints progress every second, and ends with a table of items/s,
 //! GB/s and per-call p50/p99. Gets read keys written by the put phase, from
 //! the most recent ones that fit in half the pool, so hits are expected; a
-//! miss is counted apart from an error.
+//! miss is counted apart from an error. With `--keys N` the keyspace is fixed
+//! and shared between runs, so a later `--ops get` run reports the hit rate
+//! on what an earlier run wrote (across restarts and upgrades).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,9 +41,67 @@ pub struct BenchArgs {
     /// Replicas per put.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
-    /// Key prefix (a random suffix keeps runs apart).
+    /// Key prefix (a random suffix keeps runs apart, unless --keys is set).
     #[arg(long, default_value = "bench")]
     pub prefix: String,
+    /// Use a fixed keyspace of this many keys per size, `<prefix>-<size>-<i>`,
+    /// so one run can read what an earlier one wrote (hit-rate checks across
+    /// restarts and upgrades). Puts cycle through it; gets pick at random.
+    #[arg(long)]
+    pub keys: Option<u64>,
+    /// Leave the keys in the pool at the end (default: remove them).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Which keys a phase writes and reads.
+#[derive(Clone)]
+struct KeySpace {
+    prefix: String,
+    /// A fixed keyspace of this many keys, or a moving one.
+    fixed: Option<u64>,
+    /// Moving keyspace: gets read among each worker's last `window` keys,
+    /// which fit in half the pool, so they are expected to hit.
+    window: u64,
+    /// Keys issued per worker so far.
+    written: Arc<Vec<AtomicU64>>,
+}
+
+impl KeySpace {
+    fn key(&self, worker: usize, n: u64) -> String {
+        match self.fixed {
+            Some(_) => format!("{}-{n}", self.prefix),
+            None => format!("{}-{worker}-{n}", self.prefix),
+        }
+    }
+
+    /// The next `batch` keys worker `w` puts.
+    fn put_keys(&self, w: usize, batch: usize) -> Vec<String> {
+        let workers = self.written.len() as u64;
+        let n0 = self.written[w].fetch_add(batch as u64, Ordering::Relaxed);
+        (n0..n0 + batch as u64)
+            .map(|j| match self.fixed {
+                Some(n) => self.key(w, (j * workers + w as u64) % n),
+                None => self.key(w, j),
+            })
+            .collect()
+    }
+
+    /// A key a get should find.
+    fn get_key(&self) -> String {
+        if let Some(n) = self.fixed {
+            return self.key(0, rand::random::<u64>() % n.max(1));
+        }
+        let w = rand::random::<usize>() % self.written.len();
+        let hi = self.written[w].load(Ordering::Relaxed);
+        let lo = hi.saturating_sub(self.window);
+        let n = if hi > lo {
+            lo + rand::random::<u64>() % (hi - lo)
+        } else {
+            0
+        };
+        self.key(w, n)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -96,7 +156,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
         !status.segments.is_empty(),
         "the pool has no segments mounted"
     );
-    let run_id: u32 = rand::random();
+    anyhow::ensure!(a.keys != Some(0), "--keys must be at least 1");
+    // A fixed keyspace is shared across runs; a moving one is this run's own.
+    let run = match a.keys {
+        Some(_) => a.prefix.clone(),
+        None => format!("{}-{:08x}", a.prefix, rand::random::<u32>()),
+    };
     let rc = ReplicateConfig {
         replica_num: a.replicas,
         ..Default::default()
@@ -115,16 +180,21 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
         // Keys per worker that fit in half the pool, so gets are expected to hit.
         let footprint = (size + 128) * a.replicas.max(1) as u64;
         let window = ((status.capacity / 2) / footprint / a.concurrency as u64).max(1);
-        let written: Arc<Vec<AtomicU64>> =
-            Arc::new((0..a.concurrency).map(|_| AtomicU64::new(0)).collect());
+        let space = KeySpace {
+            prefix: format!("{run}-{size}"),
+            fixed: a.keys,
+            window,
+            written: Arc::new((0..a.concurrency).map(|_| AtomicU64::new(0)).collect()),
+        };
         for &op in &ops {
-            let row = phase(&client, &a, op, size, run_id, window, &written, &rc).await;
-            rows.push(row);
+            rows.push(phase(&client, &a, op, size, &space, &rc).await);
         }
-        // Start each size on an empty pool, as bench_store.py does.
-        let _ = client
-            .remove_by_regex(&format!("^{}-{run_id:08x}-", regex_escape(&a.prefix)), true)
-            .await;
+        if !a.keep {
+            // Start each size on an empty pool, as bench_store.py does.
+            let _ = client
+                .remove_by_regex(&format!("^{}-", regex_escape(&space.prefix)), true)
+                .await;
+        }
     }
     client.close().await;
     println!();
@@ -149,6 +219,20 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
             r.misses
         );
     }
+    for r in rows.iter().filter(|r| r.op == Op::Get) {
+        let asked = r.items + r.misses;
+        println!(
+            "get {} hit rate {:.2}% ({} hits, {} misses)",
+            crate::cli::human(r.size),
+            if asked > 0 {
+                100.0 * r.items as f64 / asked as f64
+            } else {
+                0.0
+            },
+            r.items,
+            r.misses
+        );
+    }
     Ok(rows.iter().all(|r| r.errors == 0))
 }
 
@@ -164,15 +248,12 @@ fn regex_escape(s: &str) -> String {
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn phase(
     client: &Client,
     a: &BenchArgs,
     op: Op,
     size: u64,
-    run_id: u32,
-    window: u64,
-    written: &Arc<Vec<AtomicU64>>,
+    space: &KeySpace,
     rc: &ReplicateConfig,
 ) -> Row {
     let progress = Arc::new(Progress::default());
@@ -186,11 +267,9 @@ async fn phase(
         let client = client.clone();
         let progress = progress.clone();
         let hist = hist.clone();
-        let written = written.clone();
+        let space = space.clone();
         let rc = rc.clone();
-        let prefix = format!("{}-{run_id:08x}-{size}", a.prefix);
         let batch = a.batch;
-        let conc = a.concurrency;
         workers.push(tokio::spawn(async move {
             let value: Vec<u8> = (0..size).map(|i| (i as u8) ^ (w as u8)).collect();
             let mut bufs: Vec<Vec<u8>> = (0..batch).map(|_| vec![0u8; size as usize]).collect();
@@ -199,15 +278,11 @@ async fn phase(
                 let t = Instant::now();
                 match op {
                     Op::Put => {
-                        let n0 = written[w].load(Ordering::Relaxed);
-                        let keys: Vec<String> = (n0..n0 + batch as u64)
-                            .map(|n| format!("{prefix}-{w}-{n}"))
-                            .collect();
+                        let keys = space.put_keys(w, batch);
                         let parts: [&[u8]; 1] = [&value];
                         let items: Vec<(&str, &[&[u8]])> =
                             keys.iter().map(|k| (k.as_str(), &parts[..])).collect();
                         let res = client.batch_put(&items, &rc, false).await;
-                        written[w].store(n0 + batch as u64, Ordering::Relaxed);
                         let mut errs = 0;
                         for e in res.iter().filter_map(|r| r.as_ref().err()) {
                             if progress.errors.fetch_add(1, Ordering::Relaxed) < 3 {
@@ -220,19 +295,7 @@ async fn phase(
                             .fetch_add(batch as u64 - errs, Ordering::Relaxed);
                     }
                     Op::Get => {
-                        let keys: Vec<String> = (0..batch)
-                            .map(|_| {
-                                let ww = rand::random::<usize>() % conc;
-                                let hi = written[ww].load(Ordering::Relaxed);
-                                let lo = hi.saturating_sub(window);
-                                let n = if hi > lo {
-                                    lo + rand::random::<u64>() % (hi - lo)
-                                } else {
-                                    0
-                                };
-                                format!("{prefix}-{ww}-{n}")
-                            })
-                            .collect();
+                        let keys: Vec<String> = (0..batch).map(|_| space.get_key()).collect();
                         let mut items: Vec<GetInto> = keys
                             .iter()
                             .zip(bufs.iter_mut())

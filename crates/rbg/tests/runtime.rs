@@ -382,6 +382,36 @@ fn store_image_change_restarts_each_store_in_place() {
         .map(|n| instance(&before, n).clone())
         .collect();
 
+    // Cache written before the upgrade, kept in the pool.
+    let master = format!(
+        "{}:50051",
+        instance(&before, &format!("{g}-master-0")).address
+    );
+    let bench = |ops: &str| {
+        let out = Command::new(kvpool_bin())
+            .args([
+                "bench", "--master", &master, "--ops", ops, "--keys", "600", "--keep",
+            ])
+            .args([
+                "--prefix",
+                "pre-upgrade",
+                "--sizes",
+                "4KiB",
+                "--duration",
+                "1s",
+            ])
+            .output()
+            .expect("run kvpool bench");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "bench {ops}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    bench("put");
+
     // Only the store's image changes.
     let store_at = spec.find("- name: store").expect("store role");
     let img_at = store_at
@@ -472,6 +502,20 @@ fn store_image_change_restarts_each_store_in_place() {
     }
     let hist = String::from_utf8_lossy(&up.rbg(&["rollout", "history"]).stdout).into_owned();
     assert!(hist.contains("apply"), "{hist}");
+
+    // The stores came back with their cache: the keys written before the
+    // upgrade are still there.
+    let out = bench("get");
+    let rate: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("get 4.0 KiB hit rate "))
+        .and_then(|l| l.split('%').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no hit rate in:\n{out}"));
+    assert!(
+        rate >= 99.0,
+        "hit rate {rate}% on keys written before the upgrade:\n{out}"
+    );
 }
 
 #[test]
