@@ -262,22 +262,10 @@ impl Client {
                 upsert,
             })
             .await;
-        let grants = match grants {
-            Ok(g) if g.len() == index.len() => g,
-            other => {
-                let e = other.err().unwrap_or_else(|| {
-                    KvError::new(Code::RpcFail, "master answered the wrong number of keys")
-                });
-                for &i in &index {
-                    results[i] = Err(e.clone());
-                }
-                return results;
-            }
-        };
         // Object headers must outlive the writes that borrow them.
         let mut headers: Vec<(usize, u64, Vec<u8>, Vec<Replica>)> = Vec::new();
-        for (&i, g) in index.iter().zip(grants) {
-            match msg::from_wire(g) {
+        for (&i, g) in index.iter().zip(per_key(grants, index.len())) {
+            match g {
                 Ok(PutGrant::Exists) => {}
                 Ok(PutGrant::Write {
                     generation,
@@ -356,33 +344,16 @@ impl Client {
                     items: commit.iter().map(|(_, c)| c.clone()).collect(),
                 })
                 .await;
-            match r {
-                Ok(v) if v.len() == commit.len() => {
-                    for ((i, _), r) in commit.iter().zip(v) {
-                        results[*i] = msg::from_wire(r).map_err(|e| match e.code {
-                            // The put vanished before its commit (the master restarted or
-                            // failed over, or the put timed out): write it again.
-                            Code::ObjectNotFound => KvError::new(
-                                Code::UnavailableInCurrentStatus,
-                                format!("put was lost before its commit: {}", e.message),
-                            ),
-                            _ => e,
-                        });
-                    }
-                }
-                Ok(_) => {
-                    for (i, _) in &commit {
-                        results[*i] = Err(KvError::new(
-                            Code::RpcFail,
-                            "master answered the wrong number of keys",
-                        ));
-                    }
-                }
-                Err(e) => {
-                    for (i, _) in &commit {
-                        results[*i] = Err(e.clone());
-                    }
-                }
+            for ((i, _), r) in commit.iter().zip(per_key(r, commit.len())) {
+                results[*i] = r.map_err(|e| match e.code {
+                    // The put vanished before its commit (the master restarted or
+                    // failed over, or the put timed out): write it again.
+                    Code::ObjectNotFound => KvError::new(
+                        Code::UnavailableInCurrentStatus,
+                        format!("put was lost before its commit: {}", e.message),
+                    ),
+                    _ => e,
+                });
             }
         }
         results
@@ -526,25 +497,8 @@ impl Client {
                 keys: ask.iter().map(|&i| keys[i].to_string()).collect(),
             })
             .await;
-        match r {
-            Ok(v) if v.len() == ask.len() => {
-                for (&i, l) in ask.iter().zip(v) {
-                    out[i] = msg::from_wire(l);
-                }
-            }
-            Ok(_) => {
-                for &i in &ask {
-                    out[i] = Err(KvError::new(
-                        Code::RpcFail,
-                        "master answered the wrong number of keys",
-                    ));
-                }
-            }
-            Err(e) => {
-                for &i in &ask {
-                    out[i] = Err(e.clone());
-                }
-            }
+        for (&i, l) in ask.iter().zip(per_key(r, ask.len())) {
+            out[i] = l;
         }
         out
     }
