@@ -38,6 +38,90 @@ const IDLE_CONNS_PER_STORE: usize = 64;
 /// Batches whose bytes exceed this are spread over several connections per store.
 const SPREAD_BYTES: u64 = 1 << 20;
 
+/// How object bytes move between this client and the stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// Always over the TCP data plane.
+    Tcp,
+    /// Always by mapping the store's segment file (same host only); a
+    /// segment that cannot be mapped is an error.
+    Shm,
+    /// Shared memory for segments on this host that this process may map,
+    /// TCP for the others.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = KvError;
+
+    fn from_str(s: &str) -> KvResult<Protocol> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Protocol::Tcp),
+            "shm" => Ok(Protocol::Shm),
+            "auto" | "" => Ok(Protocol::Auto),
+            "rdma" => Err(KvError::new(
+                Code::NotSupported,
+                "the rdma transport is not available in this build",
+            )),
+            other => Err(KvError::new(
+                Code::InvalidParams,
+                format!("unknown protocol {other:?} (tcp, shm, auto)"),
+            )),
+        }
+    }
+}
+
+/// A store's segment file mapped into this process.
+struct ShmMap {
+    region: Arc<kvpool_transfer::MappedRegion>,
+    /// Start of the object area; nothing below it is ever written.
+    base: u64,
+}
+
+impl ShmMap {
+    fn check(&self, offset: u64, len: u64) -> KvResult<()> {
+        if offset < self.base || !self.region.contains(offset, len) {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!("range {offset}+{len} outside the mapped segment"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies the concatenation of `parts` to `offset`.
+    fn write(&self, offset: u64, parts: &[&[u8]]) -> KvResult<()> {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        self.check(offset, len)?;
+        // SAFETY: in bounds (checked); the master gave this region to this put alone.
+        let dst = unsafe { self.region.slice_mut(offset, len) };
+        let mut at = 0;
+        for p in parts {
+            dst[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        Ok(())
+    }
+
+    /// Fills `dst` in order from `offset`.
+    fn read(&self, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<()> {
+        let len: u64 = dst.iter().map(|d| d.len() as u64).sum();
+        self.check(offset, len)?;
+        // SAFETY: in bounds (checked); a concurrent rewrite of the region is
+        // caught by the header and checksum verification that follows.
+        let src = unsafe { self.region.slice(offset, len) };
+        let mut at = 0;
+        for d in dst.iter_mut() {
+            d.copy_from_slice(&src[at..at + d.len()]);
+            at += d.len();
+        }
+        Ok(())
+    }
+}
+
+type ShmMaps = HashMap<kvpool_proto::msg::SegmentId, Option<Arc<ShmMap>>>;
+
 /// Settings of a client.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -59,6 +143,8 @@ pub struct ClientConfig {
     pub segment_size: u64,
     /// IP the embedded segment's data plane binds and advertises.
     pub segment_address: String,
+    /// Transport for object bytes.
+    pub protocol: Protocol,
 }
 
 impl ClientConfig {
@@ -73,6 +159,7 @@ impl ClientConfig {
             conns_per_store: 4,
             segment_size: 0,
             segment_address: "127.0.0.1".into(),
+            protocol: Protocol::Auto,
         }
     }
 }
@@ -95,6 +182,9 @@ struct Inner {
     cfg: ClientConfig,
     link: Arc<MasterLink>,
     stores: Mutex<HashMap<String, Arc<ConnPool>>>,
+    /// Segments mapped for the shared-memory transport (`None`: not mappable
+    /// from here, use TCP).
+    shm: Mutex<ShmMaps>,
     node: Option<Arc<DataNode>>,
     shutdown: CancellationToken,
 }
@@ -149,6 +239,7 @@ impl Client {
                 cfg,
                 link,
                 stores: Mutex::new(HashMap::new()),
+                shm: Mutex::new(HashMap::new()),
                 node,
                 shutdown,
             }),
@@ -166,6 +257,58 @@ impl Client {
             node.unmount_all(&self.inner.link).await;
         }
         self.inner.shutdown.cancel();
+    }
+
+    /// The shared-memory mappings for `segments` (mapping new ones when the
+    /// protocol allows): a segment is mapped only if its file can be opened
+    /// here and its superblock names that very segment, which is what makes
+    /// it the same host, whatever the host names say.
+    async fn shm_maps(&self, wanted: Vec<kvpool_proto::msg::SegmentId>) -> ShmMaps {
+        if self.inner.cfg.protocol == Protocol::Tcp {
+            return ShmMaps::new();
+        }
+        let unknown = {
+            let known = self.inner.shm.lock();
+            wanted.iter().any(|s| !known.contains_key(s))
+        };
+        if unknown {
+            let infos = self.status().await.map(|s| s.segments).unwrap_or_default();
+            let mut known = self.inner.shm.lock();
+            for id in &wanted {
+                if known.contains_key(id) {
+                    continue;
+                }
+                let Some(info) = infos.iter().find(|s| s.info.id == *id).map(|s| &s.info) else {
+                    continue;
+                };
+                let mapped = info.path.as_deref().and_then(|path| {
+                    let region = kvpool_transfer::MappedRegion::open_existing(std::path::Path::new(path))
+                        .map_err(|e| tracing::debug!(%path, error = %e, "segment not mappable; using tcp"))
+                        .ok()?;
+                    (kvpool_store::segment::segment_id(&region) == Some(*id)).then(|| {
+                        tracing::debug!(segment = %id, %path, "reaching segment through shared memory");
+                        Arc::new(ShmMap {
+                            region: Arc::new(region),
+                            base: info.base,
+                        })
+                    })
+                });
+                known.insert(*id, mapped);
+            }
+        }
+        let known = self.inner.shm.lock();
+        wanted
+            .into_iter()
+            .map(|id| (id, known.get(&id).cloned().flatten()))
+            .collect()
+    }
+
+    /// The error for a segment `protocol = shm` cannot reach.
+    fn not_mappable(segment: kvpool_proto::msg::SegmentId) -> KvError {
+        KvError::new(
+            Code::TransferFail,
+            format!("segment {segment} cannot be mapped from this process (protocol shm)"),
+        )
     }
 
     fn pool(&self, endpoint: &str) -> Arc<ConnPool> {
@@ -365,9 +508,18 @@ impl Client {
         &self,
         ops: Vec<(usize, String, WriteOp<'a>)>,
     ) -> Vec<(usize, KvResult<()>)> {
+        let shm = self
+            .shm_maps(ops.iter().map(|(_, _, o)| o.req.segment).collect())
+            .await;
+        let forced = self.inner.cfg.protocol == Protocol::Shm;
+        let mut done = Vec::new();
         let mut groups: HashMap<String, Vec<(usize, WriteOp<'a>)>> = HashMap::new();
         for (i, ep, op) in ops {
-            groups.entry(ep).or_default().push((i, op));
+            match shm.get(&op.req.segment).and_then(|m| m.as_ref()) {
+                Some(map) => done.push((i, map.write(op.req.offset, &op.parts))),
+                None if forced => done.push((i, Err(Self::not_mappable(op.req.segment)))),
+                None => groups.entry(ep).or_default().push((i, op)),
+            }
         }
         let mut jobs = Vec::new();
         for (ep, group) in groups {
@@ -390,7 +542,8 @@ impl Client {
                 });
             }
         }
-        join_all(jobs).await.into_iter().flatten().collect()
+        done.extend(join_all(jobs).await.into_iter().flatten());
+        done
     }
 
     // ------------------------------------------------------------ gets
@@ -547,6 +700,16 @@ impl Client {
             .map(|l| l.replicas.len())
             .max()
             .unwrap_or(0);
+        let shm = self
+            .shm_maps(
+                locations
+                    .iter()
+                    .flatten()
+                    .flat_map(|l| l.replicas.iter().map(|r| r.segment))
+                    .collect(),
+            )
+            .await;
+        let forced = self.inner.cfg.protocol == Protocol::Shm;
         // Round r reads replica r of every object whose earlier replicas failed.
         for round in 0..max_replicas {
             let mut heads: Vec<Vec<u8>> = Vec::new();
@@ -563,6 +726,7 @@ impl Client {
                 break;
             }
             let mut groups: HashMap<String, Vec<(usize, ReadOp)>> = HashMap::new();
+            let mut local: Vec<(usize, KvResult<()>)> = Vec::new();
             let mut head_iter = heads.iter_mut();
             let mut plan_iter = plan.iter().peekable();
             for (i, item) in items.iter_mut().enumerate() {
@@ -584,6 +748,17 @@ impl Client {
                     let n = (d.len() as u64).min(left) as usize;
                     dst.push(&mut d[..n]);
                     left -= n as u64;
+                }
+                match shm.get(&rep.segment).and_then(|m| m.as_ref()) {
+                    Some(map) => {
+                        local.push((i, map.read(rep.offset, &mut dst)));
+                        continue;
+                    }
+                    None if forced => {
+                        local.push((i, Err(Self::not_mappable(rep.segment))));
+                        continue;
+                    }
+                    None => {}
                 }
                 groups.entry(rep.endpoint.clone()).or_default().push((
                     i,
@@ -615,12 +790,12 @@ impl Client {
                 }
             }
             let done = join_all(jobs).await;
-            for (i, r) in done.into_iter().flatten() {
+            for (i, r) in local.into_iter().chain(done.into_iter().flatten()) {
                 let Some(l) = &locations[i] else { continue };
+                // `plan` is in item order.
                 let head = plan
-                    .iter()
-                    .find(|p| p.0 == i)
-                    .map(|p| &heads[p.1][..])
+                    .binary_search_by_key(&i, |p| p.0)
+                    .map(|at| &heads[plan[at].1][..])
                     .unwrap_or(&[]);
                 results[i] = r.and_then(|()| verify(items[i].key, head, &items[i].dst, l, t0));
                 if let Err(e) = &results[i] {

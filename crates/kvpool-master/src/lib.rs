@@ -200,7 +200,8 @@ impl ControlHandler for Master {
             }),
             Opcode::MountSegment => {
                 let r: msg::MountSegment = msg::decode(meta)?;
-                s.mount(r.client_id, r.segment, r.objects)
+                let age = Duration::from_millis(r.scan_age_ms);
+                s.mount_scanned(r.client_id, r.segment, r.objects, age, now)
                     .map(|()| msg::encode(&()))
             }
             Opcode::ReportObjects => {
@@ -543,6 +544,7 @@ mod tests {
             endpoint: "127.0.0.1:1".into(),
             base: 4096,
             size: 1 << 20,
+            path: None,
         }
     }
 

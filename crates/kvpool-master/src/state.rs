@@ -8,7 +8,7 @@
 //! and the deferred-free list are only ever taken alone.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -27,6 +27,9 @@ use crate::eviction::{self, Candidate};
 use crate::placement::{self, SegmentView};
 
 const SHARDS: usize = 64;
+/// Eviction passes one allocation may trigger before it gives up (each frees
+/// `eviction_ratio` of capacity).
+const MAX_EVICTION_ROUNDS: usize = 16;
 
 /// Timing and eviction settings of the metadata state.
 #[derive(Debug, Clone)]
@@ -67,6 +70,8 @@ struct Version {
     soft_pin_until: Option<Instant>,
     hard_pin: bool,
     last_access: Instant,
+    /// When it was committed (or recovered).
+    committed_at: Instant,
 }
 
 impl Version {
@@ -103,6 +108,8 @@ struct SegmentSlot {
     recovering: Option<Vec<InventoryItem>>,
     /// Shutting down or being emptied: takes no new objects.
     draining: bool,
+    /// Versions committed after this are not expected in the inventory.
+    scan_cutoff: Instant,
 }
 
 struct ClientEntry {
@@ -227,8 +234,10 @@ impl MasterState {
         }
     }
 
+    /// Checks that `id` is registered; its call counts as a sign of life.
     fn require_client(&self, id: ClientId) -> KvResult<()> {
-        if self.clients.lock().contains_key(&id) {
+        if let Some(c) = self.clients.lock().get_mut(&id) {
+            c.last_seen = c.last_seen.max(Instant::now());
             Ok(())
         } else {
             Err(KvError::new(
@@ -245,7 +254,24 @@ impl MasterState {
     /// new objects until it is complete. A segment still mounted under
     /// another client is taken over: its store restarted within the TTL.
     pub fn mount(&self, client: ClientId, info: SegmentInfo, objects: u64) -> KvResult<()> {
+        self.mount_scanned(client, info, objects, Duration::ZERO, Instant::now())
+    }
+
+    /// [`Self::mount`] for a store whose scan began `scan_age` ago: objects
+    /// committed since then are missing from its inventory but not lost.
+    pub fn mount_scanned(
+        &self,
+        client: ClientId,
+        info: SegmentInfo,
+        objects: u64,
+        scan_age: Duration,
+        now: Instant,
+    ) -> KvResult<()> {
         self.require_client(client)?;
+        // A margin for the time the mount message took to arrive.
+        let cutoff = now
+            .checked_sub(scan_age + Duration::from_secs(1))
+            .unwrap_or(now);
         if info.size == 0 {
             return Err(KvError::new(
                 Code::InvalidParams,
@@ -271,6 +297,7 @@ impl MasterState {
             s.owner = client;
             s.recovering = recovering;
             s.draining = false;
+            s.scan_cutoff = cutoff;
             drop(segs);
             if objects == 0 {
                 // Nothing survived: every replica the master placed there is gone.
@@ -287,6 +314,7 @@ impl MasterState {
                 owner: client,
                 recovering,
                 draining: false,
+                scan_cutoff: cutoff,
             },
         );
         Ok(())
@@ -389,6 +417,7 @@ impl MasterState {
                         soft_pin_until: None,
                         hard_pin: false,
                         last_access: now,
+                        committed_at: now,
                     });
                     drop(shard);
                     if let Some(old) = old {
@@ -409,24 +438,41 @@ impl MasterState {
     }
 
     /// A segment this master still has, remounted by a restarted store: the
-    /// map decides. Replicas whose bytes did not survive are dropped; objects
-    /// the map does not hold there are rejected.
+    /// map decides. Replicas whose bytes did not survive are dropped (unless
+    /// committed after the store's scan began); objects the map does not hold
+    /// there are rejected.
     fn reconcile_known(&self, id: SegmentId, items: &[InventoryItem]) -> InventoryVerdict {
+        let cutoff = match self.segments.read().get(&id) {
+            Some(s) => s.scan_cutoff,
+            None => return InventoryVerdict::default(),
+        };
         let reported: std::collections::HashSet<(u64, u64)> =
             items.iter().map(|i| (i.offset, i.generation)).collect();
         let mut kept = std::collections::HashSet::new();
+        let mut in_flight = std::collections::HashSet::new();
         let mut lost = Vec::new();
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
             sh.objects.retain(|_, e| {
+                // Written but not committed yet: its writer decides, not the store.
+                if let Some(p) = &e.pending {
+                    for (s, r) in &p.version.replicas {
+                        if *s == id {
+                            in_flight.insert((r.offset, p.version.generation));
+                        }
+                    }
+                }
                 if let Some(v) = &mut e.current {
                     let gen = v.generation;
+                    let recent = v.committed_at >= cutoff;
                     v.replicas.retain(|(s, r)| {
                         if *s != id {
                             return true;
                         }
                         if reported.contains(&(r.offset, gen)) {
                             kept.insert((r.offset, gen));
+                            true
+                        } else if recent {
                             true
                         } else {
                             lost.push(*r);
@@ -444,7 +490,11 @@ impl MasterState {
         self.open_segment(id);
         InventoryVerdict {
             accepted: kept.len() as u64,
-            rejected: reported.difference(&kept).copied().collect(),
+            rejected: reported
+                .difference(&kept)
+                .filter(|r| !in_flight.contains(r))
+                .copied()
+                .collect(),
         }
     }
 
@@ -617,13 +667,6 @@ impl MasterState {
     }
 
     /// Mounted segments big enough to ever hold a region of `len` bytes.
-    fn segments_that_fit(&self, len: u64) -> usize {
-        let segs = self.segments.read();
-        segs.values()
-            .filter(|s| s.alloc.lock().capacity() >= len)
-            .count()
-    }
-
     /// Owners silent for half the client TTL: probably dead, so their
     /// segments get no new objects while the TTL runs out.
     fn late_owners(&self, now: Instant) -> std::collections::HashSet<ClientId> {
@@ -636,18 +679,39 @@ impl MasterState {
             .collect()
     }
 
+    /// Segments that may take new objects now: not recovering an inventory,
+    /// not draining, and with an owner that heartbeats.
+    fn placeable(&self, now: Instant) -> HashSet<SegmentId> {
+        let late = self.late_owners(now);
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.recovering.is_none() && !s.draining && !late.contains(&s.owner))
+            .map(|s| s.info.id)
+            .collect()
+    }
+
+    /// How many of `among` could ever hold a region of `len` bytes.
+    fn fitting(&self, len: u64, among: Option<&HashSet<SegmentId>>) -> usize {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| among.is_none_or(|a| a.contains(&s.info.id)))
+            .filter(|s| s.alloc.lock().capacity() >= len)
+            .count()
+    }
+
     fn allocate(
         &self,
         region_len: u64,
         replica_num: usize,
         preferred: &[String],
-        now: Instant,
+        placeable: &HashSet<SegmentId>,
     ) -> Vec<(SegmentId, Region)> {
-        let late = self.late_owners(now);
         let segs = self.segments.read();
         let views: Vec<SegmentView> = segs
             .values()
-            .filter(|s| s.recovering.is_none() && !s.draining && !late.contains(&s.owner))
+            .filter(|s| placeable.contains(&s.info.id))
             .map(|s| SegmentView {
                 id: s.info.id,
                 name: s.info.name.clone(),
@@ -741,14 +805,43 @@ impl MasterState {
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
-        let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments, now);
+        let placeable = self.placeable(now);
+        let fit = self.fitting(item.region_len, Some(&placeable));
+        if fit == 0 && self.fitting(item.region_len, None) > 0 {
+            // Room exists but not now: never evict for segments that cannot take
+            // the object anyway; the caller retries.
+            return Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                "no segment takes new objects right now (recovering, draining or not heartbeating)",
+            ));
+        }
+        let mut replicas = self.allocate(
+            item.region_len,
+            want,
+            &config.preferred_segments,
+            &placeable,
+        );
         // Evict only for replicas that room could give: with fewer segments big
         // enough than `replica_num`, the put is best effort, not a reason to evict.
-        let reachable = want.min(self.segments_that_fit(item.region_len));
-        if replicas.len() < reachable {
+        let reachable = want.min(fit);
+        // Freed bytes are not always a hole big enough (values of mixed sizes
+        // fragment the segment), so evict more rounds until the region fits or
+        // nothing evictable is left.
+        let mut rounds = 0;
+        while replicas.len() < reachable && rounds < MAX_EVICTION_ROUNDS {
+            rounds += 1;
             self.free_now(&replicas, None);
-            self.evict(now, item.region_len.saturating_mul(reachable as u64));
-            replicas = self.allocate(item.region_len, want, &config.preferred_segments, now);
+            let need = item.region_len.saturating_mul(reachable as u64);
+            let freed = self.evict_on(now, need, Some(&placeable));
+            replicas = self.allocate(
+                item.region_len,
+                want,
+                &config.preferred_segments,
+                &placeable,
+            );
+            if freed.objects == 0 {
+                break;
+            }
         }
         if replicas.is_empty() {
             let (cap, used) = self.usage();
@@ -786,6 +879,7 @@ impl MasterState {
                 soft_pin_until,
                 hard_pin: config.with_hard_pin,
                 last_access: now,
+                committed_at: now,
             },
         });
         shard.pending.insert(item.key.clone(), client);
@@ -875,6 +969,7 @@ impl MasterState {
             ));
         }
         v.last_access = now;
+        v.committed_at = now;
         if let Some(old) = e.current.replace(v) {
             drop(shard);
             self.release(old, now);
@@ -1020,6 +1115,12 @@ impl MasterState {
     /// Frees at least `need` bytes, and at least `eviction_ratio` of capacity,
     /// from the least recently used evictable objects.
     pub fn evict(&self, now: Instant, need: u64) -> Evicted {
+        self.evict_on(now, need, None)
+    }
+
+    /// [`Self::evict`] limited to objects with a replica on `on`: evicting
+    /// elsewhere frees nothing where the caller can allocate.
+    fn evict_on(&self, now: Instant, need: u64, on: Option<&HashSet<SegmentId>>) -> Evicted {
         let _pass = self.evicting.lock();
         self.free_expired_deferred(now);
         let (cap, _) = self.usage();
@@ -1028,7 +1129,9 @@ impl MasterState {
         for shard in self.shards.iter() {
             for (k, e) in shard.lock().objects.iter() {
                 if let Some(v) = &e.current {
-                    if !Self::evictable(v, now) {
+                    if !Self::evictable(v, now)
+                        || on.is_some_and(|on| !v.replicas.iter().any(|(s, _)| on.contains(s)))
+                    {
                         continue;
                     }
                     candidates.push(Candidate {

@@ -18,6 +18,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 // Mooncake's numbers for the codes the state answers with.
+const UNAVAILABLE: i32 = -1010;
 const SEGMENT_NOT_FOUND: i32 = -101;
 const SEGMENT_ALREADY_EXISTS: i32 = -102;
 const CLIENT_NOT_FOUND: i32 = -103;
@@ -103,6 +104,7 @@ fn segment(id: u128, name: &str, size: u64) -> SegmentInfo {
         endpoint: format!("10.0.0.{id}:7000"),
         base: BASE,
         size,
+        path: None,
     }
 }
 
@@ -1392,7 +1394,9 @@ fn restarted_store_takes_over_its_segment() {
     let used = p.used();
 
     let new = p.client(2);
-    p.st.mount(new, segment(1, "a", MIB), 2).unwrap();
+    // The store's scan began well after those commits.
+    p.st.mount_scanned(new, segment(1, "a", MIB), 2, Duration::ZERO, p.at(5 * SEC))
+        .unwrap();
     // The store found "kept" and the stale bytes of "removed"; "lost" was torn.
     let verdict =
         p.st.report_objects(
@@ -1440,8 +1444,8 @@ fn new_master_rebuilds_from_inventories() {
     let base = 4096;
     p.st.mount(s1, segment(1, "a", MIB), 3).unwrap();
     p.st.mount(s2, segment(2, "b", MIB), 2).unwrap();
-    // Recovering segments take no new objects.
-    assert_eq!(code(p.put(s1, "new", 128, now)), NO_AVAILABLE_HANDLE);
+    // Recovering segments take no new objects: a retryable refusal.
+    assert_eq!(code(p.put(s1, "new", 128, now)), UNAVAILABLE);
     let v1 =
         p.st.report_objects(
             s1,
@@ -1512,4 +1516,29 @@ fn frees_are_queued_for_invalidation() {
     want.sort();
     assert_eq!(got[0].2, want);
     assert!(p.st.take_invalidations().is_empty());
+}
+
+/// A segment that cannot take objects right now (its owner is late on
+/// heartbeats) is no reason to evict: the put is refused with a retryable
+/// code and nothing is lost.
+#[test]
+fn unplaceable_segments_never_trigger_eviction() {
+    let cfg = StateConfig {
+        client_ttl: Duration::from_secs(10),
+        ..config()
+    };
+    let (p, c) = Pool::with_segment(cfg, MIB);
+    let writer = p.client(2);
+    for i in 0..8 {
+        p.commit(writer, &format!("k{i}"), OBJ, p.at(0));
+    }
+    // The owner has been silent for 6 s (> TTL/2): placement skips it.
+    assert!(p.st.heartbeat(writer, p.at(6 * SEC)));
+    let late = p.at(6 * SEC);
+    assert_eq!(code(p.put(writer, "new", OBJ, late)), UNAVAILABLE);
+    assert_eq!(p.st.evictions(), 0);
+    assert!((0..8).all(|i| p.present(&format!("k{i}"))));
+    // Back in time: the put goes through.
+    assert!(p.st.heartbeat(c, late));
+    p.commit(writer, "new", OBJ, late);
 }

@@ -140,14 +140,15 @@ impl Code {
     }
 
     /// Whether retrying the same call later may succeed (connection trouble,
-    /// a store restarting, a write still in flight, a master that is not
-    /// ready yet).
+    /// a store restarting, a read too slow for its lease, a write still in
+    /// flight, a master that is not ready yet).
     pub fn is_transient(self) -> bool {
         matches!(
             self,
             Code::RpcFail
                 | Code::RpcTimeout
                 | Code::TransferFail
+                | Code::LeaseExpired
                 | Code::ReplicaIsNotReady
                 | Code::UnavailableInCurrentStatus
                 | Code::ClientNotFound

@@ -195,6 +195,9 @@ pub struct SegmentInfo {
     pub base: u64,
     /// Usable bytes from `base`.
     pub size: u64,
+    /// Absolute path of the segment file, for clients on the same host to
+    /// map it (shared-memory transport); `None` for in-process memory.
+    pub path: Option<String>,
 }
 
 /// Lend a segment.
@@ -208,6 +211,10 @@ pub struct MountSegment {
     /// [`ReportObjects`]; the segment takes no new objects until the last
     /// report. 0 for a new or empty segment.
     pub objects: u64,
+    /// How long before this message the store began scanning the segment:
+    /// objects committed after that (written through shared memory while
+    /// the store was down or scanning) are not in the inventory but intact.
+    pub scan_age_ms: u64,
 }
 
 impl Rpc for MountSegment {

@@ -80,6 +80,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         "store",
         CallPolicy::default(),
     )?;
+    let heartbeat = CancellationToken::new();
     let mounted = async {
         let reply = loop {
             match link.register().await {
@@ -91,23 +92,23 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
                 Err(e) => return Err(StoreError::from(e)),
             }
         };
-        node.mount_all(&link).await?;
-        Ok(reply)
+        // Heartbeat from now on: scanning a big segment can outlast the TTL.
+        link.spawn_heartbeat(
+            Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
+            node.remount_hook(&link),
+            heartbeat.clone(),
+        );
+        node.mount_all(&link).await.map_err(StoreError::from)
     };
-    let reply = tokio::select! {
+    tokio::select! {
         _ = shutdown.cancelled() => {
+            heartbeat.cancel();
             data_plane.cancel();
             return Ok(());
         }
         r = mounted => r?,
     };
     info!(master = %cfg.master, "segment mounted");
-    let heartbeat = CancellationToken::new();
-    link.spawn_heartbeat(
-        Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
-        node.remount_hook(&link),
-        heartbeat.clone(),
-    );
     shutdown.cancelled().await;
     info!(grace = ?cfg.shutdown_grace, "shutting down: draining, finishing transfers in flight");
     node.drain_all(&link).await;

@@ -77,6 +77,10 @@ impl DataNode {
             endpoint: self.endpoint.clone(),
             base,
             size: region.len().saturating_sub(base),
+            path: region
+                .path()
+                .and_then(|p| std::fs::canonicalize(p).ok())
+                .map(|p| p.to_string_lossy().into_owned()),
         };
         self.table.insert(id, region.clone(), base);
         self.segments.lock().push((info.clone(), region));
@@ -161,6 +165,7 @@ async fn mount_one(link: &MasterLink, info: SegmentInfo, region: &MappedRegion) 
             client_id: link.client_id(),
             segment: info,
             objects: found.len() as u64,
+            scan_age_ms: t0.elapsed().as_millis() as u64,
         })
         .await;
     match r {

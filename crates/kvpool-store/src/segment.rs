@@ -92,6 +92,17 @@ impl SegmentFile {
     }
 }
 
+/// The id in a mapped segment's superblock, if it is a valid kvpool segment
+/// of the mapping's size (how a client on the same host makes sure a path
+/// really is the segment it was told about).
+pub fn segment_id(region: &MappedRegion) -> Option<SegmentId> {
+    if region.len() < DATA_BASE {
+        return None;
+    }
+    // SAFETY: in bounds (checked above); the superblock is written once at creation.
+    read_superblock(unsafe { region.slice(0, DATA_BASE) }, region.len())
+}
+
 fn read_superblock(sb: &[u8], size: u64) -> Option<SegmentId> {
     let u64_at = |i: usize| u64::from_le_bytes(sb[i..i + 8].try_into().unwrap_or([0; 8]));
     if sb[..8] != MAGIC

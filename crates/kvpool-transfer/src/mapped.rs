@@ -3,6 +3,7 @@
 
 use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -23,11 +24,13 @@ impl MappedRegion {
     /// pages are faulted in up front: lent memory is committed at start, not
     /// on the first write of each page in the data path.
     pub fn open_file(path: &Path, size: u64) -> io::Result<Self> {
+        // Owner-only: whoever may map the segment may read and write every object.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(path)?;
         let old_len = file.metadata()?.len();
         if old_len != size {
@@ -46,6 +49,19 @@ impl MappedRegion {
             .len(size as usize)
             .populate()
             .map_raw(&file)?;
+        Ok(MappedRegion {
+            map,
+            path: Some(path.to_path_buf()),
+        })
+    }
+
+    /// Maps an existing segment file of a store on this host, read-write, as
+    /// it is (the shared-memory transport). Fails unless this process may
+    /// open the file for writing.
+    pub fn open_existing(path: &Path) -> io::Result<Self> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let len = file.metadata()?.len();
+        let map = MmapOptions::new().len(len as usize).map_raw(&file)?;
         Ok(MappedRegion {
             map,
             path: Some(path.to_path_buf()),

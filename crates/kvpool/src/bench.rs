@@ -52,6 +52,9 @@ pub struct BenchArgs {
     /// Leave the keys in the pool at the end (default: remove them).
     #[arg(long)]
     pub keep: bool,
+    /// Transport for object bytes: tcp, shm (same host), or auto.
+    #[arg(long, default_value = "auto")]
+    pub protocol: String,
 }
 
 /// Which keys a phase writes and reads.
@@ -148,6 +151,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
     let mut cfg = ClientConfig::new(&a.master);
     cfg.hostname = "kvpool-bench".into();
     cfg.conns_per_store = a.concurrency.max(4);
+    cfg.protocol = a.protocol.parse()?;
     let client = Client::connect(cfg)
         .await
         .map_err(|e| anyhow::anyhow!("connect {}: {e}", a.master))?;
@@ -167,13 +171,14 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
         ..Default::default()
     };
     println!(
-        "kvpool bench: master {} · {} segment(s), {} · batch {} · concurrency {} · {:?} per phase",
+        "kvpool bench: master {} · {} segment(s), {} · batch {} · concurrency {} · {:?} per phase · protocol {}",
         a.master,
         status.segments.len(),
         crate::cli::human(status.capacity),
         a.batch,
         a.concurrency,
-        a.duration
+        a.duration,
+        a.protocol
     );
     let mut rows = Vec::new();
     for &size in &a.sizes {

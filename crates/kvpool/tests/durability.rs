@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use kvpool_client::{Client, ReplicateConfig};
+use kvpool_client::{Client, Protocol, ReplicateConfig};
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode};
 use kvpool_proto::msg::{self, PutGrant, PutItem, WriteReq};
 use kvpool_proto::Code;
@@ -171,9 +171,12 @@ impl Load {
     }
 }
 
-async fn kill9_restart_under_load(wait_past_ttl: bool) {
-    let mut cluster = Cluster::builder().segment_size("128MiB").start().await;
-    let load = Load::start(cluster.client().await, cluster.client().await);
+async fn kill9_restart_under_load(wait_past_ttl: bool, protocol: Protocol, segment: &str) {
+    let mut cluster = Cluster::builder().segment_size(segment).start().await;
+    let load = Load::start(
+        cluster.client_with(|c| c.protocol = protocol).await,
+        cluster.client_with(|c| c.protocol = protocol).await,
+    );
     let probe = cluster.client().await;
     eventually("the load to commit objects", STARTUP, async || {
         (load.committed().len() >= 300).then_some(())
@@ -198,15 +201,21 @@ async fn kill9_restart_under_load(wait_past_ttl: bool) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let reads = load.stop().await;
     let exact = count_exact(&probe, &before).await;
+    // The issue asks for >= 99%; nothing legitimate loses one here (the pool
+    // is far from full), so any loss is a bug.
     assert!(
-        exact * 100 >= before.len() * 99,
+        exact == before.len(),
         "only {exact} of {} objects committed before the kill read back",
         before.len()
     );
     assert!(reads > 0, "the reader never read anything");
     eprintln!(
-        "kill -9 {}: {exact} of {} objects committed before the kill read back byte-exact",
-        if wait_past_ttl { "past the TTL" } else { "within the TTL" },
+        "kill -9 {}, {protocol:?} load: {exact} of {} objects committed before the kill read back byte-exact",
+        if wait_past_ttl {
+            "past the TTL"
+        } else {
+            "within the TTL"
+        },
         before.len()
     );
     cluster.assert_alive();
@@ -214,12 +223,20 @@ async fn kill9_restart_under_load(wait_past_ttl: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_keeps_its_cache_across_kill9_within_the_ttl() {
-    kill9_restart_under_load(false).await;
+    kill9_restart_under_load(false, Protocol::Tcp, "128MiB").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_keeps_its_cache_across_kill9_past_the_ttl() {
-    kill9_restart_under_load(true).await;
+    kill9_restart_under_load(true, Protocol::Tcp, "128MiB").await;
+}
+
+/// Writers on the same host keep writing through shared memory while the
+/// store is down and while it scans; nothing they committed may be dropped
+/// when it remounts. (Big enough a segment that nothing is evicted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_kill9_under_shared_memory_load_loses_nothing() {
+    kill9_restart_under_load(false, Protocol::Shm, "1GiB").await;
 }
 
 /// The upgrade path: SIGTERM, then the store starts from another copy of the
