@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: format check, lints, unit and integration tests
-# (integration tests start the real kvpool binaries on 127.0.0.1).
+# (integration tests start the real kvpool binaries on 127.0.0.1), and the
+# Python module with its SGLang backend (scripts/test-python.sh).
 # Installs nothing it does not need; safe to run on a fresh clone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,3 +26,5 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
+echo "== python tests"
+./scripts/test-python.sh

@@ -1,0 +1,124 @@
+"""Type stubs for ``kvpool._native``, the Rust half of the package.
+
+Use :mod:`kvpool`, :mod:`kvpool.mooncake` or :mod:`kvpool.sglang` instead.
+Memory arguments (``_Memory``) accept an object with the buffer protocol, a
+contiguous CPU tensor (``data_ptr()``), or an ``int`` address with a size.
+"""
+
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
+
+from .config import ReplicateConfig
+
+_Memory = Any
+_Sizes = Optional[Sequence[Union[None, int, Sequence[Optional[int]]]]]
+
+__all__ = ["__version__", "Buffer", "Client", "address_of", "code_name", "resolve_settings"]
+__version__: str
+
+def resolve_settings(explicit: Dict[str, Any]) -> Dict[str, Any]:
+    """Resolves setup settings from arguments, ``KVPOOL_*``/``MOONCAKE_*`` env vars and the config file."""
+
+def code_name(code: int) -> str:
+    """Mooncake's name for an error code (``-704`` → ``"OBJECT_NOT_FOUND"``)."""
+
+def address_of(obj: Any, writable: bool = False) -> Tuple[int, int]:
+    """``(address, size)`` of an object's memory; keep the object alive while using it."""
+
+@final
+class Buffer:
+    """Bytes read from the pool: writable buffer protocol, ``ptr()``, ``size()``, ``len()``."""
+
+    def ptr(self) -> int:
+        """Address of the first byte (valid while this object lives)."""
+    def size(self) -> int:
+        """Number of bytes."""
+    def __len__(self) -> int: ...
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+
+@final
+class Client:
+    """A connection to a kvpool cluster; single-key calls raise, batch calls return per-key ints."""
+
+    def __new__(
+        cls,
+        master: str,
+        hostname: str = "127.0.0.1",
+        segment_size: int = 0,
+        segment_address: Optional[str] = None,
+        timeout: Optional[float] = None,
+        retries: Optional[int] = None,
+        conns_per_store: Optional[int] = None,
+        protocol: str = "tcp",
+    ) -> "Client": ...
+    @property
+    def master(self) -> str:
+        """Master address in use."""
+    @property
+    def hostname(self) -> str:
+        """This client's name (and its lent segment's name)."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+    @property
+    def lent_bytes(self) -> int:
+        """Bytes this process lends through this client (0 in a forked child)."""
+    def close(self) -> None:
+        """Withdraws the lent segment and disconnects."""
+    def put(
+        self,
+        key: str,
+        value: _Memory,
+        size: Optional[int] = None,
+        config: Optional[ReplicateConfig] = None,
+        upsert: bool = False,
+    ) -> None:
+        """Stores one object (write-once unless ``upsert``)."""
+    def put_parts(
+        self, key: str, parts: Sequence[_Memory], config: Optional[ReplicateConfig] = None, upsert: bool = False
+    ) -> None:
+        """Stores the concatenation of ``parts``."""
+    def batch_put(
+        self,
+        keys: Sequence[str],
+        values: Sequence[Union[_Memory, Sequence[_Memory]]],
+        sizes: _Sizes = None,
+        config: Optional[ReplicateConfig] = None,
+        upsert: bool = False,
+    ) -> List[int]:
+        """Stores many objects; per key 0 or a negative code."""
+    def get(self, key: str) -> bytes:
+        """Reads one object."""
+    def get_buffer(self, key: str) -> Buffer:
+        """Reads one object into a new Buffer."""
+    def get_into(self, key: str, dst: _Memory, size: Optional[int] = None) -> int:
+        """Reads one object into caller memory; returns its length."""
+    def batch_get(self, keys: Sequence[str]) -> List[Union[bytes, int]]:
+        """Per key: the bytes, or a negative code."""
+    def batch_get_buffer(self, keys: Sequence[str]) -> List[Union[Buffer, int]]:
+        """Per key: a Buffer, or a negative code."""
+    def batch_get_into(
+        self, keys: Sequence[str], dsts: Sequence[Union[_Memory, Sequence[_Memory]]], sizes: _Sizes = None
+    ) -> List[int]:
+        """Per key: bytes read, or a negative code."""
+    def read_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Tuple[int, int, int]]]) -> List[List[int]]:
+        """Copies ``(dst_address, src_offset, size)`` ranges of objects; per range bytes or a negative code."""
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+    def batch_exists(self, keys: Sequence[str]) -> List[int]:
+        """Per key: 1, 0, or a negative code."""
+    def get_size(self, key: str) -> int:
+        """Value size of ``key``."""
+    def remove(self, key: str, force: bool = False) -> None:
+        """Removes ``key``."""
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> List[int]:
+        """Per key: 0 or a negative code."""
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        """Removes matching keys; returns how many."""
+    def remove_all(self, force: bool = False) -> int:
+        """Removes every object; returns how many."""
+    def status(self) -> Dict[str, Any]:
+        """The cluster as the master sees it."""
+    def ping(self, timeout: float = 2.0) -> bool:
+        """Whether the master answers within ``timeout`` seconds."""

@@ -1,0 +1,180 @@
+//! Caller memory named by address and length (raw pointers from Python, or
+//! the address of a buffer-protocol object): validation, overlap checks, and
+//! the one place that turns an address into a Rust slice.
+
+use kvpool_proto::{Code, KvError, KvResult};
+
+/// A region of caller memory: `len` bytes at address `ptr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// Start address.
+    pub ptr: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl Region {
+    /// Checks an address and length given by a caller: a non-empty region
+    /// needs a non-null address, must not wrap around the address space, and
+    /// must fit in `isize` (Rust's limit for one allocation).
+    pub fn new(ptr: u64, len: u64) -> KvResult<Region> {
+        let bad = |why: &str| {
+            KvError::new(
+                Code::InvalidParams,
+                format!("buffer at {ptr:#x} of {len} bytes: {why}"),
+            )
+        };
+        let p = usize::try_from(ptr).map_err(|_| bad("address out of range"))?;
+        let l = usize::try_from(len).map_err(|_| bad("length out of range"))?;
+        if l > isize::MAX as usize {
+            return Err(bad("length out of range"));
+        }
+        if l > 0 && p == 0 {
+            return Err(bad("null address"));
+        }
+        if p.checked_add(l).is_none() {
+            return Err(bad("region wraps around the address space"));
+        }
+        Ok(Region { ptr: p, len: l })
+    }
+
+    /// One past the last byte.
+    pub fn end(&self) -> usize {
+        self.ptr + self.len
+    }
+
+    /// The region as a shared slice.
+    ///
+    /// # Safety
+    /// The caller must guarantee that the region is readable memory that stays
+    /// valid, and is not written by Rust code, for the lifetime `'a`.
+    pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `new` checked non-null, no wrap and len <= isize::MAX; the
+        // caller guarantees validity for 'a.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    /// The region as a mutable slice.
+    ///
+    /// # Safety
+    /// The caller must guarantee that the region is writable memory that stays
+    /// valid for `'a` and that no other live reference overlaps it (see
+    /// [`overlapping`]).
+    pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as for `as_slice`, plus exclusivity guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+/// For destinations of one batch read (each item a list of regions), marks
+/// every item that shares a byte with an earlier item or with itself. Such an
+/// item is refused: two reads into one byte would alias mutable memory.
+pub fn overlapping(items: &[Vec<Region>]) -> Vec<bool> {
+    let mut spans: Vec<(usize, usize, usize)> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(i, rs)| {
+            rs.iter()
+                .filter(|r| r.len > 0)
+                .map(move |r| (r.ptr, r.end(), i))
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut bad = vec![false; items.len()];
+    // Sweep by start address; `reach` is the furthest end seen so far and
+    // `owner` the item that reaches it.
+    let mut reach: Option<(usize, usize)> = None;
+    for &(start, end, item) in &spans {
+        if let Some((r_end, r_item)) = reach {
+            if start < r_end {
+                // Blame the later item in batch order so the first one still reads.
+                bad[item.max(r_item)] = true;
+                if end > r_end {
+                    reach = Some((end, item));
+                }
+                continue;
+            }
+        }
+        reach = Some((end, item));
+    }
+    bad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(ptr: usize, len: usize) -> Region {
+        Region { ptr, len }
+    }
+
+    #[test]
+    fn validation() {
+        assert!(Region::new(0, 0).is_ok());
+        assert_eq!(Region::new(0, 1).unwrap_err().code, Code::InvalidParams);
+        assert_eq!(
+            Region::new(u64::MAX - 1, 4).unwrap_err().code,
+            Code::InvalidParams
+        );
+        assert_eq!(
+            Region::new(8, u64::MAX / 2 + 1).unwrap_err().code,
+            Code::InvalidParams
+        );
+        let ok = Region::new(0x1000, 16).unwrap();
+        assert_eq!(ok.end(), 0x1010);
+    }
+
+    #[test]
+    fn slices() {
+        let mut v = vec![1u8, 2, 3, 4];
+        let reg = Region::new(v.as_mut_ptr() as u64, 4).unwrap();
+        // SAFETY: `v` outlives the slices and is not otherwise used meanwhile.
+        unsafe {
+            reg.as_mut_slice()[0] = 9;
+            assert_eq!(reg.as_slice(), &[9, 2, 3, 4]);
+        }
+        let empty = Region::new(0, 0).unwrap();
+        // SAFETY: empty regions never touch memory.
+        unsafe {
+            assert!(empty.as_slice().is_empty());
+        }
+    }
+
+    #[test]
+    fn overlaps() {
+        assert_eq!(
+            overlapping(&[vec![r(0x100, 16)], vec![r(0x110, 16)]]),
+            vec![false, false]
+        );
+        assert_eq!(
+            overlapping(&[vec![r(0x100, 16)], vec![r(0x10f, 16)]]),
+            vec![false, true]
+        );
+        // The later item in batch order is blamed even if it starts first.
+        assert_eq!(
+            overlapping(&[vec![r(0x108, 16)], vec![r(0x100, 16)]]),
+            vec![false, true]
+        );
+        // Within one item.
+        assert_eq!(
+            overlapping(&[vec![r(0x100, 8), r(0x104, 8)], vec![r(0x200, 1)]]),
+            vec![true, false]
+        );
+        // Empty regions never overlap; a long region covers later ones.
+        assert_eq!(
+            overlapping(&[
+                vec![r(0x100, 0)],
+                vec![r(0x100, 0x100)],
+                vec![r(0x120, 4)],
+                vec![r(0x300, 4)]
+            ]),
+            vec![false, false, true, false]
+        );
+    }
+}

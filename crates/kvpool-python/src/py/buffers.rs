@@ -1,0 +1,268 @@
+//! Caller memory coming in (raw addresses, buffer-protocol objects, CPU
+//! tensors) and result memory going out ([`Buffer`], a buffer-protocol object
+//! over bytes the client read).
+
+use std::cell::UnsafeCell;
+use std::ffi::{c_int, c_void};
+
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
+
+use super::{invalid, raise};
+use crate::memory::Region;
+
+/// Caller memory pinned for one call: the region, plus whatever keeps it
+/// valid (a buffer-protocol export, or a reference to the tensor).
+pub(crate) struct Held {
+    /// Where the bytes are.
+    pub region: Region,
+    _keep: Keep,
+}
+
+enum Keep {
+    /// A raw address: the caller vouches for it (Mooncake's contract).
+    Nothing,
+    /// A buffer export, released (with the GIL) when the call is done; while
+    /// it lives the exporter cannot resize or free the memory.
+    View(Box<ffi::Py_buffer>),
+    /// An object exposing `data_ptr()` (a torch tensor), kept alive.
+    Object(#[allow(dead_code)] Py<PyAny>),
+}
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        if let Keep::View(view) = self {
+            // SAFETY: the view was filled by a successful PyObject_GetBuffer
+            // and is released exactly once, with the GIL held.
+            Python::attach(|_| unsafe { ffi::PyBuffer_Release(&mut **view) });
+        }
+    }
+}
+
+impl Held {
+    /// Memory at a raw address the caller vouches for.
+    pub fn raw(region: Region) -> Held {
+        Held {
+            region,
+            _keep: Keep::Nothing,
+        }
+    }
+}
+
+/// What a caller may pass as memory: an `int` address (with a size), an
+/// object with the buffer protocol (bytes, bytearray, memoryview, numpy
+/// arrays, mmap, ...), or a contiguous CPU tensor (anything with `data_ptr()`,
+/// `numel()` and `element_size()`). `size` limits the region to its first
+/// `size` bytes; `writable` asks for memory the client may fill.
+pub(crate) fn hold(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    size: Option<u64>,
+    writable: bool,
+) -> PyResult<Held> {
+    // An address is an int — or, with a size, any integer-like object such as
+    // a numpy integer (which would otherwise export its own 8 bytes as a buffer).
+    let is_address = (obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>())
+        || (size.is_some() && !obj.is_instance_of::<PyBool>() && obj.hasattr("__index__")?);
+    if is_address {
+        let ptr: u64 = obj
+            .call_method0("__index__")
+            .and_then(|i| i.extract())
+            .map_err(|_| invalid(py, "a buffer address must be a non-negative int"))?;
+        let Some(size) = size else {
+            return Err(PyTypeError::new_err(
+                "a size is required with a raw buffer address",
+            ));
+        };
+        return Region::new(ptr, size)
+            .map(Held::raw)
+            .map_err(|e| raise(py, e));
+    }
+    if let Some(held) = hold_buffer(py, obj, size, writable)? {
+        return Ok(held);
+    }
+    if obj.hasattr("data_ptr")? {
+        return hold_tensor(py, obj, size);
+    }
+    Err(PyTypeError::new_err(format!(
+        "expected an int address, an object with the buffer protocol, or a CPU tensor; got {}",
+        obj.get_type().name()?
+    )))
+}
+
+/// Exports `obj`'s buffer as one contiguous byte region, if it has one.
+fn hold_buffer(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    size: Option<u64>,
+    writable: bool,
+) -> PyResult<Option<Held>> {
+    // SAFETY: an all-zero Py_buffer is the documented "empty" state.
+    let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+    // PyBUF_SIMPLE: contiguous bytes, no format/shape; exporters that cannot
+    // give that (non-contiguous arrays) raise BufferError.
+    let flags = if writable {
+        ffi::PyBUF_SIMPLE | ffi::PyBUF_WRITABLE
+    } else {
+        ffi::PyBUF_SIMPLE
+    };
+    // SAFETY: `obj` is a live object and `view` points to writable storage.
+    let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+    if rc != 0 {
+        let err = PyErr::fetch(py);
+        // Not a buffer at all: let the caller try other forms.
+        if err.is_instance_of::<PyTypeError>(py) && !obj.hasattr("__buffer__").unwrap_or(false) {
+            return Ok(None);
+        }
+        if err.is_instance_of::<PyBufferError>(py) && writable {
+            return Err(PyBufferError::new_err(format!(
+                "destination must be writable, contiguous memory: {err}"
+            )));
+        }
+        return Err(err);
+    }
+    let len = u64::try_from(view.len).unwrap_or(0);
+    let ptr = view.buf as usize as u64;
+    let held_view = Keep::View(view);
+    let take = match size {
+        Some(s) if s > len => {
+            drop(held_view);
+            return Err(invalid(
+                py,
+                format!("size {s} exceeds the buffer's {len} bytes"),
+            ));
+        }
+        Some(s) => s,
+        None => len,
+    };
+    let region = Region::new(ptr, take).map_err(|e| raise(py, e))?;
+    Ok(Some(Held {
+        region,
+        _keep: held_view,
+    }))
+}
+
+/// A torch-style tensor: `data_ptr()`, `numel()`, `element_size()`; it must
+/// be contiguous and on the CPU.
+fn hold_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, size: Option<u64>) -> PyResult<Held> {
+    if let Some(device) = obj.getattr_opt("device")? {
+        let kind = device
+            .getattr_opt("type")?
+            .map(|t| t.str().map(|s| s.to_string()))
+            .transpose()?
+            .unwrap_or_else(|| "cpu".to_string());
+        if kind != "cpu" {
+            return Err(invalid(
+                py,
+                format!("tensor is on {kind}; kvpool reads and writes CPU memory only"),
+            ));
+        }
+    }
+    if let Some(contig) = obj.getattr_opt("is_contiguous")? {
+        if !contig.call0()?.is_truthy()? {
+            return Err(invalid(py, "tensor is not contiguous"));
+        }
+    }
+    let ptr: u64 = obj.call_method0("data_ptr")?.extract()?;
+    let len: u64 = match obj.getattr_opt("nbytes")? {
+        Some(n) if !n.is_callable() => n.extract()?,
+        _ => {
+            let numel: u64 = obj.call_method0("numel")?.extract()?;
+            let elem: u64 = obj.call_method0("element_size")?.extract()?;
+            numel
+                .checked_mul(elem)
+                .ok_or_else(|| invalid(py, "tensor size overflows"))?
+        }
+    };
+    let take = match size {
+        Some(s) if s > len => {
+            return Err(invalid(
+                py,
+                format!("size {s} exceeds the tensor's {len} bytes"),
+            ))
+        }
+        Some(s) => s,
+        None => len,
+    };
+    let region = Region::new(ptr, take).map_err(|e| raise(py, e))?;
+    Ok(Held {
+        region,
+        _keep: Keep::Object(obj.clone().unbind()),
+    })
+}
+
+/// Bytes read from the pool, owned by Python: supports the buffer protocol
+/// (writable, like a `bytearray`), `ptr()` and `size()` as Mooncake's
+/// `BufferHandle` does, `len()` and `bytes()`.
+#[pyclass(module = "kvpool._native", name = "Buffer", frozen)]
+pub struct Buffer {
+    data: UnsafeCell<Box<[u8]>>,
+}
+
+// SAFETY: the bytes are only reached through raw pointers handed to Python
+// (the buffer protocol, `ptr()`), exactly like a `bytearray`'s storage; Rust
+// never forms references to them after construction.
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    /// Wraps bytes the client read.
+    pub fn new(v: Vec<u8>) -> Buffer {
+        Buffer {
+            data: UnsafeCell::new(v.into_boxed_slice()),
+        }
+    }
+
+    fn raw(&self) -> (*mut u8, usize) {
+        // SAFETY: the box itself is never replaced; reading its pointer and
+        // length does not touch the bytes.
+        let b = unsafe { &mut *self.data.get() };
+        (b.as_mut_ptr(), b.len())
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    /// Address of the first byte (valid while this object lives).
+    fn ptr(&self) -> usize {
+        self.raw().0 as usize
+    }
+
+    /// Number of bytes.
+    fn size(&self) -> usize {
+        self.raw().1
+    }
+
+    fn __len__(&self) -> usize {
+        self.raw().1
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<kvpool.Buffer of {} bytes>", self.raw().1)
+    }
+
+    /// # Safety
+    /// Called by CPython with a valid `view` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = slf.get().raw();
+        let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("buffer too large"))?;
+        // SAFETY: `view` is valid per CPython's contract; PyBuffer_FillInfo
+        // takes a new reference to `slf`, keeping the bytes alive for the export.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut c_void, len, 0, flags)
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// Called by CPython when an export ends; nothing to free.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}

@@ -1,0 +1,734 @@
+//! `kvpool._native.Client`: one connection to a kvpool cluster, shared by the
+//! Pythonic `kvpool.Client` and `kvpool.mooncake.MooncakeDistributedStore`.
+//!
+//! Conventions: single-object calls raise `kvpool.errors` exceptions; batch
+//! calls return one integer per key (0 / bytes read / 1-0 for existence, or a
+//! negative Mooncake code) so no partial success is hidden. Every network
+//! wait goes through [`wait`] with the GIL released.
+//!
+//! Fork: the connection belongs to the process that made it. A forked child
+//! that uses the object reconnects on first use as a pure client (it never
+//! lends the parent's segment, and never touches the parent's sockets).
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use kvpool_client::{ClientConfig, GetInto, ReplicateConfig};
+use kvpool_proto::{Code, KvError, KvResult};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use super::buffers::{hold, Buffer, Held};
+use super::convert::replicate_config;
+use super::{raise, wait};
+use crate::memory::{overlapping, Region};
+use crate::runtime;
+
+/// Connection state; locked only while the GIL is held and never across a
+/// GIL release, so a `fork()` (which happens with the GIL held) cannot leave
+/// it locked in the child.
+struct State {
+    /// Process that owns `client`.
+    pid: u32,
+    /// The live connection, if any.
+    client: Option<kvpool_client::Client>,
+    /// `close()` was called.
+    closed: bool,
+}
+
+/// A connection to a kvpool cluster (see the module docs for conventions).
+#[pyclass(module = "kvpool._native", name = "Client", frozen, weakref)]
+pub struct Client {
+    cfg: ClientConfig,
+    /// The process that connected (and lends the segment, if any).
+    creator_pid: u32,
+    state: Mutex<State>,
+}
+
+/// A single-key result as a Mooncake-style integer.
+fn code_of<T>(r: &KvResult<T>) -> i64 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => i64::from(e.code.as_i32()),
+    }
+}
+
+/// Per-item memory for a batch: `values[i]` is one memory object or a
+/// list/tuple of them; `sizes[i]` is `None`, an int, or a list of ints.
+fn hold_items(
+    py: Python<'_>,
+    n: usize,
+    values: &Bound<'_, PyAny>,
+    sizes: Option<&Bound<'_, PyAny>>,
+    writable: bool,
+) -> PyResult<Vec<KvResult<Vec<Held>>>> {
+    let values: Vec<Bound<'_, PyAny>> = values.extract()?;
+    if values.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "{n} keys but {} buffers",
+            values.len()
+        )));
+    }
+    let sizes: Option<Vec<Bound<'_, PyAny>>> = match sizes {
+        Some(s) if !s.is_none() => Some(s.extract()?),
+        _ => None,
+    };
+    if let Some(s) = &sizes {
+        if s.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "{n} keys but {} sizes",
+                s.len()
+            )));
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, v) in values.iter().enumerate() {
+        let size = sizes.as_ref().map(|s| &s[i]).filter(|s| !s.is_none());
+        let multi = v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>();
+        let item: KvResult<Vec<Held>> = if multi {
+            let parts: Vec<Bound<'_, PyAny>> = v.extract()?;
+            let part_sizes: Option<Vec<Option<u64>>> = match size {
+                Some(s) => Some(s.extract()?),
+                None => None,
+            };
+            if part_sizes
+                .as_ref()
+                .is_some_and(|ps| ps.len() != parts.len())
+            {
+                Err(KvError::new(
+                    Code::InvalidParams,
+                    format!("item {i}: buffer and size lists differ in length"),
+                ))
+            } else {
+                parts
+                    .iter()
+                    .enumerate()
+                    .map(|(j, p)| {
+                        let sz = part_sizes.as_ref().and_then(|ps| ps[j]);
+                        hold_or_code(py, p, sz, writable)
+                    })
+                    .collect::<PyResult<Vec<_>>>()?
+                    .into_iter()
+                    .collect()
+            }
+        } else {
+            let sz: Option<u64> = match size {
+                Some(s) => Some(s.extract()?),
+                None => None,
+            };
+            hold_or_code(py, v, sz, writable)?.map(|h| vec![h])
+        };
+        out.push(item);
+    }
+    Ok(out)
+}
+
+/// Holds memory, turning a bad address or size into a per-item error (the
+/// batch goes on) while type errors still raise (a programming mistake).
+fn hold_or_code(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    size: Option<u64>,
+    writable: bool,
+) -> PyResult<KvResult<Held>> {
+    match hold(py, obj, size, writable) {
+        Ok(h) => Ok(Ok(h)),
+        Err(e) => {
+            // Only kvpool errors (InvalidArgument) become per-item codes.
+            match e.value(py).getattr("code").and_then(|c| c.extract::<i32>()) {
+                Ok(code) => Ok(Err(KvError::new(
+                    Code::from_i32(code),
+                    e.value(py).str().map(|s| s.to_string()).unwrap_or_default(),
+                ))),
+                Err(_) => Err(e),
+            }
+        }
+    }
+}
+
+impl Client {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means a panic elsewhere; the state is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection for this process, reconnecting (as a pure client)
+    /// after a fork.
+    fn client(&self, py: Python<'_>) -> PyResult<kvpool_client::Client> {
+        let cfg = {
+            let mut st = self.lock();
+            if st.closed {
+                return Err(raise(
+                    py,
+                    KvError::new(Code::UnavailableInCurrentStatus, "the client is closed"),
+                ));
+            }
+            if runtime::is_current(st.pid) {
+                if let Some(c) = &st.client {
+                    return Ok(c.clone());
+                }
+            }
+            // A forked child: the parent's connection, heartbeat and lent
+            // segment are the parent's. Leak them (dropping would deregister
+            // the parent's sockets from the shared epoll instance).
+            if let Some(old) = st.client.take() {
+                std::mem::forget(old);
+            }
+            let mut cfg = self.cfg.clone();
+            cfg.segment_size = 0;
+            cfg
+        };
+        let c = wait(py, kvpool_client::Client::connect(cfg))?.map_err(|e| raise(py, e))?;
+        let mut st = self.lock();
+        if runtime::is_current(st.pid) {
+            if let Some(existing) = &st.client {
+                // Another thread reconnected first; keep its connection.
+                let existing = existing.clone();
+                drop(st);
+                spawn_close(c);
+                return Ok(existing);
+            }
+        }
+        st.pid = std::process::id();
+        st.client = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Name of the segment this process lends, if it lends one (only the
+    /// process that connected lends; a forked child is a pure client).
+    fn own_segment(&self) -> Option<String> {
+        (self.lent_bytes() > 0).then(|| self.cfg.hostname.clone())
+    }
+
+    fn config(&self, py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<ReplicateConfig> {
+        let own = self.own_segment();
+        replicate_config(py, obj, own.as_deref())
+    }
+}
+
+/// Closes a connection in the background (used where blocking is wrong).
+fn spawn_close(c: kvpool_client::Client) {
+    if let Ok(rt) = runtime::get() {
+        rt.spawn(async move { c.close().await });
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = st.client.take() {
+            if !runtime::is_current(st.pid) {
+                // The parent's connection, seen from a forked child.
+                std::mem::forget(c);
+            } else if !st.closed {
+                // Unmount a lent segment promptly instead of waiting for the
+                // master's client TTL.
+                spawn_close(c);
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to the master at `master` ("host:port" or "etcd://...");
+    /// with `segment_size` > 0 this process also lends that many bytes to the
+    /// pool. `None` options keep the Rust client's defaults.
+    #[new]
+    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        master: &str,
+        hostname: &str,
+        segment_size: u64,
+        segment_address: Option<&str>,
+        timeout: Option<f64>,
+        retries: Option<u32>,
+        conns_per_store: Option<usize>,
+        protocol: &str,
+    ) -> PyResult<Self> {
+        if let Some(t) = timeout {
+            if !(t.is_finite() && t > 0.0 && t < 1e9) {
+                return Err(PyValueError::new_err(
+                    "timeout must be a positive number of seconds",
+                ));
+            }
+        }
+        let master = crate::settings::normalize_master(master).map_err(|e| raise(py, e))?;
+        let protocol = crate::settings::Protocol::parse(protocol).map_err(|e| raise(py, e))?;
+        let mut cfg = ClientConfig::new(&master);
+        cfg.hostname = hostname.to_string();
+        if let Some(t) = timeout {
+            cfg.timeout = Duration::from_secs_f64(t);
+        }
+        if let Some(r) = retries {
+            cfg.retries = r;
+        }
+        if let Some(n) = conns_per_store {
+            cfg.conns_per_store = n.max(1);
+        }
+        cfg.segment_size = segment_size;
+        cfg.segment_address = segment_address
+            .map(str::to_string)
+            .unwrap_or_else(|| crate::settings::host_part(hostname).to_string());
+        crate::settings::apply_protocol(&mut cfg, protocol);
+        let c = wait(py, kvpool_client::Client::connect(cfg.clone()))?.map_err(|e| raise(py, e))?;
+        Ok(Client {
+            cfg,
+            creator_pid: std::process::id(),
+            state: Mutex::new(State {
+                pid: std::process::id(),
+                client: Some(c),
+                closed: false,
+            }),
+        })
+    }
+
+    /// Master address in use.
+    #[getter]
+    fn master(&self) -> String {
+        self.cfg.master.clone()
+    }
+
+    /// This client's name (and its lent segment's name).
+    #[getter]
+    fn hostname(&self) -> String {
+        self.cfg.hostname.clone()
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Bytes this process lends to the pool through this client (0 in a
+    /// forked child, which is a pure client).
+    #[getter]
+    fn lent_bytes(&self) -> u64 {
+        let st = self.lock();
+        if st.closed || !runtime::is_current(self.creator_pid) || st.client.is_none() {
+            0
+        } else {
+            self.cfg.segment_size
+        }
+    }
+
+    /// Withdraws the lent segment and disconnects; later calls raise.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let c = {
+            let mut st = self.lock();
+            if st.closed {
+                return Ok(());
+            }
+            st.closed = true;
+            match st.client.take() {
+                Some(c) if runtime::is_current(st.pid) => Some(c),
+                Some(c) => {
+                    std::mem::forget(c);
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some(c) = c {
+            wait(py, async move { c.close().await })?;
+        }
+        Ok(())
+    }
+
+    /// Stores one object from `value` (memory: buffer, tensor, or int
+    /// address with `size`); `upsert` replaces an existing value, otherwise an
+    /// existing key is kept and the call succeeds.
+    #[pyo3(signature = (key, value, size = None, config = None, upsert = false))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        size: Option<u64>,
+        config: Option<&Bound<'_, PyAny>>,
+        upsert: bool,
+    ) -> PyResult<()> {
+        let cfg = self.config(py, config)?;
+        let held = hold(py, value, size, false)?;
+        let c = self.client(py)?;
+        // SAFETY: `held` keeps the memory valid and unchanged-in-size until
+        // after `wait` returns; the client only reads it.
+        let data = unsafe { held.region.as_slice() };
+        let parts: [&[u8]; 1] = [data];
+        let r = wait(py, async {
+            c.batch_put(&[(key, &parts[..])], &cfg, upsert).await
+        })?;
+        drop(held);
+        one(py, r)
+    }
+
+    /// Stores the concatenation of `parts` (each a memory object) as one object.
+    #[pyo3(signature = (key, parts, config = None, upsert = false))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: Vec<Bound<'_, PyAny>>,
+        config: Option<&Bound<'_, PyAny>>,
+        upsert: bool,
+    ) -> PyResult<()> {
+        let cfg = self.config(py, config)?;
+        let held: Vec<Held> = parts
+            .iter()
+            .map(|p| hold(py, p, None, false))
+            .collect::<PyResult<_>>()?;
+        let c = self.client(py)?;
+        // SAFETY: `held` keeps every part valid until after `wait`.
+        let slices: Vec<&[u8]> = held
+            .iter()
+            .map(|h| unsafe { h.region.as_slice() })
+            .collect();
+        let r = wait(py, async {
+            c.batch_put(&[(key, &slices[..])], &cfg, upsert).await
+        })?;
+        drop(held);
+        one(py, r)
+    }
+
+    /// Stores many objects; `values[i]` is a memory object or a list of them
+    /// (concatenated), `sizes[i]` its size(s) when given as int addresses.
+    /// Returns one code per key: 0, or a negative Mooncake code.
+    #[pyo3(signature = (keys, values, sizes = None, config = None, upsert = false))]
+    fn batch_put(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        sizes: Option<&Bound<'_, PyAny>>,
+        config: Option<&Bound<'_, PyAny>>,
+        upsert: bool,
+    ) -> PyResult<Vec<i64>> {
+        let cfg = self.config(py, config)?;
+        let held = hold_items(py, keys.len(), values, sizes, false)?;
+        let mut codes = vec![0i64; keys.len()];
+        // SAFETY: `held` outlives `wait`; the client only reads.
+        let slices: Vec<Vec<&[u8]>> = held
+            .iter()
+            .map(|h| match h {
+                Ok(hs) => hs.iter().map(|h| unsafe { h.region.as_slice() }).collect(),
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let mut items: Vec<(&str, &[&[u8]])> = Vec::with_capacity(keys.len());
+        let mut index = Vec::with_capacity(keys.len());
+        for (i, h) in held.iter().enumerate() {
+            match h {
+                Ok(_) => {
+                    items.push((keys[i].as_str(), &slices[i][..]));
+                    index.push(i);
+                }
+                Err(e) => codes[i] = i64::from(e.code.as_i32()),
+            }
+        }
+        if !items.is_empty() {
+            let c = self.client(py)?;
+            let r = wait(py, async { c.batch_put(&items, &cfg, upsert).await })?;
+            for (i, r) in index.into_iter().zip(r) {
+                codes[i] = code_of(&r);
+            }
+        }
+        drop(held);
+        Ok(codes)
+    }
+
+    /// Reads one object as `bytes`.
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let c = self.client(py)?;
+        let v = wait(py, async { c.get(key).await })?.map_err(|e| raise(py, e))?;
+        Ok(PyBytes::new(py, &v))
+    }
+
+    /// Reads one object into a new `Buffer` (no copy after the read).
+    fn get_buffer(&self, py: Python<'_>, key: &str) -> PyResult<Buffer> {
+        let c = self.client(py)?;
+        let v = wait(py, async { c.get(key).await })?.map_err(|e| raise(py, e))?;
+        Ok(Buffer::new(v))
+    }
+
+    /// Reads one object into caller memory (`dst`: writable buffer, tensor,
+    /// or int address with `size`); returns the value's length.
+    #[pyo3(signature = (key, dst, size = None))]
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        dst: &Bound<'_, PyAny>,
+        size: Option<u64>,
+    ) -> PyResult<usize> {
+        let held = hold(py, dst, size, true)?;
+        let c = self.client(py)?;
+        // SAFETY: `held` keeps the memory valid until after `wait`, and this
+        // is the only reference to it.
+        let buf = unsafe { held.region.as_mut_slice() };
+        let r = wait(py, async { c.get_into(key, buf).await })?;
+        drop(held);
+        r.map_err(|e| raise(py, e))
+    }
+
+    /// Reads many objects as `bytes`; a failed key gives its negative code.
+    fn batch_get<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let c = self.client(py)?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let r = wait(py, async { c.batch_get(&refs).await })?;
+        r.into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(PyBytes::new(py, &v).into_any()),
+                Err(e) => Ok(e.code.as_i32().into_pyobject(py)?.into_any()),
+            })
+            .collect()
+    }
+
+    /// Reads many objects into new `Buffer`s; a failed key gives its negative code.
+    fn batch_get_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let c = self.client(py)?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let r = wait(py, async { c.batch_get(&refs).await })?;
+        r.into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(Bound::new(py, Buffer::new(v))?.into_any()),
+                Err(e) => Ok(e.code.as_i32().into_pyobject(py)?.into_any()),
+            })
+            .collect()
+    }
+
+    /// Reads many objects into caller memory; `dsts[i]` is a memory object or
+    /// a list of them (filled in order). Returns per key the bytes read or a
+    /// negative code (−600 for a buffer too small or overlapping another).
+    #[pyo3(signature = (keys, dsts, sizes = None))]
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        dsts: &Bound<'_, PyAny>,
+        sizes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        let held = hold_items(py, keys.len(), dsts, sizes, true)?;
+        let mut codes = vec![0i64; keys.len()];
+        let regions: Vec<Vec<Region>> = held
+            .iter()
+            .map(|h| match h {
+                Ok(hs) => hs.iter().map(|h| h.region).collect(),
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let clash = overlapping(&regions);
+        let mut items: Vec<GetInto<'_>> = Vec::with_capacity(keys.len());
+        let mut index = Vec::with_capacity(keys.len());
+        for (i, h) in held.iter().enumerate() {
+            match h {
+                Err(e) => codes[i] = i64::from(e.code.as_i32()),
+                Ok(_) if clash[i] => codes[i] = i64::from(Code::InvalidParams.as_i32()),
+                Ok(hs) => {
+                    items.push(GetInto {
+                        key: keys[i].as_str(),
+                        // SAFETY: `held` outlives `wait`, and `overlapping`
+                        // excluded every item sharing a byte with another.
+                        dst: hs
+                            .iter()
+                            .map(|h| unsafe { h.region.as_mut_slice() })
+                            .collect(),
+                    });
+                    index.push(i);
+                }
+            }
+        }
+        if !items.is_empty() {
+            let c = self.client(py)?;
+            let r = wait(py, async { c.batch_get_into(&mut items).await })?;
+            for (i, r) in index.into_iter().zip(r) {
+                codes[i] = match r {
+                    Ok(n) => n as i64,
+                    Err(e) => i64::from(e.code.as_i32()),
+                };
+            }
+        }
+        drop(items);
+        drop(held);
+        Ok(codes)
+    }
+
+    /// Copies byte ranges of objects into caller memory: for each key,
+    /// `ranges[i]` lists `(dst_address, src_offset, size)`. Each object is
+    /// read once. Returns per range the bytes copied or a negative code.
+    fn read_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ranges: Vec<Vec<(u64, u64, u64)>>,
+    ) -> PyResult<Vec<Vec<i64>>> {
+        if keys.len() != ranges.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} keys but {} range lists",
+                keys.len(),
+                ranges.len()
+            )));
+        }
+        let c = self.client(py)?;
+        let mut uniq: Vec<&str> = keys.iter().map(String::as_str).collect();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let r = wait(py, async { c.batch_get(&uniq).await })?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, rs) in keys.iter().zip(&ranges) {
+            let pos = uniq.binary_search(&key.as_str()).ok();
+            let value = pos.and_then(|p| r.get(p));
+            out.push(
+                rs.iter()
+                    .map(|&(dst, off, len)| match value {
+                        None => i64::from(Code::InternalError.as_i32()),
+                        Some(Err(e)) => i64::from(e.code.as_i32()),
+                        Some(Ok(v)) => copy_range(v, dst, off, len),
+                    })
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Whether `key` exists (does not extend its life).
+    fn exists(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        let c = self.client(py)?;
+        wait(py, async { c.exist(key).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Existence of many keys: 1, 0, or a negative code per key.
+    fn batch_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<i64>> {
+        let c = self.client(py)?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let r = wait(py, async { c.batch_exist(&refs).await })?;
+        Ok(r.into_iter()
+            .map(|r| match r {
+                Ok(true) => 1,
+                Ok(false) => 0,
+                Err(e) => i64::from(e.code.as_i32()),
+            })
+            .collect())
+    }
+
+    /// Value size of `key` in bytes.
+    fn get_size(&self, py: Python<'_>, key: &str) -> PyResult<u64> {
+        let c = self.client(py)?;
+        wait(py, async { c.get_size(key).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Removes `key`; `force` ignores a live read lease.
+    #[pyo3(signature = (key, force = false))]
+    fn remove(&self, py: Python<'_>, key: &str, force: bool) -> PyResult<()> {
+        let c = self.client(py)?;
+        wait(py, async { c.remove(key, force).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Removes many keys; one code per key.
+    #[pyo3(signature = (keys, force = false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> PyResult<Vec<i64>> {
+        let c = self.client(py)?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let r = wait(py, async { c.batch_remove(&refs, force).await })?;
+        Ok(r.iter().map(code_of).collect())
+    }
+
+    /// Removes keys matching a regex (Rust `regex` syntax); returns how many.
+    #[pyo3(signature = (pattern, force = false))]
+    fn remove_by_regex(&self, py: Python<'_>, pattern: &str, force: bool) -> PyResult<u64> {
+        let c = self.client(py)?;
+        wait(py, async { c.remove_by_regex(pattern, force).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Removes every object; returns how many.
+    #[pyo3(signature = (force = false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> PyResult<u64> {
+        let c = self.client(py)?;
+        wait(py, async { c.remove_all(force).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// The cluster as the master sees it, as a dict.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.client(py)?;
+        let s = wait(py, async { c.status().await })?.map_err(|e| raise(py, e))?;
+        let d = PyDict::new(py);
+        let segs = PyList::empty(py);
+        for seg in &s.segments {
+            let sd = PyDict::new(py);
+            sd.set_item("name", &seg.info.name)?;
+            sd.set_item("endpoint", &seg.info.endpoint)?;
+            sd.set_item("size", seg.info.size)?;
+            sd.set_item("used", seg.used)?;
+            sd.set_item("regions", seg.regions)?;
+            segs.append(sd)?;
+        }
+        d.set_item("segments", segs)?;
+        d.set_item("keys", s.keys)?;
+        d.set_item("pending", s.pending)?;
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("used", s.used)?;
+        d.set_item("clients", s.clients)?;
+        d.set_item("evictions", s.evictions)?;
+        Ok(d)
+    }
+
+    /// Whether the master answers within `timeout` seconds.
+    #[pyo3(signature = (timeout = 2.0))]
+    fn ping(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        if !(timeout.is_finite() && timeout > 0.0 && timeout < 1e9) {
+            return Err(PyTypeError::new_err(
+                "timeout must be a positive number of seconds",
+            ));
+        }
+        let c = match self.client(py) {
+            Ok(c) => c,
+            Err(_) if !self.lock().closed => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let limit = Duration::from_secs_f64(timeout);
+        let r = wait(py, async { tokio::time::timeout(limit, c.status()).await })?;
+        Ok(matches!(r, Ok(Ok(_))))
+    }
+}
+
+/// The only result of a one-key batch put, raised if it failed.
+fn one(py: Python<'_>, r: Vec<KvResult<()>>) -> PyResult<()> {
+    match r.into_iter().next() {
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(raise(py, e)),
+        None => Err(raise(py, KvError::from(Code::InternalError))),
+    }
+}
+
+/// Copies `value[off..off+len]` to address `dst`; the bytes copied or −600.
+fn copy_range(value: &[u8], dst: u64, off: u64, len: u64) -> i64 {
+    let invalid = i64::from(Code::InvalidParams.as_i32());
+    let Some(end) = off.checked_add(len) else {
+        return invalid;
+    };
+    if end > value.len() as u64 {
+        return invalid;
+    }
+    let Ok(region) = Region::new(dst, len) else {
+        return invalid;
+    };
+    // SAFETY: the caller vouches for the destination address (Mooncake's raw
+    // pointer contract); `off..end` was bounds-checked above.
+    unsafe {
+        region
+            .as_mut_slice()
+            .copy_from_slice(&value[off as usize..end as usize]);
+    }
+    len as i64
+}

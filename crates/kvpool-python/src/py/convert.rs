@@ -1,0 +1,194 @@
+//! Conversions between Python values and the core's types: setup settings,
+//! `ReplicateConfig`, code names.
+
+use std::collections::BTreeMap;
+
+use kvpool_client::ReplicateConfig;
+use kvpool_proto::{Code, KvError};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+
+use super::buffers::hold;
+use super::raise;
+use crate::settings::{self, Raw};
+
+/// A Python value as a raw setting.
+fn to_raw(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Raw> {
+    if v.is_none() {
+        Ok(Raw::Null)
+    } else if v.is_instance_of::<PyBool>() {
+        Ok(Raw::Bool(v.extract()?))
+    } else if v.is_instance_of::<PyInt>() {
+        v.extract::<i128>()
+            .map(Raw::Int)
+            .map_err(|_| PyTypeError::new_err(format!("{name}: integer out of range")))
+    } else if v.is_instance_of::<PyFloat>() {
+        Ok(Raw::Float(v.extract()?))
+    } else if v.is_instance_of::<PyString>() {
+        Ok(Raw::Str(v.extract()?))
+    } else {
+        // Mooncake setup(dict) callers sometimes pass objects (an engine); the
+        // resolver decides whether the key matters.
+        Ok(Raw::Str(v.str()?.to_string()))
+    }
+}
+
+/// Resolves `setup` settings: `explicit` maps setting names (or Mooncake /
+/// SGLang aliases) to values; missing ones come from `KVPOOL_*`, then
+/// `MOONCAKE_*` env vars, then the JSON file in `KVPOOL_CONFIG_PATH` /
+/// `MOONCAKE_CONFIG_PATH`, then defaults. Raises a `kvpool.errors` exception
+/// (`InvalidArgument`, `NotSupported`) for values kvpool cannot honour.
+#[pyfunction]
+pub fn resolve_settings<'py>(
+    py: Python<'py>,
+    explicit: &Bound<'py, PyDict>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut args = BTreeMap::new();
+    for (k, v) in explicit.iter() {
+        let k: String = k.extract()?;
+        let raw = to_raw(&k, &v)?;
+        args.insert(k, raw);
+    }
+    let env = |name: &str| std::env::var(name).ok();
+    let file = match settings::config_path(&env) {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                raise(
+                    py,
+                    KvError::new(Code::InvalidParams, format!("config file {path}: {e}")),
+                )
+            })?;
+            Some(settings::parse_config_file(&text, &path).map_err(|e| raise(py, e))?)
+        }
+    };
+    let s = settings::resolve(&args, &env, file.as_ref()).map_err(|e| raise(py, e))?;
+    let d = PyDict::new(py);
+    d.set_item("local_hostname", &s.local_hostname)?;
+    d.set_item("metadata_server", &s.metadata_server)?;
+    d.set_item("global_segment_size", s.global_segment_size)?;
+    d.set_item("local_buffer_size", s.local_buffer_size)?;
+    d.set_item("protocol", s.protocol.name())?;
+    d.set_item("device_name", &s.device_name)?;
+    d.set_item("master_server_addr", &s.master_server_addr)?;
+    d.set_item("timeout", s.timeout.map(|t| t.as_secs_f64()))?;
+    d.set_item("retries", s.retries)?;
+    d.set_item("conns_per_store", s.conns_per_store)?;
+    d.set_item("segment_address", &s.segment_address)?;
+    d.set_item("ignored", s.ignored)?;
+    Ok(d)
+}
+
+/// Mooncake's upper-case name of an error code (`-704` → `OBJECT_NOT_FOUND`);
+/// unknown codes are `INTERNAL_ERROR`.
+#[pyfunction]
+pub fn code_name(code: i64) -> &'static str {
+    i32::try_from(code)
+        .map(Code::from_i32)
+        .unwrap_or(Code::InternalError)
+        .name()
+}
+
+/// `(address, size)` of an object's memory (buffer protocol or CPU tensor).
+/// The caller must keep the object alive, and unchanged in size, while it
+/// uses the address.
+#[pyfunction]
+#[pyo3(signature = (obj, writable = false))]
+pub fn address_of(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    writable: bool,
+) -> PyResult<(usize, usize)> {
+    let h = hold(py, obj, None, writable)?;
+    Ok((h.region.ptr, h.region.len))
+}
+
+/// Reads a `ReplicateConfig`-like object (kvpool's, Mooncake's, or anything
+/// with the same attributes); `None` is the default config. `own_segment` is
+/// this client's lent segment name, preferred when the config asks for
+/// `prefer_alloc_in_same_node`.
+pub(crate) fn replicate_config(
+    py: Python<'_>,
+    obj: Option<&Bound<'_, PyAny>>,
+    own_segment: Option<&str>,
+) -> PyResult<ReplicateConfig> {
+    let mut c = ReplicateConfig::default();
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(c);
+    };
+    if !obj.hasattr("replica_num")? {
+        return Err(PyTypeError::new_err(format!(
+            "config must be a ReplicateConfig, got {}",
+            obj.get_type().name()?
+        )));
+    }
+    let attr = |name: &str| obj.getattr_opt(name).map(|v| v.filter(|v| !v.is_none()));
+    if let Some(v) = attr("replica_num")? {
+        let n: i64 = v
+            .extract()
+            .map_err(|_| PyTypeError::new_err("replica_num must be an int"))?;
+        if !(1..=64).contains(&n) {
+            return Err(raise(
+                py,
+                KvError::new(
+                    Code::InvalidParams,
+                    format!("replica_num must be 1..=64, got {n}"),
+                ),
+            ));
+        }
+        c.replica_num = n as u32;
+    }
+    if let Some(v) = attr("with_soft_pin")? {
+        c.with_soft_pin = v.is_truthy()?;
+    }
+    if let Some(v) = attr("soft_pin_action")? {
+        // Mooncake's SoftPinAction: PRESERVE = 0, ENABLE = 1, DISABLE = 2.
+        let action: i64 = v
+            .call_method0("__int__")
+            .and_then(|i| i.extract())
+            .or_else(|_| v.getattr("value").and_then(|i| i.extract()))
+            .map_err(|_| PyTypeError::new_err("soft_pin_action must be a SoftPinAction"))?;
+        match action {
+            1 => c.with_soft_pin = true,
+            2 => c.with_soft_pin = false,
+            _ => {}
+        }
+    }
+    if let Some(v) = attr("soft_pin_ttl_ms")? {
+        let ms: u64 = v.extract().map_err(|_| {
+            PyTypeError::new_err("soft_pin_ttl_ms must be a non-negative int or None")
+        })?;
+        c.soft_pin_ttl_ms = Some(ms);
+    }
+    if let Some(v) = attr("with_hard_pin")? {
+        c.with_hard_pin = v.is_truthy()?;
+    }
+    if let Some(v) = attr("preferred_segment")? {
+        let s: String = v
+            .extract()
+            .map_err(|_| PyTypeError::new_err("preferred_segment must be a str"))?;
+        if !s.is_empty() {
+            c.preferred_segments.push(s);
+        }
+    }
+    if let Some(v) = attr("preferred_segments")? {
+        let list: Vec<String> = v
+            .extract()
+            .map_err(|_| PyTypeError::new_err("preferred_segments must be a list of str"))?;
+        for s in list {
+            if !s.is_empty() && !c.preferred_segments.contains(&s) {
+                c.preferred_segments.push(s);
+            }
+        }
+    }
+    if let Some(v) = attr("prefer_alloc_in_same_node")? {
+        if v.is_truthy()? {
+            if let Some(own) = own_segment {
+                c.preferred_segments.retain(|s| s != own);
+                c.preferred_segments.insert(0, own.to_string());
+            }
+        }
+    }
+    Ok(c)
+}

@@ -1,0 +1,197 @@
+"""Fixtures: a real ``kvpool master`` + ``kvpool store`` on free loopback ports,
+started from ``$KVPOOL_BIN`` (or ``<repo>/target/debug/kvpool``) and killed at
+teardown."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def kvpool_bin() -> str:
+    """Path of the kvpool binary under test."""
+    b = os.environ.get("KVPOOL_BIN") or str(REPO / "target" / "debug" / "kvpool")
+    if not os.access(b, os.X_OK):
+        pytest.exit(f"kvpool binary not found at {b}: run `cargo build -p kvpool` or set KVPOOL_BIN", returncode=2)
+    return b
+
+
+def free_port() -> int:
+    """A port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict:
+    """The environment for server processes, without client settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("KVPOOL_", "MOONCAKE_"))}
+
+
+@dataclass
+class Cluster:
+    """Processes of one test cluster."""
+
+    bin: str
+    master: str
+    metrics_port: int
+    workdir: str
+    procs: List[subprocess.Popen] = field(default_factory=list)
+    master_proc: Optional[subprocess.Popen] = None
+
+    def start_master(self, *extra: str) -> None:
+        """Starts the master on this cluster's ports."""
+        host, port = self.master.rsplit(":", 1)
+        log = open(os.path.join(self.workdir, "master.log"), "ab")
+        p = subprocess.Popen(
+            [self.bin, "master", "--rpc-address", host, "--rpc-port", port,
+             "--metrics-address", host, "--metrics-port", str(self.metrics_port), *extra],
+            stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
+        )
+        self.procs.append(p)
+        self.master_proc = p
+
+    def start_store(self, size: str = "256MiB") -> subprocess.Popen:
+        """Starts one storage node lending ``size``."""
+        data = tempfile.mkdtemp(prefix="store-", dir=self.workdir)
+        log = open(os.path.join(self.workdir, f"store-{len(self.procs)}.log"), "ab")
+        p = subprocess.Popen(
+            [self.bin, "store", "--master", self.master, "--segment-size", size,
+             "--data-dir", data, "--address", "127.0.0.1"],
+            stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
+        )
+        self.procs.append(p)
+        return p
+
+    def status(self) -> str:
+        """``kvpool status`` output ("" if the master does not answer)."""
+        r = subprocess.run([self.bin, "status", "--master", self.master], capture_output=True, text=True, env=clean_env())
+        return r.stdout if r.returncode == 0 else ""
+
+    def segments(self) -> int:
+        """Mounted segments as the master reports them."""
+        for line in self.status().splitlines():
+            if line.startswith("segments:"):
+                return int(line.split(":")[1])
+        return -1
+
+    def wait_segments(self, n: int, timeout: float = 20.0) -> None:
+        """Waits until the master reports at least ``n`` segments."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.segments() >= n:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"cluster did not reach {n} segments:\n{self.logs()}")
+
+    def kill_master(self) -> None:
+        """Kills the master (SIGKILL) and waits for it."""
+        if self.master_proc is not None:
+            self.master_proc.kill()
+            self.master_proc.wait()
+
+    def stop(self) -> None:
+        """Stops every process (stores first) and removes the work dir."""
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def logs(self) -> str:
+        """Tail of every log, for failure messages."""
+        out = []
+        for f in sorted(os.listdir(self.workdir)):
+            if f.endswith(".log"):
+                with open(os.path.join(self.workdir, f), "rb") as fh:
+                    out.append(f"--- {f}\n" + fh.read()[-3000:].decode(errors="replace"))
+        return "\n".join(out)
+
+
+def new_cluster(stores: int = 1, store_size: str = "256MiB") -> Cluster:
+    """Starts a master and ``stores`` storage nodes; waits until they mount."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    c = Cluster(
+        bin=kvpool_bin(),
+        master=f"127.0.0.1:{free_port()}",
+        metrics_port=free_port(),
+        workdir=tempfile.mkdtemp(prefix="kvpool-pytest-", dir=base),
+    )
+    try:
+        c.start_master()
+        for _ in range(stores):
+            c.start_store(store_size)
+        c.wait_segments(stores)
+    except Exception:
+        c.stop()
+        raise
+    return c
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """One master and one 256 MiB storage node for the whole session."""
+    c = new_cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[Cluster]:
+    """A private cluster a test may break (kill the master, ...)."""
+    c = new_cluster(store_size="64MiB")
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def master(cluster: Cluster) -> str:
+    """The session cluster's master address."""
+    return cluster.master
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix unique to the test."""
+    return f"t{uuid.uuid4().hex[:12]}/"
+
+
+@pytest.fixture
+def store(master: str):
+    """A set-up MooncakeDistributedStore (pure client), closed afterwards."""
+    from kvpool.mooncake import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master) == 0
+    yield s
+    s.remove_all(True)
+    s.close()
+
+
+@pytest.fixture
+def client(master: str):
+    """A kvpool.Client (pure client), closed afterwards."""
+    import kvpool
+
+    c = kvpool.Client(master)
+    yield c
+    c.remove_all(force=True)
+    c.close()

@@ -1,0 +1,236 @@
+"""kvpool.sglang.KvpoolStore through SGLang 0.5.23's own backend factory,
+with real (CPU) host memory pools: pages written by one instance are found
+and read back byte-exact by another, on the zero-copy v1 path and the v0
+path, for MHA and MLA layouts.
+
+Runs when SGLang is installed (scripts/test-python.sh installs it);
+KVPOOL_TEST_SGLANG=1 makes a missing SGLang a failure, =0 skips."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import pytest
+
+if os.environ.get("KVPOOL_TEST_SGLANG") == "0":
+    pytest.skip("KVPOOL_TEST_SGLANG=0", allow_module_level=True)
+os.environ.setdefault("SGLANG_HICACHE_MOONCAKE_REUSE_TE", "0")
+if os.environ.get("KVPOOL_TEST_SGLANG") == "1":
+    import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401  (must import)
+torch = pytest.importorskip("torch")
+pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory")
+
+from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo, MLABufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+import kvpool  # noqa: E402
+
+LAYERS, HEADS, HEAD_DIM, PAGE, TOKENS = 3, 2, 16, 4, 64
+MODEL = "org/test-model"
+KEY_PREFIX = "org-test-model"  # SGLang's config prefix: model name with "/" -> "-"
+
+
+def storage_config(master: str, *, mla: bool, tp_rank: int = 0, tp_size: int = 1) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=mla,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name=MODEL,
+        extra_config={
+            "backend_name": "kvpool",
+            "module_path": "kvpool.sglang",
+            "class_name": "KvpoolStore",
+            "interface_v1": 1,
+            "master_server_address": master,
+            "global_segment_size": 0,
+            "protocol": "tcp",
+        },
+    )
+
+
+def mha_pool(layout: str = "page_first") -> MHATokenToKVPoolHost:
+    k = tuple(torch.zeros(TOKENS, HEADS, HEAD_DIM) for _ in range(LAYERS))
+    v = tuple(torch.zeros(TOKENS, HEADS, HEAD_DIM) for _ in range(LAYERS))
+    info = MHABufferInfo(
+        buffers=KVBuffers(
+            k=k,
+            v=v,
+            k_data_ptrs=torch.tensor([t.data_ptr() for t in k], dtype=torch.uint64),
+            v_data_ptrs=torch.tensor([t.data_ptr() for t in v], dtype=torch.uint64),
+            layout=KVBufferLayout.NHD,
+        ),
+        page_size=PAGE,
+        head_num=HEADS,
+        head_dim=HEAD_DIM,
+        v_head_dim=HEAD_DIM,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    return MHATokenToKVPoolHost(
+        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS,
+    )
+
+
+def mla_pool(layout: str = "page_first") -> MLATokenToKVPoolHost:
+    width = 24
+    bufs = tuple(torch.zeros(TOKENS, 1, width) for _ in range(LAYERS))
+    info = MLABufferInfo(
+        buffers=bufs,
+        data_ptrs=torch.tensor([t.data_ptr() for t in bufs], dtype=torch.uint64),
+        layer_indices=tuple(range(LAYERS)),
+        device_layer_num=LAYERS,
+        page_size=PAGE,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        kv_cache_dim=width,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    return MLATokenToKVPoolHost(
+        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS,
+    )
+
+
+def backend(config: HiCacheStorageConfig, pool) -> HiCacheStorage:
+    """Built exactly as SGLang's cache controller builds it."""
+    b = StorageBackendFactory.create_backend("dynamic", config, pool)
+    b.register_mem_pool_host(pool)
+    return b
+
+
+def page_keys(n: int) -> list:
+    salt = uuid.uuid4().hex
+    return [hashlib.sha256(f"{salt}-{i}".encode()).hexdigest() for i in range(n)]
+
+
+def pages(first_page: int, n: int) -> "torch.Tensor":
+    return torch.arange(first_page * PAGE, (first_page + n) * PAGE, dtype=torch.int64)
+
+
+def token_slice(pool, idx: "torch.Tensor") -> "torch.Tensor":
+    """The host pool's data for these token slots (page_first layouts)."""
+    if isinstance(pool, MLATokenToKVPoolHost):
+        return pool.kv_buffer[idx].clone() if pool.layout != "layer_first" else pool.kv_buffer[:, idx].clone()
+    return pool.kv_buffer[:, idx].clone()
+
+
+@pytest.fixture
+def kv(master):
+    with kvpool.Client(master) as c:
+        yield c
+
+
+def test_backend_class_loads_through_the_factory(master):
+    from kvpool.sglang import KvpoolStore
+
+    pool = mha_pool()
+    b = backend(storage_config(master, mla=False), pool)
+    assert isinstance(b, HiCacheStorage)
+    assert isinstance(getattr(b, "_backend", b), KvpoolStore)
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_v1_pages_round_trip_between_instances(master, kv, mla):
+    make = mla_pool if mla else mha_pool
+    src_pool, dst_pool = make(), make()
+    torch.manual_seed(7)
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    writer = backend(storage_config(master, mla=mla), src_pool)
+    reader = backend(storage_config(master, mla=mla), dst_pool)
+
+    n = 5
+    keys = page_keys(n)
+    src_idx, dst_idx = pages(1, n), pages(8, n)
+    assert reader.batch_exists(keys) == 0
+    assert writer.batch_set_v1(keys, src_idx) == [True] * n
+    assert writer.batch_set_v1(keys, src_idx) == [True] * n  # already stored: skipped
+    assert reader.batch_exists(keys) == n
+
+    # SGLang's key layout, seen through the plain client.
+    suffixes = ["__k"] if mla else ["_0_k", "_0_v"]
+    for key in keys:
+        for sfx in suffixes:
+            assert kv.exists(f"{KEY_PREFIX}_{key}{sfx}")
+
+    assert reader.batch_get_v1(keys, dst_idx) == [True] * n
+    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+
+    # A missing page ends the prefix that exists.
+    kv.remove(f"{KEY_PREFIX}_{keys[2]}{suffixes[-1]}", force=True)
+    assert reader.batch_exists(keys) == 2
+    got = reader.batch_get_v1(keys, dst_idx)
+    assert got[:2] == [True, True] and got[2] is False
+
+
+def test_mla_layer_first_uses_multi_buffer_calls(master, monkeypatch):
+    from kvpool.mooncake import MooncakeDistributedStore
+
+    calls = []
+    for name in ("batch_put_from_multi_buffers", "batch_get_into_multi_buffers"):
+        orig = getattr(MooncakeDistributedStore, name)
+
+        def spy(self, *a, _orig=orig, _name=name, **kw):
+            calls.append(_name)
+            return _orig(self, *a, **kw)
+
+        monkeypatch.setattr(MooncakeDistributedStore, name, spy)
+    src_pool, dst_pool = mla_pool("layer_first"), mla_pool("layer_first")
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    writer = backend(storage_config(master, mla=True), src_pool)
+    reader = backend(storage_config(master, mla=True), dst_pool)
+    keys = page_keys(3)
+    src_idx, dst_idx = pages(2, 3), pages(10, 3)
+    assert writer.batch_set_v1(keys, src_idx) == [True] * 3
+    assert reader.batch_exists(keys) == 3
+    assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
+    assert torch.equal(dst_pool.kv_buffer[:, dst_idx], src_pool.kv_buffer[:, src_idx])
+    assert set(calls) == {"batch_put_from_multi_buffers", "batch_get_into_multi_buffers"}
+
+
+def test_tensor_parallel_ranks_keep_separate_objects(master, kv):
+    keys = page_keys(2)
+    idx = pages(1, 2)
+    data = {}
+    for rank in (0, 1):
+        pool = mha_pool()
+        pool.kv_buffer.copy_(torch.full_like(pool.kv_buffer, float(rank + 1)))
+        b = backend(storage_config(master, mla=False, tp_rank=rank, tp_size=2), pool)
+        assert b.batch_set_v1(keys, idx) == [True, True]
+        data[rank] = token_slice(pool, idx)
+    for rank in (0, 1):
+        assert kv.exists(f"{KEY_PREFIX}_{keys[0]}_{rank}_k")
+        pool = mha_pool()
+        b = backend(storage_config(master, mla=False, tp_rank=rank, tp_size=2), pool)
+        assert b.batch_get_v1(keys, idx) == [True, True]
+        assert torch.equal(token_slice(pool, idx), data[rank])
+
+
+def test_v0_zero_copy_set_get(master):
+    pool = mha_pool()
+    b = backend(storage_config(master, mla=False), pool)
+    src = torch.arange(256, dtype=torch.float32)
+    dst = torch.zeros(256, dtype=torch.float32)
+    key = page_keys(1)[0]
+    assert b.set(key, target_location=src.data_ptr(), target_sizes=src.numel() * 4)
+    assert b.exists(key)
+    assert b.get(key, target_location=dst.data_ptr(), target_sizes=dst.numel() * 4)
+    assert torch.equal(src, dst)
+    keys = page_keys(2)
+    assert b.batch_set(keys, target_locations=[src.data_ptr()] * 2, target_sizes=[1024, 1024])
+    both = torch.zeros(512, dtype=torch.float32)
+    # v0 batch_get counts whole MHA pages (k and v objects): two objects = one page.
+    assert b.batch_get(keys, target_locations=[both.data_ptr(), both.data_ptr() + 1024], target_sizes=[1024, 1024]) == 1
+    assert torch.equal(both[:256], src) and torch.equal(both[256:], src)

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Python tests: builds the `kvpool` package the way users install it
+# (`pip install ./crates/kvpool-python`), builds the `kvpool` binary, and runs
+# pytest against real `kvpool master` + `kvpool store` processes on loopback.
+#
+# The virtualenv lives in ${KVPOOL_VENV:-$HOME/.cache/kvpool/venv} and is reused
+# while a stamp of the requirement lists and the interpreter matches, so the
+# SGLang set (torch, transformers, ...) is downloaded once per machine.
+#
+# Env: PYTHON (interpreter for the venv, default python3.11 or python3),
+#      KVPOOL_VENV (venv path), KVPOOL_TEST_SGLANG=0 (skip the SGLang set and
+#      its tests), PYTEST_ARGS (extra pytest arguments).
+# Args: --setup-only (create/refresh the venv and stop).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO="$(pwd)"
+CRATE="$REPO/crates/kvpool-python"
+REQ="$CRATE/tests/requirements.txt"
+REQ_SGLANG="$CRATE/tests/requirements-sglang.txt"
+SGLANG_PKG="sglang==0.5.23"
+WITH_SGLANG="${KVPOOL_TEST_SGLANG:-1}"
+VENV="${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}"
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON="$(command -v python3.11 || command -v python3 || true)"
+fi
+[ -n "$PYTHON" ] || { echo "test-python: no python3 found" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "test-python: cargo not found" >&2; exit 1; }
+
+t_start=$SECONDS
+log() { echo "== test-python [$((SECONDS - t_start))s] $*"; }
+
+# ---------------------------------------------------------------- venv
+make_venv() {
+  if "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then return; fi
+  # Debian's python3 lacks ensurepip without the python3-venv package: take
+  # virtualenv from PyPI instead (into a side directory, not the system).
+  log "python -m venv is unavailable (Debian: python3-venv); using virtualenv from PyPI"
+  rm -rf "$VENV"
+  local tool
+  tool="$(dirname "$VENV")/.virtualenv-tool"
+  "$PYTHON" -m pip install -q --disable-pip-version-check --upgrade --target "$tool" virtualenv
+  PYTHONPATH="$tool" "$PYTHON" -m virtualenv -q "$VENV"
+}
+
+stamp_of() {
+  {
+    "$PYTHON" -c 'import sys; print(sys.version)'
+    cat "$REQ"
+    if [ "$WITH_SGLANG" = 1 ]; then cat "$REQ_SGLANG"; echo "$SGLANG_PKG"; fi
+  } | sha256sum | cut -d' ' -f1
+}
+STAMP="$(stamp_of)"
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.kvpool-stamp" 2>/dev/null)" = "$STAMP" ]; then
+  log "reusing venv $VENV"
+else
+  log "creating venv $VENV (first run on this machine downloads the test set)"
+  if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ] && [ -n "$(ls -A "$VENV" 2>/dev/null)" ]; then
+    echo "test-python: $VENV exists and is not a virtualenv; refusing to replace it" >&2
+    exit 1
+  fi
+  rm -rf "$VENV"
+  mkdir -p "$(dirname "$VENV")"
+  make_venv
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ"
+  if [ "$WITH_SGLANG" = 1 ]; then
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ_SGLANG"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$SGLANG_PKG"
+  fi
+  echo "$STAMP" >"$VENV/.kvpool-stamp"
+  log "venv ready"
+fi
+VPY="$VENV/bin/python"
+[ "${1:-}" = "--setup-only" ] && exit 0
+# The maturin build backend runs `maturin` from PATH.
+export PATH="$VENV/bin:$PATH"
+
+# ---------------------------------------------------------------- build
+log "cargo build -p kvpool"
+cargo build -p kvpool
+KVPOOL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug/kvpool"
+[ -x "$KVPOOL_BIN" ] || { echo "test-python: $KVPOOL_BIN missing after build" >&2; exit 1; }
+export KVPOOL_BIN
+
+# The binding is behind the `python` feature, which the workspace-wide lint
+# run does not enable: lint it here (needs only the interpreter, no linking).
+log "cargo clippy -p kvpool-python --features python"
+PYO3_PYTHON="$VPY" cargo clippy -p kvpool-python --features python --all-targets -- -D warnings
+
+log "pip install ./crates/kvpool-python"
+# --no-build-isolation: use the venv's maturin instead of fetching one per run;
+# the Rust build itself is incremental under target/.
+"$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$CRATE"
+
+# ---------------------------------------------------------------- tests
+log "pytest"
+export SGLANG_HICACHE_MOONCAKE_REUSE_TE=0
+export KVPOOL_TEST_SGLANG="$WITH_SGLANG"
+# Run from the tests directory so `import kvpool` resolves to the installed
+# package, not to the source tree.
+set +e
+(cd "$CRATE/tests" && "$VPY" -m pytest -p no:cacheprovider -q ${PYTEST_ARGS:-} .)
+rc=$?
+set -e
+log "done (pytest exit $rc)"
+if [ "$rc" = 5 ]; then
+  echo "test-python: pytest ran no tests" >&2
+  exit 1
+fi
+exit "$rc"
