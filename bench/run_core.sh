@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Core benchmark of issue 2, one run: the machine's raw limits (memcpy,
 # loopback TCP stream, ping-pong; ../shared/bench/run_raw_limits.sh), then
-# `kvpool bench` against 1 master + 2 storage nodes as separate processes.
+# `kvpool bench` against 1 master + 2 storage nodes as separate processes,
+# over TCP and over shared memory.
 # Usage: bench/run_core.sh [OUTDIR]   (builds the release binary first)
 # Env: DURATION (per phase, default 5s), SEGMENT (per store, default 2GiB),
 #      SHARED (path of shared/bench, default ../shared/bench beside the repo).
@@ -29,8 +30,10 @@ done
 for _ in $(seq 1 60); do "$K" status --master 127.0.0.1:50351 2>/dev/null | grep -q "segments: 2" && break; sleep 0.5; done
 {
   echo "## raw limits"; cat "$OUT/raw/raw_limits.log" 2>/dev/null || true
-  echo; echo "## kvpool bench, batch 32"
-  "$K" bench --master 127.0.0.1:50351 --sizes 4KiB,64KiB,512KiB,4MiB --batch 32 --concurrency 4 --duration "$DURATION" 2>/dev/null | tail -n +2
-  echo; echo "## kvpool bench, single-key calls, 1 worker"
-  "$K" bench --master 127.0.0.1:50351 --sizes 4KiB --batch 1 --concurrency 1 --duration "$DURATION" 2>/dev/null | tail -n +2
+  for P in tcp shm; do
+    echo; echo "## kvpool bench, batch 32, protocol $P"
+    "$K" bench --master 127.0.0.1:50351 --protocol $P --sizes 4KiB,64KiB,512KiB,4MiB --batch 32 --concurrency 4 --duration "$DURATION" 2>/dev/null | tail -n +2
+    echo; echo "## kvpool bench, single-key calls, 1 worker, protocol $P"
+    "$K" bench --master 127.0.0.1:50351 --protocol $P --sizes 4KiB --batch 1 --concurrency 1 --duration "$DURATION" 2>/dev/null | tail -n +2
+  done
 } | tee "$OUT/core.md"
