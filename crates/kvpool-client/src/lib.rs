@@ -172,6 +172,22 @@ pub struct GetInto<'a> {
     pub dst: Vec<&'a mut [u8]>,
 }
 
+/// An object located by [`Client::locate`], holding its read lease: the
+/// first half of a get whose caller must size the destination first (a
+/// Python `bytes`, say) and then read straight into it.
+pub struct Located {
+    key: String,
+    location: ObjectLocation,
+    asked: Instant,
+}
+
+impl Located {
+    /// Value bytes the destination must hold.
+    pub fn value_len(&self) -> usize {
+        self.location.value_len as usize
+    }
+}
+
 /// A connected client. Cheap to clone; clones share connections.
 #[derive(Clone)]
 pub struct Client {
@@ -568,7 +584,7 @@ impl Client {
     async fn get_pass(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
         // The lease runs from when the master was asked, not from its answer.
         let t0 = Instant::now();
-        let locs = self.locate(keys).await;
+        let locs = self.locate_keys(keys).await;
         let mut bufs: Vec<Vec<u8>> = locs
             .iter()
             .map(|l| match l {
@@ -590,6 +606,30 @@ impl Client {
             .zip(bufs)
             .map(|(r, b)| r.map(|_| b))
             .collect()
+    }
+
+    /// Locates `key` (one master round trip; takes the read lease). No
+    /// retries: on a transient error, fall back to [`Self::get`].
+    pub async fn locate(&self, key: &str) -> KvResult<Located> {
+        let asked = Instant::now();
+        let location = one(self.locate_keys(&[key]).await)?;
+        Ok(Located {
+            key: key.to_string(),
+            location,
+            asked,
+        })
+    }
+
+    /// Reads a located object into `dst` (at least `value_len` bytes),
+    /// verified like every read; returns the value length.
+    pub async fn read_located_into(&self, l: Located, dst: &mut [u8]) -> KvResult<usize> {
+        let mut items = [GetInto {
+            key: &l.key,
+            dst: vec![dst],
+        }];
+        one(self
+            .read_located(&mut items, vec![Ok(l.location)], l.asked)
+            .await)
     }
 
     /// Reads `key`'s value into `buf`; returns the value length. A buffer
@@ -618,7 +658,7 @@ impl Client {
                 .collect();
             let t0 = Instant::now();
             let keys: Vec<&str> = round.iter().map(|i| i.key).collect();
-            let locs = self.locate(&keys).await;
+            let locs = self.locate_keys(&keys).await;
             let out = self.read_located(&mut round, locs, t0).await;
             drop(round);
             if !retry.settle(out).await {
@@ -627,7 +667,7 @@ impl Client {
         }
     }
 
-    async fn locate(&self, keys: &[&str]) -> Vec<KvResult<ObjectLocation>> {
+    async fn locate_keys(&self, keys: &[&str]) -> Vec<KvResult<ObjectLocation>> {
         let mut out: Vec<KvResult<ObjectLocation>> = keys
             .iter()
             .map(|k| {

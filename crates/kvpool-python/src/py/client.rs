@@ -440,11 +440,32 @@ impl Client {
         Ok(codes)
     }
 
-    /// Reads one object as `bytes`.
+    /// Reads one object as `bytes`: located first, so the `bytes` is made at
+    /// its exact size and the value is read straight into it (no second
+    /// copy). A transient failure takes the client's retrying path.
     fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
         let c = self.client(py)?;
-        let v = wait(py, async { c.get(key).await })?.map_err(|e| raise(py, e))?;
-        Ok(PyBytes::new(py, &v))
+        let retrying = |py: Python<'py>| -> PyResult<Bound<'py, PyBytes>> {
+            let v = wait(py, async { c.get(key).await })?.map_err(|e| raise(py, e))?;
+            Ok(PyBytes::new(py, &v))
+        };
+        let located = match wait(py, async { c.locate(key).await })? {
+            Ok(l) => l,
+            Err(e) if e.code.is_transient() => return retrying(py),
+            Err(e) => return Err(raise(py, e)),
+        };
+        let mut read = Ok(0);
+        let bytes = PyBytes::new_with(py, located.value_len(), |buf| {
+            // The new object is not visible to Python yet: filling it with
+            // the GIL released is safe.
+            read = wait(py, async { c.read_located_into(located, buf).await })?;
+            Ok(())
+        })?;
+        match read {
+            Ok(_) => Ok(bytes),
+            Err(e) if e.code.is_transient() => retrying(py),
+            Err(e) => Err(raise(py, e)),
+        }
     }
 
     /// Reads one object into a new `Buffer` (no copy after the read).
