@@ -172,6 +172,19 @@ pub struct GetInto<'a> {
     pub dst: Vec<&'a mut [u8]>,
 }
 
+impl<'a> GetInto<'a> {
+    /// One item per key, each reading into the whole buffer at its position.
+    pub fn each<K: AsRef<str>>(keys: &'a [K], bufs: &'a mut [Vec<u8>]) -> Vec<GetInto<'a>> {
+        keys.iter()
+            .zip(bufs.iter_mut())
+            .map(|(k, b)| GetInto {
+                key: k.as_ref(),
+                dst: vec![&mut b[..]],
+            })
+            .collect()
+    }
+}
+
 /// An object located by [`Client::locate`], holding its read lease: the
 /// first half of a get whose caller must size the destination first (a
 /// Python `bytes`, say) and then read straight into it.
@@ -592,14 +605,7 @@ impl Client {
                 Err(_) => Vec::new(),
             })
             .collect();
-        let mut items: Vec<GetInto> = keys
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(k, b)| GetInto {
-                key: k,
-                dst: vec![&mut b[..]],
-            })
-            .collect();
+        let mut items = GetInto::each(keys, &mut bufs);
         let res = self.read_located(&mut items, locs, t0).await;
         drop(items);
         res.into_iter()

@@ -5,11 +5,11 @@ use kvpool_proto::msg::SegmentId;
 
 /// What placement needs to know about a mounted segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SegmentView {
+pub struct SegmentView<'a> {
     /// The segment.
     pub id: SegmentId,
     /// Its name, matched against `preferred_segments`.
-    pub name: String,
+    pub name: &'a str,
     /// Free bytes.
     pub free: u64,
 }
@@ -23,12 +23,12 @@ pub fn order(segments: &[SegmentView], region_len: u64, preferred: &[String]) ->
     let mut out: Vec<SegmentId> = Vec::with_capacity(segments.len());
     for name in preferred {
         for s in segments {
-            if &s.name == name && s.free >= region_len && !out.contains(&s.id) {
+            if s.name == name && s.free >= region_len && !out.contains(&s.id) {
                 out.push(s.id);
             }
         }
     }
-    let mut rest: Vec<&SegmentView> = segments
+    let mut rest: Vec<&SegmentView<'_>> = segments
         .iter()
         .filter(|s| s.free >= region_len && !out.contains(&s.id))
         .collect();
@@ -41,10 +41,10 @@ pub fn order(segments: &[SegmentView], region_len: u64, preferred: &[String]) ->
 mod tests {
     use super::*;
 
-    fn seg(id: u128, name: &str, free: u64) -> SegmentView {
+    fn seg(id: u128, name: &str, free: u64) -> SegmentView<'_> {
         SegmentView {
             id: SegmentId(id),
-            name: name.into(),
+            name,
             free,
         }
     }

@@ -235,9 +235,9 @@ impl MasterState {
     }
 
     /// Checks that `id` is registered; its call counts as a sign of life.
-    fn require_client(&self, id: ClientId) -> KvResult<()> {
+    fn require_client(&self, id: ClientId, now: Instant) -> KvResult<()> {
         if let Some(c) = self.clients.lock().get_mut(&id) {
-            c.last_seen = c.last_seen.max(Instant::now());
+            c.last_seen = c.last_seen.max(now);
             Ok(())
         } else {
             Err(KvError::new(
@@ -267,7 +267,7 @@ impl MasterState {
         scan_age: Duration,
         now: Instant,
     ) -> KvResult<()> {
-        self.require_client(client)?;
+        self.require_client(client, now)?;
         // A margin for the time the mount message took to arrive.
         let cutoff = now
             .checked_sub(scan_age + Duration::from_secs(1))
@@ -714,7 +714,7 @@ impl MasterState {
             .filter(|s| placeable.contains(&s.info.id))
             .map(|s| SegmentView {
                 id: s.info.id,
-                name: s.info.name.clone(),
+                name: &s.info.name,
                 free: s.alloc.lock().largest_free(),
             })
             .collect();
@@ -741,12 +741,13 @@ impl MasterState {
         upsert: bool,
         now: Instant,
     ) -> Vec<KvResult<PutGrant>> {
-        if let Err(e) = self.require_client(client) {
+        if let Err(e) = self.require_client(client, now) {
             return items.iter().map(|_| Err(e.clone())).collect();
         }
+        let placeable = self.placeable(now);
         items
             .iter()
-            .map(|item| self.put_start_one(client, item, config, upsert, now))
+            .map(|item| self.put_start_one(client, item, config, upsert, &placeable, now))
             .collect()
     }
 
@@ -783,6 +784,7 @@ impl MasterState {
         item: &PutItem,
         config: &ReplicateConfig,
         upsert: bool,
+        placeable: &HashSet<SegmentId>,
         now: Instant,
     ) -> KvResult<PutGrant> {
         validate_key(&item.key)?;
@@ -805,8 +807,7 @@ impl MasterState {
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
-        let placeable = self.placeable(now);
-        let fit = self.fitting(item.region_len, Some(&placeable));
+        let fit = self.fitting(item.region_len, Some(placeable));
         if fit == 0 && self.fitting(item.region_len, None) > 0 {
             // Room exists but not now: never evict for segments that cannot take
             // the object anyway; the caller retries.
@@ -815,12 +816,8 @@ impl MasterState {
                 "no segment takes new objects right now (recovering, draining or not heartbeating)",
             ));
         }
-        let mut replicas = self.allocate(
-            item.region_len,
-            want,
-            &config.preferred_segments,
-            &placeable,
-        );
+        let mut replicas =
+            self.allocate(item.region_len, want, &config.preferred_segments, placeable);
         // Evict only for replicas that room could give: with fewer segments big
         // enough than `replica_num`, the put is best effort, not a reason to evict.
         let reachable = want.min(fit);
@@ -832,13 +829,8 @@ impl MasterState {
             rounds += 1;
             self.free_now(&replicas, None);
             let need = item.region_len.saturating_mul(reachable as u64);
-            let freed = self.evict_on(now, need, Some(&placeable));
-            replicas = self.allocate(
-                item.region_len,
-                want,
-                &config.preferred_segments,
-                &placeable,
-            );
+            let freed = self.evict_on(now, need, Some(placeable));
+            replicas = self.allocate(item.region_len, want, &config.preferred_segments, placeable);
             if freed.objects == 0 {
                 break;
             }

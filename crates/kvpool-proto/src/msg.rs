@@ -18,8 +18,17 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
 
 /// Encodes a message for a frame's meta section.
 pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode_to(msg, &mut buf);
+    buf
+}
+
+/// Encodes a message into `buf` (cleared first), reusing its allocation.
+pub fn encode_to<T: Serialize>(msg: &T, buf: &mut Vec<u8>) {
+    let mut v = std::mem::take(buf);
+    v.clear();
     // Serializing into a Vec cannot fail for these plain-data types.
-    postcard::to_stdvec(msg).unwrap_or_default()
+    *buf = postcard::to_extend(msg, v).unwrap_or_default();
 }
 
 /// Decodes a frame's meta section; malformed bytes are an error, never a panic.

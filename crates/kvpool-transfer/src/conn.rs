@@ -37,6 +37,8 @@ pub struct FramedConn {
     next_id: u64,
     limits: Limits,
     meta_buf: Vec<u8>,
+    /// Outgoing messages are encoded here: no allocation per request.
+    out_buf: Vec<u8>,
     peer: String,
 }
 
@@ -81,6 +83,7 @@ impl FramedConn {
             next_id: 1,
             limits,
             meta_buf: Vec::new(),
+            out_buf: Vec::new(),
             peer,
         })
     }
@@ -108,31 +111,74 @@ impl FramedConn {
         !self.reader.buffer().is_empty()
     }
 
+    fn send_failed(&self, e: io::Error) -> KvError {
+        io_error(&format!("send to {}", self.peer), e)
+    }
+
     /// Queues a frame: header, message, then each payload part (no flush).
     pub async fn send_frame(
         &mut self,
         header: &FrameHeader,
         meta: &[u8],
         payload: &[&[u8]],
-    ) -> io::Result<()> {
-        self.writer.write_all(&header.encode()).await?;
-        self.writer.write_all(meta).await?;
-        for part in payload {
-            self.writer.write_all(part).await?;
-        }
-        Ok(())
+    ) -> KvResult<()> {
+        let r = write_frame(&mut self.writer, header, meta, payload).await;
+        r.map_err(|e| self.send_failed(e))
     }
 
-    /// Sends an error response for `req` with a message.
-    pub async fn send_error(&mut self, req: &FrameHeader, err: &KvError) -> io::Result<()> {
+    /// Queues a request (its message encoded into a reused buffer) followed
+    /// by `payload`; returns its id.
+    pub async fn send_request<R: Rpc>(&mut self, req: &R, payload: &[&[u8]]) -> KvResult<u64> {
+        let id = self.next_id();
+        msg::encode_to(req, &mut self.out_buf);
+        let len: u64 = payload.iter().map(|p| p.len() as u64).sum();
+        let h = FrameHeader::request(R::OPCODE, id, self.out_buf.len() as u32, len);
+        let r = write_frame(&mut self.writer, &h, &self.out_buf, payload).await;
+        r.map_err(|e| self.send_failed(e))?;
+        Ok(id)
+    }
+
+    /// Queues a success response to `req`.
+    pub async fn send_response(
+        &mut self,
+        req: &FrameHeader,
+        meta: &[u8],
+        payload: &[&[u8]],
+    ) -> KvResult<()> {
+        let len: u64 = payload.iter().map(|p| p.len() as u64).sum();
+        let h = FrameHeader::response(req, 0, meta.len() as u32, len);
+        self.send_frame(&h, meta, payload).await
+    }
+
+    /// Queues an error response to `req` with a message.
+    pub async fn send_error(&mut self, req: &FrameHeader, err: &KvError) -> KvResult<()> {
         let meta = err.message.as_bytes();
         let h = FrameHeader::response(req, err.code.as_i32(), meta.len() as u32, 0);
         self.send_frame(&h, meta, &[]).await
     }
 
     /// Flushes queued frames to the socket.
-    pub async fn flush(&mut self) -> io::Result<()> {
-        self.writer.flush().await
+    pub async fn flush(&mut self) -> KvResult<()> {
+        let r = self.writer.flush().await;
+        r.map_err(|e| self.send_failed(e))
+    }
+
+    /// Answers a frame that could not be decoded (its request id is unknown,
+    /// so the answer carries 0), best effort: the caller closes next.
+    pub async fn reject(&mut self, e: &KvError) {
+        let unknown = FrameHeader::request(Opcode::Hello, 0, 0, 0);
+        if self.send_error(&unknown, e).await.is_ok() {
+            let _ = self.flush().await;
+        }
+    }
+
+    /// Flushes unless more pipelined requests are already buffered: their
+    /// responses then leave in one write.
+    pub async fn flush_if_idle(&mut self) -> KvResult<()> {
+        if self.has_buffered_input() {
+            return Ok(());
+        }
+        self.flush().await
     }
 
     /// Reads the next frame header. `Ok(None)` on a clean end of stream.
@@ -211,15 +257,8 @@ impl FramedConn {
 
     /// One typed request/response exchange with no payload.
     pub async fn call<R: Rpc>(&mut self, req: &R) -> KvResult<R::Response> {
-        let meta = msg::encode(req);
-        let id = self.next_id();
-        let h = FrameHeader::request(R::OPCODE, id, meta.len() as u32, 0);
-        self.send_frame(&h, &meta, &[])
-            .await
-            .map_err(|e| io_error(&format!("send to {}", self.peer), e))?;
-        self.flush()
-            .await
-            .map_err(|e| io_error(&format!("send to {}", self.peer), e))?;
+        let id = self.send_request(req, &[]).await?;
+        self.flush().await?;
         let rh = self.read_response(id).await?;
         if rh.payload_len != 0 {
             return Err(KvError::new(
@@ -230,6 +269,20 @@ impl FramedConn {
         let meta = self.read_meta(rh.meta_len).await?;
         msg::decode(meta)
     }
+}
+
+async fn write_frame(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    header: &FrameHeader,
+    meta: &[u8],
+    payload: &[&[u8]],
+) -> io::Result<()> {
+    w.write_all(&header.encode()).await?;
+    w.write_all(meta).await?;
+    for part in payload {
+        w.write_all(part).await?;
+    }
+    Ok(())
 }
 
 fn tune_socket(stream: &TcpStream) {
@@ -318,9 +371,7 @@ pub async fn accept_handshake(conn: &mut FramedConn, server: &str) -> bool {
         Ok(Some(h)) => h,
         Ok(None) => return false,
         Err(e) => {
-            let fake = FrameHeader::request(Opcode::Hello, 0, 0, 0);
-            let _ = conn.send_error(&fake, &e).await;
-            let _ = conn.flush().await;
+            conn.reject(&e).await;
             return false;
         }
     };
@@ -346,11 +397,7 @@ pub async fn accept_handshake(conn: &mut FramedConn, server: &str) -> bool {
     .await;
     let ok = reply.is_ok();
     let sent = match reply {
-        Ok(r) => {
-            let meta = msg::encode(&r);
-            let rh = FrameHeader::response(&h, 0, meta.len() as u32, 0);
-            conn.send_frame(&rh, &meta, &[]).await
-        }
+        Ok(r) => conn.send_response(&h, &msg::encode(&r), &[]).await,
         Err(e) => conn.send_error(&h, &e).await,
     };
     // Flush even a refusal: the peer must learn why it is being disconnected.

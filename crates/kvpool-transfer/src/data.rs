@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
+use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::RwLock;
@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::conn::{accept_handshake, io_error, FramedConn};
+use crate::conn::{accept_handshake, FramedConn};
 use crate::mapped::MappedRegion;
 use crate::server::{accept_loop, reject_and_close};
 
@@ -129,10 +129,7 @@ async fn data_conn(
         // Only the wait for a new request is cancellable: a request already
         // started runs to completion so a writer never sees a half-ack.
         let h = tokio::select! {
-            _ = shutdown.cancelled() => {
-                let _ = conn.flush().await;
-                return Ok(());
-            }
+            _ = shutdown.cancelled() => return conn.flush().await,
             h = conn.read_header() => h,
         };
         let h = match h {
@@ -141,82 +138,62 @@ async fn data_conn(
             Err(e) => return reject_and_close(conn, e).await,
         };
         let meta = conn.read_meta(h.meta_len).await?;
-        let outcome = match (h.kind, h.opcode) {
-            (FrameKind::Request, Opcode::Write) => match msg::decode::<WriteReq>(meta) {
-                Ok(req) => match region_for(table, req.segment, req.offset, h.payload_len) {
-                    Ok(region) => {
-                        // SAFETY: range checked above; the master gave this region to
-                        // exactly one writer (see MappedRegion).
+        let reply = match (h.kind, h.opcode) {
+            (FrameKind::Request, Opcode::Write) => {
+                match msg::decode::<WriteReq>(meta).and_then(|req| {
+                    region_for(table, req.segment, req.offset, h.payload_len).map(|r| (r, req))
+                }) {
+                    Ok((region, req)) => {
+                        // SAFETY: range checked by region_for; the master gave this region
+                        // to exactly one writer (see MappedRegion).
                         let dst = unsafe { region.slice_mut(req.offset, h.payload_len) };
                         conn.read_payload(dst).await?;
-                        Ok(None)
-                    }
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            },
-            (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
-                if h.payload_len != 0 {
-                    return Err(KvError::new(
-                        Code::InvalidParams,
-                        "read requests carry no payload",
-                    ));
-                }
-                region_for(table, req.segment, req.offset, req.len).map(|r| Some((r, req)))
-            }),
-            (FrameKind::Request, Opcode::Invalidate) => {
-                let done =
-                    msg::decode::<InvalidateReq>(meta).and_then(|req| invalidate(table, &req));
-                match done {
-                    Ok(n) => {
-                        conn.discard_payload(h.payload_len).await?;
-                        let meta = msg::encode(&n);
-                        let rh = FrameHeader::response(&h, 0, meta.len() as u32, 0);
-                        conn.send_frame(&rh, &meta, &[])
-                            .await
-                            .map_err(|e| io_error("send", e))?;
-                        if !conn.has_buffered_input() {
-                            conn.flush().await.map_err(|e| io_error("send", e))?;
-                        }
-                        continue;
+                        Ok(Reply::Ack)
                     }
                     Err(e) => Err(e),
                 }
             }
+            (FrameKind::Request, _) if h.payload_len != 0 => Err(KvError::new(
+                Code::InvalidParams,
+                "only writes carry a payload",
+            )),
+            (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
+                region_for(table, req.segment, req.offset, req.len).map(|r| Reply::Region(r, req))
+            }),
+            (FrameKind::Request, Opcode::Invalidate) => msg::decode::<InvalidateReq>(meta)
+                .and_then(|req| invalidate(table, &req))
+                .map(|n| Reply::Message(msg::encode(&n))),
             _ => Err(KvError::new(
                 Code::NotSupported,
                 format!("{} is not served on the data plane", h.opcode.name()),
             )),
         };
-        match outcome {
-            Ok(None) => {
-                let rh = FrameHeader::response(&h, 0, 0, 0);
-                conn.send_frame(&rh, &[], &[])
-                    .await
-                    .map_err(|e| io_error("send", e))?;
-            }
-            Ok(Some((region, req))) => {
-                let rh = FrameHeader::response(&h, 0, 0, req.len);
+        match reply {
+            Ok(Reply::Ack) => conn.send_response(&h, &[], &[]).await?,
+            Ok(Reply::Region(region, req)) => {
                 // SAFETY: range checked by region_for.
                 let src = unsafe { region.slice(req.offset, req.len) };
-                conn.send_frame(&rh, &[], &[src])
-                    .await
-                    .map_err(|e| io_error("send", e))?;
+                conn.send_response(&h, &[], &[src]).await?;
             }
+            Ok(Reply::Message(m)) => conn.send_response(&h, &m, &[]).await?,
             Err(e) => {
-                // A refused write's payload is still on the wire: skip it.
-                if h.opcode == Opcode::Write || h.payload_len > 0 {
-                    conn.discard_payload(h.payload_len).await?;
-                }
-                conn.send_error(&h, &e)
-                    .await
-                    .map_err(|e| io_error("send", e))?;
+                // A refused request's payload is still on the wire: skip it.
+                conn.discard_payload(h.payload_len).await?;
+                conn.send_error(&h, &e).await?;
             }
         }
-        if !conn.has_buffered_input() {
-            conn.flush().await.map_err(|e| io_error("send", e))?;
-        }
+        conn.flush_if_idle().await?;
     }
+}
+
+/// How the data plane answers a request that succeeded.
+enum Reply {
+    /// A write landed: an empty response.
+    Ack,
+    /// The bytes of a region, sent straight from segment memory.
+    Region(Arc<MappedRegion>, ReadReq),
+    /// An encoded response message.
+    Message(Vec<u8>),
 }
 
 fn invalidate(table: &SegmentTable, req: &InvalidateReq) -> KvResult<u64> {
@@ -262,19 +239,12 @@ pub async fn write_regions(
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         if ids.len() - results.len() == WINDOW {
-            conn.flush().await.map_err(|e| io_error("send", e))?;
+            conn.flush().await?;
             results.push(read_ack(conn, ids[results.len()]).await?);
         }
-        let meta = msg::encode(&op.req);
-        let len: u64 = op.parts.iter().map(|p| p.len() as u64).sum();
-        let id = conn.next_id();
-        let h = FrameHeader::request(Opcode::Write, id, meta.len() as u32, len);
-        conn.send_frame(&h, &meta, &op.parts)
-            .await
-            .map_err(|e| io_error(&format!("write to {}", conn.peer()), e))?;
-        ids.push(id);
+        ids.push(conn.send_request(&op.req, &op.parts).await?);
     }
-    conn.flush().await.map_err(|e| io_error("send", e))?;
+    conn.flush().await?;
     while results.len() < ids.len() {
         results.push(read_ack(conn, ids[results.len()]).await?);
     }
@@ -312,16 +282,10 @@ pub async fn read_regions(
     let mut sent = 0;
     while results.len() < n {
         while sent < n && sent - results.len() < WINDOW {
-            let meta = msg::encode(&ops[sent].req);
-            let id = conn.next_id();
-            let h = FrameHeader::request(Opcode::Read, id, meta.len() as u32, 0);
-            conn.send_frame(&h, &meta, &[])
-                .await
-                .map_err(|e| io_error(&format!("send to {}", conn.peer()), e))?;
-            ids.push(id);
+            ids.push(conn.send_request(&ops[sent].req, &[]).await?);
             sent += 1;
         }
-        conn.flush().await.map_err(|e| io_error("send", e))?;
+        conn.flush().await?;
         let i = results.len();
         let r = match conn.read_response(ids[i]).await {
             Ok(h) => {
@@ -468,7 +432,11 @@ mod tests {
         raw.write_all(&[0xAB; 64]).await.unwrap();
         let mut resp = Vec::new();
         raw.read_to_end(&mut resp).await.unwrap();
-        let h = FrameHeader::decode(resp[..32].try_into().unwrap(), &Limits::default()).unwrap();
+        let h = kvpool_proto::frame::FrameHeader::decode(
+            resp[..32].try_into().unwrap(),
+            &Limits::default(),
+        )
+        .unwrap();
         assert_eq!(h.status, Code::InvalidParams.as_i32());
         // A fresh connection still works.
         assert!(FramedConn::connect(&addr, "test", Limits::default())

@@ -125,9 +125,7 @@ async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> 
 /// be trusted to be in sync any more.
 pub async fn reject_and_close(conn: &mut FramedConn, e: KvError) -> KvResult<()> {
     warn!(peer = conn.peer(), error = %e, "bad frame, closing connection");
-    let fake = FrameHeader::request(Opcode::Hello, 0, 0, 0);
-    let _ = conn.send_error(&fake, &e).await;
-    let _ = conn.flush().await;
+    conn.reject(&e).await;
     Err(e)
 }
 
@@ -136,18 +134,9 @@ async fn send_result(
     req: &FrameHeader,
     r: KvResult<Vec<u8>>,
 ) -> KvResult<()> {
-    let sent = match r {
-        Ok(meta) => {
-            let rh = FrameHeader::response(req, 0, meta.len() as u32, 0);
-            conn.send_frame(&rh, &meta, &[]).await
-        }
-        Err(e) => conn.send_error(req, &e).await,
-    };
-    sent.map_err(|e| crate::conn::io_error("send response", e))?;
-    if !conn.has_buffered_input() {
-        conn.flush()
-            .await
-            .map_err(|e| crate::conn::io_error("send response", e))?;
+    match r {
+        Ok(meta) => conn.send_response(req, &meta, &[]).await?,
+        Err(e) => conn.send_error(req, &e).await?,
     }
-    Ok(())
+    conn.flush_if_idle().await
 }

@@ -301,14 +301,7 @@ async fn phase(
                     }
                     Op::Get => {
                         let keys: Vec<String> = (0..batch).map(|_| space.get_key()).collect();
-                        let mut items: Vec<GetInto> = keys
-                            .iter()
-                            .zip(bufs.iter_mut())
-                            .map(|(k, b)| GetInto {
-                                key: k,
-                                dst: vec![&mut b[..]],
-                            })
-                            .collect();
+                        let mut items = GetInto::each(&keys, &mut bufs);
                         let res = client.batch_get_into(&mut items).await;
                         for r in res {
                             match r {

@@ -34,21 +34,12 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
 }
 
-fn size(s: &str) -> Result<u64, String> {
-    parse_size(s)
-}
-
 /// Durations where a bare number means milliseconds (Mooncake's lease flags).
 fn millis(s: &str) -> Result<Duration, String> {
     match s.trim().parse::<u64>() {
         Ok(ms) => Ok(Duration::from_millis(ms)),
         Err(_) => parse_duration(s),
     }
-}
-
-/// Durations where a bare number means seconds (Mooncake's `client_ttl`).
-fn seconds(s: &str) -> Result<Duration, String> {
-    parse_duration(s)
 }
 
 #[derive(Args, Debug, Clone)]
@@ -115,10 +106,10 @@ pub struct MasterArgs {
     )]
     pub eviction_ratio: f64,
     /// Silence after which a client or store is dropped (bare number: seconds).
-    #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = seconds)]
+    #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = parse_duration)]
     pub client_ttl: Duration,
     /// A put not committed within this long is revoked.
-    #[arg(long, env = "KVPOOL_PUT_TIMEOUT", default_value = "60s", value_parser = seconds)]
+    #[arg(long, env = "KVPOOL_PUT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub put_timeout: Duration,
     /// Elect a leader among masters through etcd; standbys take over when it dies.
     #[arg(long, alias = "enable_ha", env = "KVPOOL_ENABLE_HA", num_args = 0..=1,
@@ -136,11 +127,11 @@ pub struct MasterArgs {
     )]
     pub cluster_id: String,
     /// Leadership lease: a dead leader is replaced within about this long.
-    #[arg(long, env = "KVPOOL_HA_LEASE_TTL", default_value = "5s", value_parser = seconds)]
+    #[arg(long, env = "KVPOOL_HA_LEASE_TTL", default_value = "5s", value_parser = parse_duration)]
     pub ha_lease_ttl: Duration,
     /// After taking over, object calls wait this long for stores to re-mount
     /// (0 = half the client TTL with HA, none without).
-    #[arg(long, env = "KVPOOL_RECOVERY_GRACE", default_value = "0s", value_parser = seconds)]
+    #[arg(long, env = "KVPOOL_RECOVERY_GRACE", default_value = "0s", value_parser = parse_duration)]
     pub recovery_grace: Duration,
 }
 
@@ -183,7 +174,7 @@ pub struct StoreArgs {
     #[arg(long, env = "KVPOOL_MASTER", default_value = "127.0.0.1:50051")]
     pub master: String,
     /// Bytes to lend, e.g. 4GiB.
-    #[arg(long, env = "KVPOOL_SEGMENT_SIZE", default_value = "1GiB", value_parser = size)]
+    #[arg(long, env = "KVPOOL_SEGMENT_SIZE", default_value = "1GiB", value_parser = parse_size)]
     pub segment_size: u64,
     /// Directory of the segment file (tmpfs for RAM, a disk path for NVMe).
     #[arg(long, env = "KVPOOL_DATA_DIR", default_value = "/dev/shm/kvpool-store")]
@@ -198,7 +189,7 @@ pub struct StoreArgs {
     #[arg(long, env = "KVPOOL_SEGMENT_NAME")]
     pub name: Option<String>,
     /// On SIGTERM, keep serving this long after new placements stop.
-    #[arg(long, env = "KVPOOL_SHUTDOWN_GRACE", default_value = "1s", value_parser = seconds)]
+    #[arg(long, env = "KVPOOL_SHUTDOWN_GRACE", default_value = "1s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 }
 
@@ -222,7 +213,7 @@ pub struct UpArgs {
     #[command(flatten)]
     pub master: MasterArgs,
     /// Bytes the built-in storage node lends.
-    #[arg(long, env = "KVPOOL_SEGMENT_SIZE", default_value = "1GiB", value_parser = size)]
+    #[arg(long, env = "KVPOOL_SEGMENT_SIZE", default_value = "1GiB", value_parser = parse_size)]
     pub segment_size: u64,
     /// Directory of the built-in storage node's segment file.
     #[arg(long, env = "KVPOOL_DATA_DIR", default_value = "/dev/shm/kvpool-up")]
@@ -246,7 +237,7 @@ pub struct DrainArgs {
     pub segment: String,
     /// Time readers and writers in flight get before the segment is unmounted
     /// (its objects with no other replica are then gone).
-    #[arg(long, default_value = "30s", value_parser = seconds)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
 }
 
@@ -268,11 +259,6 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
     Ok(tokio::time::timeout(Duration::from_secs(5), pool.call(req))
         .await
         .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??)
-}
-
-/// Asks the master for the cluster status (one attempt, 5 s limit).
-pub async fn fetch_status(master: &str) -> anyhow::Result<ClusterStatus> {
-    call_master(master, &kvpool_proto::msg::Status {}).await
 }
 
 /// Bytes with a binary unit, for people.

@@ -102,7 +102,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             r??;
         }
         Command::Status(s) => {
-            let st = cli::fetch_status(&s.master).await?;
+            let st = cli::call_master(&s.master, &kvpool_proto::msg::Status {}).await?;
             print!("{}", cli::format_status(&s.master, &st));
         }
         Command::Drain(d) => {

@@ -94,14 +94,7 @@ async fn read_all(client: &Client, keys: &[String], shift: usize, who: &str) {
             _ => {
                 // Buffers one byte larger than the value: the length returned must be the value's.
                 let mut bufs: Vec<Vec<u8>> = want.iter().map(|v| vec![0u8; v.len() + 1]).collect();
-                let mut items: Vec<GetInto> = chunk
-                    .iter()
-                    .zip(bufs.iter_mut())
-                    .map(|(k, b)| GetInto {
-                        key: k,
-                        dst: vec![&mut b[..]],
-                    })
-                    .collect();
+                let mut items = GetInto::each(chunk, &mut bufs);
                 let res = client.batch_get_into(&mut items).await;
                 drop(items);
                 chunk
