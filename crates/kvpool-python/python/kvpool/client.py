@@ -52,6 +52,23 @@ def _close_lenders() -> None:
                 pass
 
 
+def _connect(s: Dict[str, Any]) -> "_native.Client":
+    """A native client from resolved settings (``_native.resolve_settings``),
+    registered for the exit hook if it lends memory."""
+    native = _native.Client(
+        s["master_server_addr"],
+        s["local_hostname"],
+        s["global_segment_size"],
+        s["segment_address"],
+        s["timeout"],
+        s["retries"],
+        s["conns_per_store"],
+        s["protocol"],
+    )
+    _track(native)
+    return native
+
+
 def _batch_check(results: List[Any], codes: Sequence[int], ok_missing: bool, what: str) -> None:
     """Raises BatchError if any key failed (a miss is not a failure when ``ok_missing``)."""
     failed = [(i, c) for i, c in enumerate(codes) if c < 0 and not (ok_missing and c == _NOT_FOUND)]
@@ -61,6 +78,14 @@ def _batch_check(results: List[Any], codes: Sequence[int], ok_missing: bool, wha
         results[i] = error_for(c, f"{what}: key #{i} failed")
     first = failed[0][1]
     raise BatchError(f"{what}: {len(failed)} of {len(codes)} keys failed", first, results)
+
+
+def _batch_values(raw: List[Any], what: str) -> List[Any]:
+    """A native batch read's values (an int code per failed key) with ``None``
+    for misses; raises :class:`BatchError` if any key failed otherwise."""
+    out: List[Any] = [None if isinstance(v, int) else v for v in raw]
+    _batch_check(out, [v if isinstance(v, int) else 0 for v in raw], True, what)
+    return out
 
 
 class Client:
@@ -99,17 +124,7 @@ class Client:
                 "protocol": protocol,
             }
         )
-        self._native = _native.Client(
-            s["master_server_addr"],
-            s["local_hostname"],
-            s["global_segment_size"],
-            s["segment_address"],
-            s["timeout"],
-            s["retries"],
-            s["conns_per_store"],
-            s["protocol"],
-        )
-        _track(self._native)
+        self._native = _connect(s)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -214,17 +229,11 @@ class Client:
 
     def batch_get(self, keys: Sequence[str]) -> List[Optional[bytes]]:
         """Values of many keys (``None`` where a key does not exist)."""
-        raw = self._native.batch_get(list(keys))
-        out: List[Any] = [None if isinstance(v, int) else v for v in raw]
-        _batch_check(out, [v if isinstance(v, int) else 0 for v in raw], True, "batch_get")
-        return out
+        return _batch_values(self._native.batch_get(list(keys)), "batch_get")
 
     def batch_get_buffer(self, keys: Sequence[str]) -> List[Optional[Buffer]]:
         """Values of many keys as :class:`Buffer` (``None`` where missing)."""
-        raw = self._native.batch_get_buffer(list(keys))
-        out: List[Any] = [None if isinstance(v, int) else v for v in raw]
-        _batch_check(out, [v if isinstance(v, int) else 0 for v in raw], True, "batch_get_buffer")
-        return out
+        return _batch_values(self._native.batch_get_buffer(list(keys)), "batch_get_buffer")
 
     def batch_get_into(self, keys: Sequence[str], dsts: Sequence[Any], *, sizes: Optional[Sequence[Any]] = None) -> List[Optional[int]]:
         """Reads many keys into caller memory (``dsts[i]`` may be a list of

@@ -24,16 +24,15 @@ def _index(name: str, value: Any, *, allow_none: bool = False) -> Optional[int]:
     """A non-negative int below 2**64 (or None when allowed), else TypeError."""
     if value is None and allow_none:
         return None
+    expected = f"{name} must be a non-negative int{' or None' if allow_none else ''}"
     if isinstance(value, float):
-        raise TypeError(f"{name} must be a non-negative int{' or None' if allow_none else ''}, got float")
+        raise TypeError(f"{expected}, got float")
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError(
-            f"{name} must be a non-negative int{' or None' if allow_none else ''}, got {type(value).__name__}"
-        ) from None
+        raise TypeError(f"{expected}, got {type(value).__name__}") from None
     if v < 0 or v > _U64_MAX:
-        raise TypeError(f"{name} must be a non-negative int{' or None' if allow_none else ''}, got {v}")
+        raise TypeError(f"{expected}, got {v}")
     return v
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _native
-from .client import _track
+from .client import _connect
 from .config import ReplicateConfig, SoftPinAction
 from .errors import KvpoolError
 
@@ -111,22 +111,12 @@ class MooncakeDistributedStore:
         if s["ignored"]:
             logger.debug("kvpool setup: accepted but not used: %s", ", ".join(s["ignored"]))
         try:
-            client = _native.Client(
-                s["master_server_addr"],
-                s["local_hostname"],
-                s["global_segment_size"],
-                s["segment_address"],
-                s["timeout"],
-                s["retries"],
-                s["conns_per_store"],
-                s["protocol"],
-            )
+            client = _connect(s)
         except KvpoolError as e:
             logger.error("kvpool setup: cannot connect to %s: %s", s["master_server_addr"], e)
             return e.code
         with self._lock:
             old, self._client, self._settings = self._client, client, s
-        _track(client)
         if old is not None:
             try:
                 old.close()
@@ -172,6 +162,26 @@ class MooncakeDistributedStore:
             return OK
         except KvpoolError as e:
             return e.code
+
+    def _int(self, call: Callable[[_native.Client], int]) -> int:
+        """``call(client)``, or the Mooncake code when not set up or it raises."""
+        c = self._client
+        if c is None:
+            return UNAVAILABLE
+        try:
+            return call(c)
+        except KvpoolError as e:
+            return e.code
+
+    def _ints(self, n: int, call: Callable[[_native.Client], List[int]]) -> List[int]:
+        """:meth:`_int` for a batch call over ``n`` keys: one code per key on failure."""
+        c = self._client
+        if c is None:
+            return [UNAVAILABLE] * n
+        try:
+            return call(c)
+        except KvpoolError as e:
+            return [e.code] * n
 
     # ------------------------------------------------------------ copying puts
 
@@ -274,33 +284,15 @@ class MooncakeDistributedStore:
 
     def is_exist(self, key: str) -> int:
         """1 if ``key`` exists, 0 if not, negative on error."""
-        c = self._client
-        if c is None:
-            return UNAVAILABLE
-        try:
-            return 1 if c.exists(key) else 0
-        except KvpoolError as e:
-            return e.code
+        return self._int(lambda c: 1 if c.exists(key) else 0)
 
     def batch_is_exist(self, keys: List[str]) -> List[int]:
         """Per key: 1, 0, or a negative code."""
-        c = self._client
-        if c is None:
-            return [UNAVAILABLE] * len(keys)
-        try:
-            return c.batch_exists(list(keys))
-        except KvpoolError as e:
-            return [e.code] * len(keys)
+        return self._ints(len(keys), lambda c: c.batch_exists(list(keys)))
 
     def get_size(self, key: str) -> int:
         """Value size in bytes, or a negative code (−704 if missing)."""
-        c = self._client
-        if c is None:
-            return UNAVAILABLE
-        try:
-            return c.get_size(key)
-        except KvpoolError as e:
-            return e.code
+        return self._int(lambda c: c.get_size(key))
 
     def remove(self, key: str, force: bool = False) -> int:
         """0, −704 if missing, −706 while a read lease is live (unless ``force``)."""
@@ -309,33 +301,15 @@ class MooncakeDistributedStore:
 
     def batch_remove(self, keys: List[str], force: bool = False) -> List[int]:
         """Per key: 0 or a negative code."""
-        c = self._client
-        if c is None:
-            return [UNAVAILABLE] * len(keys)
-        try:
-            return c.batch_remove(list(keys), force)
-        except KvpoolError as e:
-            return [e.code] * len(keys)
+        return self._ints(len(keys), lambda c: c.batch_remove(list(keys), force))
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """Number of objects removed, or a negative code."""
-        c = self._client
-        if c is None:
-            return UNAVAILABLE
-        try:
-            return c.remove_by_regex(regex_pattern, force)
-        except KvpoolError as e:
-            return e.code
+        return self._int(lambda c: c.remove_by_regex(regex_pattern, force))
 
     def remove_all(self, force: bool = False) -> int:
         """Number of objects removed, or a negative code."""
-        c = self._client
-        if c is None:
-            return UNAVAILABLE
-        try:
-            return c.remove_all(force)
-        except KvpoolError as e:
-            return e.code
+        return self._int(lambda c: c.remove_all(force))
 
     # ------------------------------------------------------------ registered memory
 
@@ -376,13 +350,7 @@ class MooncakeDistributedStore:
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         """Reads into ``size`` bytes at ``buffer_ptr``: bytes read, or negative
         (−600 if the buffer is too small, −704 if missing)."""
-        c = self._client
-        if c is None:
-            return UNAVAILABLE
-        try:
-            return c.get_into(key, buffer_ptr, size)
-        except KvpoolError as e:
-            return e.code
+        return self._int(lambda c: c.get_into(key, buffer_ptr, size))
 
     def batch_put_from(
         self, keys: List[str], buffer_ptrs: List[int], sizes: List[int], config: Optional[ReplicateConfig] = None
@@ -414,11 +382,11 @@ class MooncakeDistributedStore:
             return [UNAVAILABLE] * len(keys)
         if len(ptrs) != len(keys) or len(sizes) != len(keys):
             return [INVALID_PARAMS] * len(keys)
-        empty = [i for i, s in enumerate(sizes) if (sum(s) if isinstance(s, (list, tuple)) else s) <= 0]
+        empty = {i for i, s in enumerate(sizes) if (sum(s) if isinstance(s, (list, tuple)) else s) <= 0}
         try:
             if not empty:
                 return c.batch_put(list(keys), list(ptrs), list(sizes), config, upsert)
-            keep = [i for i in range(len(keys)) if i not in set(empty)]
+            keep = [i for i in range(len(keys)) if i not in empty]
             out = [INVALID_PARAMS] * len(keys)
             if keep:
                 codes = c.batch_put([keys[i] for i in keep], [ptrs[i] for i in keep], [sizes[i] for i in keep], config, upsert)
@@ -445,15 +413,10 @@ class MooncakeDistributedStore:
         return self._batch_get_into(keys, [list(p) for p in all_buffer_ptrs], [list(s) for s in all_sizes])
 
     def _batch_get_into(self, keys: Sequence[str], ptrs: Sequence[Any], sizes: Sequence[Any]) -> List[int]:
-        c = self._client
-        if c is None:
-            return [UNAVAILABLE] * len(keys)
-        if len(ptrs) != len(keys) or len(sizes) != len(keys):
-            return [INVALID_PARAMS] * len(keys)
-        try:
-            return c.batch_get_into(list(keys), list(ptrs), list(sizes))
-        except KvpoolError as e:
-            return [e.code] * len(keys)
+        n = len(keys)
+        if len(ptrs) != n or len(sizes) != n:
+            return self._ints(n, lambda c: [INVALID_PARAMS] * n)
+        return self._ints(n, lambda c: c.batch_get_into(list(keys), list(ptrs), list(sizes)))
 
     def get_into_ranges(
         self,
@@ -467,15 +430,10 @@ class MooncakeDistributedStore:
         ``all_src_offsets[i][j][k]`` (length ``all_sizes[i][j][k]``) of the object
         to ``buffer_ptrs[i] + all_dst_offsets[i][j][k]``. Per range: bytes
         copied or a negative code."""
-        shape_ok = len(all_keys) == len(buffer_ptrs) == len(all_dst_offsets) == len(all_src_offsets) == len(all_sizes)
-        if shape_ok:
-            for i, keys in enumerate(all_keys):
-                if not (len(keys) == len(all_dst_offsets[i]) == len(all_src_offsets[i]) == len(all_sizes[i])):
-                    shape_ok = False
-                    break
-                for j in range(len(keys)):
-                    if not (len(all_dst_offsets[i][j]) == len(all_src_offsets[i][j]) == len(all_sizes[i][j])):
-                        shape_ok = False
+        shape_ok = len(all_keys) == len(buffer_ptrs) == len(all_dst_offsets) == len(all_src_offsets) == len(all_sizes) and all(
+            len(keys) == len(ds) == len(ss) == len(ns) and all(len(d) == len(s) == len(n) for d, s, n in zip(ds, ss, ns))
+            for keys, ds, ss, ns in zip(all_keys, all_dst_offsets, all_src_offsets, all_sizes)
+        )
         if not shape_ok:
             return [[[INVALID_PARAMS] * len(r) for r in rs] for rs in all_sizes] if isinstance(all_sizes, list) else []
         flat_keys: List[str] = []

@@ -125,23 +125,35 @@ fn hold_buffer(
     }
     let len = u64::try_from(view.len).unwrap_or(0);
     let ptr = view.buf as usize as u64;
-    let held_view = Keep::View(view);
+    // Owned from here on, so an error below still releases the export.
+    let keep = Keep::View(view);
+    let region = region_of(py, ptr, len, size, "buffer")?;
+    Ok(Some(Held {
+        region,
+        _keep: keep,
+    }))
+}
+
+/// The first `size` bytes (all `len` when `None`) of the memory at `ptr`;
+/// a `size` past the end is an `INVALID_PARAMS` error naming `what`.
+fn region_of(
+    py: Python<'_>,
+    ptr: u64,
+    len: u64,
+    size: Option<u64>,
+    what: &str,
+) -> PyResult<Region> {
     let take = match size {
         Some(s) if s > len => {
-            drop(held_view);
             return Err(invalid(
                 py,
-                format!("size {s} exceeds the buffer's {len} bytes"),
-            ));
+                format!("size {s} exceeds the {what}'s {len} bytes"),
+            ))
         }
         Some(s) => s,
         None => len,
     };
-    let region = Region::new(ptr, take).map_err(|e| raise(py, e))?;
-    Ok(Some(Held {
-        region,
-        _keep: held_view,
-    }))
+    Region::new(ptr, take).map_err(|e| raise(py, e))
 }
 
 /// A torch-style tensor: `data_ptr()`, `numel()`, `element_size()`; it must
@@ -176,19 +188,8 @@ fn hold_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, size: Option<u64>) -> PyR
                 .ok_or_else(|| invalid(py, "tensor size overflows"))?
         }
     };
-    let take = match size {
-        Some(s) if s > len => {
-            return Err(invalid(
-                py,
-                format!("size {s} exceeds the tensor's {len} bytes"),
-            ))
-        }
-        Some(s) => s,
-        None => len,
-    };
-    let region = Region::new(ptr, take).map_err(|e| raise(py, e))?;
     Ok(Held {
-        region,
+        region: region_of(py, ptr, len, size, "tensor")?,
         _keep: Keep::Object(obj.clone().unbind()),
     })
 }

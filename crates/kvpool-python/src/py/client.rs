@@ -46,12 +46,19 @@ pub struct Client {
     state: Mutex<State>,
 }
 
+/// An error as a Mooncake-style (negative) integer.
+fn code(e: &KvError) -> i64 {
+    i64::from(e.code.as_i32())
+}
+
 /// A single-key result as a Mooncake-style integer.
 fn code_of<T>(r: &KvResult<T>) -> i64 {
-    match r {
-        Ok(_) => 0,
-        Err(e) => i64::from(e.code.as_i32()),
-    }
+    r.as_ref().map_or_else(code, |_| 0)
+}
+
+/// Borrows owned keys for the core client's `&[&str]` batch calls.
+fn strs(keys: &[String]) -> Vec<&str> {
+    keys.iter().map(String::as_str).collect()
 }
 
 /// Per-item memory for a batch: `values[i]` is one memory object or a
@@ -88,10 +95,7 @@ fn hold_items(
         let multi = v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>();
         let item: KvResult<Vec<Held>> = if multi {
             let parts: Vec<Bound<'_, PyAny>> = v.extract()?;
-            let part_sizes: Option<Vec<Option<u64>>> = match size {
-                Some(s) => Some(s.extract()?),
-                None => None,
-            };
+            let part_sizes: Option<Vec<Option<u64>>> = size.map(|s| s.extract()).transpose()?;
             if part_sizes
                 .as_ref()
                 .is_some_and(|ps| ps.len() != parts.len())
@@ -113,10 +117,7 @@ fn hold_items(
                     .collect()
             }
         } else {
-            let sz: Option<u64> = match size {
-                Some(s) => Some(s.extract()?),
-                None => None,
-            };
+            let sz: Option<u64> = size.map(|s| s.extract()).transpose()?;
             hold_or_code(py, v, sz, writable)?.map(|h| vec![h])
         };
         out.push(item);
@@ -204,6 +205,25 @@ impl Client {
     fn config(&self, py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<ReplicateConfig> {
         let own = self.own_segment();
         replicate_config(py, obj, own.as_deref())
+    }
+
+    /// Reads many objects, turning each value into a Python object with
+    /// `wrap` and each failure into its negative code.
+    fn batch_read<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &[String],
+        wrap: impl Fn(Vec<u8>) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let c = self.client(py)?;
+        let refs = strs(keys);
+        let r = wait(py, async { c.batch_get(&refs).await })?;
+        r.into_iter()
+            .map(|r| match r {
+                Ok(v) => wrap(v),
+                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
+            })
+            .collect()
     }
 }
 
@@ -426,7 +446,7 @@ impl Client {
                     items.push((keys[i].as_str(), &slices[i][..]));
                     index.push(i);
                 }
-                Err(e) => codes[i] = i64::from(e.code.as_i32()),
+                Err(e) => codes[i] = code(e),
             }
         }
         if !items.is_empty() {
@@ -501,15 +521,7 @@ impl Client {
         py: Python<'py>,
         keys: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let c = self.client(py)?;
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let r = wait(py, async { c.batch_get(&refs).await })?;
-        r.into_iter()
-            .map(|r| match r {
-                Ok(v) => Ok(PyBytes::new(py, &v).into_any()),
-                Err(e) => Ok(e.code.as_i32().into_pyobject(py)?.into_any()),
-            })
-            .collect()
+        self.batch_read(py, &keys, |v| Ok(PyBytes::new(py, &v).into_any()))
     }
 
     /// Reads many objects into new `Buffer`s; a failed key gives its negative code.
@@ -518,15 +530,11 @@ impl Client {
         py: Python<'py>,
         keys: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let c = self.client(py)?;
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let r = wait(py, async { c.batch_get(&refs).await })?;
-        r.into_iter()
-            .map(|r| match r {
-                Ok(v) => Ok(Bound::new(py, Buffer::new(v))?.into_any()),
-                Err(e) => Ok(e.code.as_i32().into_pyobject(py)?.into_any()),
-            })
-            .collect()
+        self.batch_read(
+            py,
+            &keys,
+            |v| Ok(Bound::new(py, Buffer::new(v))?.into_any()),
+        )
     }
 
     /// Reads many objects into caller memory; `dsts[i]` is a memory object or
@@ -554,7 +562,7 @@ impl Client {
         let mut index = Vec::with_capacity(keys.len());
         for (i, h) in held.iter().enumerate() {
             match h {
-                Err(e) => codes[i] = i64::from(e.code.as_i32()),
+                Err(e) => codes[i] = code(e),
                 Ok(_) if clash[i] => codes[i] = i64::from(Code::InvalidParams.as_i32()),
                 Ok(hs) => {
                     items.push(GetInto {
@@ -574,10 +582,7 @@ impl Client {
             let c = self.client(py)?;
             let r = wait(py, async { c.batch_get_into(&mut items).await })?;
             for (i, r) in index.into_iter().zip(r) {
-                codes[i] = match r {
-                    Ok(n) => n as i64,
-                    Err(e) => i64::from(e.code.as_i32()),
-                };
+                codes[i] = r.map_or_else(|e| code(&e), |n| n as i64);
             }
         }
         drop(items);
@@ -602,7 +607,7 @@ impl Client {
             )));
         }
         let c = self.client(py)?;
-        let mut uniq: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut uniq = strs(&keys);
         uniq.sort_unstable();
         uniq.dedup();
         let r = wait(py, async { c.batch_get(&uniq).await })?;
@@ -614,7 +619,7 @@ impl Client {
                 rs.iter()
                     .map(|&(dst, off, len)| match value {
                         None => i64::from(Code::InternalError.as_i32()),
-                        Some(Err(e)) => i64::from(e.code.as_i32()),
+                        Some(Err(e)) => code(e),
                         Some(Ok(v)) => copy_range(v, dst, off, len),
                     })
                     .collect(),
@@ -632,13 +637,13 @@ impl Client {
     /// Existence of many keys: 1, 0, or a negative code per key.
     fn batch_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<i64>> {
         let c = self.client(py)?;
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let refs = strs(&keys);
         let r = wait(py, async { c.batch_exist(&refs).await })?;
         Ok(r.into_iter()
             .map(|r| match r {
                 Ok(true) => 1,
                 Ok(false) => 0,
-                Err(e) => i64::from(e.code.as_i32()),
+                Err(e) => code(&e),
             })
             .collect())
     }
@@ -660,7 +665,7 @@ impl Client {
     #[pyo3(signature = (keys, force = false))]
     fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> PyResult<Vec<i64>> {
         let c = self.client(py)?;
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let refs = strs(&keys);
         let r = wait(py, async { c.batch_remove(&refs, force).await })?;
         Ok(r.iter().map(code_of).collect())
     }
