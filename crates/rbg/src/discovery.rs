@@ -218,32 +218,22 @@ fn is_host_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '-' || c == '_'
 }
 
-/// Replaces whole-word occurrences of each `(from, to)` pair, longest
-/// `from` first; a word boundary is any character outside `[A-Za-z0-9_-]`,
-/// and a `.` followed by such a character (so `a.b` is not `a`).
-pub fn rewrite_hosts(s: &str, hosts: &[(String, String)]) -> String {
-    let mut pairs: Vec<&(String, String)> = hosts.iter().filter(|(f, _)| !f.is_empty()).collect();
-    pairs.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+/// Replaces whole-word occurrences of each `(from, to)` pair; at each
+/// position the first pair in `pairs` order that matches wins. `before_ok`
+/// sees the character before a match (`None` at the start), `after_ok` the
+/// text after it.
+fn replace_words(
+    s: &str,
+    pairs: &[(&str, &str)],
+    before_ok: impl Fn(Option<char>) -> bool,
+    after_ok: impl Fn(&str) -> bool,
+) -> String {
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
     'outer: while i < s.len() {
-        let before_ok = s[..i]
-            .chars()
-            .next_back()
-            .is_none_or(|c| !is_host_char(c) && c != '.');
-        if before_ok {
-            for (from, to) in &pairs {
-                if !s[i..].starts_with(from.as_str()) {
-                    continue;
-                }
-                let rest = &s[i + from.len()..];
-                let mut it = rest.chars();
-                let after_ok = match it.next() {
-                    None => true,
-                    Some('.') => it.next().is_none_or(|c| !is_host_char(c)),
-                    Some(c) => !is_host_char(c),
-                };
-                if after_ok {
+        if before_ok(s[..i].chars().next_back()) {
+            for (from, to) in pairs {
+                if s[i..].starts_with(from) && after_ok(&s[i + from.len()..]) {
                     out.push_str(to);
                     i += from.len();
                     continue 'outer;
@@ -259,42 +249,51 @@ pub fn rewrite_hosts(s: &str, hosts: &[(String, String)]) -> String {
     out
 }
 
+/// Replaces whole-word occurrences of each `(from, to)` pair, longest
+/// `from` first; a word boundary is any character outside `[A-Za-z0-9_-]`,
+/// and a `.` followed by such a character (so `a.b` is not `a`).
+pub fn rewrite_hosts(s: &str, hosts: &[(String, String)]) -> String {
+    let mut pairs: Vec<(&str, &str)> = hosts
+        .iter()
+        .filter(|(f, _)| !f.is_empty())
+        .map(|(f, t)| (f.as_str(), t.as_str()))
+        .collect();
+    pairs.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(b.0)));
+    replace_words(
+        s,
+        &pairs,
+        |prev| prev.is_none_or(|c| !is_host_char(c) && c != '.'),
+        |rest| {
+            let mut it = rest.chars();
+            match it.next() {
+                None => true,
+                Some('.') => it.next().is_none_or(|c| !is_host_char(c)),
+                Some(c) => !is_host_char(c),
+            }
+        },
+    )
+}
+
 /// Replaces a container path under a volume mount with the host directory:
 /// `/data` and `/data/x` but not `/database`.
 pub fn rewrite_paths(s: &str, mounts: &[(String, String)]) -> String {
     let mut sorted: Vec<&(String, String)> = mounts.iter().collect();
     sorted.sort_by_key(|m| std::cmp::Reverse(m.0.len()));
-    let mut out = String::with_capacity(s.len());
-    let mut i = 0;
-    'outer: while i < s.len() {
-        let before_ok = s[..i]
-            .chars()
-            .next_back()
-            .is_none_or(|c| !(c.is_ascii_alphanumeric() || "-_./".contains(c)));
-        if before_ok {
-            for (from, to) in &sorted {
-                let from = from.trim_end_matches('/');
-                if from.is_empty() || !s[i..].starts_with(from) {
-                    continue;
-                }
-                let after_ok = s[i + from.len()..]
-                    .chars()
-                    .next()
-                    .is_none_or(|c| !(c.is_ascii_alphanumeric() || "-_.".contains(c)));
-                if after_ok {
-                    out.push_str(to);
-                    i += from.len();
-                    continue 'outer;
-                }
-            }
-        }
-        let Some(c) = s[i..].chars().next() else {
-            break;
-        };
-        out.push(c);
-        i += c.len_utf8();
-    }
-    out
+    let pairs: Vec<(&str, &str)> = sorted
+        .into_iter()
+        .map(|(f, t)| (f.trim_end_matches('/'), t.as_str()))
+        .filter(|(f, _)| !f.is_empty())
+        .collect();
+    replace_words(
+        s,
+        &pairs,
+        |prev| prev.is_none_or(|c| !(c.is_ascii_alphanumeric() || "-_./".contains(c))),
+        |rest| {
+            rest.chars()
+                .next()
+                .is_none_or(|c| !(c.is_ascii_alphanumeric() || "-_.".contains(c)))
+        },
+    )
 }
 
 /// Every host name of the group that resolves locally, with its address:

@@ -215,13 +215,7 @@ async fn pick_group(state: &Path, group: Option<&str>) -> Result<GroupDir> {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let dir = GroupDir::new(state, &name);
-            if !dir.socket().exists() {
-                continue;
-            }
-            if control::call(&dir.socket(), &Request::History, Duration::from_secs(2))
-                .await
-                .is_ok()
-            {
+            if control::is_live(&dir.socket()).await {
                 running.push(dir);
             }
         }
@@ -370,22 +364,26 @@ fn format_status(s: &GroupStatus) -> String {
         .max()
         .unwrap_or(8)
         .max(8);
-    out.push_str(&format!(
-        "{:<12} {:<width$} {:<15} {:<6} {:<10} {:>8} {:>7}  {}\n",
-        "ROLE", "INSTANCE", "ADDRESS", "READY", "REVISION", "RESTARTS", "AGE", "STATE"
-    ));
+    // One format for the header and the rows keeps the columns aligned.
+    let row = |[role, name, address, ready, revision, restarts, age, state]: [&str; 8]| {
+        format!(
+            "{role:<12} {name:<width$} {address:<15} {ready:<6} {revision:<10} {restarts:>8} {age:>7}  {state}\n"
+        )
+    };
+    out.push_str(&row([
+        "ROLE", "INSTANCE", "ADDRESS", "READY", "REVISION", "RESTARTS", "AGE", "STATE",
+    ]));
     for i in &s.instances {
-        out.push_str(&format!(
-            "{:<12} {:<width$} {:<15} {:<6} {:<10} {:>8} {:>7}  {}\n",
-            i.role,
-            i.name,
-            i.address,
+        out.push_str(&row([
+            &i.role,
+            &i.name,
+            &i.address,
             if i.ready { "true" } else { "false" },
-            i.revision,
-            i.restarts,
-            age(i.age_secs),
-            i.state
-        ));
+            &i.revision,
+            &i.restarts.to_string(),
+            &age(i.age_secs),
+            &i.state,
+        ]));
     }
     out
 }

@@ -19,11 +19,8 @@ fn merge_key(field: &str) -> Option<&'static str> {
         | "ephemeralContainers"
         | "volumes"
         | "env"
-        | "imagePullSecrets"
-        | "hostAliases" => Some(match field {
-            "hostAliases" => "ip",
-            _ => "name",
-        }),
+        | "imagePullSecrets" => Some("name"),
+        "hostAliases" => Some("ip"),
         "ports" => Some("containerPort"),
         "volumeMounts" => Some("mountPath"),
         "volumeDevices" => Some("devicePath"),

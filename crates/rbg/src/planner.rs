@@ -134,10 +134,9 @@ pub fn levels(roles: &[(&str, Vec<&str>)]) -> Result<Vec<Vec<String>>, GraphErro
     Ok(out)
 }
 
-/// Levels of a validated group (validation already rejected cycles).
-pub fn group_levels(g: &Group) -> Vec<Vec<String>> {
-    let edges: Vec<(&str, Vec<&str>)> = g
-        .roles
+/// [`levels`] of `roles` by their declared dependencies.
+pub fn role_levels(roles: &[Role]) -> Result<Vec<Vec<String>>, GraphError> {
+    let edges: Vec<(&str, Vec<&str>)> = roles
         .iter()
         .map(|r| {
             (
@@ -146,8 +145,13 @@ pub fn group_levels(g: &Group) -> Vec<Vec<String>> {
             )
         })
         .collect();
+    levels(&edges)
+}
+
+/// Levels of a validated group (validation already rejected cycles).
+pub fn group_levels(g: &Group) -> Vec<Vec<String>> {
     // Unreachable for a validated group; one flat level keeps callers simple.
-    levels(&edges).unwrap_or_else(|_| vec![g.roles.iter().map(|r| r.name.clone()).collect()])
+    role_levels(&g.roles).unwrap_or_else(|_| vec![g.roles.iter().map(|r| r.name.clone()).collect()])
 }
 
 /// What the planner needs to know about one role's desired state.
@@ -370,13 +374,28 @@ fn instances<'a>(o: &'a Observed, role: &str) -> &'a [ObservedInstance] {
     o.get(role).map(Vec::as_slice).unwrap_or(&[])
 }
 
-/// Ready instances with index below `replicas`.
-pub fn ready_count(r: &DesiredRole, o: &Observed) -> u32 {
+/// Instances with index below `replicas` for which `pred` holds.
+fn count_where(r: &DesiredRole, o: &Observed, pred: impl Fn(&ObservedInstance) -> bool) -> u32 {
     let n = instances(o, &r.name)
         .iter()
-        .filter(|i| i.index < r.replicas && i.ready && !i.busy)
+        .filter(|i| i.index < r.replicas && pred(i))
         .count();
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The roles of `c` that have replicas, in `roles` order.
+fn members<'a>(
+    c: &'a CoordinationPolicy,
+    roles: &'a [DesiredRole],
+) -> impl Iterator<Item = &'a DesiredRole> {
+    roles
+        .iter()
+        .filter(|r| c.roles.iter().any(|n| n == &r.name) && r.replicas > 0)
+}
+
+/// Ready instances with index below `replicas`.
+pub fn ready_count(r: &DesiredRole, o: &Observed) -> u32 {
+    count_where(r, o, |i| i.ready && !i.busy)
 }
 
 /// True when every replica of the role is ready (RBG.md §3).
@@ -391,29 +410,17 @@ pub fn group_ready(roles: &[DesiredRole], o: &Observed) -> bool {
 
 /// Instances with index below `replicas` at the desired revision.
 pub fn updated_count(r: &DesiredRole, o: &Observed) -> u32 {
-    let n = instances(o, &r.name)
-        .iter()
-        .filter(|i| i.index < r.replicas && i.revision == r.revision)
-        .count();
-    u32::try_from(n).unwrap_or(u32::MAX)
+    count_where(r, o, |i| i.revision == r.revision)
 }
 
 /// Instances with index below `replicas` at the desired revision and ready.
 pub fn updated_ready_count(r: &DesiredRole, o: &Observed) -> u32 {
-    let n = instances(o, &r.name)
-        .iter()
-        .filter(|i| i.index < r.replicas && i.revision == r.revision && i.ready && !i.busy)
-        .count();
-    u32::try_from(n).unwrap_or(u32::MAX)
+    count_where(r, o, |i| i.revision == r.revision && i.ready && !i.busy)
 }
 
 /// The rolling-update parameters of a role after coordination overrides.
-fn effective_update(
-    r: &DesiredRole,
-    coordination: &[CoordinationPolicy],
-) -> (UpdatePolicy, Option<f64>) {
+fn effective_update(r: &DesiredRole, coordination: &[CoordinationPolicy]) -> UpdatePolicy {
     let mut u = r.update;
-    let mut skew = None;
     for c in coordination {
         if let Some(ru) = &c.rolling_update {
             if c.roles.iter().any(|n| n == &r.name) {
@@ -423,11 +430,10 @@ fn effective_update(
                 if let Some(m) = ru.max_unavailable {
                     u.max_unavailable = m;
                 }
-                skew = Some(ru.max_skew);
             }
         }
     }
-    (u, skew)
+    u
 }
 
 /// `(partition, maxUnavailable, maxSurge)` as instance counts for `replicas`.
@@ -457,15 +463,12 @@ fn rollout_caps(
         let Some(ru) = &c.rolling_update else {
             continue;
         };
-        let members: Vec<&DesiredRole> = roles
-            .iter()
-            .filter(|r| c.roles.iter().any(|n| n == &r.name) && r.replicas > 0)
-            .collect();
+        let members: Vec<&DesiredRole> = members(c, roles).collect();
         // Progress of the slowest unfinished role, counted on ready updated
         // instances so that an update in flight does not let others run ahead.
         let mut min_f: Option<f64> = None;
         for r in &members {
-            let (u, _) = effective_update(r, coordination);
+            let u = effective_update(r, coordination);
             let (partition, _, _) = resolved(&u, r.replicas);
             let goal = r.replicas - partition;
             let ready = updated_ready_count(r, o);
@@ -502,20 +505,15 @@ fn scaling_caps(
     let mut caps = BTreeMap::new();
     for c in coordination {
         let Some(sc) = &c.scaling else { continue };
-        let members: Vec<&DesiredRole> = roles
-            .iter()
-            .filter(|r| c.roles.iter().any(|n| n == &r.name) && r.replicas > 0)
-            .collect();
+        let members: Vec<&DesiredRole> = members(c, roles).collect();
         let progress = |r: &DesiredRole| -> u32 {
-            let n = instances(o, &r.name)
-                .iter()
-                .filter(|i| i.index < r.replicas && !i.busy)
-                .filter(|i| match sc.progression {
-                    Progression::OrderScheduled => i.running || i.ready,
-                    Progression::OrderReady => i.ready,
-                })
-                .count();
-            u32::try_from(n).unwrap_or(u32::MAX)
+            count_where(r, o, |i| {
+                !i.busy
+                    && match sc.progression {
+                        Progression::OrderScheduled => i.running || i.ready,
+                        Progression::OrderReady => i.ready,
+                    }
+            })
         };
         let min_p = members
             .iter()
@@ -637,7 +635,7 @@ fn plan_role(
 ) {
     let insts = instances(observed, &r.name);
     let by_index: BTreeMap<u32, &ObservedInstance> = insts.iter().map(|i| (i.index, i)).collect();
-    let (u, _) = effective_update(r, coordination);
+    let u = effective_update(r, coordination);
     let (partition, max_unavailable, max_surge) = resolved(&u, r.replicas);
     let is_handled = |i: u32| handled.contains(&(r.name.clone(), i));
 
@@ -762,9 +760,7 @@ pub fn coordination_skew(
     o: &Observed,
     ready_only: bool,
 ) -> f64 {
-    let fracs: Vec<f64> = roles
-        .iter()
-        .filter(|r| c.roles.iter().any(|n| n == &r.name) && r.replicas > 0)
+    let fracs: Vec<f64> = members(c, roles)
         .map(|r| {
             let k = if ready_only {
                 updated_ready_count(r, o)

@@ -63,7 +63,8 @@ fn canonical(v: &Value, out: &mut String) {
     }
 }
 
-fn hash_template(t: &PodTemplateSpec) -> String {
+/// The revision name of a template (10 hex digits).
+pub fn revision(t: &PodTemplateSpec) -> String {
     // Serializing plain data structs into a Value cannot fail; fall back to
     // the Debug form rather than panic if a future field makes it fail.
     let mut s = String::new();
@@ -74,18 +75,13 @@ fn hash_template(t: &PodTemplateSpec) -> String {
     format!("{:010x}", xxh3_64(s.as_bytes()) >> 24)
 }
 
-/// The revision name of a template (10 hex digits).
-pub fn revision(t: &PodTemplateSpec) -> String {
-    hash_template(t)
-}
-
 /// The revision of `t` with container images blanked.
 pub fn shape(t: &PodTemplateSpec) -> String {
     let mut t = t.clone();
     for c in &mut t.spec.containers {
         c.image = None;
     }
-    hash_template(&t)
+    revision(&t)
 }
 
 #[cfg(test)]

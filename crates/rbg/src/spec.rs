@@ -96,21 +96,6 @@ impl Amount {
         }
     }
 
-    /// This amount as a fraction of `total` (a percentage is itself).
-    pub fn fraction(self, total: u32) -> f64 {
-        match self {
-            Amount::Percent(p) => f64::from(p) / 100.0,
-            Amount::Count(n) if total == 0 => {
-                if n == 0 {
-                    0.0
-                } else {
-                    1.0
-                }
-            }
-            Amount::Count(n) => f64::from(n) / f64::from(total),
-        }
-    }
-
     /// True when this amount is zero whatever it is applied to.
     pub fn is_zero(self) -> bool {
         matches!(self, Amount::Count(0) | Amount::Percent(0))
@@ -1158,7 +1143,7 @@ pub fn validate(raw: &RoleBasedGroup) -> Result<Group, SpecError> {
             errs.push(p);
         } else {
             // Kubernetes names the service s-<group>-<role>: it must be a label too.
-            let svc = format!("s-{}-{}", raw.metadata.name, r.name);
+            let svc = crate::discovery::service_name(&raw.metadata.name, &r.name);
             if svc.len() > 63 {
                 errs.push(format!(
                     "role {:?}: service name {svc:?} is longer than 63 characters",
@@ -1253,16 +1238,7 @@ pub fn validate(raw: &RoleBasedGroup) -> Result<Group, SpecError> {
 
     // Cycles only make sense to report once every dependency is known.
     if errs.is_empty() {
-        let edges: Vec<(&str, Vec<&str>)> = roles
-            .iter()
-            .map(|r| {
-                (
-                    r.name.as_str(),
-                    r.dependencies.iter().map(String::as_str).collect(),
-                )
-            })
-            .collect();
-        if let Err(e) = crate::planner::levels(&edges) {
+        if let Err(e) = crate::planner::role_levels(&roles) {
             errs.push(e.to_string());
         }
     }

@@ -717,50 +717,34 @@ fn count_creates(acts: &[Action], role: &str) -> usize {
         .count()
 }
 
+/// Creates of `(prefill, decode)` among `acts`.
+fn pd_creates(acts: &[Action]) -> (usize, usize) {
+    (
+        count_creates(acts, "prefill"),
+        count_creates(acts, "decode"),
+    )
+}
+
 #[test]
 fn scaling_progression_order_ready() {
     // target = min(desired, ceil((minProgress + maxSkew) × desired))
     let mut sim = scaling_sim(10, 4, 0.25, Progression::OrderReady);
     let acts = sim.pass();
     // minProgress 0: ceil(0.25×10)=3, ceil(0.25×4)=1.
-    assert_eq!(
-        (
-            count_creates(&acts, "prefill"),
-            count_creates(&acts, "decode")
-        ),
-        (3, 1)
-    );
+    assert_eq!(pd_creates(&acts), (3, 1));
     // Nothing is ready yet: OrderReady waits.
     assert!(sim.pass().is_empty());
     sim.settle();
     // minProgress = min(3/10, 1/4) = 0.25: ceil(0.5×10)=5, ceil(0.5×4)=2.
     let acts = sim.pass();
-    assert_eq!(
-        (
-            count_creates(&acts, "prefill"),
-            count_creates(&acts, "decode")
-        ),
-        (2, 1)
-    );
+    assert_eq!(pd_creates(&acts), (2, 1));
     sim.settle();
     // minProgress = min(0.5, 0.5): ceil(0.75×10)=8, ceil(0.75×4)=3.
     let acts = sim.pass();
-    assert_eq!(
-        (
-            count_creates(&acts, "prefill"),
-            count_creates(&acts, "decode")
-        ),
-        (3, 1)
-    );
+    assert_eq!(pd_creates(&acts), (3, 1));
     sim.settle();
     let acts = sim.pass();
-    assert_eq!(
-        (
-            count_creates(&acts, "prefill"),
-            count_creates(&acts, "decode")
-        ),
-        (2, 1)
-    );
+    assert_eq!(pd_creates(&acts), (2, 1));
     sim.settle();
     assert!(sim.pass().is_empty());
     assert_eq!((sim.ready("prefill"), sim.ready("decode")), (10, 4));
@@ -772,10 +756,7 @@ fn scaling_progression_order_scheduled_does_not_wait_for_readiness() {
     let mut steps = Vec::new();
     for _ in 0..6 {
         let acts = sim.pass();
-        steps.push((
-            count_creates(&acts, "prefill"),
-            count_creates(&acts, "decode"),
-        ));
+        steps.push(pd_creates(&acts));
     }
     // Instances count once started, so each pass steps without readiness.
     assert_eq!(steps, vec![(3, 1), (2, 1), (3, 1), (2, 1), (0, 0), (0, 0)]);

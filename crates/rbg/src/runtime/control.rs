@@ -131,6 +131,15 @@ pub async fn call(
         .map_err(|_| io(format!("no answer within {timeout:?}")))?
 }
 
+/// True when a running group answers on `socket` (a socket file can be
+/// left over from a run that died).
+pub async fn is_live(socket: &Path) -> bool {
+    socket.exists()
+        && call(socket, &Request::History, Duration::from_secs(2))
+            .await
+            .is_ok()
+}
+
 /// A request received by the server, with the way back to its client.
 pub type Incoming = (Request, oneshot::Sender<Response>);
 

@@ -379,17 +379,14 @@ async fn prepare_dirs(state: &Path, dir: &GroupDir) -> Result<(), RuntimeError> 
     std::fs::create_dir_all(&dir.root)
         .map_err(io_err(format!("creating {}", dir.root.display())))?;
     let sock = dir.socket();
-    if sock.exists() {
-        let live = control::call(&sock, &Request::History, Duration::from_secs(2)).await;
-        if live.is_ok() {
-            return Err(RuntimeError::AlreadyRunning {
-                group: dir.group.clone(),
-                socket: sock.display().to_string(),
-            });
-        }
-        // A socket nobody answers on is left over from a run that died.
-        let _ = std::fs::remove_file(&sock);
+    if control::is_live(&sock).await {
+        return Err(RuntimeError::AlreadyRunning {
+            group: dir.group.clone(),
+            socket: sock.display().to_string(),
+        });
     }
+    // A socket nobody answers on is left over from a run that died.
+    let _ = std::fs::remove_file(&sock);
     // Instances never outlive their supervisor: start from a clean slate.
     for d in [dir.instances(), dir.memory_root(), dir.history()] {
         let _ = std::fs::remove_dir_all(&d);
@@ -414,6 +411,17 @@ impl Supervisor {
             .iter()
             .position(|l| l.iter().any(|r| r == role))
             .unwrap_or(0)
+    }
+
+    /// The dependency `role` is frozen on, if the last pass found one.
+    fn waiting_for(&self, role: &str) -> Option<&str> {
+        self.waiting.iter().find_map(|w| match w {
+            Wait::Dependency {
+                role: r,
+                dependency,
+            } if r == role => Some(dependency.as_str()),
+            _ => None,
+        })
     }
 
     fn address(&self, role: &str, index: u32) -> Option<Ipv4Addr> {
@@ -459,11 +467,7 @@ impl Supervisor {
         self.levels = planner::group_levels(&group);
         self.group = group;
         self.desired = desired;
-        let hosts_of = |role: &str, index: u32| {
-            let slot = *self.slots.get(role)?;
-            discovery::local_address(self.octet, slot, index)
-        };
-        self.hosts = discovery::host_table(&self.group, &hosts_of);
+        self.hosts = discovery::host_table(&self.group, &|role, index| self.address(role, index));
         self.write_discovery()?;
         if !changed.is_empty() || self.history.is_empty() {
             let number = self.history.last().map_or(1, |h| h.number + 1);
@@ -579,12 +583,9 @@ impl Supervisor {
         let observed = self.observed();
         let mut roles = Vec::new();
         for d in &self.desired {
-            let waiting = self.waiting.iter().find_map(|w| match w {
-                Wait::Dependency { role, dependency } if role == &d.name => {
-                    Some(format!("waiting for {dependency}"))
-                }
-                _ => None,
-            });
+            let waiting = self
+                .waiting_for(&d.name)
+                .map(|dep| format!("waiting for {dep}"));
             roles.push(RoleStatus {
                 name: d.name.clone(),
                 level: self.level_of(&d.name),
@@ -729,10 +730,7 @@ impl Supervisor {
                 if outdated {
                     s.push_str(&format!(" ({updated}/{} updated)", d.replicas));
                 }
-                if let Some(dep) = self.waiting.iter().find_map(|w| match w {
-                    Wait::Dependency { role, dependency } if role == name => Some(dependency),
-                    _ => None,
-                }) {
+                if let Some(dep) = self.waiting_for(name) {
                     s.push_str(&format!(" waiting for {dep}"));
                 }
                 rs.push(s);
