@@ -17,6 +17,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod cache;
+
+pub use cache::CacheStats;
+use cache::LocationCache;
 use futures::future::join_all;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
@@ -145,6 +149,9 @@ pub struct ClientConfig {
     pub segment_address: String,
     /// Transport for object bytes.
     pub protocol: Protocol,
+    /// Keys whose locations are remembered for one-round-trip repeat reads
+    /// (0 turns the location cache off).
+    pub location_cache: usize,
 }
 
 impl ClientConfig {
@@ -160,6 +167,7 @@ impl ClientConfig {
             segment_size: 0,
             segment_address: "127.0.0.1".into(),
             protocol: Protocol::Auto,
+            location_cache: 65_536,
         }
     }
 }
@@ -190,15 +198,45 @@ impl<'a> GetInto<'a> {
 /// Python `bytes`, say) and then read straight into it.
 pub struct Located {
     key: String,
-    location: ObjectLocation,
-    asked: Instant,
+    found: Found,
 }
 
 impl Located {
     /// Value bytes the destination must hold.
     pub fn value_len(&self) -> usize {
-        self.location.value_len as usize
+        self.found.location.value_len as usize
     }
+}
+
+/// A location to read from, under a read lease.
+struct Found {
+    location: ObjectLocation,
+    /// When the lease began (when the master was asked, or the read it
+    /// extended happened).
+    lease_from: Instant,
+    /// From the location cache: on failure, ask the master again.
+    cached: bool,
+}
+
+/// Which of `found` came from the location cache.
+fn cached_flags(found: &[KvResult<Found>]) -> Vec<bool> {
+    found
+        .iter()
+        .map(|f| f.as_ref().is_ok_and(|f| f.cached))
+        .collect()
+}
+
+/// Reborrows the items at `at` (ascending indexes) for another pass.
+fn reborrow<'a>(items: &'a mut [GetInto<'_>], at: &[usize]) -> Vec<GetInto<'a>> {
+    items
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| at.binary_search(i).is_ok())
+        .map(|(_, it)| GetInto {
+            key: it.key,
+            dst: it.dst.iter_mut().map(|d| &mut **d).collect(),
+        })
+        .collect()
 }
 
 /// A connected client. Cheap to clone; clones share connections.
@@ -215,6 +253,7 @@ struct Inner {
     /// from here, use TCP).
     shm: Mutex<ShmMaps>,
     node: Option<Arc<DataNode>>,
+    cache: Arc<LocationCache>,
     shutdown: CancellationToken,
 }
 
@@ -263,13 +302,20 @@ impl Client {
             remount,
             shutdown.clone(),
         );
+        let cache = Arc::new(LocationCache::new(cfg.location_cache));
+        tokio::spawn(report_touches(
+            link.clone(),
+            cache.clone(),
+            shutdown.clone(),
+        ));
         Ok(Client {
             inner: Arc::new(Inner {
-                cfg,
                 link,
                 stores: Mutex::new(HashMap::new()),
                 shm: Mutex::new(HashMap::new()),
                 node,
+                cache,
+                cfg,
                 shutdown,
             }),
         })
@@ -278,6 +324,11 @@ impl Client {
     /// The settings in force.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.cfg
+    }
+
+    /// How the location cache has served reads so far.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.inner.cache.stats()
     }
 
     /// Withdraws the embedded segment and stops background work.
@@ -595,47 +646,89 @@ impl Client {
     }
 
     async fn get_pass(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
-        // The lease runs from when the master was asked, not from its answer.
-        let t0 = Instant::now();
-        let locs = self.locate_keys(keys).await;
-        let mut bufs: Vec<Vec<u8>> = locs
+        let found = self.find(keys).await;
+        let cached = cached_flags(&found);
+        let (mut out, stale) = self.read_new(keys, found, &cached).await;
+        if !stale.is_empty() {
+            let again: Vec<&str> = stale.iter().map(|&i| keys[i]).collect();
+            let found = self.locate_keys(&again).await;
+            let (r, _) = self.read_new(&again, found, &[]).await;
+            for (&i, r) in stale.iter().zip(r) {
+                out[i] = r;
+            }
+        }
+        out
+    }
+
+    /// Reads located objects into new vectors; also returns the indexes of
+    /// `cached` locations that failed (stale: ask the master).
+    async fn read_new(
+        &self,
+        keys: &[&str],
+        found: Vec<KvResult<Found>>,
+        cached: &[bool],
+    ) -> (Vec<KvResult<Vec<u8>>>, Vec<usize>) {
+        let mut bufs: Vec<Vec<u8>> = found
             .iter()
-            .map(|l| match l {
-                Ok(l) => vec![0u8; l.value_len as usize],
+            .map(|f| match f {
+                Ok(f) => vec![0u8; f.location.value_len as usize],
                 Err(_) => Vec::new(),
             })
             .collect();
         let mut items = GetInto::each(keys, &mut bufs);
-        let res = self.read_located(&mut items, locs, t0).await;
+        let res = self.read_located(&mut items, found).await;
         drop(items);
-        res.into_iter()
+        let stale = self.stale(keys, cached, &res);
+        let out = res
+            .into_iter()
             .zip(bufs)
             .map(|(r, b)| r.map(|_| b))
-            .collect()
+            .collect();
+        (out, stale)
     }
 
-    /// Locates `key` (one master round trip; takes the read lease). No
-    /// retries: on a transient error, fall back to [`Self::get`].
+    /// Indexes of reads through cached locations that failed; their
+    /// locations are dropped.
+    fn stale<T>(&self, keys: &[&str], cached: &[bool], res: &[KvResult<T>]) -> Vec<usize> {
+        let stale: Vec<usize> = (0..res.len())
+            .filter(|&i| cached.get(i) == Some(&true) && res[i].is_err())
+            .collect();
+        for &i in &stale {
+            tracing::debug!(key = keys[i], "cached location is stale; asking the master");
+            self.inner.cache.stale(keys[i]);
+        }
+        stale
+    }
+
+    /// Locates `key` (from the location cache, or one master round trip that
+    /// takes the read lease). No retries: on a transient error, fall back to
+    /// [`Self::get`].
     pub async fn locate(&self, key: &str) -> KvResult<Located> {
-        let asked = Instant::now();
-        let location = one(self.locate_keys(&[key]).await)?;
+        let found = one(self.find(&[key]).await)?;
         Ok(Located {
             key: key.to_string(),
-            location,
-            asked,
+            found,
         })
     }
 
     /// Reads a located object into `dst` (at least `value_len` bytes),
-    /// verified like every read; returns the value length.
+    /// verified like every read; returns the value length. A cached location
+    /// that turned out stale is a transient error: fall back to [`Self::get`].
     pub async fn read_located_into(&self, l: Located, dst: &mut [u8]) -> KvResult<usize> {
+        let cached = [l.found.cached];
         let mut items = [GetInto {
             key: &l.key,
             dst: vec![dst],
         }];
-        one(self
-            .read_located(&mut items, vec![Ok(l.location)], l.asked)
-            .await)
+        let r = self.read_located(&mut items, vec![Ok(l.found)]).await;
+        if self.stale(&[&l.key], &cached, &r).is_empty() {
+            one(r)
+        } else {
+            Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                format!("cached location of {:?} is stale", l.key),
+            ))
+        }
     }
 
     /// Reads `key`'s value into `buf`; returns the value length. A buffer
@@ -653,19 +746,20 @@ impl Client {
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {
             let todo = retry.todo();
-            let mut round: Vec<GetInto> = items
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| todo.binary_search(i).is_ok())
-                .map(|(_, it)| GetInto {
-                    key: it.key,
-                    dst: it.dst.iter_mut().map(|d| &mut **d).collect(),
-                })
-                .collect();
-            let t0 = Instant::now();
+            let mut round = reborrow(items, &todo);
             let keys: Vec<&str> = round.iter().map(|i| i.key).collect();
-            let locs = self.locate_keys(&keys).await;
-            let out = self.read_located(&mut round, locs, t0).await;
+            let found = self.find(&keys).await;
+            let cached = cached_flags(&found);
+            let mut out = self.read_located(&mut round, found).await;
+            let stale = self.stale(&keys, &cached, &out);
+            if !stale.is_empty() {
+                let mut again = reborrow(&mut round, &stale);
+                let keys: Vec<&str> = again.iter().map(|i| i.key).collect();
+                let found = self.locate_keys(&keys).await;
+                for (&i, r) in stale.iter().zip(self.read_located(&mut again, found).await) {
+                    out[i] = r;
+                }
+            }
             drop(round);
             if !retry.settle(out).await {
                 return retry.finish();
@@ -673,15 +767,52 @@ impl Client {
         }
     }
 
-    async fn locate_keys(&self, keys: &[&str]) -> Vec<KvResult<ObjectLocation>> {
-        let mut out: Vec<KvResult<ObjectLocation>> = keys
+    /// Locations of `keys`: the location cache's, the master's for the rest.
+    async fn find(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
+        // A read from the cache over shared memory never waits on I/O; this
+        // keeps a loop of them from starving the caller's other tasks.
+        tokio::task::consume_budget().await;
+        let mut out: Vec<Option<KvResult<Found>>> = keys
             .iter()
             .map(|k| {
-                validate_key(k).map(|_| ObjectLocation {
-                    value_len: 0,
-                    generation: 0,
-                    lease_ms: 0,
-                    replicas: Vec::new(),
+                self.inner.cache.get(k).map(|(location, lease_from)| {
+                    Ok(Found {
+                        location,
+                        lease_from,
+                        cached: true,
+                    })
+                })
+            })
+            .collect();
+        let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+        if !ask.is_empty() {
+            let asked: Vec<&str> = ask.iter().map(|&i| keys[i]).collect();
+            for (&i, f) in ask.iter().zip(self.locate_keys(&asked).await) {
+                out[i] = Some(f);
+            }
+        }
+        out.into_iter()
+            .map(|f| f.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
+            .collect()
+    }
+
+    /// Asks the master where `keys` are (granting read leases) and
+    /// remembers the answers in the location cache.
+    async fn locate_keys(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
+        // The lease runs from when the master was asked, not from its answer.
+        let t0 = Instant::now();
+        let mut out: Vec<KvResult<Found>> = keys
+            .iter()
+            .map(|k| {
+                validate_key(k).map(|_| Found {
+                    location: ObjectLocation {
+                        value_len: 0,
+                        generation: 0,
+                        lease_ms: 0,
+                        replicas: Vec::new(),
+                    },
+                    lease_from: t0,
+                    cached: false,
                 })
             })
             .collect();
@@ -697,7 +828,14 @@ impl Client {
             })
             .await;
         for (&i, l) in ask.iter().zip(per_key(r, ask.len())) {
-            out[i] = l;
+            out[i] = l.map(|location| {
+                self.inner.cache.insert(keys[i], location.clone(), t0);
+                Found {
+                    location,
+                    lease_from: t0,
+                    cached: false,
+                }
+            });
         }
         out
     }
@@ -705,13 +843,16 @@ impl Client {
     async fn read_located(
         &self,
         items: &mut [GetInto<'_>],
-        locs: Vec<KvResult<ObjectLocation>>,
-        t0: Instant,
+        found: Vec<KvResult<Found>>,
     ) -> Vec<KvResult<usize>> {
         let mut results: Vec<KvResult<usize>> = Vec::with_capacity(items.len());
         let mut locations: Vec<Option<ObjectLocation>> = Vec::with_capacity(items.len());
-        for (item, l) in items.iter().zip(locs) {
-            match l {
+        let leases: Vec<Instant> = found
+            .iter()
+            .map(|f| f.as_ref().map_or(Instant::now(), |f| f.lease_from))
+            .collect();
+        for (item, f) in items.iter().zip(found) {
+            match f.map(|f| f.location) {
                 Ok(l) => {
                     let room: u64 = item.dst.iter().map(|d| d.len() as u64).sum();
                     if room < l.value_len {
@@ -843,7 +984,8 @@ impl Client {
                     .binary_search_by_key(&i, |p| p.0)
                     .map(|at| &heads[plan[at].1][..])
                     .unwrap_or(&[]);
-                results[i] = r.and_then(|()| verify(items[i].key, head, &items[i].dst, l, t0));
+                results[i] =
+                    r.and_then(|()| verify(items[i].key, head, &items[i].dst, l, leases[i]));
                 if let Err(e) = &results[i] {
                     tracing::debug!(key = items[i].key, round, error = %e, "replica read failed");
                 }
@@ -909,11 +1051,15 @@ impl Client {
                 force,
             })
             .await;
+        for k in keys {
+            self.inner.cache.forget(k);
+        }
         per_key(r, keys.len())
     }
 
     /// Removes keys matching a regex; returns how many.
     pub async fn remove_by_regex(&self, pattern: &str, force: bool) -> KvResult<u64> {
+        self.inner.cache.clear();
         self.inner
             .link
             .call(&msg::RemoveByRegex {
@@ -925,12 +1071,44 @@ impl Client {
 
     /// Removes every object; returns how many.
     pub async fn remove_all(&self, force: bool) -> KvResult<u64> {
+        self.inner.cache.clear();
         self.inner.link.call(&msg::RemoveAll { force }).await
     }
 
     /// The cluster as the master sees it.
     pub async fn status(&self) -> KvResult<ClusterStatus> {
         self.inner.link.call(&msg::Status {}).await
+    }
+}
+
+/// How often keys read through cached locations are reported to the master.
+const TOUCH_EVERY: Duration = Duration::from_millis(200);
+
+/// Reports reads through cached locations to the master, which counts
+/// them for its LRU and extends their leases (and so the cached entries).
+/// Best effort: an unreported read only lets its entry age out sooner.
+async fn report_touches(link: Arc<MasterLink>, cache: Arc<LocationCache>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(TOUCH_EVERY) => {}
+        }
+        let (items, read_at) = cache.take_touched();
+        if items.is_empty() {
+            continue;
+        }
+        let touch = msg::Touch { items };
+        match tokio::time::timeout(TOUCH_EVERY * 5, link.call(&touch)).await {
+            Ok(Ok(renewed)) => {
+                for ((it, at), ok) in touch.items.iter().zip(read_at).zip(renewed) {
+                    if ok {
+                        cache.renewed(&it.key, it.generation, at);
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "cached reads not reported"),
+            Err(_) => tracing::debug!("cached reads not reported in time"),
+        }
     }
 }
 
@@ -1076,16 +1254,25 @@ fn spread(idx: Vec<usize>, r: KvResult<Vec<KvResult<()>>>) -> Vec<(usize, KvResu
 }
 
 /// Checks a read object: header names the expected object, value checksum
-/// matches, and the read finished within its lease.
+/// matches, and the read finished within its lease (begun at `lease_from`).
 fn verify(
     key: &str,
     head: &[u8],
     dst: &[&mut [u8]],
     l: &ObjectLocation,
-    t0: Instant,
+    lease_from: Instant,
 ) -> KvResult<usize> {
-    let h = ObjectHeader::decode(head)?;
-    h.expect(key, l.value_len, l.generation)?;
+    // A header that is gone or names another version means the object was
+    // replaced or removed under the read (its old header is destroyed right
+    // away): worth asking the master again, so transient.
+    let h = ObjectHeader::decode(head)
+        .and_then(|h| h.expect(key, l.value_len, l.generation).map(|()| h))
+        .map_err(|e| {
+            KvError::new(
+                Code::TransferFail,
+                format!("{key:?} changed during the read: {}", e.message),
+            )
+        })?;
     let mut parts: Vec<&[u8]> = Vec::with_capacity(dst.len());
     let mut left = l.value_len;
     for d in dst {
@@ -1102,7 +1289,7 @@ fn verify(
             format!("value of {key:?} fails its checksum"),
         ));
     }
-    if t0.elapsed() > Duration::from_millis(l.lease_ms) {
+    if lease_from.elapsed() > Duration::from_millis(l.lease_ms) {
         return Err(KvError::new(
             Code::LeaseExpired,
             format!("read of {key:?} outlived its lease"),

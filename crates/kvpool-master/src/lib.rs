@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod placement;
 pub mod state;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,6 +111,10 @@ pub struct Master {
     /// Counters and gauges.
     pub metrics: Metrics,
     evict_soon: Notify,
+    /// Wakes the invalidator when a reply waits on it.
+    invalidate_now: Notify,
+    /// The invalidation sequence number sent through, for waiting replies.
+    invalidated: tokio::sync::watch::Sender<u64>,
     role: parking_lot::Mutex<Role>,
     /// Itself, for timers that outlive a request (delayed unmounts).
     me: std::sync::Weak<Master>,
@@ -122,6 +127,8 @@ impl Master {
             state: MasterState::new(cfg),
             metrics: Metrics::default(),
             evict_soon: Notify::new(),
+            invalidate_now: Notify::new(),
+            invalidated: tokio::sync::watch::Sender::new(0),
             role: parking_lot::Mutex::new(Role::Leader),
             me: me.clone(),
         })
@@ -183,7 +190,42 @@ fn failed<T>(v: &[KvResult<T>]) -> usize {
     v.iter().filter(|r| r.is_err()).count()
 }
 
+impl Master {
+    /// Waits (at most [`FENCE_WAIT`]) until invalidations through `seq` were sent.
+    fn wait_invalidated(&self, seq: u64) -> kvpool_transfer::server::ReplyWait {
+        let mut sent = self.invalidated.subscribe();
+        self.invalidate_now.notify_one();
+        Box::pin(async move {
+            let _ = tokio::time::timeout(FENCE_WAIT, sent.wait_for(|&s| s >= seq)).await;
+        })
+    }
+}
+
+/// Longest a reply waits for old versions to be destroyed; a store that
+/// slow is unreachable, and the master retries it in the background.
+const FENCE_WAIT: Duration = Duration::from_secs(2);
+
 impl ControlHandler for Master {
+    /// A commit or a removal is reported once the key's old versions are
+    /// destroyed on their stores, so no client's cached location can read
+    /// them afterwards.
+    fn before_reply(&self, op: Opcode, meta: &[u8]) -> Option<kvpool_transfer::server::ReplyWait> {
+        let seq = match op {
+            Opcode::PutEnd | Opcode::Remove if !self.state.has_fences() => None,
+            Opcode::PutEnd => {
+                let r: msg::PutEnd = msg::decode(meta).ok()?;
+                self.state.fence(r.items.iter().map(|i| i.key.as_str()))
+            }
+            Opcode::Remove => {
+                let r: msg::Remove = msg::decode(meta).ok()?;
+                self.state.fence(r.keys.iter().map(String::as_str))
+            }
+            Opcode::RemoveByRegex | Opcode::RemoveAll => self.state.fence_all(),
+            _ => None,
+        }?;
+        Some(self.wait_invalidated(seq))
+    }
+
     fn handle(&self, op: Opcode, meta: &[u8]) -> KvResult<Vec<u8>> {
         self.admit(op)?;
         let now = Instant::now();
@@ -264,6 +306,11 @@ impl ControlHandler for Master {
                 let v = s.exist(&r.keys);
                 m.record(op, v.len(), 0);
                 wire(v)
+            }),
+            Opcode::Touch => typed(meta, |r: msg::Touch| {
+                let v = s.touch(&r.items, now);
+                m.record(op, v.len(), v.iter().filter(|t| !**t).count());
+                v
             }),
             Opcode::Remove => typed(meta, |r: msg::Remove| {
                 let v = s.remove(&r.keys, r.force, now);
@@ -471,47 +518,61 @@ async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
     }
 }
 
-/// Delivers freed regions to their stores, which destroy the objects there so
-/// that a store or master restart can never bring them back. A store that
-/// cannot be reached gets them again later (or reconciles on remount).
+/// Delivers freed and replaced versions to their stores, which destroy the
+/// objects there so that neither a restart nor a cached location can bring
+/// them back. Runs every 20 ms, or at once when a reply waits on it. A
+/// store that cannot be reached gets them again later (or reconciles on
+/// remount).
 async fn invalidator(master: Arc<Master>, shutdown: CancellationToken) {
-    let mut pools: std::collections::HashMap<String, kvpool_transfer::ConnPool> =
-        Default::default();
-    let mut backoff: std::collections::HashMap<msg::SegmentId, Instant> = Default::default();
+    let mut pools: HashMap<String, Arc<kvpool_transfer::ConnPool>> = HashMap::new();
+    let mut backoff: HashMap<msg::SegmentId, Instant> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+            _ = master.invalidate_now.notified() => {}
         }
         let now = Instant::now();
         backoff.retain(|_, until| *until > now);
-        for (id, endpoint, regions) in master.state.take_invalidations() {
+        let (batches, through) = master.state.take_invalidations();
+        let mut sends = Vec::new();
+        for (id, endpoint, regions) in batches {
             if backoff.contains_key(&id) {
                 master.state.requeue_invalidations(id, regions);
                 continue;
             }
-            let pool = pools.entry(endpoint.clone()).or_insert_with(|| {
-                kvpool_transfer::ConnPool::new(
-                    &endpoint,
-                    "master",
-                    Limits::default(),
-                    Duration::from_secs(2),
-                    2,
-                )
+            let pool = pools
+                .entry(endpoint.clone())
+                .or_insert_with(|| {
+                    Arc::new(kvpool_transfer::ConnPool::new(
+                        &endpoint,
+                        "master",
+                        Limits::default(),
+                        Duration::from_secs(2),
+                        2,
+                    ))
+                })
+                .clone();
+            sends.push(async move {
+                let req = msg::InvalidateReq {
+                    segment: id,
+                    regions,
+                };
+                let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
+                (matches!(sent, Ok(Ok(_))), req)
             });
-            let req = msg::InvalidateReq {
-                segment: id,
-                regions,
-            };
-            let sent = tokio::time::timeout(Duration::from_secs(5), pool.call(&req)).await;
-            if !matches!(sent, Ok(Ok(_))) {
-                tracing::debug!(segment = %id, "invalidation not delivered; will retry");
-                master.state.requeue_invalidations(id, req.regions);
-                backoff.insert(id, now + Duration::from_secs(1));
+        }
+        for (ok, req) in futures::future::join_all(sends).await {
+            if !ok {
+                tracing::debug!(segment = %req.segment, "invalidation not delivered; will retry");
+                master.state.requeue_invalidations(req.segment, req.regions);
+                backoff.insert(req.segment, now + Duration::from_secs(1));
             }
         }
+        master.state.invalidations_sent(through);
+        let _ = master.invalidated.send(through);
     }
 }
 

@@ -16,6 +16,7 @@ use std::time::Duration;
 use kvpool_proto::msg::{
     ClientId, ClusterStatus, InventoryItem, InventoryVerdict, ObjectLocation, PutEndItem, PutGrant,
     PutItem, RegisterReply, Replica, ReplicateConfig, SegmentId, SegmentInfo, SegmentStatus,
+    TouchItem,
 };
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
@@ -153,16 +154,32 @@ pub struct Evicted {
     pub bytes: u64,
 }
 
+/// Freed or replaced versions whose headers the stores must destroy, so that
+/// neither a restart nor a reader holding an old location (a client's
+/// location cache) can see them again.
+#[derive(Default)]
+struct InvalidationQueue {
+    /// `(offset, generation)` per segment.
+    regions: HashMap<SegmentId, Vec<(u64, u64)>>,
+    /// Sequence number of the last queued batch.
+    seq: u64,
+    /// Keys with an old version possibly still readable, and the sequence
+    /// number whose delivery destroys it: a new value or a removal of the
+    /// key is reported only after that (see [`MasterState::fence`]).
+    fences: HashMap<String, u64>,
+}
+
 /// The master's metadata state. All methods are short critical sections.
 pub struct MasterState {
     cfg: StateConfig,
     shards: Box<[Mutex<Shard>]>,
     segments: RwLock<HashMap<SegmentId, SegmentSlot>>,
     clients: Mutex<HashMap<ClientId, ClientEntry>>,
-    deferred: Mutex<Vec<(Instant, SegmentId, Region, u64)>>,
-    /// Freed `(offset, generation)` per segment, to be destroyed on the store
-    /// so a restart cannot bring them back.
-    invalidations: Mutex<HashMap<SegmentId, Vec<(u64, u64)>>>,
+    deferred: Mutex<Vec<(Instant, SegmentId, Region)>>,
+    /// Object headers to destroy on their stores, and the keys waiting for it.
+    invalidations: Mutex<InvalidationQueue>,
+    /// Invalidations up to this sequence number have been sent to stores.
+    invalidated_through: AtomicU64,
     /// Serializes eviction passes so concurrent puts do not evict twice.
     evicting: Mutex<()>,
     next_generation: AtomicU64,
@@ -188,7 +205,8 @@ impl MasterState {
             segments: RwLock::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
-            invalidations: Mutex::new(HashMap::new()),
+            invalidations: Mutex::new(InvalidationQueue::default()),
+            invalidated_through: AtomicU64::new(0),
             evicting: Mutex::new(()),
             next_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
@@ -421,7 +439,7 @@ impl MasterState {
                     });
                     drop(shard);
                     if let Some(old) = old {
-                        self.release(old, now);
+                        self.release(&it.key, old, now);
                     }
                     true
                 }
@@ -551,8 +569,8 @@ impl MasterState {
             return;
         }
         tracing::info!(segment = %id, "segment unmounted");
-        self.deferred.lock().retain(|(_, s, _, _)| *s != id);
-        self.invalidations.lock().remove(&id);
+        self.deferred.lock().retain(|(_, s, _)| *s != id);
+        self.invalidations.lock().regions.remove(&id);
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
             let sh = &mut *sh;
@@ -590,23 +608,71 @@ impl MasterState {
             if let Some(s) = segs.get(id) {
                 s.alloc.lock().free(*r);
                 if let (Some(inv), Some(gen)) = (inv.as_mut(), written) {
-                    inv.entry(*id).or_default().push((r.offset, gen));
+                    inv.regions.entry(*id).or_default().push((r.offset, gen));
                 }
             }
         }
+        if let Some(mut inv) = inv {
+            inv.seq += 1;
+        }
     }
 
-    /// Takes the queued invalidations, with each segment's data endpoint.
-    pub fn take_invalidations(&self) -> Vec<Invalidations> {
-        let queued = std::mem::take(&mut *self.invalidations.lock());
+    /// Frees the regions of `key`'s version `v`, which was removed or
+    /// evicted, and fences the key until its headers are destroyed.
+    fn retire(&self, key: &str, v: &Version) {
+        self.free_now(&v.replicas, Some(v.generation));
+        let mut inv = self.invalidations.lock();
+        let seq = inv.seq;
+        inv.fences.insert(key.to_string(), seq);
+    }
+
+    /// The invalidation sequence number a reply about `keys` must wait for
+    /// (their old versions destroyed on the stores), if any is outstanding.
+    pub fn fence<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Option<u64> {
+        let inv = self.invalidations.lock();
+        let done = self.invalidated_through.load(Ordering::Acquire);
+        keys.into_iter()
+            .filter_map(|k| inv.fences.get(k).copied())
+            .filter(|&seq| seq > done)
+            .max()
+    }
+
+    /// Whether any key waits for its old version to be destroyed.
+    pub fn has_fences(&self) -> bool {
+        !self.invalidations.lock().fences.is_empty()
+    }
+
+    /// The invalidation sequence number everything queued so far reaches,
+    /// if not yet sent.
+    pub fn fence_all(&self) -> Option<u64> {
+        let seq = self.invalidations.lock().seq;
+        (seq > self.invalidated_through.load(Ordering::Acquire)).then_some(seq)
+    }
+
+    /// Takes the queued invalidations, with each segment's data endpoint,
+    /// and the sequence number they reach.
+    pub fn take_invalidations(&self) -> (Vec<Invalidations>, u64) {
+        let (queued, seq) = {
+            let mut inv = self.invalidations.lock();
+            (std::mem::take(&mut inv.regions), inv.seq)
+        };
         let segs = self.segments.read();
-        queued
+        let out = queued
             .into_iter()
             .filter_map(|(id, regions)| {
                 segs.get(&id)
                     .map(|s| (id, s.info.endpoint.clone(), regions))
             })
-            .collect()
+            .collect();
+        (out, seq)
+    }
+
+    /// Records that every invalidation through `seq` was sent (delivered, or
+    /// its store unreachable and retried later): waiting replies may go.
+    pub fn invalidations_sent(&self, seq: u64) {
+        self.invalidated_through.fetch_max(seq, Ordering::AcqRel);
+        let mut inv = self.invalidations.lock();
+        inv.fences.retain(|_, s| *s > seq);
     }
 
     /// Puts back invalidations that could not be delivered (store down),
@@ -615,24 +681,35 @@ impl MasterState {
         if self.segments.read().contains_key(&id) {
             self.invalidations
                 .lock()
+                .regions
                 .entry(id)
                 .or_default()
                 .extend(regions);
         }
     }
 
-    /// Frees a version replaced by an upsert, or parks its regions until its
-    /// read lease ends so a reader in flight keeps reading the old bytes.
-    fn release(&self, v: Version, now: Instant) {
+    /// Retires `key`'s version `v`, replaced by a newer one: its headers are
+    /// destroyed at once (a reader of the old location then asks the master
+    /// again), and under a live read lease its regions are reused only when
+    /// the lease ends, so a reader in flight never sees them rewritten.
+    fn release(&self, key: &str, v: Version, now: Instant) {
         if v.lease_until > now {
-            let mut d = self.deferred.lock();
-            d.extend(
-                v.replicas
-                    .into_iter()
-                    .map(|(s, r)| (v.lease_until, s, r, v.generation)),
-            );
+            let mut inv = self.invalidations.lock();
+            for (s, r) in &v.replicas {
+                inv.regions
+                    .entry(*s)
+                    .or_default()
+                    .push((r.offset, v.generation));
+            }
+            inv.seq += 1;
+            let seq = inv.seq;
+            inv.fences.insert(key.to_string(), seq);
+            drop(inv);
+            self.deferred
+                .lock()
+                .extend(v.replicas.into_iter().map(|(s, r)| (v.lease_until, s, r)));
         } else {
-            self.free_now(&v.replicas, Some(v.generation));
+            self.retire(key, &v);
         }
     }
 
@@ -964,7 +1041,7 @@ impl MasterState {
         v.committed_at = now;
         if let Some(old) = e.current.replace(v) {
             drop(shard);
-            self.release(old, now);
+            self.release(key, old, now);
         }
         Ok(())
     }
@@ -1007,6 +1084,32 @@ impl MasterState {
                     lease_ms: ms(self.cfg.lease_ttl),
                     replicas: self.describe(&v.replicas),
                 })
+            })
+            .collect()
+    }
+
+    /// Counts reads a client made through cached locations as if located
+    /// when they happened: recency, and a read lease from then. Per item,
+    /// whether that version is still the current one.
+    pub fn touch(&self, items: &[TouchItem], now: Instant) -> Vec<bool> {
+        items
+            .iter()
+            .map(|it| {
+                let at = now
+                    .checked_sub(Duration::from_micros(it.age_us))
+                    .unwrap_or(now);
+                let mut shard = self.shard(&it.key).lock();
+                let Some(v) = shard
+                    .objects
+                    .get_mut(it.key.as_str())
+                    .and_then(|e| e.current.as_mut())
+                    .filter(|v| v.generation == it.generation)
+                else {
+                    return false;
+                };
+                v.last_access = v.last_access.max(at);
+                v.lease_until = v.lease_until.max(at + self.cfg.lease_ttl);
+                true
             })
             .collect()
     }
@@ -1064,7 +1167,7 @@ impl MasterState {
                 // A forced remove frees at once, as the caller asked; a reader still
                 // in flight on it fails its header or checksum check, never returns
                 // the new bytes.
-                self.free_now(&v.replicas, Some(v.generation));
+                self.retire(k, &v);
                 Ok(())
             })
             .collect()
@@ -1090,13 +1193,13 @@ impl MasterState {
             let mut versions = Vec::new();
             for k in keys {
                 if let Ok(v) = self.remove_in(&mut sh, &k, force, now) {
-                    versions.push(v);
+                    versions.push((k, v));
                 }
             }
             drop(sh);
             removed += versions.len() as u64;
-            for v in versions {
-                self.free_now(&v.replicas, Some(v.generation));
+            for (k, v) in versions {
+                self.retire(&k, &v);
             }
         }
         removed
@@ -1157,7 +1260,7 @@ impl MasterState {
             drop(shard);
             out.objects += 1;
             out.bytes += v.bytes();
-            self.free_now(&v.replicas, Some(v.generation));
+            self.retire(&c.key, &v);
         }
         self.evictions.fetch_add(out.objects, Ordering::Relaxed);
         if out.objects > 0 {
@@ -1180,12 +1283,13 @@ impl MasterState {
     fn free_expired_deferred(&self, now: Instant) {
         let due: Vec<_> = {
             let mut d = self.deferred.lock();
-            let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _, _, _)| *t <= now);
+            let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _, _)| *t <= now);
             *d = keep;
             due
         };
-        for (_, s, r, gen) in due {
-            self.free_now(&[(s, r)], Some(gen));
+        // Their headers were destroyed when they were replaced.
+        for (_, s, r) in due {
+            self.free_now(&[(s, r)], None);
         }
     }
 

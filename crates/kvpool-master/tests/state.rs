@@ -1488,7 +1488,7 @@ fn new_master_rebuilds_from_inventories() {
     assert_eq!((up.generation, segment_ids(&up.replicas)), (70, vec![2]));
     assert_eq!(p.get("solo", now).unwrap().generation, 40);
     // The superseded version was freed and queued for destruction.
-    let inv = p.st.take_invalidations();
+    let (inv, _) = p.st.take_invalidations();
     assert_eq!(inv.len(), 1);
     assert_eq!(
         (inv[0].0, &inv[0].2),
@@ -1509,13 +1509,41 @@ fn frees_are_queued_for_invalidation() {
     let (g2, r2) = p.start(c, "revoked", OBJ, now);
     p.remove("removed", false, now).unwrap();
     p.revoke(c, "revoked").unwrap();
-    let mut got = p.st.take_invalidations();
+    let (mut got, _) = p.st.take_invalidations();
     assert_eq!(got.len(), 1);
     got[0].2.sort();
     let mut want = vec![(r1[0].offset, g1), (r2[0].offset, g2)];
     want.sort();
     assert_eq!(got[0].2, want);
-    assert!(p.st.take_invalidations().is_empty());
+    assert!(p.st.take_invalidations().0.is_empty());
+}
+
+/// A removed key, and a key upserted while its old version is leased, are
+/// fenced until the old headers are sent for destruction; the leased
+/// version's regions stay reserved until its lease ends.
+#[test]
+fn removals_and_upserts_fence_their_keys_until_invalidated() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let now = p.at(0);
+    p.commit(c, "gone", OBJ, now);
+    let (g_old, r_old) = p.commit(c, "leased", OBJ, now);
+    p.get("leased", now).unwrap();
+    assert!(!p.st.has_fences());
+    p.remove("gone", false, now).unwrap();
+    let used = p.st.usage().1;
+    let (g_new, _) = p.upsert(c, "leased", OBJ, now);
+    p.end(c, "leased", now).unwrap();
+    assert!(g_new > g_old);
+    let fence = p.st.fence(["gone", "leased"]).expect("fenced");
+    assert_eq!(p.st.fence(["other"]), None);
+    let (inv, through) = p.st.take_invalidations();
+    assert!(through >= fence);
+    assert!(inv[0].2.contains(&(r_old[0].offset, g_old)), "{inv:?}");
+    // Still leased: the old region is not free yet.
+    assert_eq!(p.st.usage().1, used + r_old[0].len);
+    p.st.invalidations_sent(through);
+    assert_eq!(p.st.fence(["gone", "leased"]), None);
+    assert!(!p.st.has_fences());
 }
 
 /// A segment that cannot take objects right now (its owner is late on

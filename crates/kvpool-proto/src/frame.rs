@@ -102,6 +102,8 @@ opcodes! {
     Exist = 34,
     /// Control: remove objects.
     Remove = 35,
+    /// Control: objects read through cached locations (recency only).
+    Touch = 38,
     /// Control: remove objects whose key matches a regex.
     RemoveByRegex = 36,
     /// Control: remove every object.

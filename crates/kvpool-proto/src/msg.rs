@@ -466,6 +466,32 @@ impl Rpc for Exist {
     type Response = Vec<WireResult<u64>>;
 }
 
+/// Objects a client read through its location cache, without asking the
+/// master: each read counts as a `GetReplicaList` would (recency, and the
+/// read lease runs from the read), reported late and in batches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Touch {
+    /// The reads.
+    pub items: Vec<TouchItem>,
+}
+
+/// One object read through a cached location.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TouchItem {
+    /// The key.
+    pub key: String,
+    /// The version read; another version is not touched.
+    pub generation: u64,
+    /// How long before the request was sent the read was, in µs.
+    pub age_us: u64,
+}
+
+impl Rpc for Touch {
+    const OPCODE: Opcode = Opcode::Touch;
+    /// Per item: whether that version is still current (and now leased).
+    type Response = Vec<bool>;
+}
+
 /// Remove objects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Remove {

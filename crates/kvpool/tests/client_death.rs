@@ -183,14 +183,21 @@ async fn kill9_of_a_bench_mid_put_leaves_no_put_in_flight() {
                 "the bench exited early\n{}",
                 bench.logs()
             );
-            let st = observer.status().await.ok()?;
-            (st.pending > 0).then_some(())
+            // Frozen, the bench cannot finish its puts between this look
+            // and the kill.
+            bench.freeze(true);
+            let st = observer.status().await.ok();
+            if st.as_ref().is_some_and(|st| st.pending > 0) {
+                return Some(());
+            }
+            bench.freeze(false);
+            None
         },
     )
     .await;
+    let at_kill = observer.status().await.expect("status");
     bench.kill9();
 
-    let at_kill = observer.status().await.expect("status");
     assert_eq!(
         at_kill.clients,
         before.clients + 1,

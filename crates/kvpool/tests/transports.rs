@@ -218,6 +218,98 @@ async fn reads_under_concurrent_eviction_and_overwrite_are_never_wrong() {
     }
 }
 
+/// Repeat reads go straight to a replica from the location cache, and a
+/// cached location never outlives another client's update: once an upsert,
+/// a remove, or a put after eviction returns, the reader sees the new state
+/// on its next read, on either transport and through every get form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_locations_never_outlive_updates() {
+    let cluster = Cluster::builder()
+        .segment_size("16MiB")
+        .master_flag("--default-kv-lease-ttl", "2s")
+        .start()
+        .await;
+    let rc = ReplicateConfig::default();
+    for protocol in PROTOCOLS {
+        let (w, r) = (
+            client(&cluster, protocol).await,
+            client(&cluster, protocol).await,
+        );
+        let keys: Vec<String> = (0..40)
+            .map(|i| format!("{protocol:?}-cached-{i}"))
+            .collect();
+        let v2 = |k: &str| value_for(&format!("{k}/v2"), 8 << 10);
+        for k in &keys {
+            w.put(k, &value_for(k, 8 << 10), &rc).await.expect("put");
+            for _ in 0..2 {
+                assert_eq!(r.get(k).await.expect("get"), value_for(k, 8 << 10));
+            }
+        }
+        assert!(
+            r.cache_stats().hits >= keys.len() as u64,
+            "{protocol:?}: repeat reads did not use the cache: {:?}",
+            r.cache_stats()
+        );
+
+        for (i, k) in keys.iter().enumerate() {
+            w.upsert(k, &v2(k), &rc).await.expect("upsert");
+            let got = match i % 3 {
+                0 => r.get(k).await.expect("get"),
+                1 => {
+                    let mut buf = vec![0u8; 16 << 10];
+                    let n = r.get_into(k, &mut buf).await.expect("get_into");
+                    buf.truncate(n);
+                    buf
+                }
+                _ => r.batch_get(&[k]).await.remove(0).expect("batch_get"),
+            };
+            assert!(
+                got == v2(k),
+                "{protocol:?}: read of {k} after its upsert is stale"
+            );
+        }
+        for k in &keys[..20] {
+            w.remove(k, true).await.expect("remove");
+            assert_eq!(
+                r.get(k).await.expect_err("removed").code,
+                Code::ObjectNotFound,
+                "{protocol:?}: {k} readable after its remove"
+            );
+        }
+        let stats = r.cache_stats();
+        assert!(
+            stats.stale >= 20,
+            "{protocol:?}: stale path not taken: {stats:?}"
+        );
+
+        // Evict the rest (their leases have ended), then put new values
+        // under the same keys: the reader must see those, never the old.
+        tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+        for i in 0..160 {
+            let k = format!("{protocol:?}-filler-{i}");
+            w.put(&k, &value_for(&k, 512 << 10), &rc)
+                .await
+                .expect("filler");
+        }
+        let mut replaced = 0;
+        for k in &keys[20..] {
+            let v3 = value_for(&format!("{k}/v3"), 8 << 10);
+            let evicted = !w.exist(k).await.expect("exist");
+            w.put(k, &v3, &rc).await.expect("put after eviction");
+            let want = if evicted { v3 } else { v2(k) };
+            assert!(
+                r.get(k).await.expect("get") == want,
+                "{protocol:?}: {k} (evicted: {evicted}) read back the wrong version"
+            );
+            replaced += usize::from(evicted);
+        }
+        assert!(
+            replaced > 10,
+            "{protocol:?}: only {replaced} keys were evicted"
+        );
+    }
+}
+
 /// A segment that cannot be mapped (a client's in-process memory) is an
 /// error with protocol shm and served over TCP with auto; segment files are
 /// owner-only.

@@ -242,6 +242,14 @@ impl Process {
         }
     }
 
+    /// Freezes (SIGSTOP) or resumes (SIGCONT) the process, to observe the
+    /// cluster at a moment of the test's choosing.
+    pub fn freeze(&self, frozen: bool) {
+        let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: plain syscall on the pid of a child we have not reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+    }
+
     /// Whether this harness killed the process (as opposed to it exiting).
     pub fn was_killed(&self) -> bool {
         self.killed

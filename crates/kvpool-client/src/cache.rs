@@ -1,0 +1,232 @@
+//! The location cache: where objects this client read lately live, so a
+//! repeat read goes straight to a replica (one round trip over TCP, none
+//! over shared memory) instead of asking the master first.
+//!
+//! An entry is used only under the read lease the master granted with it,
+//! and only in the first half of that lease, so a cached read keeps every
+//! guarantee of a located one: the object cannot be evicted or removed
+//! (without force) meanwhile. It is still never trusted: every read checks
+//! the object header and the value checksum, and a location that fails is
+//! dropped and the master asked. An upsert, a forced remove or a put after
+//! eviction answers only once the old version's headers are destroyed on
+//! its stores, so a cached location cannot serve a replaced value.
+//!
+//! Reads served from the cache are reported to the master in batches
+//! ([`LocationCache::take_touched`]); it counts them for its LRU and extends
+//! their leases from the time of the read, and the entry's lease with them
+//! ([`LocationCache::renewed`]). An object read steadily stays cached.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kvpool_proto::msg::{ObjectLocation, TouchItem};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+const SHARDS: usize = 16;
+/// Most reads waiting to be reported; more are not reported (their entries
+/// then simply age out), so the set stays bounded if the master is away.
+const MAX_TOUCHED: usize = 1 << 16;
+
+/// A cached location and when its read lease began.
+type Entry = (ObjectLocation, Instant);
+
+/// Bounded map of key → location under a read lease.
+pub struct LocationCache {
+    shards: Vec<Mutex<HashMap<String, Entry>>>,
+    per_shard: usize,
+    hasher: RandomState,
+    hits: AtomicU64,
+    stale: AtomicU64,
+    /// Reads to report: key → (generation, when read).
+    touched: Mutex<HashMap<String, (u64, Instant)>>,
+}
+
+/// How the location cache has served reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Reads that went straight to a replica from a cached location.
+    pub hits: u64,
+    /// Cached locations that failed verification and were dropped.
+    pub stale: u64,
+}
+
+impl LocationCache {
+    /// A cache of at most about `entries` keys (0 disables it).
+    pub fn new(entries: usize) -> Self {
+        LocationCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: entries.div_ceil(SHARDS),
+            hasher: RandomState::new(),
+            hits: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
+            touched: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Entry>> {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    }
+
+    /// The location of `key` and the start of its lease, if known and in
+    /// the first half of the lease; the read is recorded for the master.
+    pub fn get(&self, key: &str) -> Option<Entry> {
+        if self.per_shard == 0 {
+            return None;
+        }
+        let shard = self.shard(key).lock();
+        let (loc, from) = shard.get(key)?;
+        if from.elapsed() >= Duration::from_millis(loc.lease_ms / 2) {
+            return None;
+        }
+        let hit = (loc.clone(), *from);
+        drop(shard);
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        let mut touched = self.touched.lock();
+        if touched.len() < MAX_TOUCHED || touched.contains_key(key) {
+            touched.insert(key.to_string(), (hit.0.generation, Instant::now()));
+        }
+        Some(hit)
+    }
+
+    /// Records where `key` is, under a lease that began at `from`; an older
+    /// generation never replaces a newer one, so concurrent lookups cannot
+    /// move a key back.
+    pub fn insert(&self, key: &str, location: ObjectLocation, from: Instant) {
+        if self.per_shard == 0 || location.replicas.is_empty() {
+            return;
+        }
+        let mut shard = self.shard(key).lock();
+        if let Some((old, _)) = shard.get(key) {
+            if old.generation > location.generation {
+                return;
+            }
+        } else if shard.len() >= self.per_shard {
+            // Full: drop an arbitrary entry (the hasher is random per process).
+            if let Some(k) = shard.keys().next().cloned() {
+                shard.remove(&k);
+            }
+        }
+        shard.insert(key.to_string(), (location, from));
+    }
+
+    /// Reads since the last call, as the master's `Touch` wants them, with
+    /// when each happened (for [`Self::renewed`]).
+    pub fn take_touched(&self) -> (Vec<TouchItem>, Vec<Instant>) {
+        std::mem::take(&mut *self.touched.lock())
+            .into_iter()
+            .map(|(key, (generation, at))| {
+                let age_us = at.elapsed().as_micros() as u64;
+                (
+                    TouchItem {
+                        key,
+                        generation,
+                        age_us,
+                    },
+                    at,
+                )
+            })
+            .unzip()
+    }
+
+    /// The master extended `key`'s lease (version `generation`) from `from`.
+    pub fn renewed(&self, key: &str, generation: u64, from: Instant) {
+        if let Some((loc, f)) = self.shard(key).lock().get_mut(key) {
+            if loc.generation == generation {
+                *f = (*f).max(from);
+            }
+        }
+    }
+
+    /// Drops `key`'s location.
+    pub fn forget(&self, key: &str) {
+        if self.per_shard > 0 {
+            self.shard(key).lock().remove(key);
+        }
+    }
+
+    /// Drops `key`'s location, which failed verification.
+    pub fn stale(&self, key: &str) {
+        self.stale.fetch_add(1, Ordering::Relaxed);
+        self.forget(key);
+    }
+
+    /// Counters since the client started.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Drops every location.
+    pub fn clear(&self) {
+        for s in &self.shards {
+            s.lock().clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvpool_proto::msg::{Replica, SegmentId};
+
+    fn loc(generation: u64) -> ObjectLocation {
+        ObjectLocation {
+            value_len: 1,
+            generation,
+            lease_ms: 10_000,
+            replicas: vec![Replica {
+                segment: SegmentId(1),
+                endpoint: "e".into(),
+                offset: 0,
+                len: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn newer_generations_win_and_capacity_holds() {
+        let c = LocationCache::new(32);
+        c.insert("k", loc(5), Instant::now());
+        c.insert("k", loc(3), Instant::now());
+        assert_eq!(c.get("k").map(|l| l.0.generation), Some(5));
+        let (items, _) = c.take_touched();
+        assert_eq!((items[0].key.as_str(), items[0].generation), ("k", 5));
+        assert!(c.take_touched().0.is_empty());
+        c.insert("k", loc(7), Instant::now());
+        assert_eq!(c.get("k").map(|l| l.0.generation), Some(7));
+        c.forget("k");
+        assert!(c.get("k").is_none());
+        for i in 0..1000 {
+            c.insert(&format!("k{i}"), loc(1), Instant::now());
+        }
+        let n: usize = c.shards.iter().map(|s| s.lock().len()).sum();
+        assert!(n <= 32, "{n} entries in a cache of 32");
+    }
+
+    #[test]
+    fn disabled_cache_keeps_nothing() {
+        let c = LocationCache::new(0);
+        c.insert("k", loc(1), Instant::now());
+        assert!(c.get("k").is_none());
+    }
+
+    /// Entries serve the first half of their lease; a renewal of the same
+    /// version extends that, of another version does not.
+    #[tokio::test(start_paused = true)]
+    async fn entries_live_half_their_lease_unless_renewed() {
+        let c = LocationCache::new(16);
+        c.insert("k", loc(1), Instant::now());
+        tokio::time::advance(Duration::from_millis(4_000)).await;
+        assert!(c.get("k").is_some());
+        c.renewed("k", 2, Instant::now());
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert!(c.get("k").is_none(), "half the lease is over");
+        c.renewed("k", 1, Instant::now());
+        assert!(c.get("k").is_some(), "renewed from now");
+    }
+}
