@@ -367,8 +367,11 @@ impl Client {
                         .ok()?;
                     (kvpool_store::segment::segment_id(&region) == Some(*id)).then(|| {
                         tracing::debug!(segment = %id, %path, "reaching segment through shared memory");
+                        let region = Arc::new(region);
+                        let r = region.clone();
+                        std::thread::spawn(move || r.prefault());
                         Arc::new(ShmMap {
-                            region: Arc::new(region),
+                            region,
                             base: info.base,
                         })
                     })
@@ -487,24 +490,27 @@ impl Client {
             .await;
         // Object headers must outlive the writes that borrow them.
         let mut headers: Vec<(usize, u64, Vec<u8>, Vec<Replica>)> = Vec::new();
+        let mut granted = Vec::new();
         for (&i, g) in index.iter().zip(per_key(grants, index.len())) {
             match g {
                 Ok(PutGrant::Exists) => {}
                 Ok(PutGrant::Write {
                     generation,
                     replicas,
-                }) => {
-                    let (key, parts) = items[i];
-                    let h = ObjectHeader {
-                        key: key.to_string(),
-                        value_len: parts.iter().map(|p| p.len() as u64).sum(),
-                        generation,
-                        checksum: value_checksum(parts),
-                    };
-                    headers.push((i, generation, h.encode(), replicas));
-                }
+                }) => granted.push((i, generation, replicas)),
                 Err(e) => results[i] = Err(e),
             }
+        }
+        let sums = checksums(granted.iter().map(|g| items[g.0].1).collect());
+        for ((i, generation, replicas), checksum) in granted.into_iter().zip(sums) {
+            let (key, parts) = items[i];
+            let h = ObjectHeader {
+                key: key.to_string(),
+                value_len: parts.iter().map(|p| p.len() as u64).sum(),
+                generation,
+                checksum,
+            };
+            headers.push((i, generation, h.encode(), replicas));
         }
         let mut ops: Vec<(usize, String, WriteOp)> = Vec::new();
         for (i, _, head, replicas) in &headers {
@@ -602,12 +608,14 @@ impl Client {
             }
         }
         let mut jobs = Vec::new();
+        let mut total = 0;
         for (ep, group) in groups {
             let bytes: u64 = group
                 .iter()
                 .flat_map(|(_, o)| o.parts.iter())
                 .map(|p| p.len() as u64)
                 .sum();
+            total += bytes;
             for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
                 let pool = self.pool(&ep);
                 let timeout = self.inner.cfg.timeout;
@@ -622,7 +630,12 @@ impl Client {
                 });
             }
         }
-        done.extend(join_all(jobs).await.into_iter().flatten());
+        done.extend(
+            run_jobs(jobs, total >= SPREAD_BYTES)
+                .await
+                .into_iter()
+                .flatten(),
+        );
         done
     }
 
@@ -899,36 +912,43 @@ impl Client {
         let forced = self.inner.cfg.protocol == Protocol::Shm;
         // Round r reads replica r of every object whose earlier replicas failed.
         for round in 0..max_replicas {
-            let mut heads: Vec<Vec<u8>> = Vec::new();
-            let mut plan: Vec<(usize, usize)> = Vec::new(); // (item, head index)
-            for (i, l) in locations.iter().enumerate() {
-                if let Some(l) = l {
-                    if results[i].is_err() && round < l.replicas.len() {
-                        plan.push((i, heads.len()));
-                        heads.push(vec![0u8; header_len(items[i].key.len())]);
-                    }
-                }
-            }
-            if plan.is_empty() {
+            let todo: Vec<usize> = (0..items.len())
+                .filter(|&i| {
+                    results[i].is_err()
+                        && locations[i]
+                            .as_ref()
+                            .is_some_and(|l| round < l.replicas.len())
+                })
+                .collect();
+            if todo.is_empty() {
                 break;
             }
-            let mut groups: HashMap<String, Vec<(usize, ReadOp)>> = HashMap::new();
-            let mut local: Vec<(usize, KvResult<()>)> = Vec::new();
-            let mut head_iter = heads.iter_mut();
-            let mut plan_iter = plan.iter().peekable();
-            for (i, item) in items.iter_mut().enumerate() {
-                if plan_iter.peek().map(|p| p.0) != Some(i) {
-                    continue;
-                }
-                plan_iter.next();
-                let Some(head) = head_iter.next() else { break };
+            // Object headers land here; the reads borrow them.
+            let mut heads: Vec<Vec<u8>> = todo
+                .iter()
+                .map(|&i| vec![0u8; header_len(items[i].key.len())])
+                .collect();
+            let mut groups: HashMap<String, Vec<(usize, ReadOp, Check)>> = HashMap::new();
+            let mut done: Vec<(usize, KvResult<usize>)> = Vec::new();
+            let mut local = Vec::new();
+            let (mut bytes, mut local_bytes) = (0u64, 0u64);
+            for ((item, head), &i) in reborrow(items, &todo)
+                .into_iter()
+                .zip(&mut heads)
+                .zip(&todo)
+            {
                 let Some(l) = &locations[i] else { continue };
+                let check = Check {
+                    key: item.key,
+                    location: l,
+                    lease_from: leases[i],
+                };
                 let rep = &l.replicas[round];
                 let mut dst: Vec<&mut [u8]> = Vec::with_capacity(1 + item.dst.len());
                 let hl = head.len() as u64;
                 dst.push(&mut head[..]);
                 let mut left = l.value_len;
-                for d in item.dst.iter_mut() {
+                for d in item.dst {
                     if left == 0 {
                         break;
                     }
@@ -938,57 +958,81 @@ impl Client {
                 }
                 match shm.get(&rep.segment).and_then(|m| m.as_ref()) {
                     Some(map) => {
-                        local.push((i, map.read(rep.offset, &mut dst)));
+                        local_bytes += hl + l.value_len;
+                        local.push((i, map.clone(), rep.offset, dst, check));
                         continue;
                     }
                     None if forced => {
-                        local.push((i, Err(Self::not_mappable(rep.segment))));
+                        done.push((i, Err(Self::not_mappable(rep.segment))));
                         continue;
                     }
                     None => {}
                 }
+                bytes += hl + l.value_len;
+                let req = ReadReq {
+                    segment: rep.segment,
+                    offset: rep.offset,
+                    len: hl + l.value_len,
+                };
                 groups.entry(rep.endpoint.clone()).or_default().push((
                     i,
-                    ReadOp {
-                        req: ReadReq {
-                            segment: rep.segment,
-                            offset: rep.offset,
-                            len: hl + l.value_len,
-                        },
-                        dst,
-                    },
+                    ReadOp { req, dst },
+                    check,
                 ));
             }
-            let mut jobs = Vec::new();
+            let mut jobs: Vec<ReadJob> = Vec::new();
+            // Shared-memory reads are copies and checksums: big batches
+            // spread them over the cores too.
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            for chunk in split(local, local_bytes, threads) {
+                jobs.push(Box::pin(async move {
+                    chunk
+                        .into_iter()
+                        .map(|(i, map, offset, mut dst, check)| {
+                            let r = map.read(offset, &mut dst).and_then(|()| check.verify(&dst));
+                            (i, r)
+                        })
+                        .collect()
+                }));
+            }
             for (ep, group) in groups {
-                let bytes: u64 = group.iter().map(|(_, o)| o.req.len).sum();
+                let bytes: u64 = group.iter().map(|(_, o, _)| o.req.len).sum();
                 for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
                     let pool = self.pool(&ep);
                     let timeout = self.inner.cfg.timeout;
-                    jobs.push(async move {
-                        let (idx, mut rops): (Vec<usize>, Vec<ReadOp>) = chunk.into_iter().unzip();
+                    jobs.push(Box::pin(async move {
+                        let mut idx = Vec::with_capacity(chunk.len());
+                        let mut rops = Vec::with_capacity(chunk.len());
+                        let mut checks = Vec::with_capacity(chunk.len());
+                        for (i, op, check) in chunk {
+                            idx.push(i);
+                            rops.push(op);
+                            checks.push(check);
+                        }
+                        let ops = &mut rops;
                         let r = transfer(&pool, timeout, |mut c| async move {
-                            let r = read_regions(&mut c, &mut rops).await;
+                            let r = read_regions(&mut c, ops).await;
                             (c, r)
                         })
                         .await;
+                        // Verified here, so a big batch checksums on every core.
+                        let r = r.map(|v| {
+                            v.into_iter()
+                                .zip(rops.iter().zip(&checks))
+                                .map(|(r, (op, check))| r.and_then(|()| check.verify(&op.dst)))
+                                .collect()
+                        });
                         spread(idx, r)
-                    });
+                    }));
                 }
             }
-            let done = join_all(jobs).await;
-            for (i, r) in local.into_iter().chain(done.into_iter().flatten()) {
-                let Some(l) = &locations[i] else { continue };
-                // `plan` is in item order.
-                let head = plan
-                    .binary_search_by_key(&i, |p| p.0)
-                    .map(|at| &heads[plan[at].1][..])
-                    .unwrap_or(&[]);
-                results[i] =
-                    r.and_then(|()| verify(items[i].key, head, &items[i].dst, l, leases[i]));
-                if let Err(e) = &results[i] {
+            let big = bytes + local_bytes >= SPREAD_BYTES;
+            done.extend(run_jobs(jobs, big).await.into_iter().flatten());
+            for (i, r) in done {
+                if let Err(e) = &r {
                     tracing::debug!(key = items[i].key, round, error = %e, "replica read failed");
                 }
+                results[i] = r;
             }
         }
         results
@@ -1213,10 +1257,10 @@ fn split<T>(group: Vec<T>, bytes: u64, conns: usize) -> Vec<Vec<T>> {
 
 /// Runs one pipelined exchange on a pooled connection under `timeout`; the
 /// connection goes back to the pool only if the exchange completed.
-async fn transfer<F, Fut>(pool: &ConnPool, timeout: Duration, f: F) -> KvResult<Vec<KvResult<()>>>
+async fn transfer<F, Fut, T>(pool: &ConnPool, timeout: Duration, f: F) -> KvResult<T>
 where
     F: FnOnce(kvpool_transfer::FramedConn) -> Fut,
-    Fut: std::future::Future<Output = (kvpool_transfer::FramedConn, KvResult<Vec<KvResult<()>>>)>,
+    Fut: std::future::Future<Output = (kvpool_transfer::FramedConn, KvResult<T>)>,
 {
     let run = async {
         let conn = pool.take().await?;
@@ -1236,7 +1280,7 @@ where
 }
 
 /// Pairs per-op results with item indexes; a broken connection fails them all.
-fn spread(idx: Vec<usize>, r: KvResult<Vec<KvResult<()>>>) -> Vec<(usize, KvResult<()>)> {
+fn spread<T>(idx: Vec<usize>, r: KvResult<Vec<KvResult<T>>>) -> Vec<(usize, KvResult<T>)> {
     match r {
         Ok(v) => idx.into_iter().zip(v).collect(),
         Err(e) => {
@@ -1253,47 +1297,105 @@ fn spread(idx: Vec<usize>, r: KvResult<Vec<KvResult<()>>>) -> Vec<(usize, KvResu
     }
 }
 
-/// Checks a read object: header names the expected object, value checksum
-/// matches, and the read finished within its lease (begun at `lease_from`).
-fn verify(
-    key: &str,
-    head: &[u8],
-    dst: &[&mut [u8]],
-    l: &ObjectLocation,
+/// One thread's share of a read round: (item, result) pairs.
+type ReadJob<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Vec<(usize, KvResult<usize>)>> + Send + 'a>>;
+
+/// What a read of one object must find.
+struct Check<'a> {
+    key: &'a str,
+    location: &'a ObjectLocation,
+    /// When the read lease began.
     lease_from: Instant,
-) -> KvResult<usize> {
-    // A header that is gone or names another version means the object was
-    // replaced or removed under the read (its old header is destroyed right
-    // away): worth asking the master again, so transient.
-    let h = ObjectHeader::decode(head)
-        .and_then(|h| h.expect(key, l.value_len, l.generation).map(|()| h))
-        .map_err(|e| {
-            KvError::new(
-                Code::TransferFail,
-                format!("{key:?} changed during the read: {}", e.message),
-            )
-        })?;
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(dst.len());
-    let mut left = l.value_len;
-    for d in dst {
-        if left == 0 {
-            break;
+}
+
+impl Check<'_> {
+    /// Checks a read object (`dst`: its header, then its value): the header
+    /// names the expected object, the value checksum matches, and the read
+    /// finished within its lease. Returns the value length.
+    fn verify(&self, dst: &[&mut [u8]]) -> KvResult<usize> {
+        let (key, l) = (self.key, self.location);
+        let (head, value) = dst
+            .split_first()
+            .ok_or_else(|| KvError::from(Code::InternalError))?;
+        // A header that is gone or names another version means the object was
+        // replaced or removed under the read (its old header is destroyed right
+        // away): worth asking the master again, so transient.
+        let h = ObjectHeader::decode(head)
+            .and_then(|h| h.expect(key, l.value_len, l.generation).map(|()| h))
+            .map_err(|e| {
+                KvError::new(
+                    Code::TransferFail,
+                    format!("{key:?} changed during the read: {}", e.message),
+                )
+            })?;
+        let parts: Vec<&[u8]> = value.iter().map(|v| &v[..]).collect();
+        if value_checksum(&parts) != h.checksum {
+            return Err(KvError::new(
+                Code::ChecksumMismatch,
+                format!("value of {key:?} fails its checksum"),
+            ));
         }
-        let n = (d.len() as u64).min(left) as usize;
-        parts.push(&d[..n]);
-        left -= n as u64;
+        if self.lease_from.elapsed() > Duration::from_millis(l.lease_ms) {
+            return Err(KvError::new(
+                Code::LeaseExpired,
+                format!("read of {key:?} outlived its lease"),
+            ));
+        }
+        Ok(l.value_len as usize)
     }
-    if value_checksum(&parts) != h.checksum {
-        return Err(KvError::new(
-            Code::ChecksumMismatch,
-            format!("value of {key:?} fails its checksum"),
-        ));
+}
+
+/// Value checksums of objects (each the concatenation of its parts),
+/// computed on every core when there are enough bytes to pay for threads.
+fn checksums(values: Vec<&[&[u8]]>) -> Vec<u64> {
+    let bytes: usize = values.iter().flat_map(|v| v.iter()).map(|p| p.len()).sum();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if bytes < 4 * SPREAD_BYTES as usize || threads < 2 || values.len() < 2 {
+        return values.iter().map(|v| value_checksum(v)).collect();
     }
-    if lease_from.elapsed() > Duration::from_millis(l.lease_ms) {
-        return Err(KvError::new(
-            Code::LeaseExpired,
-            format!("read of {key:?} outlived its lease"),
-        ));
+    let per = values.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = values
+            .chunks(per)
+            .map(|c| s.spawn(move || c.iter().map(|v| value_checksum(v)).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// Runs transfer jobs to completion. With `parallel` and a multi-thread
+/// runtime, each job gets its own thread, so one caller's big batch moves
+/// and verifies bytes on every core rather than one. The jobs borrow the
+/// caller's buffers; scoped threads (under `block_in_place`) have all ended
+/// when this returns, and nothing here can be dropped half-way, so no
+/// transfer ever writes into memory its caller stopped waiting for.
+async fn run_jobs<F>(jobs: Vec<F>, parallel: bool) -> Vec<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let handle = Handle::current();
+    if jobs.len() < 2 || !parallel || handle.runtime_flavor() != RuntimeFlavor::MultiThread {
+        return join_all(jobs).await;
     }
-    Ok(l.value_len as usize)
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|s| {
+            let running: Vec<_> = jobs
+                .into_iter()
+                .map(|job| {
+                    let handle = &handle;
+                    s.spawn(move || handle.block_on(job))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    })
 }
