@@ -717,31 +717,61 @@ impl Client {
     /// takes the read lease). No retries: on a transient error, fall back to
     /// [`Self::get`].
     pub async fn locate(&self, key: &str) -> KvResult<Located> {
-        let found = one(self.find(&[key]).await)?;
-        Ok(Located {
-            key: key.to_string(),
-            found,
-        })
+        one(self.locate_many(&[key]).await)
+    }
+
+    /// [`Self::locate`] for many keys: one master round trip for those not
+    /// in the location cache.
+    pub async fn locate_many(&self, keys: &[&str]) -> Vec<KvResult<Located>> {
+        keys.iter()
+            .zip(self.find(keys).await)
+            .map(|(k, f)| {
+                f.map(|found| Located {
+                    key: k.to_string(),
+                    found,
+                })
+            })
+            .collect()
     }
 
     /// Reads a located object into `dst` (at least `value_len` bytes),
     /// verified like every read; returns the value length. A cached location
     /// that turned out stale is a transient error: fall back to [`Self::get`].
     pub async fn read_located_into(&self, l: Located, dst: &mut [u8]) -> KvResult<usize> {
-        let cached = [l.found.cached];
-        let mut items = [GetInto {
-            key: &l.key,
-            dst: vec![dst],
-        }];
-        let r = self.read_located(&mut items, vec![Ok(l.found)]).await;
-        if self.stale(&[&l.key], &cached, &r).is_empty() {
-            one(r)
-        } else {
-            Err(KvError::new(
-                Code::UnavailableInCurrentStatus,
-                format!("cached location of {:?} is stale", l.key),
-            ))
+        one(self.read_located_many(vec![(l, dst)]).await)
+    }
+
+    /// [`Self::read_located_into`] for many objects, transferred together.
+    pub async fn read_located_many(
+        &self,
+        items: Vec<(Located, &mut [u8])>,
+    ) -> Vec<KvResult<usize>> {
+        let mut keys = Vec::with_capacity(items.len());
+        let mut found = Vec::with_capacity(items.len());
+        let mut dsts = Vec::with_capacity(items.len());
+        for (l, dst) in items {
+            keys.push(l.key);
+            found.push(Ok(l.found));
+            dsts.push(dst);
         }
+        let cached = cached_flags(&found);
+        let mut gets: Vec<GetInto> = keys
+            .iter()
+            .zip(dsts)
+            .map(|(key, dst)| GetInto {
+                key,
+                dst: vec![dst],
+            })
+            .collect();
+        let mut out = self.read_located(&mut gets, found).await;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for i in self.stale(&refs, &cached, &out) {
+            out[i] = Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                format!("cached location of {:?} is stale", keys[i]),
+            ));
+        }
+        out
     }
 
     /// Reads `key`'s value into `buf`; returns the value length. A buffer

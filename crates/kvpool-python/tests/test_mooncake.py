@@ -125,6 +125,35 @@ def test_every_protocol_reads_what_every_protocol_wrote(master):
         s.close()
 
 
+def test_repeat_reads_see_another_clients_updates(master, prefix):
+    """Repeat reads come from the client's location cache; another client's
+    upsert (to a different size) or remove is seen on the very next read,
+    through get, get_batch and get_into, on both transports."""
+    import numpy as np
+
+    for proto in ("tcp", "shm"):
+        w, r = MooncakeDistributedStore(), MooncakeDistributedStore()
+        assert setup7(w, master, protocol=proto) == 0
+        assert setup7(r, master, protocol=proto) == 0
+        keys = [f"{prefix}{proto}-{i}" for i in range(8)]
+        for k in keys:
+            assert w.put(k, b"first:" + k.encode()) == 0
+        for _ in range(3):  # the later rounds are cache hits
+            assert r.get_batch(keys) == [b"first:" + k.encode() for k in keys]
+        for n, k in enumerate(keys):
+            assert w.upsert(k, b"second, and longer:" + k.encode() * (n + 1)) == 0
+        want = [b"second, and longer:" + k.encode() * (n + 1) for n, k in enumerate(keys)]
+        assert r.get_batch(keys) == want
+        assert r.get(keys[0]) == want[0]
+        buf = np.zeros(4096, dtype=np.uint8)
+        assert r.get_into(keys[1], buf.ctypes.data, buf.nbytes) == len(want[1])
+        assert buf[: len(want[1])].tobytes() == want[1]
+        assert w.remove(keys[2], True) == 0
+        assert r.get_batch(keys[2:4]) == [b"", want[3]]
+        w.close()
+        r.close()
+
+
 def test_env_vars_and_config_file(master, monkeypatch, tmp_path):
     monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:1")  # wrong, overridden below
     monkeypatch.setenv("KVPOOL_MASTER", master)

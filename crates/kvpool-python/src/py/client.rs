@@ -521,7 +521,57 @@ impl Client {
         py: Python<'py>,
         keys: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        self.batch_read(py, &keys, |v| Ok(PyBytes::new(py, &v).into_any()))
+        // Located first, so each `bytes` is made at its exact size and read
+        // into directly (no second copy); keys that fail transiently take
+        // the client's retrying path.
+        let c = self.client(py)?;
+        let refs = strs(&keys);
+        let located = wait(py, async { c.locate_many(&refs).await })?;
+        let mut out: Vec<Option<Bound<'py, PyAny>>> = vec![None; keys.len()];
+        let (mut reads, mut read_idx, mut again) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, l) in located.into_iter().enumerate() {
+            match l {
+                Ok(l) => {
+                    let len = l.value_len();
+                    let b = PyBytes::new_with(py, len, |_| Ok(()))?;
+                    // SAFETY: a new bytes object of `len` bytes that only this
+                    // function references; it is filled before Python sees it,
+                    // and `out` keeps it alive past the read.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            pyo3::ffi::PyBytes_AsString(b.as_ptr()).cast::<u8>(),
+                            len,
+                        )
+                    };
+                    reads.push((l, dst));
+                    read_idx.push(i);
+                    out[i] = Some(b.into_any());
+                }
+                Err(e) if e.code.is_transient() => again.push(i),
+                Err(e) => out[i] = Some(code(&e).into_pyobject(py)?.into_any()),
+            }
+        }
+        let read = wait(py, async { c.read_located_many(reads).await })?;
+        for (&i, r) in read_idx.iter().zip(read) {
+            match r {
+                Ok(_) => {}
+                Err(e) if e.code.is_transient() => again.push(i),
+                Err(e) => out[i] = Some(code(&e).into_pyobject(py)?.into_any()),
+            }
+        }
+        if !again.is_empty() {
+            again.sort_unstable();
+            let retry: Vec<String> = again.iter().map(|&i| keys[i].clone()).collect();
+            for (&i, v) in again
+                .iter()
+                .zip(self.batch_read(py, &retry, |v| Ok(PyBytes::new(py, &v).into_any()))?)
+            {
+                out[i] = Some(v);
+            }
+        }
+        out.into_iter()
+            .map(|o| o.ok_or_else(|| raise(py, KvError::from(Code::InternalError))))
+            .collect()
     }
 
     /// Reads many objects into new `Buffer`s; a failed key gives its negative code.
