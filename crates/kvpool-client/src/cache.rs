@@ -11,6 +11,11 @@
 //! eviction answers only once the old version's headers are destroyed on
 //! its stores, so a cached location cannot serve a replaced value.
 //!
+//! A location without a live lease is still a hint: where this client just
+//! wrote an object, or where a lease ran out. A read through a hint goes to
+//! the replica while the master is asked to confirm it (and grant the
+//! lease), so it costs one round trip instead of two.
+//!
 //! Reads served from the cache are reported to the master in batches
 //! ([`LocationCache::take_touched`]); it counts them for its LRU and extends
 //! their leases from the time of the read, and the entry's lease with them
@@ -30,8 +35,8 @@ const SHARDS: usize = 16;
 /// then simply age out), so the set stays bounded if the master is away.
 const MAX_TOUCHED: usize = 1 << 16;
 
-/// A cached location and when its read lease began.
-type Entry = (ObjectLocation, Instant);
+/// A cached location and when its read lease began (`None`: a hint).
+type Entry = (ObjectLocation, Option<Instant>);
 
 /// Bounded map of key → location under a read lease.
 pub struct LocationCache {
@@ -70,18 +75,19 @@ impl LocationCache {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
-    /// The location of `key` and the start of its lease, if known and in
-    /// the first half of the lease; the read is recorded for the master.
+    /// The location of `key`, with the start of its lease if that is in its
+    /// first half (the read is then recorded for the master), or as a hint.
     pub fn get(&self, key: &str) -> Option<Entry> {
         if self.per_shard == 0 {
             return None;
         }
         let shard = self.shard(key).lock();
         let (loc, from) = shard.get(key)?;
-        if from.elapsed() >= Duration::from_millis(loc.lease_ms / 2) {
-            return None;
-        }
-        let hit = (loc.clone(), *from);
+        let Some(from) = from.filter(|f| f.elapsed() < Duration::from_millis(loc.lease_ms / 2))
+        else {
+            return Some((loc.clone(), None));
+        };
+        let hit = (loc.clone(), Some(from));
         drop(shard);
         self.hits.fetch_add(1, Ordering::Relaxed);
         let mut touched = self.touched.lock();
@@ -91,10 +97,10 @@ impl LocationCache {
         Some(hit)
     }
 
-    /// Records where `key` is, under a lease that began at `from`; an older
-    /// generation never replaces a newer one, so concurrent lookups cannot
-    /// move a key back.
-    pub fn insert(&self, key: &str, location: ObjectLocation, from: Instant) {
+    /// Records where `key` is, under a lease that began at `from` (`None`:
+    /// a hint); an older generation never replaces a newer one, so
+    /// concurrent lookups cannot move a key back.
+    pub fn insert(&self, key: &str, location: ObjectLocation, from: Option<Instant>) {
         if self.per_shard == 0 || location.replicas.is_empty() {
             return;
         }
@@ -135,7 +141,7 @@ impl LocationCache {
     pub fn renewed(&self, key: &str, generation: u64, from: Instant) {
         if let Some((loc, f)) = self.shard(key).lock().get_mut(key) {
             if loc.generation == generation {
-                *f = (*f).max(from);
+                *f = (*f).max(Some(from));
             }
         }
     }
@@ -191,18 +197,22 @@ mod tests {
     #[test]
     fn newer_generations_win_and_capacity_holds() {
         let c = LocationCache::new(32);
-        c.insert("k", loc(5), Instant::now());
-        c.insert("k", loc(3), Instant::now());
+        c.insert("k", loc(5), Some(Instant::now()));
+        c.insert("k", loc(3), Some(Instant::now()));
         assert_eq!(c.get("k").map(|l| l.0.generation), Some(5));
+        c.insert("hint", loc(1), None);
+        assert!(c.get("hint").is_some_and(|(_, from)| from.is_none()));
         let (items, _) = c.take_touched();
         assert_eq!((items[0].key.as_str(), items[0].generation), ("k", 5));
         assert!(c.take_touched().0.is_empty());
-        c.insert("k", loc(7), Instant::now());
+        c.get("hint");
+        assert!(c.take_touched().0.is_empty(), "hints are not reported");
+        c.insert("k", loc(7), Some(Instant::now()));
         assert_eq!(c.get("k").map(|l| l.0.generation), Some(7));
         c.forget("k");
         assert!(c.get("k").is_none());
         for i in 0..1000 {
-            c.insert(&format!("k{i}"), loc(1), Instant::now());
+            c.insert(&format!("k{i}"), loc(1), Some(Instant::now()));
         }
         let n: usize = c.shards.iter().map(|s| s.lock().len()).sum();
         assert!(n <= 32, "{n} entries in a cache of 32");
@@ -211,7 +221,7 @@ mod tests {
     #[test]
     fn disabled_cache_keeps_nothing() {
         let c = LocationCache::new(0);
-        c.insert("k", loc(1), Instant::now());
+        c.insert("k", loc(1), Some(Instant::now()));
         assert!(c.get("k").is_none());
     }
 
@@ -220,13 +230,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn entries_live_half_their_lease_unless_renewed() {
         let c = LocationCache::new(16);
-        c.insert("k", loc(1), Instant::now());
+        c.insert("k", loc(1), Some(Instant::now()));
         tokio::time::advance(Duration::from_millis(4_000)).await;
         assert!(c.get("k").is_some());
         c.renewed("k", 2, Instant::now());
         tokio::time::advance(Duration::from_millis(1_000)).await;
-        assert!(c.get("k").is_none(), "half the lease is over");
+        let leased = |c: &LocationCache| c.get("k").is_some_and(|(_, f)| f.is_some());
+        assert!(!leased(&c), "half the lease is over: only a hint");
         c.renewed("k", 1, Instant::now());
-        assert!(c.get("k").is_some(), "renewed from now");
+        assert!(leased(&c), "renewed from now");
     }
 }

@@ -208,21 +208,33 @@ impl Located {
     }
 }
 
-/// A location to read from, under a read lease.
+/// A location to read from.
 struct Found {
     location: ObjectLocation,
-    /// When the lease began (when the master was asked, or the read it
-    /// extended happened).
+    /// When the read lease began (when the master was asked, or the read
+    /// it extended happened).
     lease_from: Instant,
-    /// From the location cache: on failure, ask the master again.
-    cached: bool,
+    via: Via,
 }
 
-/// Which of `found` came from the location cache.
+/// Where a location came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The master, just now.
+    Master,
+    /// The location cache, under a lease still young.
+    Cache,
+    /// The location cache, without a live lease: read while the master
+    /// confirms it (see [`Client::read_found`]).
+    Hint,
+}
+
+/// Which of `found` came from the location cache (on failure: ask the
+/// master again at once).
 fn cached_flags(found: &[KvResult<Found>]) -> Vec<bool> {
     found
         .iter()
-        .map(|f| f.as_ref().is_ok_and(|f| f.cached))
+        .map(|f| f.as_ref().is_ok_and(|f| f.via != Via::Master))
         .collect()
 }
 
@@ -539,11 +551,11 @@ impl Client {
             }
         }
         let (mut commit, mut revoke) = (Vec::new(), Vec::new());
-        for (i, generation, _, _) in &headers {
+        for (h, (i, generation, _, _)) in headers.iter().enumerate() {
             let key = items[*i].0.to_string();
             if results[*i].is_ok() {
                 commit.push((
-                    *i,
+                    h,
                     msg::PutEndItem {
                         key,
                         generation: *generation,
@@ -573,7 +585,18 @@ impl Client {
                     items: commit.iter().map(|(_, c)| c.clone()).collect(),
                 })
                 .await;
-            for ((i, _), r) in commit.iter().zip(per_key(r, commit.len())) {
+            for ((h, _), r) in commit.iter().zip(per_key(r, commit.len())) {
+                let (i, generation, _, replicas) = &headers[*h];
+                if r.is_ok() {
+                    // A put is often read back soon: where it went is a hint.
+                    let location = ObjectLocation {
+                        value_len: items[*i].1.iter().map(|p| p.len() as u64).sum(),
+                        generation: *generation,
+                        lease_ms: 0,
+                        replicas: replicas.clone(),
+                    };
+                    self.inner.cache.insert(items[*i].0, location, None);
+                }
                 results[*i] = r.map_err(|e| match e.code {
                     // The put vanished before its commit (the master restarted or
                     // failed over, or the put timed out): write it again.
@@ -600,15 +623,28 @@ impl Client {
         let forced = self.inner.cfg.protocol == Protocol::Shm;
         let mut done = Vec::new();
         let mut groups: HashMap<String, Vec<(usize, WriteOp<'a>)>> = HashMap::new();
+        let (mut local, mut local_bytes) = (Vec::new(), 0);
         for (i, ep, op) in ops {
             match shm.get(&op.req.segment).and_then(|m| m.as_ref()) {
-                Some(map) => done.push((i, map.write(op.req.offset, &op.parts))),
+                Some(map) => {
+                    local_bytes += op.parts.iter().map(|p| p.len() as u64).sum::<u64>();
+                    local.push((i, map.clone(), op));
+                }
                 None if forced => done.push((i, Err(Self::not_mappable(op.req.segment)))),
                 None => groups.entry(ep).or_default().push((i, op)),
             }
         }
-        let mut jobs = Vec::new();
-        let mut total = 0;
+        let mut jobs: Vec<WriteJob> = Vec::new();
+        // Shared-memory writes are copies: big batches spread them too.
+        for chunk in split(local, local_bytes, cores()) {
+            jobs.push(Box::pin(async move {
+                chunk
+                    .into_iter()
+                    .map(|(i, map, op)| (i, map.write(op.req.offset, &op.parts)))
+                    .collect()
+            }));
+        }
+        let mut total = local_bytes;
         for (ep, group) in groups {
             let bytes: u64 = group
                 .iter()
@@ -619,7 +655,7 @@ impl Client {
             for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
                 let pool = self.pool(&ep);
                 let timeout = self.inner.cfg.timeout;
-                jobs.push(async move {
+                jobs.push(Box::pin(async move {
                     let (idx, wops): (Vec<usize>, Vec<WriteOp>) = chunk.into_iter().unzip();
                     let r = transfer(&pool, timeout, |mut c| async move {
                         let r = write_regions(&mut c, &wops).await;
@@ -627,7 +663,7 @@ impl Client {
                     })
                     .await;
                     spread(idx, r)
-                });
+                }));
             }
         }
         done.extend(
@@ -689,7 +725,7 @@ impl Client {
             })
             .collect();
         let mut items = GetInto::each(keys, &mut bufs);
-        let res = self.read_located(&mut items, found).await;
+        let res = self.read_found(&mut items, found).await;
         drop(items);
         let stale = self.stale(keys, cached, &res);
         let out = res
@@ -704,7 +740,13 @@ impl Client {
     /// locations are dropped.
     fn stale<T>(&self, keys: &[&str], cached: &[bool], res: &[KvResult<T>]) -> Vec<usize> {
         let stale: Vec<usize> = (0..res.len())
-            .filter(|&i| cached.get(i) == Some(&true) && res[i].is_err())
+            .filter(|&i| {
+                // Not found is the master's own answer (to a hint's check).
+                cached.get(i) == Some(&true)
+                    && res[i]
+                        .as_ref()
+                        .is_err_and(|e| e.code != Code::ObjectNotFound)
+            })
             .collect();
         for &i in &stale {
             tracing::debug!(key = keys[i], "cached location is stale; asking the master");
@@ -763,7 +805,7 @@ impl Client {
                 dst: vec![dst],
             })
             .collect();
-        let mut out = self.read_located(&mut gets, found).await;
+        let mut out = self.read_found(&mut gets, found).await;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         for i in self.stale(&refs, &cached, &out) {
             out[i] = Err(KvError::new(
@@ -793,7 +835,7 @@ impl Client {
             let keys: Vec<&str> = round.iter().map(|i| i.key).collect();
             let found = self.find(&keys).await;
             let cached = cached_flags(&found);
-            let mut out = self.read_located(&mut round, found).await;
+            let mut out = self.read_found(&mut round, found).await;
             let stale = self.stale(&keys, &cached, &out);
             if !stale.is_empty() {
                 let mut again = reborrow(&mut round, &stale);
@@ -810,6 +852,51 @@ impl Client {
         }
     }
 
+    /// Reads `items` from `found` locations. Hints are read while the master
+    /// is asked where those keys are: the read stands if the master names
+    /// the same version, which it now holds a lease on; otherwise the item
+    /// fails as stale (the caller asks again, through the fresh location).
+    async fn read_found(
+        &self,
+        items: &mut [GetInto<'_>],
+        found: Vec<KvResult<Found>>,
+    ) -> Vec<KvResult<usize>> {
+        let hinted: Vec<(usize, u64)> = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| match f {
+                Ok(f) if f.via == Via::Hint => Some((i, f.location.generation)),
+                _ => None,
+            })
+            .collect();
+        if hinted.is_empty() {
+            return self.read_located(items, found).await;
+        }
+        let keys: Vec<&str> = hinted.iter().map(|&(i, _)| items[i].key).collect();
+        let (confirmed, mut out) =
+            tokio::join!(self.locate_keys(&keys), self.read_located(items, found));
+        for (&(i, generation), c) in hinted.iter().zip(confirmed) {
+            match c {
+                Ok(f) if f.location.generation == generation => {
+                    if f.lease_from.elapsed() > Duration::from_millis(f.location.lease_ms) {
+                        out[i] = Err(KvError::new(
+                            Code::LeaseExpired,
+                            format!("read of {:?} outlived its lease", items[i].key),
+                        ));
+                    }
+                }
+                Ok(_) => {
+                    out[i] = Err(KvError::new(
+                        Code::TransferFail,
+                        format!("{:?} changed since this client saw it", items[i].key),
+                    ))
+                }
+                Err(e) => out[i] = Err(e),
+            }
+        }
+        out
+    }
+
     /// Locations of `keys`: the location cache's, the master's for the rest.
     async fn find(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
         // A read from the cache over shared memory never waits on I/O; this
@@ -818,11 +905,22 @@ impl Client {
         let mut out: Vec<Option<KvResult<Found>>> = keys
             .iter()
             .map(|k| {
-                self.inner.cache.get(k).map(|(location, lease_from)| {
-                    Ok(Found {
-                        location,
-                        lease_from,
-                        cached: true,
+                self.inner.cache.get(k).map(|(mut location, lease_from)| {
+                    Ok(match lease_from {
+                        Some(lease_from) => Found {
+                            location,
+                            lease_from,
+                            via: Via::Cache,
+                        },
+                        None => {
+                            // Its lease is checked against the master's answer.
+                            location.lease_ms = u64::MAX;
+                            Found {
+                                location,
+                                lease_from: Instant::now(),
+                                via: Via::Hint,
+                            }
+                        }
                     })
                 })
             })
@@ -855,7 +953,7 @@ impl Client {
                         replicas: Vec::new(),
                     },
                     lease_from: t0,
-                    cached: false,
+                    via: Via::Master,
                 })
             })
             .collect();
@@ -872,11 +970,11 @@ impl Client {
             .await;
         for (&i, l) in ask.iter().zip(per_key(r, ask.len())) {
             out[i] = l.map(|location| {
-                self.inner.cache.insert(keys[i], location.clone(), t0);
+                self.inner.cache.insert(keys[i], location.clone(), Some(t0));
                 Found {
                     location,
                     lease_from: t0,
-                    cached: false,
+                    via: Via::Master,
                 }
             });
         }
@@ -1013,8 +1111,7 @@ impl Client {
             let mut jobs: Vec<ReadJob> = Vec::new();
             // Shared-memory reads are copies and checksums: big batches
             // spread them over the cores too.
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            for chunk in split(local, local_bytes, threads) {
+            for chunk in split(local, local_bytes, cores()) {
                 jobs.push(Box::pin(async move {
                     chunk
                         .into_iter()
@@ -1327,6 +1424,10 @@ fn spread<T>(idx: Vec<usize>, r: KvResult<Vec<KvResult<T>>>) -> Vec<(usize, KvRe
     }
 }
 
+/// One thread's share of a batch's writes: (item, result) pairs.
+type WriteJob<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Vec<(usize, KvResult<()>)>> + Send + 'a>>;
+
 /// One thread's share of a read round: (item, result) pairs.
 type ReadJob<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Vec<(usize, KvResult<usize>)>> + Send + 'a>>;
@@ -1376,11 +1477,18 @@ impl Check<'_> {
     }
 }
 
+/// Cores this process may use, asked once: the answer reads cgroup files,
+/// far too slow for every call.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Value checksums of objects (each the concatenation of its parts),
 /// computed on every core when there are enough bytes to pay for threads.
 fn checksums(values: Vec<&[&[u8]]>) -> Vec<u64> {
     let bytes: usize = values.iter().flat_map(|v| v.iter()).map(|p| p.len()).sum();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores();
     if bytes < 4 * SPREAD_BYTES as usize || threads < 2 || values.len() < 2 {
         return values.iter().map(|v| value_checksum(v)).collect();
     }
