@@ -277,10 +277,34 @@ async fn write_frame(
     meta: &[u8],
     payload: &[&[u8]],
 ) -> io::Result<()> {
-    w.write_all(&header.encode()).await?;
-    w.write_all(meta).await?;
-    for part in payload {
-        w.write_all(part).await?;
+    let head = header.encode();
+    let total = payload.iter().map(|p| p.len()).sum::<usize>() + meta.len();
+    if total < IO_BUFFER {
+        w.write_all(&head).await?;
+        w.write_all(meta).await?;
+        for part in payload {
+            w.write_all(part).await?;
+        }
+        return Ok(());
+    }
+    // A big frame leaves in vectored writes straight from its parts: the
+    // frame header travels with the payload, not as a tiny segment of its
+    // own (which costs the receiver a wakeup per frame).
+    let mut slices: Vec<io::IoSlice> = Vec::with_capacity(2 + payload.len());
+    slices.push(io::IoSlice::new(&head));
+    slices.extend(
+        std::iter::once(meta)
+            .chain(payload.iter().copied())
+            .filter(|p| !p.is_empty())
+            .map(io::IoSlice::new),
+    );
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = w.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        io::IoSlice::advance_slices(&mut rest, n);
     }
     Ok(())
 }
