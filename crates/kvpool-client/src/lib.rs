@@ -701,26 +701,20 @@ impl Client {
     async fn get_pass(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
         let found = self.find(keys).await;
         let cached = cached_flags(&found);
-        let (mut out, stale) = self.read_new(keys, found, &cached).await;
+        let mut out = self.read_new(keys, found).await;
+        let stale = self.stale(keys, &cached, &out);
         if !stale.is_empty() {
             let again: Vec<&str> = stale.iter().map(|&i| keys[i]).collect();
             let found = self.locate_keys(&again).await;
-            let (r, _) = self.read_new(&again, found, &[]).await;
-            for (&i, r) in stale.iter().zip(r) {
+            for (&i, r) in stale.iter().zip(self.read_new(&again, found).await) {
                 out[i] = r;
             }
         }
         out
     }
 
-    /// Reads located objects into new vectors; also returns the indexes of
-    /// `cached` locations that failed (stale: ask the master).
-    async fn read_new(
-        &self,
-        keys: &[&str],
-        found: Vec<KvResult<Found>>,
-        cached: &[bool],
-    ) -> (Vec<KvResult<Vec<u8>>>, Vec<usize>) {
+    /// Reads located objects into new vectors.
+    async fn read_new(&self, keys: &[&str], found: Vec<KvResult<Found>>) -> Vec<KvResult<Vec<u8>>> {
         let mut bufs: Vec<Vec<u8>> = found
             .iter()
             .map(|f| match f {
@@ -731,13 +725,10 @@ impl Client {
         let mut items = GetInto::each(keys, &mut bufs);
         let res = self.read_found(&mut items, found).await;
         drop(items);
-        let stale = self.stale(keys, cached, &res);
-        let out = res
-            .into_iter()
+        res.into_iter()
             .zip(bufs)
             .map(|(r, b)| r.map(|_| b))
-            .collect();
-        (out, stale)
+            .collect()
     }
 
     /// Indexes of reads through cached locations that failed; their
