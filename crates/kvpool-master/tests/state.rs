@@ -490,6 +490,38 @@ fn revoke_frees_the_space_and_hides_the_key() {
 
 // ------------------------------------------------------------ leases
 
+/// A client's report of reads through cached locations counts as reads
+/// made when they happened: the lease runs from then. A report about a
+/// replaced version changes nothing.
+#[test]
+fn touches_extend_leases_of_the_version_read() {
+    use kvpool_proto::msg::TouchItem;
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let (g, _) = p.commit(c, "k", OBJ, p.at(0));
+    let touch = |generation, age_ms: u64, now| {
+        let item = TouchItem {
+            key: "k".into(),
+            generation,
+            age_us: age_ms * 1000,
+        };
+        p.st.touch(&[item], now)
+    };
+    // Read 100 ms before the report at 600, with a 1 s lease: until 1500.
+    assert_eq!(touch(g, 100, p.at(600)), vec![true]);
+    assert_eq!(
+        p.st.key_info("k", p.at(600)).unwrap().lease_remaining_ms,
+        900
+    );
+    assert_eq!(touch(g + 1, 0, p.at(700)), vec![false]);
+    assert_eq!(
+        p.st.key_info("k", p.at(700)).unwrap().lease_remaining_ms,
+        800
+    );
+    assert_eq!(code(p.remove("k", false, p.at(1400))), OBJECT_HAS_LEASE);
+    p.remove("k", false, p.at(1500)).unwrap();
+    assert_eq!(touch(g, 0, p.at(1600)), vec![false], "gone");
+}
+
 #[test]
 fn remove_waits_for_read_leases_unless_forced() {
     let (p, c) = Pool::with_segment(config(), MIB);
