@@ -30,7 +30,7 @@ use kvpool_proto::msg::{
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use kvpool_store::header::{header_len, value_checksum, ObjectHeader};
 use kvpool_store::DataNode;
-use kvpool_transfer::data::{read_regions, write_regions, ReadOp, WriteOp};
+use kvpool_transfer::data::{read_regions_shared, write_regions, ReadOp, WriteOp};
 use kvpool_transfer::{CallPolicy, ConnPool, MasterLink};
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -1103,6 +1103,21 @@ impl Client {
                     check,
                 ));
             }
+            // A store's reads wait in one queue its connections take from,
+            // so one that runs ahead does more and none idles on a tail.
+            let shared: Vec<SharedReads> = groups
+                .into_iter()
+                .map(|(ep, group)| {
+                    let bytes: u64 = group.iter().map(|(_, o, _)| o.req.len).sum();
+                    let conns = if bytes >= SPREAD_BYTES {
+                        self.inner.cfg.conns_per_store.clamp(1, group.len())
+                    } else {
+                        1
+                    };
+                    let queue = group.into_iter().map(|(i, op, c)| ((i, c), op)).collect();
+                    (self.pool(&ep), conns, Mutex::new(queue), Mutex::new(None))
+                })
+                .collect();
             let mut jobs: Vec<ReadJob> = Vec::new();
             // Shared-memory reads are copies and checksums: big batches
             // spread them over the cores too.
@@ -1117,39 +1132,55 @@ impl Client {
                         .collect()
                 }));
             }
-            for (ep, group) in groups {
-                let bytes: u64 = group.iter().map(|(_, o, _)| o.req.len).sum();
-                for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
-                    let pool = self.pool(&ep);
+            for (pool, conns, queue, failure) in &shared {
+                for _ in 0..*conns {
                     let timeout = self.inner.cfg.timeout;
                     jobs.push(Box::pin(async move {
-                        let mut idx = Vec::with_capacity(chunk.len());
-                        let mut rops = Vec::with_capacity(chunk.len());
-                        let mut checks = Vec::with_capacity(chunk.len());
-                        for (i, op, check) in chunk {
-                            idx.push(i);
-                            rops.push(op);
-                            checks.push(check);
-                        }
-                        let ops = &mut rops;
-                        let r = transfer(&pool, timeout, |mut c| async move {
-                            let r = read_regions(&mut c, ops).await;
-                            (c, r)
-                        })
-                        .await;
+                        let run = async {
+                            let mut conn = pool.take().await?;
+                            let (done, broke) = read_regions_shared(&mut conn, queue).await;
+                            if broke.is_none() {
+                                pool.give(conn);
+                            }
+                            Ok::<_, KvError>(done)
+                        };
+                        let done = match tokio::time::timeout(timeout, run).await {
+                            Ok(Ok(done)) => done,
+                            Ok(Err(e)) => {
+                                *failure.lock() = Some(e);
+                                Vec::new()
+                            }
+                            Err(_) => {
+                                *failure.lock() = Some(KvError::new(
+                                    Code::RpcTimeout,
+                                    format!("transfer with {} timed out", pool.addr()),
+                                ));
+                                Vec::new()
+                            }
+                        };
                         // Verified here, so a big batch checksums on every core.
-                        let r = r.map(|v| {
-                            v.into_iter()
-                                .zip(rops.iter().zip(&checks))
-                                .map(|(r, (op, check))| r.and_then(|()| check.verify(&op.dst)))
-                                .collect()
-                        });
-                        spread(idx, r)
+                        done.into_iter()
+                            .map(|((i, check), op, r)| {
+                                (i, r.map_err(broken).and_then(|()| check.verify(&op.dst)))
+                            })
+                            .collect()
                     }));
                 }
             }
             let big = bytes + local_bytes >= SPREAD_BYTES;
             done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
+            // What no connection took fails with the reason.
+            for (pool, _, queue, failure) in shared {
+                let why = failure.into_inner().unwrap_or_else(|| {
+                    KvError::new(
+                        Code::TransferFail,
+                        format!("{} was not reached", pool.addr()),
+                    )
+                });
+                for ((i, _), _) in queue.into_inner() {
+                    done.push((i, Err(broken(why.clone()))));
+                }
+            }
             for (i, r) in done {
                 if let Err(e) = &r {
                     tracing::debug!(key = items[i].key, round, error = %e, "replica read failed");
@@ -1422,6 +1453,24 @@ fn spread<T>(idx: Vec<usize>, r: KvResult<Vec<KvResult<T>>>) -> Vec<(usize, KvRe
 /// One thread's share of a batch's writes: (item, result) pairs.
 type WriteJob<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Vec<(usize, KvResult<()>)>> + Send + 'a>>;
+
+/// One store's reads in a round: its pool, how many connections share the
+/// queue, the queue (item index and check, op), and why a connection failed.
+type SharedReads<'a> = (
+    Arc<ConnPool>,
+    usize,
+    Mutex<std::collections::VecDeque<((usize, Check<'a>), ReadOp<'a>)>>,
+    Mutex<Option<KvError>>,
+);
+
+/// A broken connection's error as a transfer failure (retryable); error
+/// answers from the store keep their own codes.
+fn broken(e: KvError) -> KvError {
+    match e.code {
+        Code::RpcFail => KvError::new(Code::TransferFail, e.message),
+        _ => e,
+    }
+}
 
 /// One thread's share of a read round: (item, result) pairs.
 type ReadJob<'a> =

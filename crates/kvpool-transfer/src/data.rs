@@ -7,13 +7,13 @@
 //! side copies through an intermediate buffer (payloads larger than the 64 KiB
 //! I/O buffer bypass it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -261,51 +261,93 @@ async fn read_ack(conn: &mut FramedConn, id: u64) -> KvResult<KvResult<()>> {
     }
 }
 
-/// Pipelines `ops` on `conn`, filling each op's buffers. Same error contract
-/// as [`write_regions`].
+/// Pipelines `ops` on `conn` alone, filling each op's buffers, in order.
+/// Same error contract as [`write_regions`].
 pub async fn read_regions(
     conn: &mut FramedConn,
-    ops: &mut [ReadOp<'_>],
+    ops: Vec<ReadOp<'_>>,
 ) -> KvResult<Vec<KvResult<()>>> {
-    for op in ops.iter() {
-        let want: u64 = op.dst.iter().map(|d| d.len() as u64).sum();
-        if want != op.req.len {
-            return Err(KvError::new(
-                Code::InvalidParams,
-                "read buffers do not match the read length",
-            ));
-        }
+    let queue = Mutex::new(ops.into_iter().map(|op| ((), op)).collect());
+    match read_regions_shared(conn, &queue).await {
+        (_, Some(e)) => Err(e),
+        (done, None) => Ok(done.into_iter().map(|(_, _, r)| r).collect()),
     }
-    let n = ops.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut results = Vec::with_capacity(n);
-    let mut sent = 0;
-    while results.len() < n {
-        while sent < n && sent - results.len() < WINDOW {
-            ids.push(conn.send_request(&ops[sent].req, &[]).await?);
-            sent += 1;
-        }
-        conn.flush().await?;
-        let i = results.len();
-        let r = match conn.read_response(ids[i]).await {
-            Ok(h) => {
-                if h.meta_len != 0 || h.payload_len != ops[i].req.len {
-                    return Err(KvError::new(
-                        Code::RpcFail,
-                        "read response of the wrong length",
-                    ));
-                }
-                for d in ops[i].dst.iter_mut() {
-                    conn.read_payload(d).await?;
-                }
-                Ok(())
+}
+
+/// Bytes one connection keeps requested ahead when it shares a batch of
+/// reads with other connections: enough to keep the stream full, little
+/// enough that a connection running ahead takes what the others have not.
+const SHARED_AHEAD: u64 = 1 << 20;
+
+/// Pipelines reads taken one at a time from `queue`, which other
+/// connections to the same store take from too, so a faster connection
+/// does more of the batch and none idles while another still has a tail.
+/// Returns each op taken, with its tag and result. If the connection broke,
+/// the ops it had in flight fail with that error (the rest stay queued) and
+/// the error is returned too: drop the connection.
+pub async fn read_regions_shared<'a, T>(
+    conn: &mut FramedConn,
+    queue: &Mutex<VecDeque<(T, ReadOp<'a>)>>,
+) -> (Vec<(T, ReadOp<'a>, KvResult<()>)>, Option<KvError>) {
+    let mut done = Vec::new();
+    let mut inflight: VecDeque<(u64, T, ReadOp<'a>)> = VecDeque::new();
+    let mut ahead = 0u64;
+    let broke = 'conn: loop {
+        while inflight.is_empty() || ahead < SHARED_AHEAD {
+            let Some((tag, op)) = queue.lock().pop_front() else {
+                break;
+            };
+            if op.dst.iter().map(|d| d.len() as u64).sum::<u64>() != op.req.len {
+                let e = KvError::new(
+                    Code::InvalidParams,
+                    "read buffers do not match the read length",
+                );
+                done.push((tag, op, Err(e)));
+                continue;
             }
-            Err(e) if e.code == Code::RpcFail => return Err(e),
-            Err(e) => Err(e),
+            match conn.send_request(&op.req, &[]).await {
+                Ok(id) => {
+                    ahead += op.req.len;
+                    inflight.push_back((id, tag, op));
+                }
+                Err(e) => {
+                    done.push((tag, op, Err(e.clone())));
+                    break 'conn e;
+                }
+            }
+        }
+        let Some((id, tag, mut op)) = inflight.pop_front() else {
+            return (done, None);
         };
-        results.push(r);
+        ahead -= op.req.len;
+        let r = async {
+            conn.flush().await?;
+            let h = conn.read_response(id).await?;
+            if h.meta_len != 0 || h.payload_len != op.req.len {
+                return Err(KvError::new(
+                    Code::RpcFail,
+                    "read response of the wrong length",
+                ));
+            }
+            for d in op.dst.iter_mut() {
+                conn.read_payload(d).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match r {
+            // A broken stream (not an error response) fails the rest.
+            Err(e) if e.code == Code::RpcFail => {
+                done.push((tag, op, Err(e.clone())));
+                break e;
+            }
+            r => done.push((tag, op, r)),
+        }
+    };
+    for (_, tag, op) in inflight {
+        done.push((tag, op, Err(broke.clone())));
     }
-    Ok(results)
+    (done, Some(broke))
 }
 
 #[cfg(test)]
@@ -355,7 +397,7 @@ mod tests {
         assert!(r.iter().all(|r| r.is_ok()));
         let mut heads = vec![[0u8; 2]; values.len()];
         let mut bodies: Vec<Vec<u8>> = values.iter().map(|v| vec![0; v.len()]).collect();
-        let mut reads: Vec<ReadOp> = heads
+        let reads: Vec<ReadOp> = heads
             .iter_mut()
             .zip(bodies.iter_mut())
             .enumerate()
@@ -368,12 +410,87 @@ mod tests {
                 dst: vec![&mut h[..], &mut b[..]],
             })
             .collect();
-        let r = read_regions(&mut c, &mut reads).await.unwrap();
+        let r = read_regions(&mut c, reads).await.unwrap();
         assert!(r.iter().all(|r| r.is_ok()));
-        drop(reads);
         assert!(heads.iter().all(|h| h == b"hd"));
         assert_eq!(bodies, values);
+
+        // Two connections sharing one queue read every op exactly once.
+        let mut whole: Vec<Vec<u8>> = values.iter().map(|v| vec![0; 2 + v.len()]).collect();
+        let queue = Mutex::new(
+            whole
+                .iter_mut()
+                .enumerate()
+                .map(|(i, b)| {
+                    let req = ReadReq {
+                        segment: SegmentId(7),
+                        offset: i as u64 * 512,
+                        len: b.len() as u64,
+                    };
+                    (
+                        i,
+                        ReadOp {
+                            req,
+                            dst: vec![&mut b[..]],
+                        },
+                    )
+                })
+                .collect(),
+        );
+        let mut d = FramedConn::connect(&addr, "test", Limits::default())
+            .await
+            .unwrap();
+        let ((a, ea), (b, eb)) = tokio::join!(
+            read_regions_shared(&mut c, &queue),
+            read_regions_shared(&mut d, &queue)
+        );
+        assert!(ea.is_none() && eb.is_none());
+        assert!(a.iter().chain(&b).all(|(_, _, r)| r.is_ok()));
+        let mut seen: Vec<usize> = a.iter().chain(&b).map(|(i, _, _)| *i).collect();
+        seen.sort();
+        assert_eq!(seen, (0..values.len()).collect::<Vec<_>>());
+        drop((a, b));
+        for (w, v) in whole.iter().zip(&values) {
+            assert_eq!((&w[..2], &w[2..]), (&b"hd"[..], &v[..]));
+        }
+
         token.cancel();
+
+        // A connection that breaks fails what it took and leaves the rest:
+        // this peer shakes hands, then hangs up.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hangs_up = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut conn = FramedConn::from_stream(stream, Limits::default()).unwrap();
+            accept_handshake(&mut conn, "test").await;
+        });
+        let mut c = FramedConn::connect(&hangs_up, "test", Limits::default())
+            .await
+            .unwrap();
+        let mut bufs = vec![vec![0u8; 600]; 8];
+        let queue = Mutex::new(
+            bufs.iter_mut()
+                .map(|b| {
+                    let req = ReadReq {
+                        segment: SegmentId(7),
+                        offset: 0,
+                        len: 600,
+                    };
+                    (
+                        (),
+                        ReadOp {
+                            req,
+                            dst: vec![&mut b[..]],
+                        },
+                    )
+                })
+                .collect(),
+        );
+        let (taken, broke) = read_regions_shared(&mut c, &queue).await;
+        assert!(broke.is_some(), "the server is gone");
+        assert!(taken.iter().all(|(_, _, r)| r.is_err()));
+        assert_eq!(taken.len() + queue.lock().len(), 8);
     }
 
     #[tokio::test]
@@ -411,7 +528,7 @@ mod tests {
         assert_eq!(r[1].as_ref().unwrap_err().code, Code::SegmentNotFound);
         assert!(r[2].is_ok());
         let mut buf = vec![0u8; 4096];
-        let mut reads = [ReadOp {
+        let reads = vec![ReadOp {
             req: ReadReq {
                 segment: SegmentId(7),
                 offset: 0,
@@ -419,7 +536,7 @@ mod tests {
             },
             dst: vec![&mut buf[..]],
         }];
-        assert!(read_regions(&mut c, &mut reads).await.unwrap()[0].is_ok());
+        assert!(read_regions(&mut c, reads).await.unwrap()[0].is_ok());
         assert_eq!(buf, big);
         token.cancel();
     }

@@ -192,7 +192,7 @@ async fn garbage_message_is_invalid_params_and_the_connection_survives() {
 /// One valid read of the segment's first bytes on `conn` succeeds.
 async fn assert_readable(conn: &mut FramedConn, segment: &SegmentInfo) -> Vec<u8> {
     let mut buf = vec![0u8; 4096];
-    let mut ops = [ReadOp {
+    let ops = vec![ReadOp {
         req: ReadReq {
             segment: segment.id,
             offset: segment.base,
@@ -200,7 +200,7 @@ async fn assert_readable(conn: &mut FramedConn, segment: &SegmentInfo) -> Vec<u8
         },
         dst: vec![&mut buf[..]],
     }];
-    let r = timed("read", read_regions(conn, &mut ops))
+    let r = timed("read", read_regions(conn, ops))
         .await
         .expect("the same connection still reads");
     assert!(r[0].is_ok(), "valid read refused: {:?}", r[0]);
