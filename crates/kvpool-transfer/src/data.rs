@@ -293,7 +293,9 @@ pub async fn read_regions_shared<'a, T>(
     let mut inflight: VecDeque<(u64, T, ReadOp<'a>)> = VecDeque::new();
     let mut ahead = 0u64;
     let broke = 'conn: loop {
-        while inflight.is_empty() || ahead < SHARED_AHEAD {
+        // Bounded in count too: requests must fit the peer's receive buffer
+        // while this side is not reading, or both would wait forever.
+        while inflight.is_empty() || (ahead < SHARED_AHEAD && inflight.len() < WINDOW) {
             let Some((tag, op)) = queue.lock().pop_front() else {
                 break;
             };
