@@ -227,6 +227,30 @@ impl Client {
     }
 }
 
+/// A new `bytes` of `len` bytes, not yet filled, and its contents to fill.
+/// Not zeroed first: a read writes every byte, and for big values zeroing
+/// would touch all that memory once more.
+///
+/// # Safety
+/// The caller fills it (or drops it) before Python can see it, and keeps
+/// the object alive for as long as it uses the slice.
+unsafe fn unfilled_bytes<'py>(
+    py: Python<'py>,
+    len: usize,
+) -> PyResult<(Bound<'py, PyBytes>, &'static mut [u8])> {
+    let size = pyo3::ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| PyValueError::new_err("value too large for bytes"))?;
+    // SAFETY: a NULL source asks CPython for an uninitialised bytes object of
+    // `size` bytes, which only this function references; the slice covers
+    // exactly its contents and lives no longer than the caller keeps it.
+    unsafe {
+        let obj = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
+        let b = Bound::from_owned_ptr_or_err(py, obj)?.cast_into_unchecked::<PyBytes>();
+        let data = pyo3::ffi::PyBytes_AsString(b.as_ptr()).cast::<u8>();
+        Ok((b, std::slice::from_raw_parts_mut(data, len)))
+    }
+}
+
 /// Closes a connection in the background (used where blocking is wrong).
 fn spawn_close(c: kvpool_client::Client) {
     if let Ok(rt) = runtime::get() {
@@ -474,13 +498,11 @@ impl Client {
             Err(e) if e.code.is_transient() => return retrying(py),
             Err(e) => return Err(raise(py, e)),
         };
-        let mut read = Ok(0);
-        let bytes = PyBytes::new_with(py, located.value_len(), |buf| {
-            // The new object is not visible to Python yet: filling it with
-            // the GIL released is safe.
-            read = wait(py, async { c.read_located_into(located, buf).await })?;
-            Ok(())
-        })?;
+        // SAFETY: `bytes` is returned only after the read, and outlives it.
+        let (bytes, buf) = unsafe { unfilled_bytes(py, located.value_len())? };
+        // The new object is not visible to Python yet: filling it with the
+        // GIL released is safe.
+        let read = wait(py, async { c.read_located_into(located, buf).await })?;
         match read {
             Ok(_) => Ok(bytes),
             Err(e) if e.code.is_transient() => retrying(py),
@@ -532,17 +554,9 @@ impl Client {
         for (i, l) in located.into_iter().enumerate() {
             match l {
                 Ok(l) => {
-                    let len = l.value_len();
-                    let b = PyBytes::new_with(py, len, |_| Ok(()))?;
-                    // SAFETY: a new bytes object of `len` bytes that only this
-                    // function references; it is filled before Python sees it,
-                    // and `out` keeps it alive past the read.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            pyo3::ffi::PyBytes_AsString(b.as_ptr()).cast::<u8>(),
-                            len,
-                        )
-                    };
+                    // SAFETY: `out` keeps `b` alive past the read; a failed
+                    // read's object is replaced, never returned.
+                    let (b, dst) = unsafe { unfilled_bytes(py, l.value_len())? };
                     reads.push((l, dst));
                     read_idx.push(i);
                     out[i] = Some(b.into_any());
