@@ -112,6 +112,9 @@ pub struct Settings {
     pub retries: Option<u32>,
     /// Parallel connections a big batch uses per store (`None`: client default).
     pub conns_per_store: Option<usize>,
+    /// Keys whose locations are remembered for one-round-trip repeat reads
+    /// (0 turns the cache off; `None`: client default).
+    pub location_cache: Option<usize>,
     /// IP the embedded segment binds and advertises.
     pub segment_address: String,
     /// Names of inputs that were accepted but have no effect (for a warning).
@@ -131,6 +134,9 @@ impl Settings {
         }
         if let Some(n) = self.conns_per_store {
             c.conns_per_store = n;
+        }
+        if let Some(n) = self.location_cache {
+            c.location_cache = n;
         }
         c.segment_size = self.global_segment_size;
         c.segment_address = self.segment_address.clone();
@@ -216,6 +222,12 @@ const KEYS: &[Key] = &[
         name: "conns_per_store",
         aliases: &[],
         kvpool_env: "KVPOOL_CONNS_PER_STORE",
+        mooncake_env: None,
+    },
+    Key {
+        name: "location_cache",
+        aliases: &[],
+        kvpool_env: "KVPOOL_LOCATION_CACHE",
         mooncake_env: None,
     },
     Key {
@@ -419,6 +431,7 @@ pub fn resolve(
         timeout,
         retries: count("retries", 1000)?.map(|n| n as u32),
         conns_per_store: count("conns_per_store", 256)?.map(|n| n.max(1) as usize),
+        location_cache: count("location_cache", 1 << 26)?.map(|n| n as usize),
         segment_address,
         local_hostname,
         ignored,
@@ -544,7 +557,12 @@ mod tests {
         assert_eq!(s.retries, None);
         let c = s.client_config();
         assert_eq!(c.timeout, ClientConfig::new("x").timeout);
+        assert_eq!(c.location_cache, ClientConfig::new("x").location_cache);
         assert_eq!(s.client_config().segment_size, DEFAULT_SIZE);
+        // The location cache can be sized, or turned off, from the environment.
+        let env = |k: &str| (k == "KVPOOL_LOCATION_CACHE").then(|| "0".to_string());
+        let s = resolve(&BTreeMap::new(), &env, None).unwrap();
+        assert_eq!(s.client_config().location_cache, 0);
     }
 
     #[test]
@@ -670,6 +688,7 @@ mod tests {
             ("timeout", Raw::Int(0)),
             ("retries", Raw::Int(-3)),
             ("conns_per_store", Raw::Str("many".into())),
+            ("location_cache", Raw::Int(-1)),
         ] {
             let e = resolve(&args(&[(k, v.clone())]), &no_env, None).unwrap_err();
             assert_eq!(e.code, Code::InvalidParams, "{k}={v:?}");

@@ -152,6 +152,12 @@ def test_repeat_reads_see_another_clients_updates(master, prefix):
         assert r.get_batch(keys[2:4]) == [b"", want[3]]
         w.close()
         r.close()
+    # The cache can be turned off; reads then ask the master every time.
+    off = MooncakeDistributedStore()
+    assert off.setup({"master_server_addr": master, "location_cache": 0, "protocol": "tcp"}) == 0
+    assert off.put(prefix + "off", b"v") == 0
+    assert [off.get(prefix + "off") for _ in range(3)] == [b"v"] * 3
+    off.close()
 
 
 def test_env_vars_and_config_file(master, monkeypatch, tmp_path):

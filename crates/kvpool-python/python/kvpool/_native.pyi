@@ -51,6 +51,7 @@ class Client:
         retries: Optional[int] = None,
         conns_per_store: Optional[int] = None,
         protocol: str = "tcp",
+        location_cache: Optional[int] = None,
     ) -> "Client": ...
     @property
     def master(self) -> str:

@@ -64,6 +64,7 @@ def _connect(s: Dict[str, Any]) -> "_native.Client":
         s["retries"],
         s["conns_per_store"],
         s["protocol"],
+        s["location_cache"],
     )
     _track(native)
     return native
@@ -111,6 +112,7 @@ class Client:
         retries: Optional[int] = None,
         conns_per_store: Optional[int] = None,
         protocol: Optional[str] = None,
+        location_cache: Optional[int] = None,
     ) -> None:
         s = _native.resolve_settings(
             {
@@ -122,6 +124,7 @@ class Client:
                 "retries": retries,
                 "conns_per_store": conns_per_store,
                 "protocol": protocol,
+                "location_cache": location_cache,
             }
         )
         self._native = _connect(s)

@@ -280,7 +280,7 @@ impl Client {
     /// with `segment_size` > 0 this process also lends that many bytes to the
     /// pool. `None` options keep the Rust client's defaults.
     #[new]
-    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp"))]
+    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -292,6 +292,7 @@ impl Client {
         retries: Option<u32>,
         conns_per_store: Option<usize>,
         protocol: &str,
+        location_cache: Option<usize>,
     ) -> PyResult<Self> {
         if let Some(t) = timeout {
             if !(t.is_finite() && t > 0.0 && t < 1e9) {
@@ -312,6 +313,9 @@ impl Client {
         }
         if let Some(n) = conns_per_store {
             cfg.conns_per_store = n.max(1);
+        }
+        if let Some(n) = location_cache {
+            cfg.location_cache = n;
         }
         cfg.segment_size = segment_size;
         cfg.segment_address = segment_address

@@ -75,6 +75,7 @@ pub fn resolve_settings<'py>(
     d.set_item("timeout", s.timeout.map(|t| t.as_secs_f64()))?;
     d.set_item("retries", s.retries)?;
     d.set_item("conns_per_store", s.conns_per_store)?;
+    d.set_item("location_cache", s.location_cache)?;
     d.set_item("segment_address", &s.segment_address)?;
     d.set_item("ignored", s.ignored)?;
     Ok(d)
