@@ -207,23 +207,53 @@ impl Client {
         replicate_config(py, obj, own.as_deref())
     }
 
-    /// Reads many objects, turning each value into a Python object with
-    /// `wrap` and each failure into its negative code.
-    fn batch_read<'py>(
+    /// Reads `keys` into new `bytes` objects: located first, so each is
+    /// made at its value's exact size and read into directly (no second
+    /// copy). Keys that fail transiently (a stale cached location, say) take
+    /// the client's retrying path. One result per key.
+    fn read_new_bytes<'py>(
         &self,
         py: Python<'py>,
-        keys: &[String],
-        wrap: impl Fn(Vec<u8>) -> PyResult<Bound<'py, PyAny>>,
-    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        keys: &[&str],
+    ) -> PyResult<Vec<KvResult<Bound<'py, PyBytes>>>> {
         let c = self.client(py)?;
-        let refs = strs(keys);
-        let r = wait(py, async { c.batch_get(&refs).await })?;
-        r.into_iter()
-            .map(|r| match r {
-                Ok(v) => wrap(v),
-                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
-            })
-            .collect()
+        let located = wait(py, async { c.locate_many(keys).await })?;
+        let mut out: Vec<KvResult<Bound<'py, PyBytes>>> = Vec::with_capacity(keys.len());
+        let (mut reads, mut read_idx, mut again) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, l) in located.into_iter().enumerate() {
+            match l {
+                Ok(l) => {
+                    // SAFETY: `out` keeps `b` alive past the read; a failed
+                    // read's object is replaced, never returned.
+                    let (b, dst) = unsafe { unfilled_bytes(py, l.value_len())? };
+                    reads.push((l, dst));
+                    read_idx.push(i);
+                    out.push(Ok(b));
+                }
+                Err(e) => {
+                    if e.code.is_transient() {
+                        again.push(i);
+                    }
+                    out.push(Err(e));
+                }
+            }
+        }
+        let read = wait(py, async { c.read_located_many(reads).await })?;
+        for (&i, r) in read_idx.iter().zip(read) {
+            match r {
+                Ok(_) => {}
+                Err(e) if e.code.is_transient() => again.push(i),
+                Err(e) => out[i] = Err(e),
+            }
+        }
+        if !again.is_empty() {
+            let retry: Vec<&str> = again.iter().map(|&i| keys[i]).collect();
+            let values = wait(py, async { c.batch_get(&retry).await })?;
+            for (&i, v) in again.iter().zip(values) {
+                out[i] = v.map(|v| PyBytes::new(py, &v));
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -492,26 +522,9 @@ impl Client {
     /// its exact size and the value is read straight into it (no second
     /// copy). A transient failure takes the client's retrying path.
     fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
-        let c = self.client(py)?;
-        let retrying = |py: Python<'py>| -> PyResult<Bound<'py, PyBytes>> {
-            let v = wait(py, async { c.get(key).await })?.map_err(|e| raise(py, e))?;
-            Ok(PyBytes::new(py, &v))
-        };
-        let located = match wait(py, async { c.locate(key).await })? {
-            Ok(l) => l,
-            Err(e) if e.code.is_transient() => return retrying(py),
-            Err(e) => return Err(raise(py, e)),
-        };
-        // SAFETY: `bytes` is returned only after the read, and outlives it.
-        let (bytes, buf) = unsafe { unfilled_bytes(py, located.value_len())? };
-        // The new object is not visible to Python yet: filling it with the
-        // GIL released is safe.
-        let read = wait(py, async { c.read_located_into(located, buf).await })?;
-        match read {
-            Ok(_) => Ok(bytes),
-            Err(e) if e.code.is_transient() => retrying(py),
-            Err(e) => Err(raise(py, e)),
-        }
+        let r = self.read_new_bytes(py, &[key])?.into_iter().next();
+        r.unwrap_or_else(|| Err(KvError::from(Code::InternalError)))
+            .map_err(|e| raise(py, e))
     }
 
     /// Reads one object into a new `Buffer` (no copy after the read).
@@ -547,48 +560,12 @@ impl Client {
         py: Python<'py>,
         keys: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        // Located first, so each `bytes` is made at its exact size and read
-        // into directly (no second copy); keys that fail transiently take
-        // the client's retrying path.
-        let c = self.client(py)?;
-        let refs = strs(&keys);
-        let located = wait(py, async { c.locate_many(&refs).await })?;
-        let mut out: Vec<Option<Bound<'py, PyAny>>> = vec![None; keys.len()];
-        let (mut reads, mut read_idx, mut again) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, l) in located.into_iter().enumerate() {
-            match l {
-                Ok(l) => {
-                    // SAFETY: `out` keeps `b` alive past the read; a failed
-                    // read's object is replaced, never returned.
-                    let (b, dst) = unsafe { unfilled_bytes(py, l.value_len())? };
-                    reads.push((l, dst));
-                    read_idx.push(i);
-                    out[i] = Some(b.into_any());
-                }
-                Err(e) if e.code.is_transient() => again.push(i),
-                Err(e) => out[i] = Some(code(&e).into_pyobject(py)?.into_any()),
-            }
-        }
-        let read = wait(py, async { c.read_located_many(reads).await })?;
-        for (&i, r) in read_idx.iter().zip(read) {
-            match r {
-                Ok(_) => {}
-                Err(e) if e.code.is_transient() => again.push(i),
-                Err(e) => out[i] = Some(code(&e).into_pyobject(py)?.into_any()),
-            }
-        }
-        if !again.is_empty() {
-            again.sort_unstable();
-            let retry: Vec<String> = again.iter().map(|&i| keys[i].clone()).collect();
-            for (&i, v) in again
-                .iter()
-                .zip(self.batch_read(py, &retry, |v| Ok(PyBytes::new(py, &v).into_any()))?)
-            {
-                out[i] = Some(v);
-            }
-        }
-        out.into_iter()
-            .map(|o| o.ok_or_else(|| raise(py, KvError::from(Code::InternalError))))
+        self.read_new_bytes(py, &strs(&keys))?
+            .into_iter()
+            .map(|r| match r {
+                Ok(b) => Ok(b.into_any()),
+                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
+            })
             .collect()
     }
 
@@ -598,11 +575,15 @@ impl Client {
         py: Python<'py>,
         keys: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        self.batch_read(
-            py,
-            &keys,
-            |v| Ok(Bound::new(py, Buffer::new(v))?.into_any()),
-        )
+        let c = self.client(py)?;
+        let refs = strs(&keys);
+        let r = wait(py, async { c.batch_get(&refs).await })?;
+        r.into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(Bound::new(py, Buffer::new(v))?.into_any()),
+                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
+            })
+            .collect()
     }
 
     /// Reads many objects into caller memory; `dsts[i]` is a memory object or
