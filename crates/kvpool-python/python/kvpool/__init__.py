@@ -12,21 +12,8 @@ from . import _native
 from ._native import address_of
 from .client import Buffer, Client
 from .config import ReplicateConfig, SoftPinAction
-from .errors import (
-    AlreadyExists,
-    BatchError,
-    Corrupted,
-    InvalidArgument,
-    KvpoolError,
-    LeaseExpired,
-    LeaseHeld,
-    NoSpace,
-    NotFound,
-    NotReady,
-    NotSupported,
-    Timeout,
-    Unavailable,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F401,F403 - every name in errors.__all__
 
 __version__: str = _native.__version__
 
@@ -36,18 +23,6 @@ __all__ = [
     "ReplicateConfig",
     "SoftPinAction",
     "address_of",
-    "KvpoolError",
-    "NotFound",
-    "AlreadyExists",
-    "NoSpace",
-    "LeaseHeld",
-    "LeaseExpired",
-    "NotReady",
-    "InvalidArgument",
-    "NotSupported",
-    "Timeout",
-    "Unavailable",
-    "Corrupted",
-    "BatchError",
     "__version__",
 ]
+__all__ += _errors.__all__
