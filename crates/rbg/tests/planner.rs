@@ -594,11 +594,7 @@ fn max_skew_slowest_role_moves_first() {
     sim.new_revision("decode", "v2", "s1");
     // Hold decode back: prefill may run at most 10% ahead of it.
     let acts = sim.pass();
-    let count = |role: &str| {
-        acts.iter()
-            .filter(|a| matches!(a, Action::RestartInPlace { role: r, .. } if r == role))
-            .count()
-    };
+    let count = |role: &str| count_restarts(&acts, role);
     assert_eq!(count("prefill"), 20);
     assert_eq!(count("decode"), 10);
     // Decode instances stay unready: prefill must not advance further.
@@ -622,11 +618,7 @@ fn coordination_overrides_partition_and_max_unavailable() {
     sim.new_revision("prefill", "v2", "s1");
     sim.new_revision("decode", "v2", "s1");
     let acts = sim.pass();
-    let count = |role: &str| {
-        acts.iter()
-            .filter(|a| matches!(a, Action::RestartInPlace { role: r, .. } if r == role))
-            .count()
-    };
+    let count = |role: &str| count_restarts(&acts, role);
     assert_eq!((count("prefill"), count("decode")), (2, 4));
     sim.settle();
     sim.run_to_completion(100);
@@ -709,6 +701,12 @@ fn scaling_sim(a: u32, b: u32, skew: f64, progression: Progression) -> Sim {
         }),
     }];
     sim
+}
+
+fn count_restarts(acts: &[Action], role: &str) -> usize {
+    acts.iter()
+        .filter(|a| matches!(a, Action::RestartInPlace { role: r, .. } if r == role))
+        .count()
 }
 
 fn count_creates(acts: &[Action], role: &str) -> usize {
