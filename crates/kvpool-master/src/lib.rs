@@ -23,7 +23,7 @@ use std::time::Duration;
 use kvpool_proto::frame::{Limits, Opcode};
 use kvpool_proto::msg::{self, Rpc};
 use kvpool_proto::{msg::to_wire, Code, KvError, KvResult};
-use kvpool_transfer::server::{serve_control, ControlHandler};
+use kvpool_transfer::server::{serve_control, ControlHandler, ReplyWait};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -192,7 +192,7 @@ fn failed<T>(v: &[KvResult<T>]) -> usize {
 
 impl Master {
     /// Waits (at most [`FENCE_WAIT`]) until invalidations through `seq` were sent.
-    fn wait_invalidated(&self, seq: u64) -> kvpool_transfer::server::ReplyWait {
+    fn wait_invalidated(&self, seq: u64) -> ReplyWait {
         let mut sent = self.invalidated.subscribe();
         self.invalidate_now.notify_one();
         Box::pin(async move {
@@ -209,24 +209,20 @@ impl ControlHandler for Master {
     /// A commit or a removal is reported once the key's old versions are
     /// destroyed on their stores, so no client's cached location can read
     /// them afterwards.
-    fn before_reply(&self, op: Opcode, meta: &[u8]) -> Option<kvpool_transfer::server::ReplyWait> {
-        let seq = match op {
-            Opcode::PutEnd | Opcode::Remove if !self.state.has_fences() => None,
-            Opcode::PutEnd => {
-                let r: msg::PutEnd = msg::decode(meta).ok()?;
-                self.state.fence(r.items.iter().map(|i| i.key.as_str()))
-            }
-            Opcode::Remove => {
-                let r: msg::Remove = msg::decode(meta).ok()?;
-                self.state.fence(r.keys.iter().map(String::as_str))
-            }
-            Opcode::RemoveByRegex | Opcode::RemoveAll => self.state.fence_all(),
-            _ => None,
-        }?;
-        Some(self.wait_invalidated(seq))
+    fn handle(&self, op: Opcode, meta: &[u8]) -> (KvResult<Vec<u8>>, Option<ReplyWait>) {
+        let mut fence = None;
+        let r = self.answer(op, meta, &mut fence);
+        let wait = fence
+            .filter(|_| r.is_ok())
+            .map(|seq| self.wait_invalidated(seq));
+        (r, wait)
     }
+}
 
-    fn handle(&self, op: Opcode, meta: &[u8]) -> KvResult<Vec<u8>> {
+impl Master {
+    /// Handles one request; sets `fence` to the invalidation sequence number
+    /// the reply must wait for, if any.
+    fn answer(&self, op: Opcode, meta: &[u8], fence: &mut Option<u64>) -> KvResult<Vec<u8>> {
         self.admit(op)?;
         let now = Instant::now();
         let s = &self.state;
@@ -289,6 +285,7 @@ impl ControlHandler for Master {
             }
             Opcode::PutEnd => typed(meta, |r: msg::PutEnd| {
                 let v = s.put_end(r.client_id, &r.items, now);
+                *fence = s.fence(r.items.iter().map(|i| i.key.as_str()));
                 m.record(op, v.len(), failed(&v));
                 wire(v)
             }),
@@ -316,6 +313,7 @@ impl ControlHandler for Master {
             }),
             Opcode::Remove => typed(meta, |r: msg::Remove| {
                 let v = s.remove(&r.keys, r.force, now);
+                *fence = s.fence(r.keys.iter().map(String::as_str));
                 m.record(op, v.len(), failed(&v));
                 wire(v)
             }),
@@ -324,15 +322,15 @@ impl ControlHandler for Master {
                 let re = regex::Regex::new(&r.pattern)
                     .map_err(|e| KvError::new(Code::InvalidParams, format!("bad regex: {e}")))?;
                 m.record(op, 0, 0);
-                Ok(msg::encode(&s.remove_matching(
-                    |k| re.is_match(k),
-                    r.force,
-                    now,
-                )))
+                let removed = s.remove_matching(|k| re.is_match(k), r.force, now);
+                *fence = s.fence_all();
+                Ok(msg::encode(&removed))
             }
             Opcode::RemoveAll => typed(meta, |r: msg::RemoveAll| {
                 m.record(op, 0, 0);
-                s.remove_matching(|_| true, r.force, now)
+                let removed = s.remove_matching(|_| true, r.force, now);
+                *fence = s.fence_all();
+                removed
             }),
             Opcode::Status => typed(meta, |_: msg::Status| {
                 let mut st = s.status();

@@ -630,6 +630,9 @@ impl MasterState {
     /// (their old versions destroyed on the stores), if any is outstanding.
     pub fn fence<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Option<u64> {
         let inv = self.invalidations.lock();
+        if inv.fences.is_empty() {
+            return None;
+        }
         let done = self.invalidated_through.load(Ordering::Acquire);
         keys.into_iter()
             .filter_map(|k| inv.fences.get(k).copied())

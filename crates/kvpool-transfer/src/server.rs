@@ -20,15 +20,11 @@ pub type ReplyWait = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 /// Answers control-plane requests. Handlers are synchronous: the master's
 /// work is short critical sections, never I/O.
 pub trait ControlHandler: Send + Sync + 'static {
-    /// Handles one request's message and returns the response message.
-    fn handle(&self, opcode: Opcode, meta: &[u8]) -> KvResult<Vec<u8>>;
-
-    /// What the reply to a successfully handled request must wait for, if
-    /// anything (the master: old versions destroyed on their stores before
-    /// a new value or a removal is reported). Only that connection waits.
-    fn before_reply(&self, _opcode: Opcode, _meta: &[u8]) -> Option<ReplyWait> {
-        None
-    }
+    /// Handles one request's message: the response message, and what the
+    /// reply must wait for, if anything (the master: old versions destroyed
+    /// on their stores before a new value or a removal is reported). Only
+    /// that connection waits.
+    fn handle(&self, opcode: Opcode, meta: &[u8]) -> (KvResult<Vec<u8>>, Option<ReplyWait>);
 }
 
 /// Most connections one server keeps open; more are closed on accept, so a
@@ -125,13 +121,12 @@ async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> 
                 "control requests carry no payload",
             ))
         } else {
-            handler.handle(h.opcode, conn.last_meta())
-        };
-        if result.is_ok() {
-            if let Some(wait) = handler.before_reply(h.opcode, conn.last_meta()) {
+            let (result, wait) = handler.handle(h.opcode, conn.last_meta());
+            if let Some(wait) = wait {
                 wait.await;
             }
-        }
+            result
+        };
         send_result(conn, &h, result).await?;
     }
 }
