@@ -17,26 +17,10 @@ use std::net::Ipv4Addr;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
+pub use crate::field_path::check_field_path;
+use crate::field_path::subscript;
+pub use crate::naming::{instance_host, instance_name, service_name};
 use crate::spec::{Container, Group, LABEL_GROUP, LABEL_ROLE};
-
-/// Name of instance `index` of `role` in `group`: `g-r-i`.
-pub fn instance_name(group: &str, role: &str, index: u32) -> String {
-    format!("{group}-{role}-{index}")
-}
-
-/// Name of the role's (headless) service: `s-g-r`.
-pub fn service_name(group: &str, role: &str) -> String {
-    format!("s-{group}-{role}")
-}
-
-/// Host name of an instance: `g-r-i.s-g-r`.
-pub fn instance_host(group: &str, role: &str, index: u32) -> String {
-    format!(
-        "{}.{}",
-        instance_name(group, role, index),
-        service_name(group, role)
-    )
-}
 
 /// Largest instance index the local address scheme can give an address.
 pub const MAX_LOCAL_INDEX: u32 = 254;
@@ -63,40 +47,6 @@ pub fn local_address(group_octet: u8, slot: u32, index: u32) -> Option<Ipv4Addr>
         u8::try_from(slot + 1).ok()?,
         u8::try_from(index + 1).ok()?,
     ))
-}
-
-/// Checks that a `fieldRef.fieldPath` is one this crate can resolve.
-pub fn check_field_path(path: &str) -> Result<(), String> {
-    match path {
-        "metadata.name"
-        | "metadata.namespace"
-        | "metadata.uid"
-        | "metadata.labels"
-        | "metadata.annotations"
-        | "status.podIP"
-        | "status.podIPs"
-        | "status.hostIP"
-        | "status.hostIPs"
-        | "spec.nodeName"
-        | "spec.serviceAccountName" => Ok(()),
-        _ if subscript(path, "metadata.labels").is_some()
-            || subscript(path, "metadata.annotations").is_some() =>
-        {
-            Ok(())
-        }
-        _ => Err(format!("fieldRef.fieldPath {path:?} is not supported")),
-    }
-}
-
-/// `metadata.labels['k']` → `k` (single or double quotes).
-fn subscript<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
-    let rest = path
-        .strip_prefix(prefix)?
-        .strip_prefix('[')?
-        .strip_suffix(']')?;
-    rest.strip_prefix('\'')
-        .and_then(|r| r.strip_suffix('\''))
-        .or_else(|| rest.strip_prefix('"').and_then(|r| r.strip_suffix('"')))
 }
 
 /// The facts about one instance that env, args and field refs draw on.

@@ -6,9 +6,17 @@
 //! shared with a future Kubernetes operator), [`discovery`] computes names,
 //! addresses, environments and the discovery file (pure), and [`runtime`]
 //! is the thin I/O shell that runs the group as local processes.
+//!
+//! [`graph`], [`naming`] and [`field_path`] are leaves that depend on
+//! nothing else in the crate: spec validation and the planner/discovery both
+//! need them, and keeping them apart keeps the module graph acyclic
+//! (`spec` never reaches into `planner` or `discovery`).
 
 pub mod discovery;
+pub mod field_path;
+pub mod graph;
 pub mod merge;
+pub mod naming;
 pub mod planner;
 pub mod revision;
 pub mod runtime;

@@ -24,6 +24,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use crate::graph;
+pub use crate::graph::{levels, GraphError};
 use crate::revision;
 use crate::spec::{
     CoordinationPolicy, Group, Progression, RestartPolicy, Role, UpdatePolicy, UpdateType,
@@ -32,120 +34,13 @@ use crate::spec::{
 /// Milliseconds on the runtime's monotonic clock; only differences matter.
 pub type Millis = u64;
 
-/// A problem with the dependency graph.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GraphError {
-    /// A role depends on a role that does not exist.
-    #[error("role {role:?}: dependencies: unknown role {dependency:?}")]
-    UnknownDependency {
-        /// The role declaring the dependency.
-        role: String,
-        /// The missing role.
-        dependency: String,
-    },
-    /// The dependencies loop; the roles are listed along the loop.
-    #[error("dependency cycle: {}", cycle_text(.0))]
-    Cycle(Vec<String>),
-}
-
-fn cycle_text(c: &[String]) -> String {
-    let mut parts: Vec<&str> = c.iter().map(String::as_str).collect();
-    if let Some(first) = c.first() {
-        parts.push(first);
-    }
-    parts.join(" -> ")
-}
-
-/// Sorts roles into levels: level 0 has no dependencies, and a role's level
-/// is 1 + the highest level of its dependencies. Within a level, roles keep
-/// the order of `roles`. `roles` is `(name, dependencies)`.
-pub fn levels(roles: &[(&str, Vec<&str>)]) -> Result<Vec<Vec<String>>, GraphError> {
-    let index: BTreeMap<&str, usize> = roles
-        .iter()
-        .enumerate()
-        .map(|(i, (n, _))| (*n, i))
-        .collect();
-    for (name, deps) in roles {
-        for d in deps {
-            if !index.contains_key(d) {
-                return Err(GraphError::UnknownDependency {
-                    role: name.to_string(),
-                    dependency: d.to_string(),
-                });
-            }
-        }
-    }
-    // Depth-first search with colours; the grey path is the cycle when a
-    // grey node is met again.
-    #[derive(Clone, Copy, PartialEq)]
-    enum Mark {
-        White,
-        Grey,
-        Black,
-    }
-    let n = roles.len();
-    let mut mark = vec![Mark::White; n];
-    let mut level = vec![0usize; n];
-    let mut path: Vec<usize> = Vec::new();
-
-    fn visit(
-        v: usize,
-        roles: &[(&str, Vec<&str>)],
-        index: &BTreeMap<&str, usize>,
-        mark: &mut [Mark],
-        level: &mut [usize],
-        path: &mut Vec<usize>,
-    ) -> Result<(), GraphError> {
-        mark[v] = Mark::Grey;
-        path.push(v);
-        let mut lv = 0;
-        for d in &roles[v].1 {
-            let Some(&u) = index.get(d) else { continue };
-            match mark[u] {
-                Mark::Grey => {
-                    let start = path.iter().position(|&p| p == u).unwrap_or(0);
-                    let cycle = path[start..]
-                        .iter()
-                        .map(|&i| roles[i].0.to_string())
-                        .collect();
-                    return Err(GraphError::Cycle(cycle));
-                }
-                Mark::White => visit(u, roles, index, mark, level, path)?,
-                Mark::Black => {}
-            }
-            lv = lv.max(level[u] + 1);
-        }
-        level[v] = lv;
-        mark[v] = Mark::Black;
-        path.pop();
-        Ok(())
-    }
-
-    for v in 0..n {
-        if mark[v] == Mark::White {
-            visit(v, roles, &index, &mut mark, &mut level, &mut path)?;
-        }
-    }
-    let depth = level.iter().copied().max().map_or(0, |m| m + 1);
-    let mut out = vec![Vec::new(); depth];
-    for (i, (name, _)) in roles.iter().enumerate() {
-        out[level[i]].push(name.to_string());
-    }
-    Ok(out)
-}
-
 /// [`levels`] of `roles` by their declared dependencies.
 pub fn role_levels(roles: &[Role]) -> Result<Vec<Vec<String>>, GraphError> {
-    let edges: Vec<(&str, Vec<&str>)> = roles
-        .iter()
-        .map(|r| {
-            (
-                r.name.as_str(),
-                r.dependencies.iter().map(String::as_str).collect(),
-            )
-        })
-        .collect();
-    levels(&edges)
+    graph::levels_of(
+        roles
+            .iter()
+            .map(|r| (r.name.as_str(), r.dependencies.as_slice())),
+    )
 }
 
 /// Levels of a validated group (validation already rejected cycles).

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
 
 use crate::merge::strategic_merge;
+pub use crate::naming::is_dns_label;
 
 /// The only API version this crate accepts.
 pub const API_VERSION: &str = "workloads.x-k8s.io/v1alpha1";
@@ -857,17 +858,6 @@ pub fn parse(text: &str) -> Result<RoleBasedGroup, SpecError> {
     })
 }
 
-/// True when `s` is an RFC 1123 DNS label (what Kubernetes requires of names).
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
-
 fn dns_problem(what: &str, s: &str) -> Option<String> {
     if is_dns_label(s) {
         None
@@ -1020,7 +1010,7 @@ fn validate_template(at: &str, t: &PodTemplateSpec, errs: &mut Vec<String>) {
                 )),
                 (_, Some(src)) => {
                     if let Some(f) = &src.field_ref {
-                        if let Err(m) = crate::discovery::check_field_path(&f.field_path) {
+                        if let Err(m) = crate::field_path::check_field_path(&f.field_path) {
                             errs.push(format!("{cat}: env {:?}: {m}", e.name));
                         }
                     }
@@ -1143,7 +1133,7 @@ pub fn validate(raw: &RoleBasedGroup) -> Result<Group, SpecError> {
             errs.push(p);
         } else {
             // Kubernetes names the service s-<group>-<role>: it must be a label too.
-            let svc = crate::discovery::service_name(&raw.metadata.name, &r.name);
+            let svc = crate::naming::service_name(&raw.metadata.name, &r.name);
             if svc.len() > 63 {
                 errs.push(format!(
                     "role {:?}: service name {svc:?} is longer than 63 characters",
@@ -1238,7 +1228,11 @@ pub fn validate(raw: &RoleBasedGroup) -> Result<Group, SpecError> {
 
     // Cycles only make sense to report once every dependency is known.
     if errs.is_empty() {
-        if let Err(e) = crate::planner::role_levels(&roles) {
+        if let Err(e) = crate::graph::levels_of(
+            roles
+                .iter()
+                .map(|r: &Role| (r.name.as_str(), r.dependencies.as_slice())),
+        ) {
             errs.push(e.to_string());
         }
     }

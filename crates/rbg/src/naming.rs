@@ -1,0 +1,35 @@
+//! Names of what a group creates (RBG.md §2) and the DNS-label rule they obey.
+//!
+//! A leaf module: validation checks that the names it will derive are legal
+//! and discovery derives them, so the scheme lives in one place neither of
+//! them owns.
+
+/// Name of instance `index` of `role` in `group`: `g-r-i`.
+pub fn instance_name(group: &str, role: &str, index: u32) -> String {
+    format!("{group}-{role}-{index}")
+}
+
+/// Name of the role's (headless) service: `s-g-r`.
+pub fn service_name(group: &str, role: &str) -> String {
+    format!("s-{group}-{role}")
+}
+
+/// Host name of an instance: `g-r-i.s-g-r`.
+pub fn instance_host(group: &str, role: &str, index: u32) -> String {
+    format!(
+        "{}.{}",
+        instance_name(group, role, index),
+        service_name(group, role)
+    )
+}
+
+/// True when `s` is an RFC 1123 DNS label (what Kubernetes requires of names).
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
