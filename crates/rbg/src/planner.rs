@@ -333,17 +333,41 @@ fn effective_update(r: &DesiredRole, coordination: &[CoordinationPolicy]) -> Upd
 
 /// `(partition, maxUnavailable, maxSurge)` as instance counts for `replicas`.
 fn resolved(u: &UpdatePolicy, replicas: u32) -> (u32, u32, u32) {
-    // A percentage partition rounds up so that "20%" never updates more
-    // than 80% of the role.
-    let partition = u.partition.of(replicas, true).min(replicas);
-    let mut unavailable = u.max_unavailable.of(replicas, false);
-    let surge = u.max_surge.of(replicas, true).min(replicas - partition);
+    let partition = u.partition_of(replicas);
+    let mut unavailable = u.max_unavailable_of(replicas);
+    let surge = u.max_surge_of(replicas).min(replicas - partition);
     if unavailable == 0 && surge == 0 {
         // Percentages can round both to 0 for small roles; Kubernetes then
         // allows one unavailable so the update can proceed.
         unavailable = 1;
     }
     (partition, unavailable, surge)
+}
+
+/// The count a coordinated role may reach: `(slowest + maxSkew) × replicas`
+/// instances, rounded `up` or down, at most `replicas`. A role that is
+/// itself the slowest (`done` at that fraction, and `may_step`) may still
+/// go one past `done`: when maxSkew is finer than one of its instances,
+/// nothing would move otherwise.
+fn skew_cap(
+    slowest: f64,
+    max_skew: f64,
+    replicas: u32,
+    done: u32,
+    may_step: bool,
+    up: bool,
+) -> u32 {
+    let n = f64::from(replicas);
+    let exact = (slowest + max_skew) * n;
+    let mut cap = if up {
+        (exact - EPS).ceil().max(0.0) as u32
+    } else {
+        (exact + EPS).floor() as u32
+    };
+    if cap <= done && may_step && (f64::from(done) / n - slowest).abs() < EPS {
+        cap = done + 1;
+    }
+    cap.min(replicas)
 }
 
 /// How many of each coordinated role's instances (index < replicas) may be
@@ -363,8 +387,7 @@ fn rollout_caps(
         // instances so that an update in flight does not let others run ahead.
         let mut min_f: Option<f64> = None;
         for r in &members {
-            let u = effective_update(r, coordination);
-            let (partition, _, _) = resolved(&u, r.replicas);
+            let partition = effective_update(r, coordination).partition_of(r.replicas);
             let goal = r.replicas - partition;
             let ready = updated_ready_count(r, o);
             if ready < goal {
@@ -374,17 +397,12 @@ fn rollout_caps(
         }
         let Some(min_f) = min_f else { continue };
         for r in &members {
-            let n = f64::from(r.replicas);
-            let mut cap = ((min_f + ru.max_skew) * n + EPS).floor() as u32;
             let updated = updated_count(r, o);
-            let ready = updated_ready_count(r, o);
-            let f = f64::from(ready) / n;
-            // When maxSkew is finer than one instance of this role, the
-            // slowest role still takes one step at a time, else nothing moves.
-            if cap <= updated && updated == ready && (f - min_f).abs() < EPS {
-                cap = updated + 1;
-            }
-            caps.insert(r.name.clone(), cap.min(r.replicas));
+            // Only a role with no update in flight is at the slowest
+            // fraction in a way that lets it take its one step.
+            let settled = updated == updated_ready_count(r, o);
+            let cap = skew_cap(min_f, ru.max_skew, r.replicas, updated, settled, false);
+            caps.insert(r.name.clone(), cap);
         }
     }
     caps
@@ -415,14 +433,8 @@ fn scaling_caps(
             .map(|r| f64::from(progress(r)) / f64::from(r.replicas))
             .fold(1.0f64, f64::min);
         for r in &members {
-            let n = f64::from(r.replicas);
-            let mut cap = ((min_p + sc.max_skew) * n - EPS).ceil().max(0.0) as u32;
-            let p = progress(r);
-            if cap <= p && (f64::from(p) / n - min_p).abs() < EPS {
-                // maxSkew 0: the slowest role still moves one at a time.
-                cap = p + 1;
-            }
-            caps.insert(r.name.clone(), cap.min(r.replicas));
+            let cap = skew_cap(min_p, sc.max_skew, r.replicas, progress(r), true, true);
+            caps.insert(r.name.clone(), cap);
         }
     }
     caps

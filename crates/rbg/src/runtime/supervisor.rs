@@ -224,7 +224,7 @@ pub fn check_local_limits(g: &Group) -> Result<(), String> {
         ));
     }
     for r in &g.roles {
-        let surge = r.update.max_surge.of(r.replicas, true);
+        let surge = r.update.max_surge_of(r.replicas);
         if u64::from(r.replicas) + u64::from(surge) > u64::from(discovery::MAX_LOCAL_INDEX) + 1 {
             errs.push(format!(
                 "role {:?}: replicas {} (+ maxSurge {surge}) exceed the {} instances the local runtime can address in 127.x.y.0/24 per role",

@@ -93,6 +93,24 @@ impl Default for UpdatePolicy {
     }
 }
 
+impl UpdatePolicy {
+    /// `partition` as an instance count out of `replicas`. A percentage
+    /// rounds up so that "20%" never updates more than 80% of the role.
+    pub fn partition_of(&self, replicas: u32) -> u32 {
+        self.partition.of(replicas, true).min(replicas)
+    }
+
+    /// `maxUnavailable` as an instance count; rounds down, as Kubernetes does.
+    pub fn max_unavailable_of(&self, replicas: u32) -> u32 {
+        self.max_unavailable.of(replicas, false)
+    }
+
+    /// `maxSurge` as an instance count; rounds up, as Kubernetes does.
+    pub fn max_surge_of(&self, replicas: u32) -> u32 {
+        self.max_surge.of(replicas, true)
+    }
+}
+
 /// A validated coordination entry.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoordinationPolicy {
