@@ -18,13 +18,15 @@ use tokio::sync::mpsc;
 
 use super::control::{self, Incoming, Request, Response};
 use super::images::ImageMap;
+use super::launch;
+pub use super::launch::check_local_limits;
 use super::probe::{self, ProbeAction, ProbeState, ProbeTiming};
-use super::process::{self, Spawn};
+use super::process;
 use super::state::{GroupDir, GroupStatus, HistoryEntry, InstanceStatus, RoleStatus};
-use crate::discovery::{self, InstanceFacts};
+use crate::discovery;
 use crate::planner::{self, Action, Backoff, Crash, DesiredRole, Millis, ObservedInstance, Wait};
 use crate::revision;
-use crate::spec::{self, Container, Group, PodRestartPolicy, PodTemplateSpec};
+use crate::spec::{self, Container, Group, PodTemplateSpec};
 
 /// Settings of a local run.
 pub struct Options {
@@ -212,33 +214,6 @@ fn hostname() -> String {
     }
     let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// Checks what the local runtime cannot do with a valid group.
-pub fn check_local_limits(g: &Group) -> Result<(), String> {
-    let mut errs = Vec::new();
-    if g.roles.len() > (discovery::MAX_LOCAL_SLOT as usize) + 1 {
-        errs.push(format!(
-            "the local runtime supports at most {} roles",
-            discovery::MAX_LOCAL_SLOT + 1
-        ));
-    }
-    for r in &g.roles {
-        let surge = r.update.max_surge_of(r.replicas);
-        if u64::from(r.replicas) + u64::from(surge) > u64::from(discovery::MAX_LOCAL_INDEX) + 1 {
-            errs.push(format!(
-                "role {:?}: replicas {} (+ maxSurge {surge}) exceed the {} instances the local runtime can address in 127.x.y.0/24 per role",
-                r.name,
-                r.replicas,
-                discovery::MAX_LOCAL_INDEX + 1
-            ));
-        }
-    }
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs.join("\n"))
-    }
 }
 
 /// The running group.
@@ -782,12 +757,7 @@ impl Supervisor {
                             c.state = CtrState::Stopped;
                             continue;
                         }
-                        let restart = match policy {
-                            PodRestartPolicy::Always => true,
-                            PodRestartPolicy::OnFailure => !status.success(),
-                            PodRestartPolicy::Never => false,
-                        };
-                        if !restart {
+                        if !launch::restarts_after_exit(policy, status.success()) {
                             c.state = CtrState::Completed;
                             lines.push(format!(
                                 "{}: container {} exited ({status}); restartPolicy {policy:?} keeps it down",
@@ -1017,18 +987,13 @@ impl Supervisor {
                 };
                 // Restart the containers whose spec changed, and any that is
                 // not running (a crash restart).
-                let mut names = BTreeSet::new();
-                for c in &inst.ctrs {
-                    let before = old
-                        .as_ref()
-                        .and_then(|t| t.spec.containers.iter().find(|x| x.name == c.spec.name));
-                    let after = new
-                        .as_ref()
-                        .and_then(|t| t.spec.containers.iter().find(|x| x.name == c.spec.name));
-                    if before != after || !matches!(c.state, CtrState::Running) {
-                        names.insert(c.spec.name.clone());
-                    }
-                }
+                let names = launch::containers_to_restart(
+                    old.as_ref(),
+                    new.as_ref(),
+                    inst.ctrs
+                        .iter()
+                        .map(|c| (c.spec.name.as_str(), matches!(c.state, CtrState::Running))),
+                );
                 let line = if inst.revision == revision {
                     format!("{}: restarting {}", inst.name, join(&names))
                 } else {
@@ -1069,13 +1034,11 @@ impl Supervisor {
     }
 
     fn grace(&self, role: &str) -> Millis {
-        let g = self
-            .group
-            .role(role)
-            .and_then(|r| r.template.spec.termination_grace_period_seconds)
-            .map_or(self.opts.default_grace, Duration::from_secs)
-            .min(self.opts.max_grace);
-        u64::try_from(g.as_millis()).unwrap_or(u64::MAX)
+        launch::stop_grace(
+            self.group.role(role),
+            self.opts.default_grace,
+            self.opts.max_grace,
+        )
     }
 
     /// Creates instance `index` of `role` at `rev` and starts its containers.
@@ -1102,20 +1065,12 @@ impl Supervisor {
         };
         let name = discovery::instance_name(&self.group.name, role, index);
         let mut volumes = BTreeMap::new();
-        for v in &template.spec.volumes {
-            let memory = v
-                .empty_dir
-                .as_ref()
-                .is_some_and(|e| e.medium.as_deref() == Some("Memory"));
-            let path = if memory && Path::new("/dev/shm").is_dir() {
-                self.dir.memory_volume(&name, &v.name)
-            } else {
-                self.dir.volume(&name, &v.name)
-            };
+        let shm = Path::new("/dev/shm").is_dir();
+        for (volume, path) in launch::volume_dirs(&self.dir, &name, &template, shm) {
             if let Err(e) = std::fs::create_dir_all(&path) {
                 self.say(&format!("{name}: creating volume {}: {e}", path.display()));
             }
-            volumes.insert(v.name.clone(), path);
+            volumes.insert(volume, path);
         }
         let inst = Instance {
             role: role.to_string(),
@@ -1160,90 +1115,44 @@ impl Supervisor {
     fn start_container(&mut self, key: &(String, u32), ci: usize, now: Millis) {
         self.epoch += 1;
         let epoch = self.epoch;
-        let labels = discovery::instance_labels(&self.group, &key.0);
-        let annotations = self
-            .group
-            .role(&key.0)
-            .and_then(|r| r.template.metadata.as_ref())
-            .map(|m| m.annotations.clone())
-            .unwrap_or_default();
         let Some(inst) = self.instances.get_mut(key) else {
             return;
         };
         let Some(c) = inst.ctrs.get_mut(ci) else {
             return;
         };
-        let mounts: Vec<(String, String)> = c
-            .spec
-            .volume_mounts
-            .iter()
-            .filter_map(|m| {
-                let base = inst.volumes.get(&m.name)?;
-                let host = match &m.sub_path {
-                    Some(sp) if !sp.is_empty() => {
-                        let p = base.join(sp);
-                        let _ = std::fs::create_dir_all(&p);
-                        p
-                    }
-                    _ => base.clone(),
-                };
-                Some((m.mount_path.clone(), host.display().to_string()))
-            })
-            .collect();
-        let facts = InstanceFacts {
-            group: self.group.name.clone(),
-            namespace: self.group.namespace.clone(),
-            role: key.0.clone(),
-            index: key.1,
-            ip: inst.ip,
-            labels,
-            annotations,
-            node_name: self.node.clone(),
-            config_path: self.dir.config().display().to_string(),
-            mounts,
+        let mounts = launch::host_mounts(&c.spec, &inst.volumes);
+        for m in mounts.iter().filter(|m| m.sub_path) {
+            let _ = std::fs::create_dir_all(&m.host);
+        }
+        let facts = launch::instance_facts(
+            &self.group,
+            &key.0,
+            key.1,
+            inst.ip,
+            &self.node,
+            &self.dir.config(),
+            &mounts,
+        );
+        let ctx = launch::LaunchContext {
+            hosts: &self.hosts,
+            images: &self.opts.images,
+            default_cwd: &self.opts.cwd,
         };
-        let result = discovery::launch(&c.spec, &facts, &self.hosts)
-            .map_err(|e| e.to_string())
-            .and_then(|l| {
-                let (argv, path_dir) = self
-                    .opts
-                    .images
-                    .resolve(
-                        &c.spec.name,
-                        c.spec.image.as_deref(),
-                        &l.command,
-                        l.has_command,
-                    )
-                    .map_err(|e| e.to_string())?;
-                Ok((l, argv, path_dir))
-            });
         let log = self.dir.log(&inst.name, &c.spec.name);
-        let mut env = vec![("HOSTNAME".to_string(), inst.name.clone())];
-        let spawned = result.and_then(|(l, argv, path_dir)| {
-            env.extend(l.env.iter().cloned());
-            let spawn = Spawn {
-                argv: argv.clone(),
-                env: env.clone(),
-                path_dir,
-                cwd: Some(
-                    l.working_dir
-                        .map(PathBuf::from)
-                        .unwrap_or_else(|| self.opts.cwd.clone()),
-                ),
-                log: log.clone(),
-                banner: format!(
-                    "--- rbg: starting {} container {} at revision {} (restarts {}): {}",
-                    inst.name,
-                    c.spec.name,
-                    inst.revision,
-                    inst.restarts,
-                    argv.join(" ").replace('\n', "\\n")
-                ),
-            };
+        let spawned = launch::container_spawn(
+            &c.spec,
+            &facts,
+            &ctx,
+            log.clone(),
+            &inst.revision,
+            inst.restarts,
+        )
+        .and_then(|spawn| {
             let full_env = spawn.environment();
             process::spawn(&spawn)
                 .map(|child| (child, full_env, spawn.cwd.clone()))
-                .map_err(|e| format!("starting {}: {e}", argv.join(" ")))
+                .map_err(|e| format!("starting {}: {e}", spawn.argv.join(" ")))
         });
         c.epoch = epoch;
         c.started = now;
@@ -1256,7 +1165,15 @@ impl Supervisor {
                 c.probe = None;
                 if let Some(p) = c.spec.readiness_probe.as_ref() {
                     let timing = ProbeTiming::of(p);
-                    match probe_action(p, &c.spec, inst.ip, &self.hosts, &full_env, cwd) {
+                    match launch::probe_action(
+                        p,
+                        &c.spec,
+                        inst.ip,
+                        &self.hosts,
+                        &full_env,
+                        cwd,
+                        &dns_resolve,
+                    ) {
                         Ok(action) => c.probe = Some((ProbeState::new(timing, now), action)),
                         Err(m) => {
                             // Never ready rather than ready without checking.
@@ -1395,61 +1312,11 @@ fn remove_volumes(inst: &Instance) {
     }
 }
 
-fn probe_action(
-    p: &spec::Probe,
-    c: &Container,
-    ip: Ipv4Addr,
-    hosts: &[(String, String)],
-    env: &[(String, String)],
-    cwd: Option<PathBuf>,
-) -> Result<ProbeAction, String> {
-    let host_addr = |host: &Option<String>, port: u16| -> Result<SocketAddr, String> {
-        let h = host.as_deref().unwrap_or("");
-        if h.is_empty() {
-            return Ok(SocketAddr::new(ip.into(), port));
-        }
-        // Group host names resolve to instance addresses, like everywhere else.
-        let h = discovery::rewrite_hosts(h, hosts);
-        if let Ok(a) = h.parse::<std::net::IpAddr>() {
-            return Ok(SocketAddr::new(a, port));
-        }
-        use std::net::ToSocketAddrs;
-        (h.as_str(), port)
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| format!("readinessProbe host {h:?} does not resolve"))
-    };
-    if let Some(t) = &p.tcp_socket {
-        let port = spec::resolve_port(c, &t.port)?;
-        return Ok(ProbeAction::Tcp(host_addr(&t.host, port)?));
-    }
-    if let Some(h) = &p.http_get {
-        let port = spec::resolve_port(c, &h.port)?;
-        let addr = host_addr(&h.host, port)?;
-        return Ok(ProbeAction::Http {
-            addr,
-            host: addr.to_string(),
-            path: h.path.clone().unwrap_or_else(|| "/".into()),
-            headers: h
-                .http_headers
-                .iter()
-                .map(|x| (x.name.clone(), x.value.clone()))
-                .collect(),
-        });
-    }
-    if let Some(x) = &p.exec {
-        // Kubernetes does not expand $(VAR) in probe commands; group host
-        // names still resolve, as they would through cluster DNS.
-        return Ok(ProbeAction::Exec {
-            argv: x
-                .command
-                .iter()
-                .map(|a| discovery::rewrite_hosts(a, hosts))
-                .collect(),
-            env: env.to_vec(),
-            cwd,
-        });
-    }
-    Err("readinessProbe has no handler".to_string())
+/// The system resolver, for probe hosts outside the group.
+fn dns_resolve(host: &str, port: u16) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
 }
