@@ -33,3 +33,17 @@ pub fn is_dns_label(s: &str) -> bool {
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
+
+/// The validation message for a name that is not a DNS label (`what` says
+/// which name), or `None` when it is one.
+pub fn dns_problem(what: &str, s: &str) -> Option<String> {
+    if is_dns_label(s) {
+        None
+    } else if s.is_empty() {
+        Some(format!("{what}: name is empty"))
+    } else {
+        Some(format!(
+            "{what}: {s:?} is not a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"
+        ))
+    }
+}

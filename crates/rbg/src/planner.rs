@@ -6,7 +6,8 @@
 //! calls again on its next pass. Every rule of RBG.md §3 and §5 lives here so
 //! it can be table-tested without processes:
 //!
-//! - dependency levels and cycle detection ([`levels`]);
+//! - dependency levels and cycle detection ([`levels`], which lives in the
+//!   leaf [`crate::graph`] so spec validation can share it);
 //! - dependency gating, re-checked on every pass: a role whose dependencies
 //!   are not all fully ready gets no action at all (frozen);
 //! - scaling (create missing indexes, delete indexes beyond `replicas`);

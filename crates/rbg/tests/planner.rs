@@ -2,6 +2,9 @@
 //! partition, surge, coordinated rollouts (maxSkew with 200/100 replicas),
 //! coordinated scaling and restart policies. Everything runs against a tiny
 //! simulated runtime, no processes.
+//!
+//! Long on purpose (over 800 lines): one table per planner rule, sharing the
+//! simulated runtime; splitting would only copy that harness around.
 
 use std::collections::BTreeMap;
 

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::amount::IntOrString;
 use super::types::{Container, PodSpec, PodTemplateSpec, Probe, RoleSpec, RoleTemplate};
-use super::validate::dns_problem;
 use crate::merge::strategic_merge;
+use crate::naming::dns_problem;
 
 /// Resolves a role's template: its own, or a roleTemplate with the patch
 /// strategically merged onto it.

@@ -14,7 +14,7 @@ use super::types::{
     CoordinatedRollingUpdate, CoordinatedScaling, Coordination, GroupSpec, RoleBasedGroup,
     RoleSpec, RoleTemplate, RolloutStrategy, ServicePort, API_VERSION, KIND,
 };
-use crate::naming::is_dns_label;
+use crate::naming::dns_problem;
 
 /// Problems found so far, in the order they were found.
 type Errors = Vec<String>;
@@ -331,19 +331,6 @@ fn scaling_coordination(
             s.max_skew.as_ref(),
         ),
         progression: s.progression.unwrap_or_default(),
-    }
-}
-
-/// The message for a name that is not a DNS label, if it is not.
-pub(super) fn dns_problem(what: &str, s: &str) -> Option<String> {
-    if is_dns_label(s) {
-        None
-    } else if s.is_empty() {
-        Some(format!("{what}: name is empty"))
-    } else {
-        Some(format!(
-            "{what}: {s:?} is not a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"
-        ))
     }
 }
 
