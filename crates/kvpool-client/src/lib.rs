@@ -310,7 +310,7 @@ impl Client {
         };
         let remount = match &node {
             Some(n) => n.remount_hook(&link),
-            None => Arc::new(|| Box::pin(async {}) as _),
+            None => Arc::new(|| Box::pin(async { true }) as _),
         };
         link.spawn_heartbeat(
             Duration::from_millis(reply.heartbeat_interval_ms.max(10)),

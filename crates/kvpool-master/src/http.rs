@@ -30,23 +30,32 @@ pub fn admin_router(master: Arc<Master>) -> Router {
         .with_state(master)
 }
 
+/// The cluster status, counted off the runtime: it walks every key.
+async fn cluster_status(m: &Arc<Master>) -> kvpool_proto::msg::ClusterStatus {
+    let m = m.clone();
+    tokio::task::spawn_blocking(move || m.state.status())
+        .await
+        .expect("status does not panic")
+}
+
 async fn metrics(State(m): State<Arc<Master>>) -> Response {
+    let status = cluster_status(&m).await;
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        m.metrics.render(&m.state),
+        m.metrics.render(&status),
     )
         .into_response()
 }
 
 async fn status(State(m): State<Arc<Master>>) -> Response {
-    Json(m.state.status()).into_response()
+    Json(cluster_status(&m).await).into_response()
 }
 
 async fn segments(State(m): State<Arc<Master>>) -> Response {
-    Json(m.state.status().segments).into_response()
+    Json(cluster_status(&m).await.segments).into_response()
 }
 
 async fn key(State(m): State<Arc<Master>>, Path(key): Path<String>) -> Response {
@@ -57,23 +66,24 @@ async fn key(State(m): State<Arc<Master>>, Path(key): Path<String>) -> Response 
 }
 
 async fn page(State(m): State<Arc<Master>>) -> Html<String> {
-    let s = m.state.status();
+    let s = cluster_status(&m).await;
     let mut rows = String::new();
     for seg in &s.segments {
         rows.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             html_escape(&seg.info.name),
             html_escape(&seg.info.endpoint),
             seg.info.size,
             seg.used,
-            seg.regions
+            seg.regions,
+            seg.state
         ));
     }
     Html(format!(
         "<!doctype html><title>kvpool master</title><h1>kvpool master</h1>\
          <p>segments: {} &middot; capacity: {} B &middot; used: {} B &middot; keys: {} &middot; \
          puts in flight: {} &middot; clients: {} &middot; evictions: {}</p>\
-         <table border=1><tr><th>name</th><th>endpoint</th><th>size</th><th>used</th><th>regions</th></tr>{rows}</table>\
+         <table border=1><tr><th>name</th><th>endpoint</th><th>size</th><th>used</th><th>regions</th><th>state</th></tr>{rows}</table>\
          <p><a href=/metrics>metrics</a> &middot; <a href=/api/status>status JSON</a></p>",
         s.segments.len(),
         s.capacity,

@@ -211,7 +211,13 @@ impl ControlHandler for Master {
     /// them afterwards.
     fn handle(&self, op: Opcode, meta: &[u8]) -> (KvResult<Vec<u8>>, Option<ReplyWait>) {
         let mut fence = None;
-        let r = self.answer(op, meta, &mut fence);
+        let start = std::time::Instant::now();
+        let r = if self.may_take_long(op) {
+            off_the_runtime(|| self.answer(op, meta, &mut fence))
+        } else {
+            self.answer(op, meta, &mut fence)
+        };
+        self.metrics.observe_handling(op, start.elapsed());
         let wait = fence
             .filter(|_| r.is_ok())
             .map(|seq| self.wait_invalidated(seq));
@@ -219,7 +225,34 @@ impl ControlHandler for Master {
     }
 }
 
+/// Runs `f`, which may take long, without holding up the other tasks of
+/// this runtime worker (heartbeats above all): on a multi-threaded runtime
+/// the worker hands its queue to another thread first.
+fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 impl Master {
+    /// Requests whose work grows with the number of keys: inventories,
+    /// unmounts, bulk removals, status, and puts that may evict inline.
+    fn may_take_long(&self, op: Opcode) -> bool {
+        match op {
+            Opcode::ReportObjects
+            | Opcode::MountSegment
+            | Opcode::UnmountSegment
+            | Opcode::RemoveAll
+            | Opcode::RemoveByRegex
+            | Opcode::Status => true,
+            Opcode::PutStart => self.state.above_watermark(),
+            _ => false,
+        }
+    }
+
     /// Handles one request; sets `fence` to the invalidation sequence number
     /// the reply must wait for, if any.
     fn answer(&self, op: Opcode, meta: &[u8], fence: &mut Option<u64>) -> KvResult<Vec<u8>> {
@@ -505,16 +538,32 @@ pub async fn run(cfg: MasterConfig, shutdown: CancellationToken) -> Result<(), M
     start(cfg, shutdown).await?.stopped().await
 }
 
-/// Expires silent clients, stale puts and ended leases.
+/// Expires silent clients, stale puts and ended leases. A tick that comes
+/// late means this master did not run (paused, or starved of CPU): the
+/// heartbeats sent meanwhile wait unread in its sockets, so that time is
+/// not counted as the clients' silence.
 async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
     let period = (master.state.config().client_ttl / 8)
         .clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => { master.state.sweep(Instant::now()); }
+            _ = tick.tick() => {}
         }
+        let now = Instant::now();
+        let late = now.saturating_duration_since(last).saturating_sub(period);
+        last = now;
+        if late > period {
+            tracing::warn!(
+                late_ms = late.as_millis() as u64,
+                "master stalled; not counting the stall against clients"
+            );
+            master.state.forgive_stall(late, now);
+        }
+        master.state.sweep(now);
     }
 }
 
@@ -615,6 +664,7 @@ mod tests {
     async fn sweeper_expires_silent_clients_on_paused_time() {
         let cfg = StateConfig {
             client_ttl: Duration::from_secs(10),
+            store_grace: Duration::ZERO,
             ..StateConfig::default()
         };
         let master = Master::new(cfg);

@@ -7,9 +7,12 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use crate::state::MasterState;
+use kvpool_proto::msg::ClusterStatus;
 
 /// Label of per-operation counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,6 +30,11 @@ pub struct Metrics {
     pub failures: Family<OpLabel, Counter>,
     /// Keys handled by batch operations, per operation.
     pub keys: Family<OpLabel, Counter>,
+    /// Time from a request's decoding to its answer, per operation.
+    pub handling: Family<OpLabel, Histogram, fn() -> Histogram>,
+    /// Longest handling time since the last scrape, in microseconds.
+    longest_us: AtomicU64,
+    longest: Gauge<f64, std::sync::atomic::AtomicU64>,
     capacity: Gauge,
     used: Gauge,
     objects: Gauge,
@@ -43,6 +51,12 @@ impl Default for Metrics {
             requests: Family::default(),
             failures: Family::default(),
             keys: Family::default(),
+            handling: Family::new_with_constructor(|| {
+                // 10 µs to about 10 s.
+                Histogram::new(exponential_buckets(1e-5, 4.0, 11))
+            }),
+            longest_us: AtomicU64::new(0),
+            longest: Gauge::default(),
             capacity: Gauge::default(),
             used: Gauge::default(),
             objects: Gauge::default(),
@@ -58,6 +72,16 @@ impl Default for Metrics {
             m.requests.clone(),
         );
         registry.register("failures", "Failed requests or keys", m.failures.clone());
+        registry.register(
+            "request_handling_seconds",
+            "Time the master spent on a request, from decoding to its answer (waits for master state included)",
+            m.handling.clone(),
+        );
+        registry.register(
+            "request_handling_longest_seconds",
+            "Longest time the master spent on one request since the previous scrape",
+            m.longest.clone(),
+        );
         registry.register(
             "op_keys",
             "Keys handled by batch operations",
@@ -102,9 +126,18 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition, with state gauges refreshed from `state`.
-    pub fn render(&self, state: &MasterState) -> String {
-        let s = state.status();
+    /// Records how long one request of `op` took to handle.
+    pub fn observe_handling(&self, op: Opcode, took: Duration) {
+        let l = OpLabel { op: op.name() };
+        self.handling.get_or_create(&l).observe(took.as_secs_f64());
+        self.longest_us
+            .fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition, with state gauges refreshed from `s`.
+    pub fn render(&self, s: &ClusterStatus) -> String {
+        let longest = self.longest_us.swap(0, Ordering::Relaxed);
+        self.longest.set(longest as f64 / 1e6);
         let g = |v: u64| v.min(i64::MAX as u64) as i64;
         self.capacity.set(g(s.capacity));
         self.used.set(g(s.used));

@@ -43,8 +43,14 @@ pub struct StateConfig {
     pub high_watermark: f64,
     /// Fraction of capacity freed per eviction pass.
     pub eviction_ratio: f64,
-    /// Silence after which a client (or store) is dropped.
+    /// Silence after which a client is dropped, and a store (a client that
+    /// lends segments) becomes suspect: its segments take no new objects,
+    /// but its objects stay indexed and readable.
     pub client_ttl: Duration,
+    /// How long a suspect store keeps its objects indexed before its
+    /// segments are dropped; a heartbeat within it makes it live again with
+    /// nothing lost or re-mounted.
+    pub store_grace: Duration,
     /// A put not ended within this long is revoked.
     pub pending_ttl: Duration,
 }
@@ -57,6 +63,7 @@ impl Default for StateConfig {
             high_watermark: 0.95,
             eviction_ratio: 0.05,
             client_ttl: Duration::from_secs(10),
+            store_grace: Duration::from_secs(30),
             pending_ttl: Duration::from_secs(60),
         }
     }
@@ -116,6 +123,20 @@ struct SegmentSlot {
 struct ClientEntry {
     last_seen: Instant,
     hostname: String,
+    /// Silent past the TTL while lending segments: kept for the grace period.
+    suspect: bool,
+}
+
+impl ClientEntry {
+    /// Records a sign of life; true when a suspect store is live again.
+    fn seen(&mut self, id: ClientId, now: Instant) -> bool {
+        self.last_seen = self.last_seen.max(now);
+        let back = std::mem::take(&mut self.suspect);
+        if back {
+            tracing::info!(client = %id, hostname = %self.hostname, "suspect store heartbeats again; its segments are live");
+        }
+        back
+    }
 }
 
 /// What `/api/keys/{key}` shows about one object.
@@ -184,6 +205,8 @@ pub struct MasterState {
     evicting: Mutex<()>,
     next_generation: AtomicU64,
     evictions: AtomicU64,
+    /// Clients marked suspect, so reads skip the suspect check when none is.
+    suspect_count: std::sync::atomic::AtomicUsize,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -210,6 +233,7 @@ impl MasterState {
             evicting: Mutex::new(()),
             next_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
+            suspect_count: Default::default(),
         }
     }
 
@@ -228,13 +252,17 @@ impl MasterState {
 
     /// Registers (or refreshes) a client.
     pub fn register_client(&self, id: ClientId, hostname: &str, now: Instant) -> RegisterReply {
-        self.clients.lock().insert(
+        let old = self.clients.lock().insert(
             id,
             ClientEntry {
                 last_seen: now,
                 hostname: hostname.to_string(),
+                suspect: false,
             },
         );
+        if old.is_some_and(|c| c.suspect) {
+            self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+        }
         RegisterReply {
             heartbeat_interval_ms: ms(self.cfg.client_ttl / 4).max(1),
             client_ttl_ms: ms(self.cfg.client_ttl),
@@ -245,17 +273,57 @@ impl MasterState {
     pub fn heartbeat(&self, id: ClientId, now: Instant) -> bool {
         match self.clients.lock().get_mut(&id) {
             Some(c) => {
-                c.last_seen = now;
+                if c.seen(id, now) {
+                    self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+                }
                 true
             }
             None => false,
         }
     }
 
+    /// Adds `stall` to every client's silence allowance: the master itself did
+    /// not run (paused, or starved of CPU) for that long, so heartbeats sent
+    /// meanwhile could not be counted.
+    pub fn forgive_stall(&self, stall: Duration, now: Instant) {
+        for c in self.clients.lock().values_mut() {
+            c.last_seen = (c.last_seen + stall).min(now);
+        }
+    }
+
+    /// Client ids that are suspect stores now.
+    fn suspects(&self) -> HashSet<ClientId> {
+        if self.suspect_count.load(Ordering::Relaxed) == 0 {
+            return HashSet::new();
+        }
+        self.clients
+            .lock()
+            .iter()
+            .filter(|(_, c)| c.suspect)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Segments whose store is suspect now.
+    fn suspect_segments(&self) -> HashSet<SegmentId> {
+        let suspects = self.suspects();
+        if suspects.is_empty() {
+            return HashSet::new();
+        }
+        self.segments
+            .read()
+            .values()
+            .filter(|s| suspects.contains(&s.owner))
+            .map(|s| s.info.id)
+            .collect()
+    }
+
     /// Checks that `id` is registered; its call counts as a sign of life.
     fn require_client(&self, id: ClientId, now: Instant) -> KvResult<()> {
         if let Some(c) = self.clients.lock().get_mut(&id) {
-            c.last_seen = c.last_seen.max(now);
+            if c.seen(id, now) {
+                self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+            }
             Ok(())
         } else {
             Err(KvError::new(
@@ -348,6 +416,8 @@ impl MasterState {
         last: bool,
         now: Instant,
     ) -> KvResult<InventoryVerdict> {
+        // Reporting is a sign of life: a big inventory can outlast the TTL.
+        self.require_client(client, now)?;
         let (all, fresh) = {
             let mut segs = self.segments.write();
             let s = segs.get_mut(&id).ok_or_else(|| {
@@ -372,16 +442,28 @@ impl MasterState {
             if !last {
                 return Ok(InventoryVerdict::default());
             }
-            let all = s.recovering.take().unwrap_or_default();
+            let mut all = s.recovering.take().unwrap_or_default();
+            // A part sent again (its answer was lost) reports the same regions.
+            all.sort_unstable_by_key(|i| i.offset);
+            all.dedup_by_key(|i| i.offset);
             // A segment that holds no live region yet was new to this master.
             let fresh = s.alloc.lock().live_regions() == 0;
             if fresh {
                 let used = all.iter().map(|i| (i.offset, i.region_len));
-                let alloc =
-                    OffsetAllocator::with_used(s.info.base, s.info.size, used).map_err(|e| {
-                        KvError::new(Code::InvalidParams, format!("inventory of {id}: {e}"))
-                    })?;
-                *s.alloc.lock() = alloc;
+                match OffsetAllocator::with_used(s.info.base, s.info.size, used) {
+                    Ok(alloc) => *s.alloc.lock() = alloc,
+                    Err(e) => {
+                        // Never open it empty: new objects would overwrite the
+                        // ones it holds. Unmounted, its store mounts it again.
+                        drop(segs);
+                        self.drop_segment(id);
+                        tracing::error!(segment = %id, error = %e, "inventory rejected; segment unmounted");
+                        return Err(KvError::new(
+                            Code::InvalidParams,
+                            format!("inventory of {id}: {e}"),
+                        ));
+                    }
+                }
             }
             (all, fresh)
         };
@@ -1069,6 +1151,7 @@ impl MasterState {
 
     /// Locates committed objects and grants each a read lease.
     pub fn get_replica_list(&self, keys: &[String], now: Instant) -> Vec<KvResult<ObjectLocation>> {
+        let suspect = self.suspect_segments();
         keys.iter()
             .map(|k| {
                 let mut shard = self.shard(k).lock();
@@ -1081,11 +1164,16 @@ impl MasterState {
                     })?;
                 v.lease_until = v.lease_until.max(now + self.cfg.lease_ttl);
                 v.last_access = now;
+                let mut replicas = self.describe(&v.replicas);
+                if !suspect.is_empty() {
+                    // Readers try replicas in order: live stores first.
+                    replicas.sort_by_key(|r| suspect.contains(&r.segment));
+                }
                 Ok(ObjectLocation {
                     value_len: v.value_len,
                     generation: v.generation,
                     lease_ms: ms(self.cfg.lease_ttl),
-                    replicas: self.describe(&v.replicas),
+                    replicas,
                 })
             })
             .collect()
@@ -1300,15 +1388,34 @@ impl MasterState {
     /// and puts in flight with them), revokes puts older than `pending_ttl`,
     /// and frees regions whose lease ended. Returns the clients dropped.
     pub fn sweep(&self, now: Instant) -> Vec<ClientId> {
+        let lenders: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
+        let (ttl, grace) = (self.cfg.client_ttl, self.cfg.store_grace);
         let dead: Vec<ClientId> = {
             let mut clients = self.clients.lock();
-            let dead: Vec<ClientId> = clients
-                .iter()
-                .filter(|(_, c)| now.saturating_duration_since(c.last_seen) > self.cfg.client_ttl)
-                .map(|(id, _)| *id)
-                .collect();
+            let mut dead = Vec::new();
+            for (id, c) in clients.iter_mut() {
+                let silent = now.saturating_duration_since(c.last_seen);
+                if silent <= ttl {
+                    continue;
+                }
+                // A store's cache is worth a grace period: a store starved or
+                // paused for a while comes back with nothing lost.
+                if lenders.contains(id) && silent <= ttl + grace {
+                    if !c.suspect {
+                        c.suspect = true;
+                        self.suspect_count.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(client = %id, hostname = %c.hostname, silent_ms = ms(silent), grace_ms = ms(grace),
+                            "store missed its heartbeats: suspect; its segments take no new objects, its objects stay readable");
+                    }
+                    continue;
+                }
+                dead.push(*id);
+            }
             for id in &dead {
                 if let Some(c) = clients.remove(id) {
+                    if c.suspect {
+                        self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+                    }
                     tracing::warn!(client = %id, hostname = %c.hostname, "client expired");
                 }
             }
@@ -1365,16 +1472,27 @@ impl MasterState {
 
     /// The cluster as seen now.
     pub fn status(&self) -> ClusterStatus {
+        let suspects = self.suspects();
         let segments: Vec<SegmentStatus> = {
             let segs = self.segments.read();
             let mut v: Vec<SegmentStatus> = segs
                 .values()
                 .map(|s| {
                     let a = s.alloc.lock();
+                    let state = if s.recovering.is_some() {
+                        "recovering"
+                    } else if suspects.contains(&s.owner) {
+                        "suspect"
+                    } else if s.draining {
+                        "draining"
+                    } else {
+                        "live"
+                    };
                     SegmentStatus {
                         info: s.info.clone(),
                         used: a.used(),
                         regions: a.live_regions() as u64,
+                        state: state.into(),
                     }
                 })
                 .collect();

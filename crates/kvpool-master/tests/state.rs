@@ -41,8 +41,8 @@ const BASE: u64 = 4096;
 /// Region size used where the size does not matter.
 const OBJ: u64 = 64 * KIB;
 
-/// A 1 s read lease, eviction of one object at a time, and clients and puts
-/// that never expire; tests override what they are about.
+/// A 1 s read lease, eviction of one object at a time, clients and puts
+/// that never expire, and stores dropped at the TTL (no grace); tests override what they are about.
 fn config() -> StateConfig {
     StateConfig {
         lease_ttl: Duration::from_secs(1),
@@ -50,6 +50,7 @@ fn config() -> StateConfig {
         high_watermark: 0.95,
         eviction_ratio: 0.01,
         client_ttl: Duration::from_secs(3600),
+        store_grace: Duration::ZERO,
         pending_ttl: Duration::from_secs(3600),
     }
 }
@@ -1053,6 +1054,7 @@ impl Sim {
             high_watermark: 0.9,
             eviction_ratio: RATIO,
             client_ttl: Duration::from_secs(24 * 3600),
+            store_grace: Duration::ZERO,
             pending_ttl: PENDING_TTL,
         });
         let now = Instant::now();
@@ -1411,6 +1413,164 @@ fn inventory(key: &str, generation: u64, replica: &Replica) -> InventoryItem {
         offset: replica.offset,
         region_len: replica.len,
     }
+}
+
+/// The state of each mounted segment, by name.
+fn segment_states(p: &Pool) -> Vec<(String, String)> {
+    p.st.status()
+        .segments
+        .into_iter()
+        .map(|s| (s.info.name, s.state))
+        .collect()
+}
+
+/// A store silent past the TTL is suspect, not forgotten: its objects stay
+/// readable (its replicas offered last), it gets no new objects, and a
+/// heartbeat within the grace period makes it live with nothing lost. Only
+/// silence past TTL + grace drops its segment.
+#[test]
+fn suspect_store_keeps_its_objects_through_the_grace_period() {
+    let p = Pool::new(StateConfig {
+        client_ttl: Duration::from_secs(10),
+        store_grace: Duration::from_secs(30),
+        ..config()
+    });
+    let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
+    p.mount(s1, 1, "a", MIB);
+    p.mount(s2, 2, "b", MIB);
+    let now = p.at(0);
+    p.commit_with(w, "solo", OBJ, &preferring(&["a"], 1), now);
+    p.commit_with(w, "both", OBJ, &preferring(&["a", "b"], 2), now);
+    let alive = |at: u64| assert!(p.st.heartbeat(s2, p.at(at)) && p.st.heartbeat(w, p.at(at)));
+
+    alive(9 * SEC);
+    assert!(
+        p.st.sweep(p.at(12 * SEC)).is_empty(),
+        "a store is not dropped at the TTL"
+    );
+    assert_eq!(
+        segment_states(&p),
+        [("a".into(), "suspect".into()), ("b".into(), "live".into())]
+    );
+    let now = p.at(12 * SEC);
+    assert_eq!(segment_ids(&p.get("solo", now).unwrap().replicas), vec![1]);
+    assert_eq!(
+        segment_ids(&p.get("both", now).unwrap().replicas),
+        vec![2, 1],
+        "the live replica first"
+    );
+    let g = p.put_with(w, "new", OBJ, &preferring(&["a"], 1), false, now);
+    let Ok(PutGrant::Write { replicas, .. }) = g else {
+        panic!("{g:?}");
+    };
+    assert_eq!(
+        segment_ids(&replicas),
+        vec![2],
+        "no new object on a suspect store"
+    );
+
+    // Back within the grace period: live again, nothing re-mounted.
+    assert!(p.st.heartbeat(s1, p.at(30 * SEC)));
+    assert_eq!(
+        segment_states(&p),
+        [("a".into(), "live".into()), ("b".into(), "live".into())]
+    );
+    alive(30 * SEC);
+    assert!(p.st.sweep(p.at(31 * SEC)).is_empty());
+    assert_eq!(p.st.status().keys, 2);
+
+    // Silent again, now past TTL + grace: dropped with its objects.
+    alive(39 * SEC);
+    alive(48 * SEC);
+    alive(57 * SEC);
+    alive(66 * SEC);
+    assert!(p.st.sweep(p.at(69 * SEC)).is_empty());
+    assert_eq!(segment_states(&p)[0].1, "suspect");
+    assert_eq!(p.st.sweep(p.at(71 * SEC)), vec![s1]);
+    let now = p.at(71 * SEC);
+    assert_eq!(segment_states(&p), [("b".into(), "live".into())]);
+    assert_eq!(code(p.get("solo", now)), OBJECT_NOT_FOUND);
+    assert_eq!(segment_ids(&p.get("both", now).unwrap().replicas), vec![2]);
+    assert!(!p.st.heartbeat(s1, now), "it must register and mount again");
+}
+
+/// Time the master itself did not run is not the clients' silence.
+#[test]
+fn a_master_stall_is_not_counted_against_clients() {
+    let p = Pool::new(StateConfig {
+        client_ttl: Duration::from_secs(10),
+        ..config()
+    });
+    let (s1, c) = (p.client(1), p.client(2));
+    p.mount(s1, 1, "a", MIB);
+    p.st.forgive_stall(Duration::from_secs(8), p.at(15 * SEC));
+    assert!(p.st.sweep(p.at(15 * SEC)).is_empty());
+    assert_eq!(p.st.status().segments.len(), 1);
+    assert_eq!(
+        p.st.sweep(p.at(19 * SEC)).len(),
+        2,
+        "{c} and {s1} expire later"
+    );
+}
+
+/// A part of an inventory sent twice (its answer was lost, the store sent it
+/// again) counts once.
+#[test]
+fn inventory_parts_sent_twice_count_once() {
+    let p = Pool::new(config());
+    let s1 = p.client(1);
+    let now = p.at(0);
+    let at = |offset: u64| Replica {
+        segment: SegmentId(1),
+        endpoint: String::new(),
+        offset,
+        len: OBJ,
+    };
+    p.st.mount(s1, segment(1, "a", MIB), 2).unwrap();
+    for _ in 0..2 {
+        let v = p.st.report_objects(
+            s1,
+            SegmentId(1),
+            vec![inventory("x", 5, &at(BASE))],
+            false,
+            now,
+        );
+        assert_eq!(v.unwrap().accepted, 0);
+    }
+    let v = p.st.report_objects(
+        s1,
+        SegmentId(1),
+        vec![inventory("y", 6, &at(BASE + OBJ))],
+        true,
+        now,
+    );
+    assert_eq!(v.unwrap().accepted, 2);
+    assert_eq!((p.st.status().keys, p.used()), (2, 2 * OBJ));
+}
+
+/// An inventory that does not fit its segment is refused and the segment
+/// unmounted: opened empty, new objects would overwrite the ones it holds.
+#[test]
+fn a_refused_inventory_never_opens_the_segment_empty() {
+    let p = Pool::new(config());
+    let s1 = p.client(1);
+    let now = p.at(0);
+    let at = |offset: u64, len: u64| Replica {
+        segment: SegmentId(1),
+        endpoint: String::new(),
+        offset,
+        len,
+    };
+    p.st.mount(s1, segment(1, "a", MIB), 2).unwrap();
+    let overlapping = vec![
+        inventory("x", 5, &at(BASE, 2 * OBJ)),
+        inventory("y", 6, &at(BASE + OBJ, OBJ)),
+    ];
+    let r =
+        p.st.report_objects(s1, SegmentId(1), overlapping, true, now);
+    assert_eq!(code(r), INVALID_PARAMS);
+    assert!(p.st.status().segments.is_empty());
+    assert_eq!(code(p.put(s1, "z", 128, now)), NO_AVAILABLE_HANDLE);
 }
 
 /// A store restarted within the TTL remounts its segment under a new client:

@@ -547,6 +547,10 @@ pub struct SegmentStatus {
     pub used: u64,
     /// Regions in use.
     pub regions: u64,
+    /// `live`, `suspect` (its store missed heartbeats: no new objects, its
+    /// objects stay readable until the grace period ends), `draining`, or
+    /// `recovering` (its inventory is being reported).
+    pub state: String,
 }
 
 /// The cluster as the master sees it.

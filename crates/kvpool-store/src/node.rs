@@ -8,7 +8,7 @@ use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
     InventoryItem, MountSegment, ReportObjects, SegmentId, SegmentInfo, UnmountSegment,
 };
-use kvpool_proto::{Code, KvResult};
+use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::{serve_data, SegmentTable};
 use kvpool_transfer::master::RemountHook;
 use kvpool_transfer::{MappedRegion, MasterLink};
@@ -99,7 +99,7 @@ impl DataNode {
     pub async fn mount_all(&self, link: &MasterLink) -> KvResult<()> {
         let segments = self.segments.lock().clone();
         for (info, region) in segments {
-            mount_one(link, info, &region).await?;
+            mount_one(link, info, region).await?;
         }
         Ok(())
     }
@@ -139,8 +139,12 @@ impl DataNode {
             let node = node.clone();
             let link = link.clone();
             Box::pin(async move {
-                if let Err(e) = node.mount_all(&link).await {
-                    tracing::warn!(error = %e, "re-mount failed");
+                match node.mount_all(&link).await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "re-mount failed; trying again on the next heartbeat");
+                        false
+                    }
                 }
             })
         })
@@ -155,9 +159,19 @@ impl DataNode {
 
 /// Scans one segment, mounts it with its inventory, and invalidates what the
 /// master rejects (removed, superseded or never committed objects).
-async fn mount_one(link: &MasterLink, info: SegmentInfo, region: &MappedRegion) -> KvResult<()> {
+async fn mount_one(
+    link: &MasterLink,
+    info: SegmentInfo,
+    region: Arc<MappedRegion>,
+) -> KvResult<()> {
     let t0 = std::time::Instant::now();
-    let (found, stats) = recovery::scan(region, info.base);
+    // A scan of a big segment takes seconds: off the runtime's workers.
+    let (found, stats) = {
+        let (region, base) = (region.clone(), info.base);
+        tokio::task::spawn_blocking(move || recovery::scan(&region, base))
+            .await
+            .map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))?
+    };
     let scanned = t0.elapsed();
     let id = info.id;
     let r = link
@@ -201,7 +215,7 @@ async fn mount_one(link: &MasterLink, info: SegmentInfo, region: &MappedRegion) 
     let kvpool_proto::msg::InventoryVerdict { accepted, rejected } = verdict;
     let invalidated = rejected
         .iter()
-        .filter(|(off, gen)| recovery::invalidate(region, *off, *gen))
+        .filter(|(off, gen)| recovery::invalidate(&region, *off, *gen))
         .count();
     tracing::info!(
         segment = %id,

@@ -78,8 +78,9 @@ where
     }
 }
 
-/// Called after re-registering, to mount the caller's segments again.
-pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+/// Called after re-registering, to mount the caller's segments again;
+/// resolves to whether every segment was mounted.
+pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
 /// A registered client's connection to the master, following the leader
 /// when the address is `etcd://...`.
@@ -253,7 +254,9 @@ impl MasterLink {
     }
 
     /// Heartbeats every `interval` until `shutdown`; when the master no longer
-    /// knows this client, registers again and runs `remount`.
+    /// knows this client, registers again and runs `remount`. The remount
+    /// runs beside the heartbeats (a big inventory can outlast the TTL) and
+    /// is started again on a later beat until one completes.
     pub fn spawn_heartbeat(
         self: &Arc<Self>,
         interval: Duration,
@@ -264,15 +267,30 @@ impl MasterLink {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut remounting: Option<tokio::task::JoinHandle<bool>> = None;
+            let mut must_mount = false;
             loop {
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => {
+                        if let Some(t) = remounting { t.abort(); }
+                        return;
+                    }
                     _ = tick.tick() => {}
+                }
+                if remounting.as_ref().is_some_and(|t| t.is_finished()) {
+                    if let Some(t) = remounting.take() {
+                        must_mount = !t.await.unwrap_or(false);
+                    }
                 }
                 let hb = Heartbeat {
                     client_id: link.client_id,
                 };
-                let r = tokio::time::timeout(link.policy.timeout, link.attempt(&hb, true)).await;
+                // A beat waits at most one interval: the next one is due then.
+                let r = tokio::time::timeout(
+                    interval.max(Duration::from_secs(1)),
+                    link.attempt(&hb, true),
+                )
+                .await;
                 match r {
                     Ok(Ok(reply)) if reply.known => {}
                     Ok(Ok(_))
@@ -281,12 +299,17 @@ impl MasterLink {
                         ..
                     })) => {
                         info!(client = %link.client_id, "master forgot this client; registering again");
-                        if link.register().await.is_ok() {
-                            remount().await;
+                        if let Some(t) = remounting.take() {
+                            t.abort();
                         }
+                        must_mount = link.register().await.is_ok();
                     }
                     Ok(Err(e)) => warn!(error = %e, "heartbeat failed"),
                     Err(_) => warn!("heartbeat timed out"),
+                }
+                if must_mount && remounting.is_none() {
+                    must_mount = false;
+                    remounting = Some(tokio::spawn(remount()));
                 }
             }
         });

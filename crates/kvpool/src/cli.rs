@@ -105,9 +105,14 @@ pub struct MasterArgs {
         default_value_t = 0.05
     )]
     pub eviction_ratio: f64,
-    /// Silence after which a client or store is dropped (bare number: seconds).
+    /// Silence after which a client is dropped and a store becomes suspect
+    /// (bare number: seconds).
     #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = parse_duration)]
     pub client_ttl: Duration,
+    /// How long a suspect store's objects stay indexed and readable before
+    /// its segments are dropped (0 = drop at the client TTL).
+    #[arg(long, env = "KVPOOL_STORE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub store_grace: Duration,
     /// A put not committed within this long is revoked.
     #[arg(long, env = "KVPOOL_PUT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub put_timeout: Duration,
@@ -162,6 +167,7 @@ impl MasterArgs {
                 high_watermark: self.eviction_high_watermark_ratio,
                 eviction_ratio: self.eviction_ratio,
                 client_ttl: self.client_ttl,
+                store_grace: self.store_grace,
                 pending_ttl: self.put_timeout,
             },
         })
@@ -297,17 +303,18 @@ pub fn format_status(master: &str, s: &ClusterStatus) -> String {
     );
     if !s.segments.is_empty() {
         out.push_str(&format!(
-            "\n{:<24} {:<22} {:>10} {:>10} {:>8}\n",
-            "SEGMENT", "ENDPOINT", "SIZE", "USED", "REGIONS"
+            "\n{:<24} {:<22} {:>10} {:>10} {:>8} {:<10}\n",
+            "SEGMENT", "ENDPOINT", "SIZE", "USED", "REGIONS", "STATE"
         ));
         for seg in &s.segments {
             out.push_str(&format!(
-                "{:<24} {:<22} {:>10} {:>10} {:>8}\n",
+                "{:<24} {:<22} {:>10} {:>10} {:>8} {:<10}\n",
                 seg.info.name,
                 seg.info.endpoint,
                 human(seg.info.size),
                 human(seg.used),
-                seg.regions
+                seg.regions,
+                seg.state
             ));
         }
     }

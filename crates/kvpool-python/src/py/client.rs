@@ -746,6 +746,7 @@ impl Client {
             sd.set_item("size", seg.info.size)?;
             sd.set_item("used", seg.used)?;
             sd.set_item("regions", seg.regions)?;
+            sd.set_item("state", &seg.state)?;
             segs.append(sd)?;
         }
         d.set_item("segments", segs)?;

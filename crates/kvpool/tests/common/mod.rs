@@ -573,12 +573,17 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A builder with defaults: 1 store of 64MiB, master `--client-ttl 2s`.
+    /// A builder with defaults: 1 store of 64MiB, master `--client-ttl 2s
+    /// --store-grace 0s` (a silent store is dropped at the TTL; the liveness
+    /// tests set a grace period of their own).
     pub fn builder() -> ClusterBuilder {
         ClusterBuilder {
             stores: 1,
             segment_size: "64MiB".into(),
-            master_flags: vec![("--client-ttl".into(), format!("{}s", CLIENT_TTL.as_secs()))],
+            master_flags: vec![
+                ("--client-ttl".into(), format!("{}s", CLIENT_TTL.as_secs())),
+                ("--store-grace".into(), "0s".into()),
+            ],
         }
     }
 
@@ -626,6 +631,11 @@ impl Cluster {
     /// The store process `i`, e.g. to signal it.
     pub fn store(&mut self, i: usize) -> &mut Process {
         &mut self.stores[i]
+    }
+
+    /// The master process, e.g. to signal it or read its log.
+    pub fn master_process(&mut self) -> &mut Process {
+        &mut self.master
     }
 
     /// SIGKILLs the master.
