@@ -1,0 +1,215 @@
+//! Registered clients and their liveness: heartbeats, the suspect state of
+//! a silent store (kept through the grace period), and the sweep that
+//! expires clients, their puts in flight and, after the grace, the
+//! segments of dead stores.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kvpool_proto::msg::{ClientId, RegisterReply, SegmentId};
+use kvpool_proto::{Code, KvError, KvResult};
+use tokio::time::Instant;
+
+use super::*;
+
+/// A registered client (or store) and when it was last heard from.
+pub(super) struct ClientEntry {
+    pub(super) last_seen: Instant,
+    pub(super) hostname: String,
+    /// Silent past the TTL while lending segments: kept for the grace period.
+    pub(super) suspect: bool,
+}
+
+impl ClientEntry {
+    /// Records a sign of life; true when a suspect store is live again.
+    pub(super) fn seen(&mut self, id: ClientId, now: Instant) -> bool {
+        self.last_seen = self.last_seen.max(now);
+        let back = std::mem::take(&mut self.suspect);
+        if back {
+            tracing::info!(client = %id, hostname = %self.hostname, "suspect store heartbeats again; its segments are live");
+        }
+        back
+    }
+}
+
+impl MasterState {
+    /// Registers (or refreshes) a client.
+    pub fn register_client(&self, id: ClientId, hostname: &str, now: Instant) -> RegisterReply {
+        let old = self.clients.lock().insert(
+            id,
+            ClientEntry {
+                last_seen: now,
+                hostname: hostname.to_string(),
+                suspect: false,
+            },
+        );
+        if old.is_some_and(|c| c.suspect) {
+            self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        RegisterReply {
+            heartbeat_interval_ms: ms(self.cfg.client_ttl / 4).max(1),
+            client_ttl_ms: ms(self.cfg.client_ttl),
+        }
+    }
+
+    /// Records a heartbeat; false when the client is unknown (it must register).
+    pub fn heartbeat(&self, id: ClientId, now: Instant) -> bool {
+        match self.clients.lock().get_mut(&id) {
+            Some(c) => {
+                if c.seen(id, now) {
+                    self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds `stall` to every client's silence allowance: the master itself did
+    /// not run (paused, or starved of CPU) for that long, so heartbeats sent
+    /// meanwhile could not be counted.
+    pub fn forgive_stall(&self, stall: Duration, now: Instant) {
+        for c in self.clients.lock().values_mut() {
+            c.last_seen = (c.last_seen + stall).min(now);
+        }
+    }
+
+    /// Client ids that are suspect stores now.
+    pub(super) fn suspects(&self) -> HashSet<ClientId> {
+        if self.suspect_count.load(Ordering::Relaxed) == 0 {
+            return HashSet::new();
+        }
+        self.clients
+            .lock()
+            .iter()
+            .filter(|(_, c)| c.suspect)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Segments whose store is suspect now.
+    pub(super) fn suspect_segments(&self) -> HashSet<SegmentId> {
+        let suspects = self.suspects();
+        if suspects.is_empty() {
+            return HashSet::new();
+        }
+        self.segments
+            .read()
+            .values()
+            .filter(|s| suspects.contains(&s.owner))
+            .map(|s| s.info.id)
+            .collect()
+    }
+
+    /// Checks that `id` is registered; its call counts as a sign of life.
+    pub(super) fn require_client(&self, id: ClientId, now: Instant) -> KvResult<()> {
+        if let Some(c) = self.clients.lock().get_mut(&id) {
+            if c.seen(id, now) {
+                self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+            }
+            Ok(())
+        } else {
+            Err(KvError::new(
+                Code::ClientNotFound,
+                format!("client {id} is not registered"),
+            ))
+        }
+    }
+
+    /// Owners silent for half the client TTL: probably dead, so their
+    /// segments get no new objects while the TTL runs out.
+    pub(super) fn late_owners(&self, now: Instant) -> HashSet<ClientId> {
+        let grace = self.cfg.client_ttl / 2;
+        self.clients
+            .lock()
+            .iter()
+            .filter(|(_, c)| now.saturating_duration_since(c.last_seen) > grace)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Periodic upkeep: drops clients silent for `client_ttl` (their segments
+    /// and puts in flight with them), revokes puts older than `pending_ttl`,
+    /// and frees regions whose lease ended. Returns the clients dropped.
+    pub fn sweep(&self, now: Instant) -> Vec<ClientId> {
+        let lenders: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
+        let (ttl, grace) = (self.cfg.client_ttl, self.cfg.store_grace);
+        let dead: Vec<ClientId> = {
+            let mut clients = self.clients.lock();
+            let mut dead = Vec::new();
+            for (id, c) in clients.iter_mut() {
+                let silent = now.saturating_duration_since(c.last_seen);
+                if silent <= ttl {
+                    continue;
+                }
+                // A store's cache is worth a grace period: a store starved or
+                // paused for a while comes back with nothing lost.
+                if lenders.contains(id) && silent <= ttl + grace {
+                    if !c.suspect {
+                        c.suspect = true;
+                        self.suspect_count.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(client = %id, hostname = %c.hostname, silent_ms = ms(silent), grace_ms = ms(grace),
+                            "store missed its heartbeats: suspect; its segments take no new objects, its objects stay readable");
+                    }
+                    continue;
+                }
+                dead.push(*id);
+            }
+            for id in &dead {
+                if let Some(c) = clients.remove(id) {
+                    if c.suspect {
+                        self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    tracing::warn!(client = %id, hostname = %c.hostname, "client expired");
+                }
+            }
+            dead
+        };
+        if !dead.is_empty() {
+            let owned: Vec<SegmentId> = self
+                .segments
+                .read()
+                .values()
+                .filter(|s| dead.contains(&s.owner))
+                .map(|s| s.info.id)
+                .collect();
+            for id in owned {
+                self.drop_segment(id);
+            }
+        }
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let stale: Vec<(String, ClientId)> = sh
+                .pending
+                .iter()
+                .filter(|(k, owner)| {
+                    dead.contains(owner)
+                        || sh
+                            .objects
+                            .get(k.as_str())
+                            .and_then(|e| e.pending.as_ref())
+                            .is_some_and(|p| {
+                                now.saturating_duration_since(p.started) > self.cfg.pending_ttl
+                            })
+                })
+                .map(|(k, c)| (k.clone(), *c))
+                .collect();
+            let mut freed = Vec::new();
+            for (k, owner) in stale {
+                if let Ok(p) = self.take_pending(&mut sh, owner, &k) {
+                    if sh.objects.get(&k).is_some_and(|e| e.current.is_none()) {
+                        sh.objects.remove(&k);
+                    }
+                    freed.push(p);
+                }
+            }
+            drop(sh);
+            for p in freed {
+                self.free_now(&p.version.replicas, Some(p.version.generation));
+            }
+        }
+        self.free_expired_deferred(now);
+        dead
+    }
+}

@@ -1,0 +1,227 @@
+//! The master's metadata: objects (sharded by key hash, one lock per shard),
+//! mounted segments with one offset allocator each, registered clients, and
+//! regions waiting for a read lease to end before they can be reused.
+//!
+//! Every operation takes `now` from the caller, so leases, pins and client
+//! expiry are tested with synthetic or paused time. Lock order, everywhere:
+//! shard, then the segment map, then one segment's allocator; the client map
+//! and the deferred-free list are only ever taken alone.
+//!
+//! One file per concern: `clients` (liveness, the suspect state, expiry),
+//! `segments` (mounts, inventories, placement), `objects` (puts, reads,
+//! removals), `evict` (LRU eviction) and `invalidation` (freed regions
+//! and the destruction of their headers on the stores).
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use kvpool_proto::msg::{ClientId, ClusterStatus, Replica, SegmentId, SegmentStatus};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::alloc::Region;
+
+mod clients;
+mod evict;
+mod invalidation;
+mod objects;
+mod segments;
+
+use clients::ClientEntry;
+pub use evict::Evicted;
+use invalidation::InvalidationQueue;
+pub use invalidation::Invalidations;
+use objects::{Shard, Version};
+use segments::SegmentSlot;
+
+const SHARDS: usize = 64;
+
+/// Timing and eviction settings of the metadata state.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// Read lease granted by each `GetReplicaList`.
+    pub lease_ttl: Duration,
+    /// Soft pin duration when a put asks for one without a TTL.
+    pub soft_pin_ttl: Duration,
+    /// Start evicting when used/capacity reaches this.
+    pub high_watermark: f64,
+    /// Fraction of capacity freed per eviction pass.
+    pub eviction_ratio: f64,
+    /// Silence after which a client is dropped, and a store (a client that
+    /// lends segments) becomes suspect: its segments take no new objects,
+    /// but its objects stay indexed and readable.
+    pub client_ttl: Duration,
+    /// How long a suspect store keeps its objects indexed before its
+    /// segments are dropped; a heartbeat within it makes it live again with
+    /// nothing lost or re-mounted.
+    pub store_grace: Duration,
+    /// A put not ended within this long is revoked.
+    pub pending_ttl: Duration,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            lease_ttl: Duration::from_secs(10),
+            soft_pin_ttl: Duration::from_secs(30 * 60),
+            high_watermark: 0.95,
+            eviction_ratio: 0.05,
+            client_ttl: Duration::from_secs(10),
+            store_grace: Duration::from_secs(30),
+            pending_ttl: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What `/api/keys/{key}` shows about one object.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyInfo {
+    /// The key.
+    pub key: String,
+    /// Value bytes.
+    pub value_len: u64,
+    /// Put generation.
+    pub generation: u64,
+    /// Where it lives.
+    pub replicas: Vec<Replica>,
+    /// Milliseconds left on the read lease (0 = none).
+    pub lease_remaining_ms: u64,
+    /// Milliseconds left on a soft pin, if any.
+    pub soft_pin_remaining_ms: Option<u64>,
+    /// Never evicted.
+    pub hard_pin: bool,
+    /// Milliseconds since written or last read.
+    pub idle_ms: u64,
+    /// A newer version is being written.
+    pub put_in_flight: bool,
+}
+
+/// The master's metadata state. All methods are short critical sections.
+pub struct MasterState {
+    cfg: StateConfig,
+    shards: Box<[Mutex<Shard>]>,
+    segments: RwLock<HashMap<SegmentId, SegmentSlot>>,
+    clients: Mutex<HashMap<ClientId, ClientEntry>>,
+    deferred: Mutex<Vec<(Instant, SegmentId, Region)>>,
+    /// Object headers to destroy on their stores, and the keys waiting for it.
+    invalidations: Mutex<InvalidationQueue>,
+    /// Invalidations up to this sequence number have been sent to stores.
+    invalidated_through: AtomicU64,
+    /// Serializes eviction passes so concurrent puts do not evict twice.
+    evicting: Mutex<()>,
+    next_generation: AtomicU64,
+    evictions: AtomicU64,
+    /// Clients marked suspect, so reads skip the suspect check when none is.
+    suspect_count: std::sync::atomic::AtomicUsize,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+impl MasterState {
+    /// Empty state with `cfg`.
+    pub fn new(cfg: StateConfig) -> Self {
+        // Generations only need to differ between versions of one key; starting
+        // from the wall clock keeps them increasing across master restarts.
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        MasterState {
+            cfg,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            segments: RwLock::new(HashMap::new()),
+            clients: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(Vec::new()),
+            invalidations: Mutex::new(InvalidationQueue::default()),
+            invalidated_through: AtomicU64::new(0),
+            evicting: Mutex::new(()),
+            next_generation: AtomicU64::new(start),
+            evictions: AtomicU64::new(0),
+            suspect_count: Default::default(),
+        }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &StateConfig {
+        &self.cfg
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        let mut h = DefaultHasher::new();
+        key.hash(&mut h);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+
+    /// The cluster as seen now.
+    pub fn status(&self) -> ClusterStatus {
+        let suspects = self.suspects();
+        let segments: Vec<SegmentStatus> = {
+            let segs = self.segments.read();
+            let mut v: Vec<SegmentStatus> = segs
+                .values()
+                .map(|s| {
+                    let a = s.alloc.lock();
+                    let state = if s.recovering.is_some() {
+                        "recovering"
+                    } else if suspects.contains(&s.owner) {
+                        "suspect"
+                    } else if s.draining {
+                        "draining"
+                    } else {
+                        "live"
+                    };
+                    SegmentStatus {
+                        info: s.info.clone(),
+                        used: a.used(),
+                        regions: a.live_regions() as u64,
+                        state: state.into(),
+                    }
+                })
+                .collect();
+            v.sort_by(|a, b| a.info.name.cmp(&b.info.name));
+            v
+        };
+        let (mut keys, mut pending) = (0, 0);
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            keys += sh.objects.values().filter(|e| e.current.is_some()).count() as u64;
+            pending += sh.pending.len() as u64;
+        }
+        ClusterStatus {
+            role: "leader".into(),
+            capacity: segments.iter().map(|s| s.info.size).sum(),
+            used: segments.iter().map(|s| s.used).sum(),
+            segments,
+            keys,
+            pending,
+            clients: self.clients.lock().len() as u64,
+            evictions: self.evictions(),
+        }
+    }
+
+    /// Everything known about one key, for the admin API.
+    pub fn key_info(&self, key: &str, now: Instant) -> Option<KeyInfo> {
+        let shard = self.shard(key).lock();
+        let e = shard.objects.get(key)?;
+        let v = e.current.as_ref()?;
+        Some(KeyInfo {
+            key: key.to_string(),
+            value_len: v.value_len,
+            generation: v.generation,
+            replicas: self.describe(&v.replicas),
+            lease_remaining_ms: ms(v.lease_until.saturating_duration_since(now)),
+            soft_pin_remaining_ms: v
+                .soft_pin_until
+                .map(|t| ms(t.saturating_duration_since(now))),
+            hard_pin: v.hard_pin,
+            idle_ms: ms(now.saturating_duration_since(v.last_access)),
+            put_in_flight: e.pending.is_some(),
+        })
+    }
+}

@@ -1,0 +1,466 @@
+//! The object map's operations: puts (start, end, revoke), reads (replica
+//! lists with read leases, touches, existence) and removals.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kvpool_proto::msg::{
+    ClientId, ObjectLocation, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, TouchItem,
+};
+use kvpool_proto::{validate_key, Code, KvError, KvResult};
+use tokio::time::Instant;
+
+use crate::alloc::Region;
+
+use super::*;
+
+/// Eviction passes one allocation may trigger before it gives up (each frees
+/// `eviction_ratio` of capacity).
+const MAX_EVICTION_ROUNDS: usize = 16;
+
+/// One written (or being written) copy set of an object.
+pub(super) struct Version {
+    pub(super) value_len: u64,
+    pub(super) generation: u64,
+    pub(super) replicas: Vec<(SegmentId, Region)>,
+    pub(super) lease_until: Instant,
+    pub(super) soft_pin_until: Option<Instant>,
+    pub(super) hard_pin: bool,
+    pub(super) last_access: Instant,
+    /// When it was committed (or recovered).
+    pub(super) committed_at: Instant,
+}
+
+impl Version {
+    pub(super) fn bytes(&self) -> u64 {
+        self.replicas.iter().map(|(_, r)| r.len).sum()
+    }
+}
+
+/// A put in flight: who writes it, since when, and the version it will commit.
+pub(super) struct Pending {
+    pub(super) owner: ClientId,
+    pub(super) started: Instant,
+    pub(super) version: Version,
+}
+
+/// A key's committed version, and a put of a new one in flight (at most one).
+#[derive(Default)]
+pub(super) struct Entry {
+    pub(super) current: Option<Version>,
+    pub(super) pending: Option<Pending>,
+}
+
+/// One lock's worth of the object map.
+#[derive(Default)]
+pub(super) struct Shard {
+    pub(super) objects: HashMap<String, Entry>,
+    /// Keys with a put in flight; kept apart so sweeps need not scan all objects.
+    pub(super) pending: HashMap<String, ClientId>,
+}
+
+impl MasterState {
+    /// Reserves regions for each item; one result per item.
+    pub fn put_start(
+        &self,
+        client: ClientId,
+        items: &[PutItem],
+        config: &ReplicateConfig,
+        upsert: bool,
+        now: Instant,
+    ) -> Vec<KvResult<PutGrant>> {
+        if let Err(e) = self.require_client(client, now) {
+            return items.iter().map(|_| Err(e.clone())).collect();
+        }
+        let placeable = self.placeable(now);
+        items
+            .iter()
+            .map(|item| self.put_start_one(client, item, config, upsert, &placeable, now))
+            .collect()
+    }
+
+    /// What an existing entry means for a new put, if it decides the answer.
+    pub(super) fn existing_answer(
+        &self,
+        e: &Entry,
+        client: ClientId,
+        item: &PutItem,
+        upsert: bool,
+    ) -> Option<KvResult<PutGrant>> {
+        if let Some(p) = &e.pending {
+            // The same writer retrying (its answer was lost): hand back the same regions.
+            if p.owner == client && p.version.value_len == item.value_len {
+                return Some(Ok(PutGrant::Write {
+                    generation: p.version.generation,
+                    replicas: self.describe(&p.version.replicas),
+                }));
+            }
+            return Some(Err(KvError::new(
+                Code::ReplicaIsNotReady,
+                format!("{:?} is being written by another client", item.key),
+            )));
+        }
+        if e.current.is_some() && !upsert {
+            return Some(Ok(PutGrant::Exists));
+        }
+        None
+    }
+
+    pub(super) fn put_start_one(
+        &self,
+        client: ClientId,
+        item: &PutItem,
+        config: &ReplicateConfig,
+        upsert: bool,
+        placeable: &HashSet<SegmentId>,
+        now: Instant,
+    ) -> KvResult<PutGrant> {
+        validate_key(&item.key)?;
+        if item.region_len < item.value_len || item.region_len == 0 {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                "region length smaller than the value",
+            ));
+        }
+        if config.replica_num == 0 {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                "replica_num must be at least 1",
+            ));
+        }
+        if let Some(e) = self.shard(&item.key).lock().objects.get(&item.key) {
+            if let Some(answer) = self.existing_answer(e, client, item, upsert) {
+                return answer;
+            }
+        }
+        // Allocate without holding the shard: eviction may need every shard.
+        let want = config.replica_num as usize;
+        let fit = self.fitting(item.region_len, Some(placeable));
+        if fit == 0 && self.fitting(item.region_len, None) > 0 {
+            // Room exists but not now: never evict for segments that cannot take
+            // the object anyway; the caller retries.
+            return Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                "no segment takes new objects right now (recovering, draining or not heartbeating)",
+            ));
+        }
+        let mut replicas =
+            self.allocate(item.region_len, want, &config.preferred_segments, placeable);
+        // Evict only for replicas that room could give: with fewer segments big
+        // enough than `replica_num`, the put is best effort, not a reason to evict.
+        let reachable = want.min(fit);
+        // Freed bytes are not always a hole big enough (values of mixed sizes
+        // fragment the segment), so evict more rounds until the region fits or
+        // nothing evictable is left.
+        let mut rounds = 0;
+        while replicas.len() < reachable && rounds < MAX_EVICTION_ROUNDS {
+            rounds += 1;
+            self.free_now(&replicas, None);
+            let need = item.region_len.saturating_mul(reachable as u64);
+            let freed = self.evict_on(now, need, Some(placeable));
+            replicas = self.allocate(item.region_len, want, &config.preferred_segments, placeable);
+            if freed.objects == 0 {
+                break;
+            }
+        }
+        if replicas.is_empty() {
+            let (cap, used) = self.usage();
+            return Err(KvError::new(
+                Code::NoAvailableHandle,
+                format!(
+                    "no segment has {} free bytes after eviction ({used} of {cap} bytes in use)",
+                    item.region_len
+                ),
+            ));
+        }
+        let mut shard = self.shard(&item.key).lock();
+        let e = shard.objects.entry(item.key.clone()).or_default();
+        if let Some(answer) = self.existing_answer(e, client, item, upsert) {
+            // Lost a race with another writer of the same key.
+            self.free_now(&replicas, None);
+            return answer;
+        }
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let soft_pin_until = config.with_soft_pin.then(|| {
+            now + config
+                .soft_pin_ttl_ms
+                .map(Duration::from_millis)
+                .unwrap_or(self.cfg.soft_pin_ttl)
+        });
+        let described = self.describe(&replicas);
+        e.pending = Some(Pending {
+            owner: client,
+            started: now,
+            version: Version {
+                value_len: item.value_len,
+                generation,
+                replicas,
+                lease_until: now,
+                soft_pin_until,
+                hard_pin: config.with_hard_pin,
+                last_access: now,
+                committed_at: now,
+            },
+        });
+        shard.pending.insert(item.key.clone(), client);
+        Ok(PutGrant::Write {
+            generation,
+            replicas: described,
+        })
+    }
+
+    /// Commits written objects; one result per key.
+    pub fn put_end(
+        &self,
+        client: ClientId,
+        items: &[PutEndItem],
+        now: Instant,
+    ) -> Vec<KvResult<()>> {
+        items
+            .iter()
+            .map(|i| self.put_end_one(client, &i.key, i.generation, now))
+            .collect()
+    }
+
+    pub(super) fn take_pending(
+        &self,
+        shard: &mut Shard,
+        client: ClientId,
+        key: &str,
+    ) -> KvResult<Pending> {
+        let e = shard.objects.get_mut(key).ok_or_else(|| {
+            KvError::new(Code::ObjectNotFound, format!("no put of {key:?} in flight"))
+        })?;
+        match &e.pending {
+            None => {
+                return Err(KvError::new(
+                    Code::ObjectNotFound,
+                    format!("no put of {key:?} in flight"),
+                ))
+            }
+            Some(p) if p.owner != client => {
+                return Err(KvError::new(
+                    Code::IllegalClient,
+                    format!("put of {key:?} belongs to another client"),
+                ))
+            }
+            Some(_) => {}
+        }
+        shard.pending.remove(key);
+        e.pending
+            .take()
+            .ok_or_else(|| KvError::from(Code::InternalError))
+    }
+
+    pub(super) fn put_end_one(
+        &self,
+        client: ClientId,
+        key: &str,
+        generation: u64,
+        now: Instant,
+    ) -> KvResult<()> {
+        let mut shard = self.shard(key).lock();
+        let entry = shard.objects.get(key);
+        let committed = entry.and_then(|e| e.current.as_ref()).map(|v| v.generation);
+        let pending = entry
+            .and_then(|e| e.pending.as_ref())
+            .map(|p| p.version.generation);
+        if pending != Some(generation) {
+            // A retried PutEnd whose first attempt committed this very version.
+            if committed == Some(generation) {
+                return Ok(());
+            }
+            return Err(KvError::new(
+                Code::ObjectNotFound,
+                format!("no put of {key:?} generation {generation} in flight (revoked or expired)"),
+            ));
+        }
+        let p = self.take_pending(&mut shard, client, key)?;
+        let mut v = p.version;
+        // A segment may have gone away while the bytes were being written.
+        let live = self.segments.read();
+        v.replicas.retain(|(s, _)| live.contains_key(s));
+        drop(live);
+        let Some(e) = shard.objects.get_mut(key) else {
+            return Err(KvError::from(Code::InternalError));
+        };
+        if v.replicas.is_empty() {
+            if e.current.is_none() {
+                shard.objects.remove(key);
+            }
+            return Err(KvError::new(
+                Code::WriteFail,
+                format!("every segment of {key:?} went away"),
+            ));
+        }
+        v.last_access = now;
+        v.committed_at = now;
+        if let Some(old) = e.current.replace(v) {
+            drop(shard);
+            self.release(key, old, now);
+        }
+        Ok(())
+    }
+
+    /// Abandons puts in flight; one result per key.
+    pub fn put_revoke(&self, client: ClientId, keys: &[String]) -> Vec<KvResult<()>> {
+        keys.iter()
+            .map(|k| {
+                let mut shard = self.shard(k).lock();
+                let p = self.take_pending(&mut shard, client, k)?;
+                if shard.objects.get(k).is_some_and(|e| e.current.is_none()) {
+                    shard.objects.remove(k);
+                }
+                drop(shard);
+                self.free_now(&p.version.replicas, Some(p.version.generation));
+                Ok(())
+            })
+            .collect()
+    }
+
+    /// Locates committed objects and grants each a read lease.
+    pub fn get_replica_list(&self, keys: &[String], now: Instant) -> Vec<KvResult<ObjectLocation>> {
+        let suspect = self.suspect_segments();
+        keys.iter()
+            .map(|k| {
+                let mut shard = self.shard(k).lock();
+                let v = shard
+                    .objects
+                    .get_mut(k.as_str())
+                    .and_then(|e| e.current.as_mut())
+                    .ok_or_else(|| {
+                        KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
+                    })?;
+                v.lease_until = v.lease_until.max(now + self.cfg.lease_ttl);
+                v.last_access = now;
+                let mut replicas = self.describe(&v.replicas);
+                if !suspect.is_empty() {
+                    // Readers try replicas in order: live stores first.
+                    replicas.sort_by_key(|r| suspect.contains(&r.segment));
+                }
+                Ok(ObjectLocation {
+                    value_len: v.value_len,
+                    generation: v.generation,
+                    lease_ms: ms(self.cfg.lease_ttl),
+                    replicas,
+                })
+            })
+            .collect()
+    }
+
+    /// Counts reads a client made through cached locations as if located
+    /// when they happened: recency, and a read lease from then. Per item,
+    /// whether that version is still the current one.
+    pub fn touch(&self, items: &[TouchItem], now: Instant) -> Vec<bool> {
+        items
+            .iter()
+            .map(|it| {
+                let at = now
+                    .checked_sub(Duration::from_micros(it.age_us))
+                    .unwrap_or(now);
+                let mut shard = self.shard(&it.key).lock();
+                let Some(v) = shard
+                    .objects
+                    .get_mut(it.key.as_str())
+                    .and_then(|e| e.current.as_mut())
+                    .filter(|v| v.generation == it.generation)
+                else {
+                    return false;
+                };
+                v.last_access = v.last_access.max(at);
+                v.lease_until = v.lease_until.max(at + self.cfg.lease_ttl);
+                true
+            })
+            .collect()
+    }
+
+    /// Value size of committed objects; does not touch recency or leases.
+    pub fn exist(&self, keys: &[String]) -> Vec<KvResult<u64>> {
+        keys.iter()
+            .map(|k| {
+                self.shard(k)
+                    .lock()
+                    .objects
+                    .get(k.as_str())
+                    .and_then(|e| e.current.as_ref())
+                    .map(|v| v.value_len)
+                    .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{k:?} not found")))
+            })
+            .collect()
+    }
+
+    pub(super) fn remove_in(
+        &self,
+        shard: &mut Shard,
+        key: &str,
+        force: bool,
+        now: Instant,
+    ) -> KvResult<Version> {
+        let e = shard
+            .objects
+            .get_mut(key)
+            .filter(|e| e.current.is_some())
+            .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{key:?} not found")))?;
+        if !force && e.current.as_ref().is_some_and(|v| v.lease_until > now) {
+            return Err(KvError::new(
+                Code::ObjectHasLease,
+                format!("{key:?} has a live read lease"),
+            ));
+        }
+        let v = e
+            .current
+            .take()
+            .ok_or_else(|| KvError::from(Code::InternalError))?;
+        if e.pending.is_none() {
+            shard.objects.remove(key);
+        }
+        Ok(v)
+    }
+
+    /// Removes objects; one result per key.
+    pub fn remove(&self, keys: &[String], force: bool, now: Instant) -> Vec<KvResult<()>> {
+        keys.iter()
+            .map(|k| {
+                let v = self.remove_in(&mut self.shard(k).lock(), k, force, now)?;
+                // A forced remove frees at once, as the caller asked; a reader still
+                // in flight on it fails its header or checksum check, never returns
+                // the new bytes.
+                self.retire(k, &v);
+                Ok(())
+            })
+            .collect()
+    }
+
+    /// Removes committed objects whose key `matches`; returns how many. Objects
+    /// under a live lease are kept unless `force`.
+    pub fn remove_matching(
+        &self,
+        matches: impl Fn(&str) -> bool,
+        force: bool,
+        now: Instant,
+    ) -> u64 {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let keys: Vec<String> = sh
+                .objects
+                .iter()
+                .filter(|(k, e)| e.current.is_some() && matches(k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut versions = Vec::new();
+            for k in keys {
+                if let Ok(v) = self.remove_in(&mut sh, &k, force, now) {
+                    versions.push((k, v));
+                }
+            }
+            drop(sh);
+            removed += versions.len() as u64;
+            for (k, v) in versions {
+                self.retire(&k, &v);
+            }
+        }
+        removed
+    }
+}

@@ -1,0 +1,465 @@
+//! Mounted segments: mounting, inventories reported by (re)started stores
+//! and their reconciliation with the object map, draining and unmounting,
+//! and the allocation of regions for new objects.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kvpool_proto::msg::{
+    ClientId, InventoryItem, InventoryVerdict, Replica, SegmentId, SegmentInfo,
+};
+use kvpool_proto::{Code, KvError, KvResult};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::alloc::{OffsetAllocator, Region};
+use crate::placement::{self, SegmentView};
+
+use super::*;
+
+/// A mounted segment: who lends it, its allocator, and its state.
+pub(super) struct SegmentSlot {
+    pub(super) info: SegmentInfo,
+    pub(super) owner: ClientId,
+    pub(super) alloc: Mutex<OffsetAllocator>,
+    /// Waiting for the rest of its inventory: takes no new objects yet.
+    pub(super) recovering: Option<Vec<InventoryItem>>,
+    /// Shutting down or being emptied: takes no new objects.
+    pub(super) draining: bool,
+    /// Versions committed after this are not expected in the inventory.
+    pub(super) scan_cutoff: Instant,
+}
+
+impl MasterState {
+    /// Lends a segment to the pool. `objects` > 0 announces an inventory
+    /// (reported next with [`Self::report_objects`]): the segment takes no
+    /// new objects until it is complete. A segment still mounted under
+    /// another client is taken over: its store restarted within the TTL.
+    pub fn mount(&self, client: ClientId, info: SegmentInfo, objects: u64) -> KvResult<()> {
+        self.mount_scanned(client, info, objects, Duration::ZERO, Instant::now())
+    }
+
+    /// [`Self::mount`] for a store whose scan began `scan_age` ago: objects
+    /// committed since then are missing from its inventory but not lost.
+    pub fn mount_scanned(
+        &self,
+        client: ClientId,
+        info: SegmentInfo,
+        objects: u64,
+        scan_age: Duration,
+        now: Instant,
+    ) -> KvResult<()> {
+        self.require_client(client, now)?;
+        // A margin for the time the mount message took to arrive.
+        let cutoff = now
+            .checked_sub(scan_age + Duration::from_secs(1))
+            .unwrap_or(now);
+        if info.size == 0 {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                "segment has no usable bytes",
+            ));
+        }
+        let recovering = (objects > 0).then(Vec::new);
+        let mut segs = self.segments.write();
+        if let Some(s) = segs.get_mut(&info.id) {
+            if (s.info.base, s.info.size) != (info.base, info.size) {
+                return Err(KvError::new(
+                    Code::SegmentAlreadyExists,
+                    format!("segment {} is mounted with another size", info.id),
+                ));
+            }
+            if s.owner == client && s.info == info && s.recovering.is_none() && recovering.is_none()
+            {
+                return Ok(());
+            }
+            // Its store restarted (maybe on another port) within the TTL.
+            tracing::info!(segment = %info.id, endpoint = %info.endpoint, "segment remounted by a restarted store");
+            s.info = info.clone();
+            s.owner = client;
+            s.recovering = recovering;
+            s.draining = false;
+            s.scan_cutoff = cutoff;
+            drop(segs);
+            if objects == 0 {
+                // Nothing survived: every replica the master placed there is gone.
+                self.reconcile_known(info.id, &[]);
+            }
+            return Ok(());
+        }
+        tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, objects, "segment mounted");
+        segs.insert(
+            info.id,
+            SegmentSlot {
+                alloc: Mutex::new(OffsetAllocator::new(info.base, info.size)),
+                info,
+                owner: client,
+                recovering,
+                draining: false,
+                scan_cutoff: cutoff,
+            },
+        );
+        Ok(())
+    }
+
+    /// Takes part of a remounted segment's inventory; on the last part,
+    /// reconciles it with the object map and opens the segment.
+    pub fn report_objects(
+        &self,
+        client: ClientId,
+        id: SegmentId,
+        items: Vec<InventoryItem>,
+        last: bool,
+        now: Instant,
+    ) -> KvResult<InventoryVerdict> {
+        // Reporting is a sign of life: a big inventory can outlast the TTL.
+        self.require_client(client, now)?;
+        let (all, fresh) = {
+            let mut segs = self.segments.write();
+            let s = segs.get_mut(&id).ok_or_else(|| {
+                KvError::new(
+                    Code::SegmentNotFound,
+                    format!("segment {id} is not mounted"),
+                )
+            })?;
+            if s.owner != client {
+                return Err(KvError::new(
+                    Code::IllegalClient,
+                    format!("segment {id} belongs to another client"),
+                ));
+            }
+            let Some(inv) = s.recovering.as_mut() else {
+                return Err(KvError::new(
+                    Code::InvalidParams,
+                    format!("segment {id} announced no inventory"),
+                ));
+            };
+            inv.extend(items);
+            if !last {
+                return Ok(InventoryVerdict::default());
+            }
+            let mut all = s.recovering.take().unwrap_or_default();
+            // A part sent again (its answer was lost) reports the same regions.
+            all.sort_unstable_by_key(|i| i.offset);
+            all.dedup_by_key(|i| i.offset);
+            // A segment that holds no live region yet was new to this master.
+            let fresh = s.alloc.lock().live_regions() == 0;
+            if fresh {
+                let used = all.iter().map(|i| (i.offset, i.region_len));
+                match OffsetAllocator::with_used(s.info.base, s.info.size, used) {
+                    Ok(alloc) => *s.alloc.lock() = alloc,
+                    Err(e) => {
+                        // Never open it empty: new objects would overwrite the
+                        // ones it holds. Unmounted, its store mounts it again.
+                        drop(segs);
+                        self.drop_segment(id);
+                        tracing::error!(segment = %id, error = %e, "inventory rejected; segment unmounted");
+                        return Err(KvError::new(
+                            Code::InvalidParams,
+                            format!("inventory of {id}: {e}"),
+                        ));
+                    }
+                }
+            }
+            (all, fresh)
+        };
+        if let Some(max) = all.iter().map(|i| i.generation).max() {
+            self.next_generation.fetch_max(max + 1, Ordering::Relaxed);
+        }
+        let verdict = if fresh {
+            self.reconcile_fresh(id, all, now)
+        } else {
+            self.reconcile_known(id, &all)
+        };
+        tracing::info!(segment = %id, accepted = verdict.accepted, rejected = verdict.rejected.len(), "inventory reconciled");
+        Ok(verdict)
+    }
+
+    /// A segment new to this master (after a master restart or failover, or a
+    /// store back after its TTL): its objects become readable unless the map
+    /// already has a newer version of the key. Every reported region is
+    /// already reserved in the segment's allocator; rejected ones are freed.
+    pub(super) fn reconcile_fresh(
+        &self,
+        id: SegmentId,
+        items: Vec<InventoryItem>,
+        now: Instant,
+    ) -> InventoryVerdict {
+        let mut v = InventoryVerdict::default();
+        for it in items {
+            let region = Region {
+                offset: it.offset,
+                len: it.region_len,
+            };
+            let mut shard = self.shard(&it.key).lock();
+            let e = shard.objects.entry(it.key.clone()).or_default();
+            let current = e.current.as_ref().map(|c| c.generation);
+            let keep = match current {
+                Some(g) if g > it.generation => false,
+                Some(g) if g == it.generation => {
+                    if let Some(c) = e.current.as_mut() {
+                        if !c.replicas.iter().any(|(s, _)| *s == id) {
+                            c.replicas.push((id, region));
+                        }
+                    }
+                    true
+                }
+                _ => {
+                    let old = e.current.replace(Version {
+                        value_len: it.value_len,
+                        generation: it.generation,
+                        replicas: vec![(id, region)],
+                        lease_until: now,
+                        soft_pin_until: None,
+                        hard_pin: false,
+                        last_access: now,
+                        committed_at: now,
+                    });
+                    drop(shard);
+                    if let Some(old) = old {
+                        self.release(&it.key, old, now);
+                    }
+                    true
+                }
+            };
+            if keep {
+                v.accepted += 1;
+            } else {
+                self.free_now(&[(id, region)], None);
+                v.rejected.push((it.offset, it.generation));
+            }
+        }
+        self.open_segment(id);
+        v
+    }
+
+    /// A segment this master still has, remounted by a restarted store: the
+    /// map decides. Replicas whose bytes did not survive are dropped (unless
+    /// committed after the store's scan began); objects the map does not hold
+    /// there are rejected.
+    pub(super) fn reconcile_known(
+        &self,
+        id: SegmentId,
+        items: &[InventoryItem],
+    ) -> InventoryVerdict {
+        let cutoff = match self.segments.read().get(&id) {
+            Some(s) => s.scan_cutoff,
+            None => return InventoryVerdict::default(),
+        };
+        let reported: std::collections::HashSet<(u64, u64)> =
+            items.iter().map(|i| (i.offset, i.generation)).collect();
+        let mut kept = std::collections::HashSet::new();
+        let mut in_flight = std::collections::HashSet::new();
+        let mut lost = Vec::new();
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            sh.objects.retain(|_, e| {
+                // Written but not committed yet: its writer decides, not the store.
+                if let Some(p) = &e.pending {
+                    for (s, r) in &p.version.replicas {
+                        if *s == id {
+                            in_flight.insert((r.offset, p.version.generation));
+                        }
+                    }
+                }
+                if let Some(v) = &mut e.current {
+                    let gen = v.generation;
+                    let recent = v.committed_at >= cutoff;
+                    v.replicas.retain(|(s, r)| {
+                        if *s != id {
+                            return true;
+                        }
+                        if reported.contains(&(r.offset, gen)) {
+                            kept.insert((r.offset, gen));
+                            true
+                        } else if recent {
+                            true
+                        } else {
+                            lost.push(*r);
+                            false
+                        }
+                    });
+                    if v.replicas.is_empty() {
+                        e.current = None;
+                    }
+                }
+                e.current.is_some() || e.pending.is_some()
+            });
+        }
+        self.free_now(&lost.into_iter().map(|r| (id, r)).collect::<Vec<_>>(), None);
+        self.open_segment(id);
+        InventoryVerdict {
+            accepted: kept.len() as u64,
+            rejected: reported
+                .difference(&kept)
+                .filter(|r| !in_flight.contains(r))
+                .copied()
+                .collect(),
+        }
+    }
+
+    pub(super) fn open_segment(&self, id: SegmentId) {
+        if let Some(s) = self.segments.write().get_mut(&id) {
+            s.recovering = None;
+        }
+    }
+
+    /// Stops placing objects on the segments named `name` (or with that id in
+    /// hex); returns their ids.
+    pub fn drain(&self, name: &str) -> Vec<SegmentId> {
+        let mut segs = self.segments.write();
+        let mut out = Vec::new();
+        for s in segs.values_mut() {
+            if s.info.name == name || s.info.id.to_string() == name {
+                s.draining = true;
+                out.push(s.info.id);
+            }
+        }
+        out
+    }
+
+    /// Unmounts a segment on an operator's request (after a drain).
+    pub fn unmount_admin(&self, id: SegmentId) {
+        self.drop_segment(id);
+    }
+
+    /// Withdraws a segment; only its owner may.
+    pub fn unmount(&self, client: ClientId, id: SegmentId) -> KvResult<()> {
+        match self.segments.read().get(&id) {
+            None => {
+                return Err(KvError::new(
+                    Code::SegmentNotFound,
+                    format!("segment {id} is not mounted"),
+                ))
+            }
+            Some(s) if s.owner != client => {
+                return Err(KvError::new(
+                    Code::IllegalClient,
+                    format!("segment {id} belongs to another client"),
+                ))
+            }
+            Some(_) => {}
+        }
+        self.drop_segment(id);
+        Ok(())
+    }
+
+    /// Forgets a segment and every replica on it. Objects left without a
+    /// replica are gone; puts writing to it are revoked.
+    pub(super) fn drop_segment(&self, id: SegmentId) {
+        if self.segments.write().remove(&id).is_none() {
+            return;
+        }
+        tracing::info!(segment = %id, "segment unmounted");
+        self.deferred.lock().retain(|(_, s, _)| *s != id);
+        self.invalidations.lock().regions.remove(&id);
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let sh = &mut *sh;
+            let mut revoked = Vec::new();
+            sh.objects.retain(|key, e| {
+                if let Some(v) = &mut e.current {
+                    v.replicas.retain(|(s, _)| *s != id);
+                    if v.replicas.is_empty() {
+                        e.current = None;
+                    }
+                }
+                if e.pending
+                    .as_ref()
+                    .is_some_and(|p| p.version.replicas.iter().any(|(s, _)| *s == id))
+                {
+                    if let Some(p) = e.pending.take() {
+                        revoked.push((key.clone(), p));
+                    }
+                }
+                e.current.is_some() || e.pending.is_some()
+            });
+            for (key, p) in revoked {
+                sh.pending.remove(&key);
+                self.free_now(&p.version.replicas, Some(p.version.generation));
+            }
+        }
+    }
+
+    /// Total and used bytes over all mounted segments.
+    pub fn usage(&self) -> (u64, u64) {
+        let segs = self.segments.read();
+        segs.values().fold((0, 0), |(cap, used), s| {
+            let a = s.alloc.lock();
+            (cap + a.capacity(), used + a.used())
+        })
+    }
+
+    /// Whether used bytes have reached the high watermark.
+    pub fn above_watermark(&self) -> bool {
+        let (cap, used) = self.usage();
+        cap > 0 && used as f64 >= cap as f64 * self.cfg.high_watermark
+    }
+
+    /// Segments that may take new objects now: not recovering an inventory,
+    /// not draining, and with an owner that heartbeats.
+    pub(super) fn placeable(&self, now: Instant) -> HashSet<SegmentId> {
+        let late = self.late_owners(now);
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.recovering.is_none() && !s.draining && !late.contains(&s.owner))
+            .map(|s| s.info.id)
+            .collect()
+    }
+
+    /// How many of `among` could ever hold a region of `len` bytes.
+    pub(super) fn fitting(&self, len: u64, among: Option<&HashSet<SegmentId>>) -> usize {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| among.is_none_or(|a| a.contains(&s.info.id)))
+            .filter(|s| s.alloc.lock().capacity() >= len)
+            .count()
+    }
+
+    pub(super) fn allocate(
+        &self,
+        region_len: u64,
+        replica_num: usize,
+        preferred: &[String],
+        placeable: &HashSet<SegmentId>,
+    ) -> Vec<(SegmentId, Region)> {
+        let segs = self.segments.read();
+        let views: Vec<SegmentView> = segs
+            .values()
+            .filter(|s| placeable.contains(&s.info.id))
+            .map(|s| SegmentView {
+                id: s.info.id,
+                name: &s.info.name,
+                free: s.alloc.lock().largest_free(),
+            })
+            .collect();
+        let mut got = Vec::with_capacity(replica_num);
+        for id in placement::order(&views, region_len, preferred) {
+            if got.len() == replica_num {
+                break;
+            }
+            if let Some(r) = segs.get(&id).and_then(|s| s.alloc.lock().alloc(region_len)) {
+                got.push((id, r));
+            }
+        }
+        got
+    }
+
+    pub(super) fn describe(&self, replicas: &[(SegmentId, Region)]) -> Vec<Replica> {
+        let segs = self.segments.read();
+        replicas
+            .iter()
+            .filter_map(|(id, r)| {
+                segs.get(id).map(|s| Replica {
+                    segment: *id,
+                    endpoint: s.info.endpoint.clone(),
+                    offset: r.offset,
+                    len: r.len,
+                })
+            })
+            .collect()
+    }
+}
