@@ -23,12 +23,12 @@ mod cache;
 pub use cache::CacheStats;
 use cache::LocationCache;
 use futures::future::join_all;
+use kvpool_format::{header_len, value_checksum, ObjectHeader};
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
     self, ClientId, ClusterStatus, ObjectLocation, PutGrant, PutItem, ReadReq, Replica, WriteReq,
 };
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
-use kvpool_store::header::{header_len, value_checksum, ObjectHeader};
 use kvpool_store::DataNode;
 use kvpool_transfer::data::{read_regions_shared, write_regions, ReadOp, WriteOp};
 use kvpool_transfer::{CallPolicy, ConnPool, MasterLink};
@@ -126,6 +126,21 @@ impl ShmMap {
 }
 
 type ShmMaps = HashMap<kvpool_proto::msg::SegmentId, Option<Arc<ShmMap>>>;
+
+/// The id in a mapped segment's superblock, if it is a valid kvpool segment
+/// of the mapping's size (how a path is known to be the segment it was
+/// named for before any object is read or written through it).
+fn mapped_segment_id(
+    region: &kvpool_transfer::MappedRegion,
+) -> Option<kvpool_proto::msg::SegmentId> {
+    if region.len() < kvpool_format::DATA_BASE {
+        return None;
+    }
+    // SAFETY: in bounds (checked above); the superblock is written once when
+    // the store creates the segment.
+    let sb = unsafe { region.slice(0, kvpool_format::DATA_BASE) };
+    kvpool_format::segment_id(sb, region.len())
+}
 
 /// Settings of a client.
 #[derive(Debug, Clone)]
@@ -381,7 +396,7 @@ impl Client {
                     let region = kvpool_transfer::MappedRegion::open_existing(std::path::Path::new(path))
                         .map_err(|e| tracing::debug!(%path, error = %e, "segment not mappable; using tcp"))
                         .ok()?;
-                    (kvpool_store::segment::segment_id(&region) == Some(*id)).then(|| {
+                    (mapped_segment_id(&region) == Some(*id)).then(|| {
                         tracing::debug!(segment = %id, %path, "reaching segment through shared memory");
                         let region = Arc::new(region);
                         let r = region.clone();

@@ -1,11 +1,10 @@
-//! kvpool's storage node: segment files with a superblock ([`segment`]), the
-//! object header every region starts with ([`header`]), and the data node
-//! that serves segments and mounts them on the master ([`node`]). `run` is
-//! what `kvpool store` does; clients embed a [`node::DataNode`] to lend memory.
+//! kvpool's storage node: segment files in a data directory ([`segment`]),
+//! and the data node that serves segments, finds the objects they hold and
+//! mounts them on the master ([`node`]). The bytes of objects and
+//! superblocks are `kvpool_format`'s. `run` is what `kvpool store` does;
+//! clients embed a [`node::DataNode`] to lend memory.
 
-pub mod header;
 pub mod node;
-pub mod recovery;
 pub mod segment;
 
 use std::path::PathBuf;
@@ -70,7 +69,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         .name
         .clone()
         .unwrap_or_else(|| node.endpoint().to_string());
-    node.add_segment(seg.id, &name, seg.region.clone(), segment::DATA_BASE);
+    node.add_segment(seg.id, &name, seg.region.clone(), kvpool_format::DATA_BASE);
     info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
 
     let link = MasterLink::new(

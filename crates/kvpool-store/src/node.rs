@@ -4,21 +4,19 @@
 
 use std::sync::Arc;
 
+use kvpool_format::DATA_BASE;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
     InventoryItem, MountSegment, ReportObjects, SegmentId, SegmentInfo, UnmountSegment,
 };
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::data::{serve_data, SegmentTable};
+use kvpool_transfer::data::{invalidate_object, serve_data, SegmentTable};
 use kvpool_transfer::master::RemountHook;
 use kvpool_transfer::{MappedRegion, MasterLink};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-use crate::recovery;
-use crate::segment::DATA_BASE;
 
 /// Objects per inventory report: keeps each message far below the frame limit.
 const REPORT_CHUNK: usize = 16 * 1024;
@@ -41,7 +39,7 @@ impl DataNode {
     ) -> std::io::Result<Arc<DataNode>> {
         let listener = TcpListener::bind((address, port)).await?;
         let endpoint = listener.local_addr()?.to_string();
-        let table = Arc::new(SegmentTable::with_invalidator(recovery::invalidate));
+        let table = Arc::new(SegmentTable::default());
         let tasks = TaskTracker::new();
         tasks.spawn(serve_data(
             listener,
@@ -168,9 +166,14 @@ async fn mount_one(
     // A scan of a big segment takes seconds: off the runtime's workers.
     let (found, stats) = {
         let (region, base) = (region.clone(), info.base);
-        tokio::task::spawn_blocking(move || recovery::scan(&region, base))
-            .await
-            .map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            // SAFETY: the whole region is in bounds. Bytes another connection
+            // writes meanwhile may be seen torn; the scan checks every header
+            // and value checksum, so it only ever takes intact objects.
+            kvpool_format::scan::scan(unsafe { region.slice(0, region.len()) }, base)
+        })
+        .await
+        .map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))?
     };
     let scanned = t0.elapsed();
     let id = info.id;
@@ -215,7 +218,7 @@ async fn mount_one(
     let kvpool_proto::msg::InventoryVerdict { accepted, rejected } = verdict;
     let invalidated = rejected
         .iter()
-        .filter(|(off, gen)| recovery::invalidate(&region, *off, *gen))
+        .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
         .count();
     tracing::info!(
         segment = %id,

@@ -1,33 +1,19 @@
 //! A segment file in the store's data directory: a superblock that names the
-//! segment (its id survives restarts), then the object area the master
-//! allocates in. The directory is locked so two stores cannot share it.
-//!
-//! ```text
-//! offset size field
-//!      0    8 magic          b"KVSEGMNT"
-//!      8    4 format version u32 LE (1)
-//!     12    4 reserved       0
-//!     16   16 segment id     u128 LE
-//!     32    8 file size      u64 LE
-//!     40    8 data base      u64 LE, first byte of the object area
-//!     48    8 checksum       xxh3-64 of bytes 0..48
-//! ```
+//! segment (its id survives restarts; layout in `kvpool_format::superblock`),
+//! then the object area the master allocates in. The directory is locked so
+//! two stores cannot share it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use kvpool_format::superblock::{has_segment_magic, segment_id, write_superblock, DATA_BASE};
 use kvpool_proto::msg::SegmentId;
 use kvpool_transfer::MappedRegion;
 use tracing::{info, warn};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::StoreError;
 
-/// Bytes reserved at the start of a segment for the superblock.
-pub const DATA_BASE: u64 = 4096;
-const MAGIC: [u8; 8] = *b"KVSEGMNT";
-const FORMAT: u32 = 1;
 /// Name of the segment file inside the data directory.
 pub const SEGMENT_FILE: &str = "segment.kvp";
 
@@ -69,14 +55,14 @@ impl SegmentFile {
         // SAFETY: the superblock lies inside any segment larger than DATA_BASE,
         // and no connection is serving this region yet.
         let sb = unsafe { region.slice_mut(0, DATA_BASE) };
-        let id = match read_superblock(sb, size) {
+        let id = match segment_id(sb, size) {
             Some(id) => {
                 info!(segment = %id, path = %path.display(), "reopened segment");
                 id
             }
             None => {
                 let id = SegmentId(rand::random::<u128>());
-                if sb[..8] == MAGIC {
+                if has_segment_magic(sb) {
                     warn!(path = %path.display(), "segment superblock does not match; re-initializing");
                 }
                 write_superblock(sb, id, size);
@@ -90,41 +76,6 @@ impl SegmentFile {
             _lock: lock,
         })
     }
-}
-
-/// The id in a mapped segment's superblock, if it is a valid kvpool segment
-/// of the mapping's size (how a client on the same host makes sure a path
-/// really is the segment it was told about).
-pub fn segment_id(region: &MappedRegion) -> Option<SegmentId> {
-    if region.len() < DATA_BASE {
-        return None;
-    }
-    // SAFETY: in bounds (checked above); the superblock is written once at creation.
-    read_superblock(unsafe { region.slice(0, DATA_BASE) }, region.len())
-}
-
-fn read_superblock(sb: &[u8], size: u64) -> Option<SegmentId> {
-    let u64_at = |i: usize| u64::from_le_bytes(sb[i..i + 8].try_into().unwrap_or([0; 8]));
-    if sb[..8] != MAGIC
-        || u32::from_le_bytes(sb[8..12].try_into().ok()?) != FORMAT
-        || xxh3_64(&sb[..48]) != u64_at(48)
-        || u64_at(32) != size
-        || u64_at(40) != DATA_BASE
-    {
-        return None;
-    }
-    Some(SegmentId(u128::from_le_bytes(sb[16..32].try_into().ok()?)))
-}
-
-fn write_superblock(sb: &mut [u8], id: SegmentId, size: u64) {
-    sb[..DATA_BASE as usize].fill(0);
-    sb[..8].copy_from_slice(&MAGIC);
-    sb[8..12].copy_from_slice(&FORMAT.to_le_bytes());
-    sb[16..32].copy_from_slice(&id.0.to_le_bytes());
-    sb[32..40].copy_from_slice(&size.to_le_bytes());
-    sb[40..48].copy_from_slice(&DATA_BASE.to_le_bytes());
-    let c = xxh3_64(&sb[..48]);
-    sb[48..56].copy_from_slice(&c.to_le_bytes());
 }
 
 #[cfg(test)]

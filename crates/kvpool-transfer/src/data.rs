@@ -10,6 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use kvpool_format::FIXED_LEN;
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -26,26 +27,13 @@ use crate::server::{accept_loop, reject_and_close};
 /// bounds what either side must buffer so pipelining can never deadlock.
 const WINDOW: usize = 64;
 
-/// Destroys the object at `(offset, generation)` in a region if it is still
-/// there; the object format belongs to the store, which provides this.
-pub type Invalidator = fn(&MappedRegion, u64, u64) -> bool;
-
 /// The segments a data server serves, by id.
 #[derive(Default)]
 pub struct SegmentTable {
     map: RwLock<HashMap<SegmentId, (Arc<MappedRegion>, u64)>>,
-    invalidator: Option<Invalidator>,
 }
 
 impl SegmentTable {
-    /// A table whose server answers `Invalidate` with `f`.
-    pub fn with_invalidator(f: Invalidator) -> Self {
-        SegmentTable {
-            map: RwLock::default(),
-            invalidator: Some(f),
-        }
-    }
-
     /// Starts serving `region` as `id`; bytes below `base` (the segment's own
     /// superblock) are never written over the wire.
     pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>, base: u64) {
@@ -197,9 +185,6 @@ enum Reply {
 }
 
 fn invalidate(table: &SegmentTable, req: &InvalidateReq) -> KvResult<u64> {
-    let f = table
-        .invalidator
-        .ok_or_else(|| KvError::new(Code::NotSupported, "this server cannot invalidate objects"))?;
     let (region, _) = table.get(req.segment).ok_or_else(|| {
         KvError::new(
             Code::SegmentNotFound,
@@ -209,8 +194,22 @@ fn invalidate(table: &SegmentTable, req: &InvalidateReq) -> KvResult<u64> {
     Ok(req
         .regions
         .iter()
-        .filter(|(off, gen)| f(&region, *off, *gen))
+        .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
         .count() as u64)
+}
+
+/// Destroys the object at `offset` of `region` if its header still carries
+/// `generation` (see `kvpool_format::scan::invalidate`); false when there is
+/// no such object or the offset is out of range.
+pub fn invalidate_object(region: &MappedRegion, offset: u64, generation: u64) -> bool {
+    if !region.contains(offset, FIXED_LEN as u64) {
+        return false;
+    }
+    // SAFETY: in bounds (checked above). Only the magic is written: a
+    // concurrent writer of a new object here rewrites the whole header after
+    // this, and a reader of the old object then fails its header check.
+    let header = unsafe { region.slice_mut(offset, FIXED_LEN as u64) };
+    kvpool_format::scan::invalidate(header, generation)
 }
 
 /// One region write: the concatenation of `parts` goes to `req`'s region.
@@ -540,6 +539,46 @@ mod tests {
         }];
         assert!(read_regions(&mut c, reads).await.unwrap()[0].is_ok());
         assert_eq!(buf, big);
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn invalidate_destroys_only_the_named_generation() {
+        let (addr, table, token) = server().await;
+        let (region, _) = table.get(SegmentId(7)).unwrap();
+        let value = b"value";
+        let head = kvpool_format::ObjectHeader {
+            key: "k".into(),
+            value_len: value.len() as u64,
+            generation: 3,
+            checksum: kvpool_format::value_checksum(&[value]),
+        }
+        .encode();
+        for offset in [0, 4096] {
+            // SAFETY: in bounds; nothing else touches these bytes yet.
+            let dst = unsafe { region.slice_mut(offset, (head.len() + value.len()) as u64) };
+            dst[..head.len()].copy_from_slice(&head);
+            dst[head.len()..].copy_from_slice(value);
+        }
+        let mut c = FramedConn::connect(&addr, "test", Limits::default())
+            .await
+            .unwrap();
+        let req = InvalidateReq {
+            segment: SegmentId(7),
+            regions: vec![(0, 3), (4096, 2), (1 << 20, 3)],
+        };
+        assert_eq!(c.call(&req).await.unwrap(), 1);
+        // SAFETY: in bounds.
+        let (found, _) = kvpool_format::scan::scan(unsafe { region.slice(0, region.len()) }, 0);
+        assert_eq!(found.iter().map(|f| f.offset).collect::<Vec<_>>(), [4096]);
+        let unknown = InvalidateReq {
+            segment: SegmentId(8),
+            regions: vec![(0, 3)],
+        };
+        assert_eq!(
+            c.call(&unknown).await.unwrap_err().code,
+            Code::SegmentNotFound
+        );
         token.cancel();
     }
 

@@ -11,7 +11,7 @@ use kvpool_client::{Client, ReplicateConfig};
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{self, ClusterStatus, PutGrant, PutItem, PutStart, WriteReq};
 use kvpool_proto::Code;
-use kvpool_store::header::{value_checksum, ObjectHeader};
+use kvpool_format::{value_checksum, ObjectHeader};
 use kvpool_transfer::data::{write_regions, WriteOp};
 use kvpool_transfer::FramedConn;
 use rand::rngs::StdRng;

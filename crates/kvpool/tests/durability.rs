@@ -14,7 +14,7 @@ use kvpool_client::{Client, Protocol, ReplicateConfig};
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode};
 use kvpool_proto::msg::{self, PutGrant, PutItem, WriteReq};
 use kvpool_proto::Code;
-use kvpool_store::header::{header_len, value_checksum, ObjectHeader};
+use kvpool_format::{header_len, value_checksum, ObjectHeader};
 use kvpool_transfer::FramedConn;
 use parking_lot::Mutex;
 
