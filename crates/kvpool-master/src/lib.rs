@@ -15,14 +15,16 @@ pub mod metrics;
 pub mod placement;
 pub mod state;
 
-use std::collections::HashMap;
+mod handlers;
+mod tasks;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_proto::frame::{Limits, Opcode};
-use kvpool_proto::msg::{self, Rpc};
-use kvpool_proto::{msg::to_wire, Code, KvError, KvResult};
+use kvpool_proto::msg;
+use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::server::{serve_control, ControlHandler, ReplyWait};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -30,6 +32,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::info;
+
+use handlers::{handle, Ctx};
 
 pub use metrics::Metrics;
 pub use state::{MasterState, StateConfig};
@@ -118,11 +122,20 @@ pub struct Master {
     role: parking_lot::Mutex<Role>,
     /// Itself, for timers that outlive a request (delayed unmounts).
     me: std::sync::Weak<Master>,
+    /// Timers started by requests; waited for when the master stops.
+    background: TaskTracker,
+    /// Fires when the master stops.
+    shutdown: CancellationToken,
 }
 
 impl Master {
     /// A master with empty state.
     pub fn new(cfg: StateConfig) -> Arc<Self> {
+        Self::with_shutdown(cfg, CancellationToken::new())
+    }
+
+    /// A master with empty state whose timers stop with `shutdown`.
+    fn with_shutdown(cfg: StateConfig, shutdown: CancellationToken) -> Arc<Self> {
         Arc::new_cyclic(|me| Master {
             state: MasterState::new(cfg),
             metrics: Metrics::default(),
@@ -131,6 +144,8 @@ impl Master {
             invalidated: tokio::sync::watch::Sender::new(0),
             role: parking_lot::Mutex::new(Role::Leader),
             me: me.clone(),
+            background: TaskTracker::new(),
+            shutdown,
         })
     }
 
@@ -139,10 +154,10 @@ impl Master {
         *self.role.lock() = role;
     }
 
-    /// What this master serves now (a finished recovery reads as leader).
-    pub fn role(&self) -> Role {
+    /// What this master serves at `now` (a finished recovery reads as leader).
+    pub fn role(&self, now: Instant) -> Role {
         let mut role = self.role.lock();
-        if matches!(*role, Role::Recovering(until) if Instant::now() >= until) {
+        if matches!(*role, Role::Recovering(until) if now >= until) {
             info!("recovery grace over; serving objects");
             *role = Role::Leader;
         }
@@ -150,7 +165,7 @@ impl Master {
     }
 
     /// Refuses what the current role does not serve.
-    fn admit(&self, op: Opcode) -> KvResult<()> {
+    fn admit(&self, op: Opcode, now: Instant) -> KvResult<()> {
         let membership = matches!(
             op,
             Opcode::Status
@@ -160,7 +175,7 @@ impl Master {
                 | Opcode::ReportObjects
                 | Opcode::UnmountSegment
         );
-        match self.role() {
+        match self.role(now) {
             Role::Leader => Ok(()),
             Role::Recovering(_) if membership => Ok(()),
             Role::Recovering(_) => Err(KvError::new(
@@ -174,20 +189,6 @@ impl Master {
             )),
         }
     }
-}
-
-/// Decodes `meta` as `R`, runs `f`, encodes the answer.
-fn typed<R: Rpc>(meta: &[u8], f: impl FnOnce(R) -> R::Response) -> KvResult<Vec<u8>> {
-    let req: R = msg::decode(meta)?;
-    Ok(msg::encode(&f(req)))
-}
-
-fn wire<T>(v: Vec<KvResult<T>>) -> Vec<msg::WireResult<T>> {
-    v.into_iter().map(to_wire).collect()
-}
-
-fn failed<T>(v: &[KvResult<T>]) -> usize {
-    v.iter().filter(|r| r.is_err()).count()
 }
 
 impl Master {
@@ -256,135 +257,59 @@ impl Master {
     /// Handles one request; sets `fence` to the invalidation sequence number
     /// the reply must wait for, if any.
     fn answer(&self, op: Opcode, meta: &[u8], fence: &mut Option<u64>) -> KvResult<Vec<u8>> {
-        self.admit(op)?;
         let now = Instant::now();
-        let s = &self.state;
-        let m = &self.metrics;
+        self.admit(op, now)?;
+        let mut cx = Ctx {
+            master: self,
+            now,
+            fence: None,
+        };
+        let cx = &mut cx;
         let r = match op {
-            Opcode::RegisterClient => typed(meta, |r: msg::RegisterClient| {
-                info!(client = %r.client_id, hostname = %r.hostname, "client registered");
-                m.record(op, 0, 0);
-                s.register_client(r.client_id, &r.hostname, now)
-            }),
-            Opcode::Heartbeat => typed(meta, |r: msg::Heartbeat| msg::HeartbeatReply {
-                known: s.heartbeat(r.client_id, now),
-            }),
-            Opcode::MountSegment => {
-                let r: msg::MountSegment = msg::decode(meta)?;
-                let age = Duration::from_millis(r.scan_age_ms);
-                s.mount_scanned(r.client_id, r.segment, r.objects, age, now)
-                    .map(|()| msg::encode(&()))
-            }
-            Opcode::ReportObjects => {
-                let r: msg::ReportObjects = msg::decode(meta)?;
-                s.report_objects(r.client_id, r.segment, r.objects, r.last, now)
-                    .map(|v| msg::encode(&v))
-            }
-            Opcode::DrainSegment => {
-                let r: msg::DrainSegment = msg::decode(meta)?;
-                let ids = s.drain(&r.segment);
-                if ids.is_empty() {
-                    return Err(KvError::new(
-                        Code::SegmentNotFound,
-                        format!("no segment named {:?}", r.segment),
-                    ));
-                }
-                info!(segment = %r.segment, unmount_after_ms = ?r.unmount_after_ms, "segment draining");
-                if let (Some(ms), Some(me)) = (r.unmount_after_ms, self.me.upgrade()) {
-                    let ids = ids.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(ms)).await;
-                        for id in ids {
-                            me.state.unmount_admin(id);
-                        }
-                    });
-                }
-                Ok(msg::encode(&ids))
-            }
-            Opcode::UnmountSegment => {
-                let r: msg::UnmountSegment = msg::decode(meta)?;
-                s.unmount(r.client_id, r.segment).map(|()| msg::encode(&()))
-            }
-            Opcode::PutStart => {
-                let out = typed(meta, |r: msg::PutStart| {
-                    let v = s.put_start(r.client_id, &r.items, &r.config, r.upsert, now);
-                    m.record(op, v.len(), failed(&v));
-                    wire(v)
-                });
-                if s.above_watermark() {
-                    self.evict_soon.notify_one();
-                }
-                out
-            }
-            Opcode::PutEnd => typed(meta, |r: msg::PutEnd| {
-                let v = s.put_end(r.client_id, &r.items, now);
-                *fence = s.fence(r.items.iter().map(|i| i.key.as_str()));
-                m.record(op, v.len(), failed(&v));
-                wire(v)
-            }),
-            Opcode::PutRevoke => typed(meta, |r: msg::PutRevoke| {
-                let v = s.put_revoke(r.client_id, &r.keys);
-                m.record(op, v.len(), failed(&v));
-                wire(v)
-            }),
-            Opcode::GetReplicaList => typed(meta, |r: msg::GetReplicaList| {
-                let v = s.get_replica_list(&r.keys, now);
-                m.record(op, v.len(), failed(&v));
-                wire(v)
-            }),
-            Opcode::Exist => typed(meta, |r: msg::Exist| {
-                let v = s.exist(&r.keys);
-                m.record(op, v.len(), 0);
-                wire(v)
-            }),
-            Opcode::Touch => typed(meta, |r: msg::Touch| {
-                let v = s.touch(&r.items, now);
-                // A touch of a replaced version is no failure: the client just
-                // stops using that location.
-                m.record(op, v.len(), 0);
-                v
-            }),
-            Opcode::Remove => typed(meta, |r: msg::Remove| {
-                let v = s.remove(&r.keys, r.force, now);
-                *fence = s.fence(r.keys.iter().map(String::as_str));
-                m.record(op, v.len(), failed(&v));
-                wire(v)
-            }),
-            Opcode::RemoveByRegex => {
-                let r: msg::RemoveByRegex = msg::decode(meta)?;
-                let re = regex::Regex::new(&r.pattern)
-                    .map_err(|e| KvError::new(Code::InvalidParams, format!("bad regex: {e}")))?;
-                m.record(op, 0, 0);
-                let removed = s.remove_matching(|k| re.is_match(k), r.force, now);
-                *fence = s.fence_all();
-                Ok(msg::encode(&removed))
-            }
-            Opcode::RemoveAll => typed(meta, |r: msg::RemoveAll| {
-                m.record(op, 0, 0);
-                let removed = s.remove_matching(|_| true, r.force, now);
-                *fence = s.fence_all();
-                removed
-            }),
-            Opcode::Status => typed(meta, |_: msg::Status| {
-                let mut st = s.status();
-                st.role = match self.role() {
-                    Role::Leader => "leader",
-                    Role::Recovering(_) => "recovering",
-                    Role::Standby => "standby",
-                }
-                .into();
-                st
-            }),
+            Opcode::RegisterClient => handle::<msg::RegisterClient>(cx, meta),
+            Opcode::Heartbeat => handle::<msg::Heartbeat>(cx, meta),
+            Opcode::MountSegment => handle::<msg::MountSegment>(cx, meta),
+            Opcode::ReportObjects => handle::<msg::ReportObjects>(cx, meta),
+            Opcode::DrainSegment => handle::<msg::DrainSegment>(cx, meta),
+            Opcode::UnmountSegment => handle::<msg::UnmountSegment>(cx, meta),
+            Opcode::PutStart => handle::<msg::PutStart>(cx, meta),
+            Opcode::PutEnd => handle::<msg::PutEnd>(cx, meta),
+            Opcode::PutRevoke => handle::<msg::PutRevoke>(cx, meta),
+            Opcode::GetReplicaList => handle::<msg::GetReplicaList>(cx, meta),
+            Opcode::Exist => handle::<msg::Exist>(cx, meta),
+            Opcode::Touch => handle::<msg::Touch>(cx, meta),
+            Opcode::Remove => handle::<msg::Remove>(cx, meta),
+            Opcode::RemoveByRegex => handle::<msg::RemoveByRegex>(cx, meta),
+            Opcode::RemoveAll => handle::<msg::RemoveAll>(cx, meta),
+            Opcode::Status => handle::<msg::Status>(cx, meta),
             Opcode::Hello => Err(KvError::new(Code::InvalidParams, "handshake already done")),
             Opcode::Write | Opcode::Read | Opcode::Invalidate => Err(KvError::new(
                 Code::NotSupported,
                 "the master does not serve data; write to the segment's endpoint",
             )),
         };
+        *fence = cx.fence;
         if r.is_err() {
-            m.record(op, 1, 1);
+            self.metrics.record(op, 1, 1);
         }
         r
+    }
+
+    /// Unmounts `ids` after `delay` (a drain with a deadline), unless the
+    /// master stops first.
+    fn unmount_later(&self, ids: Vec<msg::SegmentId>, delay: Duration) {
+        let Some(me) = self.me.upgrade() else { return };
+        let stop = self.shutdown.clone();
+        self.background.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {
+                    for id in ids {
+                        me.state.unmount_admin(id);
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -413,6 +338,8 @@ impl MasterHandle {
             None => Ok(()),
         };
         self.tasks.wait().await;
+        self.master.background.close();
+        self.master.background.wait().await;
         ha
     }
 }
@@ -464,12 +391,12 @@ pub async fn start(
     let admin_addr = local(&admin)?;
     let metadata_addr = metadata.as_ref().map(local).transpose()?;
 
-    let master = Master::new(cfg.state.clone());
+    // Losing leadership stops this master's servers, not the caller's token.
+    let shutdown = shutdown.child_token();
+    let master = Master::with_shutdown(cfg.state.clone(), shutdown.clone());
     if !cfg.recovery_grace.is_zero() {
         master.set_role(Role::Recovering(Instant::now() + cfg.recovery_grace));
     }
-    // Losing leadership stops this master's servers, not the caller's token.
-    let shutdown = shutdown.child_token();
     let ha = match cfg.ha.clone() {
         None => None,
         Some(ha_cfg) => {
@@ -518,9 +445,9 @@ pub async fn start(
             }
         });
     }
-    tasks.spawn(sweeper(master.clone(), shutdown.clone()));
-    tasks.spawn(evictor(master.clone(), shutdown.clone()));
-    tasks.spawn(invalidator(master.clone(), shutdown.clone()));
+    tasks.spawn(tasks::sweeper(master.clone(), shutdown.clone()));
+    tasks.spawn(tasks::evictor(master.clone(), shutdown.clone()));
+    tasks.spawn(tasks::invalidator(master.clone(), shutdown.clone()));
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
     Ok(MasterHandle {
@@ -538,114 +465,13 @@ pub async fn run(cfg: MasterConfig, shutdown: CancellationToken) -> Result<(), M
     start(cfg, shutdown).await?.stopped().await
 }
 
-/// Expires silent clients, stale puts and ended leases. A tick that comes
-/// late means this master did not run (paused, or starved of CPU): the
-/// heartbeats sent meanwhile wait unread in its sockets, so that time is
-/// not counted as the clients' silence.
-async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
-    let period = (master.state.config().client_ttl / 8)
-        .clamp(Duration::from_millis(10), Duration::from_secs(1));
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = Instant::now();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let now = Instant::now();
-        let late = now.saturating_duration_since(last).saturating_sub(period);
-        last = now;
-        if late > period {
-            tracing::warn!(
-                late_ms = late.as_millis() as u64,
-                "master stalled; not counting the stall against clients"
-            );
-            master.state.forgive_stall(late, now);
-        }
-        master.state.sweep(now);
-    }
-}
-
-/// Delivers freed and replaced versions to their stores, which destroy the
-/// objects there so that neither a restart nor a cached location can bring
-/// them back. Runs every 20 ms, or at once when a reply waits on it. A
-/// store that cannot be reached gets them again later (or reconciles on
-/// remount).
-async fn invalidator(master: Arc<Master>, shutdown: CancellationToken) {
-    let mut pools: HashMap<String, Arc<kvpool_transfer::ConnPool>> = HashMap::new();
-    let mut backoff: HashMap<msg::SegmentId, Instant> = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-            _ = master.invalidate_now.notified() => {}
-        }
-        let now = Instant::now();
-        backoff.retain(|_, until| *until > now);
-        let (batches, through) = master.state.take_invalidations();
-        let mut sends = Vec::new();
-        for (id, endpoint, regions) in batches {
-            if backoff.contains_key(&id) {
-                master.state.requeue_invalidations(id, regions);
-                continue;
-            }
-            let pool = pools
-                .entry(endpoint.clone())
-                .or_insert_with(|| {
-                    Arc::new(kvpool_transfer::ConnPool::new(
-                        &endpoint,
-                        "master",
-                        Limits::default(),
-                        Duration::from_secs(2),
-                        2,
-                    ))
-                })
-                .clone();
-            sends.push(async move {
-                let req = msg::InvalidateReq {
-                    segment: id,
-                    regions,
-                };
-                let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
-                (matches!(sent, Ok(Ok(_))), req)
-            });
-        }
-        for (ok, req) in futures::future::join_all(sends).await {
-            if !ok {
-                tracing::debug!(segment = %req.segment, "invalidation not delivered; will retry");
-                master.state.requeue_invalidations(req.segment, req.regions);
-                backoff.insert(req.segment, now + Duration::from_secs(1));
-            }
-        }
-        master.state.invalidations_sent(through);
-        let _ = master.invalidated.send(through);
-    }
-}
-
-/// Evicts in the background once usage crosses the high watermark, so puts
-/// rarely have to evict inline.
-async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = master.evict_soon.notified() => {}
-        }
-        if master.state.above_watermark() {
-            let m = master.clone();
-            let _ = tokio::task::spawn_blocking(move || m.state.evict(Instant::now(), 0)).await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use kvpool_proto::msg::{
         ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
     };
+    use kvpool_transfer::server::ControlHandler;
 
     fn segment(id: u128) -> SegmentInfo {
         SegmentInfo {
@@ -669,13 +495,13 @@ mod tests {
         };
         let master = Master::new(cfg);
         let shutdown = CancellationToken::new();
-        tokio::spawn(sweeper(master.clone(), shutdown.clone()));
+        tokio::spawn(tasks::sweeper(master.clone(), shutdown.clone()));
         let s = &master.state;
         let (silent, alive) = (ClientId(1), ClientId(2));
         s.register_client(silent, "silent", Instant::now());
         s.register_client(alive, "alive", Instant::now());
-        s.mount(silent, segment(1), 0).unwrap();
-        s.mount(alive, segment(2), 0).unwrap();
+        s.mount(silent, segment(1), 0, Instant::now()).unwrap();
+        s.mount(alive, segment(2), 0, Instant::now()).unwrap();
         let item = PutItem {
             key: "k".into(),
             value_len: 10,
@@ -707,6 +533,42 @@ mod tests {
         shutdown.cancel();
     }
 
+    /// A drain's delayed unmount is a task of the master: it fires on time,
+    /// and never after the master stopped.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_deadline_unmounts_unless_the_master_stopped() {
+        for stop_first in [false, true] {
+            let shutdown = CancellationToken::new();
+            let master = Master::with_shutdown(StateConfig::default(), shutdown.clone());
+            let c = ClientId(1);
+            master.state.register_client(c, "c", Instant::now());
+            master
+                .state
+                .mount(c, segment(1), 0, Instant::now())
+                .unwrap();
+            let drain = msg::encode(&msg::DrainSegment {
+                segment: "s1".into(),
+                unmount_after_ms: Some(10_000),
+            });
+            let (r, _) = master.handle(Opcode::DrainSegment, &drain);
+            r.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if stop_first {
+                shutdown.cancel();
+            }
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            let mounted = master.state.status().segments.len();
+            assert_eq!(
+                mounted,
+                usize::from(stop_first),
+                "stopped first: {stop_first}"
+            );
+            shutdown.cancel();
+            master.background.close();
+            master.background.wait().await;
+        }
+    }
+
     /// A lease granted under paused time blocks remove until it runs out.
     #[tokio::test(start_paused = true)]
     async fn lease_expires_with_time() {
@@ -714,7 +576,7 @@ mod tests {
         let s = &master.state;
         let c = ClientId(7);
         s.register_client(c, "c", Instant::now());
-        s.mount(c, segment(1), 0).unwrap();
+        s.mount(c, segment(1), 0, Instant::now()).unwrap();
         let item = PutItem {
             key: "k".into(),
             value_len: 10,

@@ -157,7 +157,7 @@ impl Pool {
 
     fn mount(&self, owner: ClientId, id: u128, name: &str, size: u64) {
         self.st
-            .mount(owner, segment(id, name, size), 0)
+            .mount(owner, segment(id, name, size), 0, self.t0)
             .expect("mount");
     }
 
@@ -817,7 +817,7 @@ fn silent_client_loses_its_segment_and_puts() {
     assert!(!p.st.heartbeat(s1, now));
     assert_eq!(code(p.put(s1, "x", 128, now)), CLIENT_NOT_FOUND);
     assert_eq!(
-        code(p.st.mount(s1, segment(1, "s1", MIB), 0)),
+        code(p.st.mount(s1, segment(1, "s1", MIB), 0, p.t0)),
         CLIENT_NOT_FOUND
     );
 
@@ -865,10 +865,13 @@ fn segment_mount_and_unmount_rules() {
     let p = Pool::new(config());
     let (a, b) = (p.client(1), p.client(2));
     assert_eq!(
-        code(p.st.mount(ClientId(9), segment(1, "a", MIB), 0)),
+        code(p.st.mount(ClientId(9), segment(1, "a", MIB), 0, p.t0)),
         CLIENT_NOT_FOUND
     );
-    assert_eq!(code(p.st.mount(a, segment(1, "a", 0), 0)), INVALID_PARAMS);
+    assert_eq!(
+        code(p.st.mount(a, segment(1, "a", 0), 0, p.t0)),
+        INVALID_PARAMS
+    );
     p.mount(a, 1, "a", MIB);
     let now = p.at(0);
     p.commit(a, "k", OBJ, now);
@@ -876,11 +879,11 @@ fn segment_mount_and_unmount_rules() {
     // Mounting again is harmless for the owner; another shape under the same
     // id is refused. (Another client mounting it is a store restart: see
     // `restarted_store_takes_over_its_segment`.)
-    p.st.mount(a, segment(1, "a", MIB), 0).unwrap();
+    p.st.mount(a, segment(1, "a", MIB), 0, p.t0).unwrap();
     assert_eq!((p.st.status().segments.len(), p.used()), (1, OBJ));
     assert!(p.present("k"));
     assert_eq!(
-        code(p.st.mount(a, segment(1, "a", 2 * MIB), 0)),
+        code(p.st.mount(a, segment(1, "a", 2 * MIB), 0, p.t0)),
         SEGMENT_ALREADY_EXISTS
     );
 
@@ -1061,8 +1064,13 @@ impl Sim {
         let clients = [ClientId(1), ClientId(2)];
         for (i, c) in clients.iter().enumerate() {
             st.register_client(*c, "host", now);
-            st.mount(*c, segment(i as u128 + 1, &format!("s{i}"), SEGMENT), 0)
-                .expect("mount");
+            st.mount(
+                *c,
+                segment(i as u128 + 1, &format!("s{i}"), SEGMENT),
+                0,
+                now,
+            )
+            .expect("mount");
         }
         Sim {
             st,
@@ -1526,7 +1534,7 @@ fn inventory_parts_sent_twice_count_once() {
         offset,
         len: OBJ,
     };
-    p.st.mount(s1, segment(1, "a", MIB), 2).unwrap();
+    p.st.mount(s1, segment(1, "a", MIB), 2, p.t0).unwrap();
     for _ in 0..2 {
         let v = p.st.report_objects(
             s1,
@@ -1561,7 +1569,7 @@ fn a_refused_inventory_never_opens_the_segment_empty() {
         offset,
         len,
     };
-    p.st.mount(s1, segment(1, "a", MIB), 2).unwrap();
+    p.st.mount(s1, segment(1, "a", MIB), 2, p.t0).unwrap();
     let overlapping = vec![
         inventory("x", 5, &at(BASE, 2 * OBJ)),
         inventory("y", 6, &at(BASE + OBJ, OBJ)),
@@ -1634,8 +1642,8 @@ fn new_master_rebuilds_from_inventories() {
         len: OBJ,
     };
     let base = 4096;
-    p.st.mount(s1, segment(1, "a", MIB), 3).unwrap();
-    p.st.mount(s2, segment(2, "b", MIB), 2).unwrap();
+    p.st.mount(s1, segment(1, "a", MIB), 3, p.t0).unwrap();
+    p.st.mount(s2, segment(2, "b", MIB), 2, p.t0).unwrap();
     // Recovering segments take no new objects: a retryable refusal.
     assert_eq!(code(p.put(s1, "new", 128, now)), UNAVAILABLE);
     let v1 =

@@ -36,8 +36,14 @@ impl MasterState {
     /// (reported next with [`Self::report_objects`]): the segment takes no
     /// new objects until it is complete. A segment still mounted under
     /// another client is taken over: its store restarted within the TTL.
-    pub fn mount(&self, client: ClientId, info: SegmentInfo, objects: u64) -> KvResult<()> {
-        self.mount_scanned(client, info, objects, Duration::ZERO, Instant::now())
+    pub fn mount(
+        &self,
+        client: ClientId,
+        info: SegmentInfo,
+        objects: u64,
+        now: Instant,
+    ) -> KvResult<()> {
+        self.mount_scanned(client, info, objects, Duration::ZERO, now)
     }
 
     /// [`Self::mount`] for a store whose scan began `scan_age` ago: objects

@@ -1,0 +1,116 @@
+//! The master's background tasks, owned by [`crate::start`] and stopped with
+//! it: the sweeper (expiry), the evictor (LRU at the high watermark) and the
+//! invalidator (destroying freed objects on their stores).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvpool_proto::frame::Limits;
+use kvpool_proto::msg;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::Master;
+
+/// Expires silent clients, stale puts and ended leases. A tick that comes
+/// late means this master did not run (paused, or starved of CPU): the
+/// heartbeats sent meanwhile wait unread in its sockets, so that time is
+/// not counted as the clients' silence.
+pub(crate) async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
+    let period = (master.state.config().client_ttl / 8)
+        .clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Instant::now();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = Instant::now();
+        let late = now.saturating_duration_since(last).saturating_sub(period);
+        last = now;
+        if late > period {
+            tracing::warn!(
+                late_ms = late.as_millis() as u64,
+                "master stalled; not counting the stall against clients"
+            );
+            master.state.forgive_stall(late, now);
+        }
+        master.state.sweep(now);
+    }
+}
+
+/// Delivers freed and replaced versions to their stores, which destroy the
+/// objects there so that neither a restart nor a cached location can bring
+/// them back. Runs every 20 ms, or at once when a reply waits on it. A
+/// store that cannot be reached gets them again later (or reconciles on
+/// remount).
+pub(crate) async fn invalidator(master: Arc<Master>, shutdown: CancellationToken) {
+    let mut pools: HashMap<String, Arc<kvpool_transfer::ConnPool>> = HashMap::new();
+    let mut backoff: HashMap<msg::SegmentId, Instant> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+            _ = master.invalidate_now.notified() => {}
+        }
+        let now = Instant::now();
+        backoff.retain(|_, until| *until > now);
+        let (batches, through) = master.state.take_invalidations();
+        let mut sends = Vec::new();
+        for (id, endpoint, regions) in batches {
+            if backoff.contains_key(&id) {
+                master.state.requeue_invalidations(id, regions);
+                continue;
+            }
+            let pool = pools
+                .entry(endpoint.clone())
+                .or_insert_with(|| {
+                    Arc::new(kvpool_transfer::ConnPool::new(
+                        &endpoint,
+                        "master",
+                        Limits::default(),
+                        Duration::from_secs(2),
+                        2,
+                    ))
+                })
+                .clone();
+            sends.push(async move {
+                let req = msg::InvalidateReq {
+                    segment: id,
+                    regions,
+                };
+                let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
+                (matches!(sent, Ok(Ok(_))), req)
+            });
+        }
+        for (ok, req) in futures::future::join_all(sends).await {
+            if !ok {
+                tracing::debug!(segment = %req.segment, "invalidation not delivered; will retry");
+                master.state.requeue_invalidations(req.segment, req.regions);
+                backoff.insert(req.segment, now + Duration::from_secs(1));
+            }
+        }
+        master.state.invalidations_sent(through);
+        let _ = master.invalidated.send(through);
+    }
+}
+
+/// Evicts in the background once usage crosses the high watermark, so puts
+/// rarely have to evict inline.
+pub(crate) async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = master.evict_soon.notified() => {}
+        }
+        if master.state.above_watermark() {
+            let m = master.clone();
+            let _ = tokio::task::spawn_blocking(move || m.state.evict(Instant::now(), 0)).await;
+        }
+    }
+}
