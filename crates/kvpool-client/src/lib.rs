@@ -24,6 +24,7 @@ pub use cache::CacheStats;
 use cache::LocationCache;
 use futures::future::join_all;
 use kvpool_format::{header_len, value_checksum, ObjectHeader};
+use kvpool_net::{CallPolicy, ConnPool, MasterLink};
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
     self, ClientId, ClusterStatus, ObjectLocation, PutGrant, PutItem, ReadReq, Replica, WriteReq,
@@ -31,7 +32,6 @@ use kvpool_proto::msg::{
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use kvpool_store::DataNode;
 use kvpool_transfer::data::{read_regions_shared, write_regions, ReadOp, WriteOp};
-use kvpool_transfer::{CallPolicy, ConnPool, MasterLink};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -1427,8 +1427,8 @@ fn split<T>(group: Vec<T>, bytes: u64, conns: usize) -> Vec<Vec<T>> {
 /// connection goes back to the pool only if the exchange completed.
 async fn transfer<F, Fut, T>(pool: &ConnPool, timeout: Duration, f: F) -> KvResult<T>
 where
-    F: FnOnce(kvpool_transfer::FramedConn) -> Fut,
-    Fut: std::future::Future<Output = (kvpool_transfer::FramedConn, KvResult<T>)>,
+    F: FnOnce(kvpool_net::FramedConn) -> Fut,
+    Fut: std::future::Future<Output = (kvpool_net::FramedConn, KvResult<T>)>,
 {
     let run = async {
         let conn = pool.take().await?;

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_transfer::etcd::{leader_key, Etcd};
+use kvpool_net::etcd::{leader_key, Etcd};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};

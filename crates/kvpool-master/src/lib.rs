@@ -25,7 +25,7 @@ use std::time::Duration;
 use kvpool_proto::frame::{Limits, Opcode};
 use kvpool_proto::msg;
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::server::{serve_control, ControlHandler, ReplyWait};
+use kvpool_net::server::{serve_control, ControlHandler, ReplyWait};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -471,7 +471,7 @@ mod tests {
     use kvpool_proto::msg::{
         ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
     };
-    use kvpool_transfer::server::ControlHandler;
+    use kvpool_net::server::ControlHandler;
 
     fn segment(id: u128) -> SegmentInfo {
         SegmentInfo {

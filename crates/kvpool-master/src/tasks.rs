@@ -48,7 +48,7 @@ pub(crate) async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
 /// store that cannot be reached gets them again later (or reconciles on
 /// remount).
 pub(crate) async fn invalidator(master: Arc<Master>, shutdown: CancellationToken) {
-    let mut pools: HashMap<String, Arc<kvpool_transfer::ConnPool>> = HashMap::new();
+    let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
     let mut backoff: HashMap<msg::SegmentId, Instant> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -70,7 +70,7 @@ pub(crate) async fn invalidator(master: Arc<Master>, shutdown: CancellationToken
             let pool = pools
                 .entry(endpoint.clone())
                 .or_insert_with(|| {
-                    Arc::new(kvpool_transfer::ConnPool::new(
+                    Arc::new(kvpool_net::ConnPool::new(
                         &endpoint,
                         "master",
                         Limits::default(),

@@ -10,9 +10,9 @@ pub mod segment;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
 use kvpool_proto::KvError;
-use kvpool_transfer::{CallPolicy, MasterLink};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 

@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use kvpool_format::DATA_BASE;
+use kvpool_net::master::RemountHook;
+use kvpool_net::MasterLink;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
     InventoryItem, MountSegment, ReportObjects, SegmentId, SegmentInfo, UnmountSegment,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::{invalidate_object, serve_data, SegmentTable};
-use kvpool_transfer::master::RemountHook;
-use kvpool_transfer::{MappedRegion, MasterLink};
+use kvpool_transfer::MappedRegion;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

@@ -11,6 +11,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kvpool_format::FIXED_LEN;
+use kvpool_net::conn::{accept_handshake, FramedConn};
+use kvpool_net::server::{accept_loop, reject_and_close};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -19,9 +21,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::conn::{accept_handshake, FramedConn};
 use crate::mapped::MappedRegion;
-use crate::server::{accept_loop, reject_and_close};
 
 /// Requests kept in flight per connection before waiting for a response;
 /// bounds what either side must buffer so pipelining can never deadlock.

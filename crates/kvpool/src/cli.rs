@@ -252,10 +252,10 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
     master: &str,
     req: &R,
 ) -> anyhow::Result<R::Response> {
-    let addr = kvpool_transfer::etcd::MasterAddr::parse(master)?
+    let addr = kvpool_net::etcd::MasterAddr::parse(master)?
         .resolve()
         .await?;
-    let pool = kvpool_transfer::ConnPool::new(
+    let pool = kvpool_net::ConnPool::new(
         &addr,
         "cli",
         kvpool_proto::frame::Limits::default(),

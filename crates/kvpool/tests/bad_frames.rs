@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use common::Cluster;
 use kvpool_client::{Client, ReplicateConfig};
+use kvpool_net::FramedConn;
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN};
 use kvpool_proto::msg::{self, Hello, PutItem, PutStart, ReadReq, SegmentInfo, Status, WriteReq};
 use kvpool_proto::{Code, KvResult, MAX_KEY_LEN, PROTOCOL_VERSION};
 use kvpool_transfer::data::{read_regions, write_regions, ReadOp, WriteOp};
-use kvpool_transfer::FramedConn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use common::{random_bytes, Cluster, CLIENT_TTL, TTL_MARGIN};
 use kvpool_client::{Client, ReplicateConfig};
+use kvpool_format::{value_checksum, ObjectHeader};
+use kvpool_net::FramedConn;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{self, ClusterStatus, PutGrant, PutItem, PutStart, WriteReq};
 use kvpool_proto::Code;
-use kvpool_format::{value_checksum, ObjectHeader};
 use kvpool_transfer::data::{write_regions, WriteOp};
-use kvpool_transfer::FramedConn;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use common::*;
 use kvpool_client::{Client, Protocol, ReplicateConfig};
+use kvpool_format::{header_len, value_checksum, ObjectHeader};
+use kvpool_net::FramedConn;
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode};
 use kvpool_proto::msg::{self, PutGrant, PutItem, WriteReq};
 use kvpool_proto::Code;
-use kvpool_format::{header_len, value_checksum, ObjectHeader};
-use kvpool_transfer::FramedConn;
 use parking_lot::Mutex;
 
 const VALUE_MAX: usize = 16 << 10;

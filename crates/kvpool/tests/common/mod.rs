@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_client::{Client, ClientConfig};
+use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
-use kvpool_transfer::{CallPolicy, MasterLink};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use tempfile::TempDir;

@@ -1,6 +1,6 @@
 //! Server loops: accepting connections under a shutdown token, and the
 //! request/response loop of the control plane (master). The data-plane loop
-//! lives in [`crate::data`].
+//! lives in `kvpool_transfer::data`, which builds on these.
 
 use std::future::Future;
 use std::sync::Arc;

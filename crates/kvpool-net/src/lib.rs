@@ -1,0 +1,16 @@
+//! kvpool's networking: framed connections with handshake and pooling
+//! ([`conn`]), the server loops that speak the frame protocol ([`server`]),
+//! the link every client and store keeps to the master ([`master`]), and the
+//! etcd client behind `etcd://` master addresses and leader election
+//! ([`etcd`]).
+//!
+//! It knows nothing of segments or object bytes, so the master can link it
+//! without the data plane (that lives in `kvpool-transfer`, on top of this).
+
+pub mod conn;
+pub mod etcd;
+pub mod master;
+pub mod server;
+
+pub use conn::{ConnPool, FramedConn};
+pub use master::{CallPolicy, MasterLink};
