@@ -1,0 +1,130 @@
+//! Client settings: the transport to use and the knobs for timeouts,
+//! retries, parallelism, the embedded segment and the location cache.
+//!
+//! Defaults suit one client per inference process on a small pool; every
+//! field is public so the binary and the Python binding fill it from flags
+//! and environment.
+
+use std::time::Duration;
+
+use kvpool_proto::{Code, KvError, KvResult};
+
+/// How object bytes move between this client and the stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// Always over the TCP data plane.
+    Tcp,
+    /// Always by mapping the store's segment file (same host only); a
+    /// segment that cannot be mapped is an error.
+    Shm,
+    /// Shared memory for segments on this host that this process may map,
+    /// TCP for the others.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = KvError;
+
+    fn from_str(s: &str) -> KvResult<Protocol> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Protocol::Tcp),
+            "shm" => Ok(Protocol::Shm),
+            "auto" | "" => Ok(Protocol::Auto),
+            "rdma" => Err(KvError::new(
+                Code::NotSupported,
+                "the rdma transport is not available in this build",
+            )),
+            other => Err(KvError::new(
+                Code::InvalidParams,
+                format!("unknown protocol {other:?} (tcp, shm, auto)"),
+            )),
+        }
+    }
+}
+
+/// Settings of a client.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Master RPC address `host:port`.
+    pub master: String,
+    /// Name of this client (and of its embedded segment).
+    pub hostname: String,
+    /// Limit for each master call attempt and each transfer.
+    pub timeout: Duration,
+    /// Most extra attempts after transient failures (master calls, and keys
+    /// whose store was unreachable or busy).
+    pub retries: u32,
+    /// Transient failures are retried only while the call is younger than
+    /// this: long enough to ride out a store restart or a master failover.
+    pub retry_for: Duration,
+    /// Connections one big batch uses in parallel per store.
+    pub conns_per_store: usize,
+    /// Bytes to lend to the pool from this process (0 = pure client).
+    pub segment_size: u64,
+    /// IP the embedded segment's data plane binds and advertises.
+    pub segment_address: String,
+    /// Transport for object bytes.
+    pub protocol: Protocol,
+    /// Keys whose locations are remembered for one-round-trip repeat reads
+    /// (0 turns the location cache off).
+    pub location_cache: usize,
+}
+
+impl ClientConfig {
+    /// Defaults for a client of the master at `master`.
+    pub fn new(master: &str) -> Self {
+        ClientConfig {
+            master: master.to_string(),
+            hostname: "127.0.0.1".into(),
+            timeout: Duration::from_secs(10),
+            retries: 50,
+            retry_for: Duration::from_secs(10),
+            conns_per_store: 4,
+            segment_size: 0,
+            segment_address: "127.0.0.1".into(),
+            protocol: Protocol::Auto,
+            location_cache: 65_536,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_a_pure_client_on_auto() {
+        let c = ClientConfig::new("10.0.0.1:50051");
+        assert_eq!(c.master, "10.0.0.1:50051");
+        assert_eq!(c.hostname, "127.0.0.1");
+        assert_eq!(c.timeout, Duration::from_secs(10));
+        assert_eq!((c.retries, c.retry_for), (50, Duration::from_secs(10)));
+        assert_eq!(c.conns_per_store, 4);
+        assert_eq!(c.segment_size, 0, "lends no memory unless asked");
+        assert_eq!(c.segment_address, "127.0.0.1");
+        assert_eq!(c.protocol, Protocol::Auto);
+        assert_eq!(Protocol::default(), Protocol::Auto);
+        assert_eq!(c.location_cache, 65_536);
+    }
+
+    #[test]
+    fn protocols_parse() {
+        for (s, p) in [
+            ("tcp", Protocol::Tcp),
+            (" SHM ", Protocol::Shm),
+            ("auto", Protocol::Auto),
+            ("", Protocol::Auto),
+        ] {
+            assert_eq!(s.parse::<Protocol>().unwrap(), p, "{s:?}");
+        }
+        assert_eq!(
+            "rdma".parse::<Protocol>().unwrap_err().code,
+            Code::NotSupported
+        );
+        assert_eq!(
+            "udp".parse::<Protocol>().unwrap_err().code,
+            Code::InvalidParams
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! Fan-out: how a batch is cut into jobs (per store, per connection, per
+//! core) and how the jobs run, concurrently on the caller's task or, for a
+//! big batch that is alone, each on its own thread.
+//!
+//! The planning ([`lanes`], [`split`]) is pure and unit-tested; the
+//! runners only execute what was planned.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::future::join_all;
+use kvpool_proto::KvResult;
+
+use crate::Client;
+
+/// Batches whose bytes exceed this are spread over several connections per
+/// store (and over cores for shared-memory copies and checksums).
+pub(crate) const SPREAD_BYTES: u64 = 1 << 20;
+
+/// One share of a batch's transfers: (item index, result) pairs.
+pub(crate) type Job<'a, T> = Pin<Box<dyn Future<Output = Vec<(usize, KvResult<T>)>> + Send + 'a>>;
+
+/// Parallel lanes (connections or threads) for `items` items of `bytes`
+/// bytes: up to `max` when the bytes pay for parallelism, else one.
+pub(crate) fn lanes(bytes: u64, items: usize, max: usize) -> usize {
+    if bytes >= SPREAD_BYTES {
+        max.clamp(1, items.max(1))
+    } else {
+        1
+    }
+}
+
+/// Cuts a group into up to [`lanes`] chunks of nearly equal count, in order.
+pub(crate) fn split<T>(group: Vec<T>, bytes: u64, max: usize) -> Vec<Vec<T>> {
+    let n = lanes(bytes, group.len(), max);
+    let per = group.len().div_ceil(n).max(1);
+    let mut out = Vec::with_capacity(n);
+    let mut it = group.into_iter().peekable();
+    while it.peek().is_some() {
+        out.push(it.by_ref().take(per).collect());
+    }
+    out
+}
+
+/// Cores this process may use, asked once: the answer reads cgroup files,
+/// far too slow for every call.
+pub(crate) fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+impl Client {
+    /// [`run_jobs_on`], in parallel only for a big batch that is alone: with
+    /// several in flight the callers already keep the cores busy, and
+    /// threads on top of them only contend (4 concurrent callers' 512 KiB
+    /// batch gets were 20% slower with them).
+    pub(crate) async fn run_jobs<F>(&self, jobs: Vec<F>, big: bool) -> Vec<F::Output>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        if !big {
+            return run_jobs_on(jobs, false).await;
+        }
+        /// Counts a big batch in flight until dropped (also when cancelled).
+        struct InFlight<'a>(&'a AtomicUsize);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let alone = self.inner.big_calls.fetch_add(1, Ordering::AcqRel) == 0;
+        let _in_flight = InFlight(&self.inner.big_calls);
+        run_jobs_on(jobs, alone).await
+    }
+}
+
+/// Runs transfer jobs to completion. With `parallel` and a multi-thread
+/// runtime, each job gets its own thread, so one caller's big batch moves
+/// and verifies bytes on every core rather than one. The jobs borrow the
+/// caller's buffers; scoped threads (under `block_in_place`) have all ended
+/// when this returns, and nothing here can be dropped half-way, so no
+/// transfer ever writes into memory its caller stopped waiting for.
+pub(crate) async fn run_jobs_on<F>(jobs: Vec<F>, parallel: bool) -> Vec<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let handle = Handle::current();
+    if jobs.len() < 2 || !parallel || handle.runtime_flavor() != RuntimeFlavor::MultiThread {
+        return join_all(jobs).await;
+    }
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|s| {
+            let running: Vec<_> = jobs
+                .into_iter()
+                .map(|job| {
+                    let handle = &handle;
+                    s.spawn(move || handle.block_on(job))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_batches_take_one_lane() {
+        assert_eq!(lanes(SPREAD_BYTES - 1, 100, 4), 1);
+        assert_eq!(
+            split((0..10).collect(), 4096, 4),
+            [(0..10).collect::<Vec<_>>()]
+        );
+    }
+
+    #[test]
+    fn big_batches_spread_over_lanes_but_never_more_than_items() {
+        assert_eq!(lanes(SPREAD_BYTES, 100, 4), 4);
+        assert_eq!(lanes(SPREAD_BYTES, 2, 4), 2);
+        assert_eq!(lanes(SPREAD_BYTES, 0, 4), 1);
+        assert_eq!(lanes(SPREAD_BYTES, 5, 0), 1);
+        let chunks = split((0..10).collect::<Vec<_>>(), SPREAD_BYTES, 4);
+        assert_eq!(
+            chunks,
+            [vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8], vec![9]]
+        );
+    }
+
+    #[test]
+    fn an_empty_group_makes_no_chunks() {
+        assert!(split(Vec::<u8>::new(), SPREAD_BYTES, 4).is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_answer_in_order_on_threads_or_not() {
+        for parallel in [false, true] {
+            let jobs: Vec<_> = (0..5).map(|i| async move { i * 10 }).collect();
+            assert_eq!(run_jobs_on(jobs, parallel).await, [0, 10, 20, 30, 40]);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! Gets: find where each object is (the location cache, or `GetReplicaList`
+//! at the master, which grants a read lease), read it from a replica
+//! ([`crate::read`]), and ask the master again for cached locations that
+//! turned out stale.
+//!
+//! A hint (a location without a live lease) is read while the master
+//! confirms it, so it costs one round trip instead of two; the read stands
+//! only if the master names the same version.
+
+use std::time::Duration;
+
+use kvpool_proto::msg::{self, ObjectLocation};
+use kvpool_proto::{validate_key, Code, KvError, KvResult};
+use tokio::time::Instant;
+
+use crate::retry::KeyRetry;
+use crate::rpc::one;
+use crate::Client;
+
+/// One object to read into caller memory.
+pub struct GetInto<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// Destination buffers; the value fills them in order and must fit.
+    pub dst: Vec<&'a mut [u8]>,
+}
+
+impl<'a> GetInto<'a> {
+    /// One item per key, each reading into the whole buffer at its position.
+    pub fn each<K: AsRef<str>>(keys: &'a [K], bufs: &'a mut [Vec<u8>]) -> Vec<GetInto<'a>> {
+        keys.iter()
+            .zip(bufs.iter_mut())
+            .map(|(k, b)| GetInto {
+                key: k.as_ref(),
+                dst: vec![&mut b[..]],
+            })
+            .collect()
+    }
+}
+
+/// An object located by [`Client::locate`], holding its read lease: the
+/// first half of a get whose caller must size the destination first (a
+/// Python `bytes`, say) and then read straight into it.
+pub struct Located {
+    key: String,
+    found: Found,
+}
+
+impl Located {
+    /// Value bytes the destination must hold.
+    pub fn value_len(&self) -> usize {
+        self.found.location.value_len as usize
+    }
+}
+
+/// A location to read from.
+pub(crate) struct Found {
+    pub(crate) location: ObjectLocation,
+    /// When the read lease began (when the master was asked, or the read
+    /// it extended happened).
+    pub(crate) lease_from: Instant,
+    via: Via,
+}
+
+/// Where a location came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The master, just now.
+    Master,
+    /// The location cache, under a lease still young.
+    Cache,
+    /// The location cache, without a live lease: read while the master
+    /// confirms it (see [`Client::read_found`]).
+    Hint,
+}
+
+/// Which of `found` came from the location cache (on failure: ask the
+/// master again at once).
+fn cached_flags(found: &[KvResult<Found>]) -> Vec<bool> {
+    found
+        .iter()
+        .map(|f| f.as_ref().is_ok_and(|f| f.via != Via::Master))
+        .collect()
+}
+
+/// Reborrows the items at `at` (ascending indexes) for another pass.
+pub(crate) fn reborrow<'a>(items: &'a mut [GetInto<'_>], at: &[usize]) -> Vec<GetInto<'a>> {
+    items
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| at.binary_search(i).is_ok())
+        .map(|(_, it)| GetInto {
+            key: it.key,
+            dst: it.dst.iter_mut().map(|d| &mut **d).collect(),
+        })
+        .collect()
+}
+
+impl Client {
+    /// Reads `key`'s value into a new vector.
+    pub async fn get(&self, key: &str) -> KvResult<Vec<u8>> {
+        one(self.batch_get(&[key]).await)
+    }
+
+    /// Reads many values into new vectors; one result per key.
+    pub async fn batch_get(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
+        loop {
+            let round: Vec<&str> = retry.todo().iter().map(|&i| keys[i]).collect();
+            let out = self.get_pass(&round).await;
+            if !retry.settle(out).await {
+                return retry.finish();
+            }
+        }
+    }
+
+    async fn get_pass(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        let found = self.find(keys).await;
+        let cached = cached_flags(&found);
+        let mut out = self.read_new(keys, found).await;
+        let stale = self.stale(keys, &cached, &out);
+        if !stale.is_empty() {
+            let again: Vec<&str> = stale.iter().map(|&i| keys[i]).collect();
+            let found = self.locate_keys(&again).await;
+            for (&i, r) in stale.iter().zip(self.read_new(&again, found).await) {
+                out[i] = r;
+            }
+        }
+        out
+    }
+
+    /// Reads located objects into new vectors.
+    async fn read_new(&self, keys: &[&str], found: Vec<KvResult<Found>>) -> Vec<KvResult<Vec<u8>>> {
+        let mut bufs: Vec<Vec<u8>> = found
+            .iter()
+            .map(|f| match f {
+                Ok(f) => vec![0u8; f.location.value_len as usize],
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let mut items = GetInto::each(keys, &mut bufs);
+        let res = self.read_found(&mut items, found).await;
+        drop(items);
+        res.into_iter()
+            .zip(bufs)
+            .map(|(r, b)| r.map(|_| b))
+            .collect()
+    }
+
+    /// Indexes of reads through cached locations that failed; their
+    /// locations are dropped.
+    fn stale<T>(&self, keys: &[&str], cached: &[bool], res: &[KvResult<T>]) -> Vec<usize> {
+        let stale: Vec<usize> = (0..res.len())
+            .filter(|&i| {
+                // Not found is the master's own answer (to a hint's check).
+                cached.get(i) == Some(&true)
+                    && res[i]
+                        .as_ref()
+                        .is_err_and(|e| e.code != Code::ObjectNotFound)
+            })
+            .collect();
+        for &i in &stale {
+            tracing::debug!(key = keys[i], "cached location is stale; asking the master");
+            self.inner.cache.stale(keys[i]);
+        }
+        stale
+    }
+
+    /// Locates `key` (from the location cache, or one master round trip that
+    /// takes the read lease). No retries: on a transient error, fall back to
+    /// [`Self::get`].
+    pub async fn locate(&self, key: &str) -> KvResult<Located> {
+        one(self.locate_many(&[key]).await)
+    }
+
+    /// [`Self::locate`] for many keys: one master round trip for those not
+    /// in the location cache.
+    pub async fn locate_many(&self, keys: &[&str]) -> Vec<KvResult<Located>> {
+        keys.iter()
+            .zip(self.find(keys).await)
+            .map(|(k, f)| {
+                f.map(|found| Located {
+                    key: k.to_string(),
+                    found,
+                })
+            })
+            .collect()
+    }
+
+    /// Reads a located object into `dst` (at least `value_len` bytes),
+    /// verified like every read; returns the value length. A cached location
+    /// that turned out stale is a transient error: fall back to [`Self::get`].
+    pub async fn read_located_into(&self, l: Located, dst: &mut [u8]) -> KvResult<usize> {
+        one(self.read_located_many(vec![(l, dst)]).await)
+    }
+
+    /// [`Self::read_located_into`] for many objects, transferred together.
+    pub async fn read_located_many(
+        &self,
+        items: Vec<(Located, &mut [u8])>,
+    ) -> Vec<KvResult<usize>> {
+        let mut keys = Vec::with_capacity(items.len());
+        let mut found = Vec::with_capacity(items.len());
+        let mut dsts = Vec::with_capacity(items.len());
+        for (l, dst) in items {
+            keys.push(l.key);
+            found.push(Ok(l.found));
+            dsts.push(dst);
+        }
+        let cached = cached_flags(&found);
+        let mut gets: Vec<GetInto> = keys
+            .iter()
+            .zip(dsts)
+            .map(|(key, dst)| GetInto {
+                key,
+                dst: vec![dst],
+            })
+            .collect();
+        let mut out = self.read_found(&mut gets, found).await;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for i in self.stale(&refs, &cached, &out) {
+            out[i] = Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                format!("cached location of {:?} is stale", keys[i]),
+            ));
+        }
+        out
+    }
+
+    /// Reads `key`'s value into `buf`; returns the value length. A buffer
+    /// smaller than the value is `INVALID_PARAMS` and nothing is read.
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> KvResult<usize> {
+        let mut items = [GetInto {
+            key,
+            dst: vec![buf],
+        }];
+        one(self.batch_get_into(&mut items).await)
+    }
+
+    /// Reads many values into caller buffers; one result (value length) per item.
+    pub async fn batch_get_into(&self, items: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
+        let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
+        loop {
+            let todo = retry.todo();
+            let mut round = reborrow(items, &todo);
+            let keys: Vec<&str> = round.iter().map(|i| i.key).collect();
+            let found = self.find(&keys).await;
+            let cached = cached_flags(&found);
+            let mut out = self.read_found(&mut round, found).await;
+            let stale = self.stale(&keys, &cached, &out);
+            if !stale.is_empty() {
+                let mut again = reborrow(&mut round, &stale);
+                let keys: Vec<&str> = again.iter().map(|i| i.key).collect();
+                let found = self.locate_keys(&keys).await;
+                for (&i, r) in stale.iter().zip(self.read_located(&mut again, found).await) {
+                    out[i] = r;
+                }
+            }
+            drop(round);
+            if !retry.settle(out).await {
+                return retry.finish();
+            }
+        }
+    }
+
+    /// Reads `items` from `found` locations. Hints are read while the master
+    /// is asked where those keys are: the read stands if the master names
+    /// the same version, which it now holds a lease on; otherwise the item
+    /// fails as stale (the caller asks again, through the fresh location).
+    async fn read_found(
+        &self,
+        items: &mut [GetInto<'_>],
+        found: Vec<KvResult<Found>>,
+    ) -> Vec<KvResult<usize>> {
+        let hinted: Vec<(usize, u64)> = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| match f {
+                Ok(f) if f.via == Via::Hint => Some((i, f.location.generation)),
+                _ => None,
+            })
+            .collect();
+        if hinted.is_empty() {
+            return self.read_located(items, found).await;
+        }
+        let keys: Vec<&str> = hinted.iter().map(|&(i, _)| items[i].key).collect();
+        let (confirmed, mut out) =
+            tokio::join!(self.locate_keys(&keys), self.read_located(items, found));
+        for (&(i, generation), c) in hinted.iter().zip(confirmed) {
+            match c {
+                Ok(f) if f.location.generation == generation => {
+                    if f.lease_from.elapsed() > Duration::from_millis(f.location.lease_ms) {
+                        out[i] = Err(KvError::new(
+                            Code::LeaseExpired,
+                            format!("read of {:?} outlived its lease", items[i].key),
+                        ));
+                    }
+                }
+                Ok(_) => {
+                    out[i] = Err(KvError::new(
+                        Code::TransferFail,
+                        format!("{:?} changed since this client saw it", items[i].key),
+                    ))
+                }
+                Err(e) => out[i] = Err(e),
+            }
+        }
+        out
+    }
+
+    /// Locations of `keys`: the location cache's, the master's for the rest.
+    async fn find(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
+        // A read from the cache over shared memory never waits on I/O; this
+        // keeps a loop of them from starving the caller's other tasks.
+        tokio::task::consume_budget().await;
+        let mut out: Vec<Option<KvResult<Found>>> = keys
+            .iter()
+            .map(|k| {
+                self.inner.cache.get(k).map(|(mut location, lease_from)| {
+                    Ok(match lease_from {
+                        Some(lease_from) => Found {
+                            location,
+                            lease_from,
+                            via: Via::Cache,
+                        },
+                        None => {
+                            // Its lease is checked against the master's answer.
+                            location.lease_ms = u64::MAX;
+                            Found {
+                                location,
+                                lease_from: Instant::now(),
+                                via: Via::Hint,
+                            }
+                        }
+                    })
+                })
+            })
+            .collect();
+        let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+        if !ask.is_empty() {
+            let asked: Vec<&str> = ask.iter().map(|&i| keys[i]).collect();
+            for (&i, f) in ask.iter().zip(self.locate_keys(&asked).await) {
+                out[i] = Some(f);
+            }
+        }
+        out.into_iter()
+            .map(|f| f.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
+            .collect()
+    }
+
+    /// Asks the master where `keys` are (granting read leases) and
+    /// remembers the answers in the location cache.
+    async fn locate_keys(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
+        // The lease runs from when the master was asked, not from its answer.
+        let t0 = Instant::now();
+        let mut out: Vec<KvResult<Found>> = keys
+            .iter()
+            .map(|k| {
+                validate_key(k).map(|_| Found {
+                    location: ObjectLocation {
+                        value_len: 0,
+                        generation: 0,
+                        lease_ms: 0,
+                        replicas: Vec::new(),
+                    },
+                    lease_from: t0,
+                    via: Via::Master,
+                })
+            })
+            .collect();
+        let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_ok()).collect();
+        if ask.is_empty() {
+            return out;
+        }
+        let req = msg::GetReplicaList {
+            keys: ask.iter().map(|&i| keys[i].to_string()).collect(),
+        };
+        for (&i, l) in ask.iter().zip(self.call_each(&req, ask.len()).await) {
+            out[i] = l.map(|location| {
+                self.inner.cache.insert(keys[i], location.clone(), Some(t0));
+                Found {
+                    location,
+                    lease_from: t0,
+                    via: Via::Master,
+                }
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(via: Via) -> KvResult<Found> {
+        Ok(Found {
+            location: ObjectLocation {
+                value_len: 1,
+                generation: 1,
+                lease_ms: 0,
+                replicas: Vec::new(),
+            },
+            lease_from: Instant::now(),
+            via,
+        })
+    }
+
+    #[test]
+    fn cached_and_hinted_locations_are_flagged() {
+        let f = [
+            found(Via::Master),
+            found(Via::Cache),
+            found(Via::Hint),
+            Err(KvError::from(Code::ObjectNotFound)),
+        ];
+        assert_eq!(cached_flags(&f), [false, true, true, false]);
+    }
+
+    #[test]
+    fn reborrow_keeps_the_chosen_items_in_order() {
+        let keys = ["a", "b", "c"];
+        let mut bufs = vec![vec![0u8; 1], vec![0u8; 2], vec![0u8; 3]];
+        let mut items = GetInto::each(&keys, &mut bufs);
+        let again = reborrow(&mut items, &[0, 2]);
+        let seen: Vec<(&str, usize)> = again.iter().map(|g| (g.key, g.dst[0].len())).collect();
+        assert_eq!(seen, [("a", 1), ("c", 3)]);
+    }
+}

@@ -1,0 +1,320 @@
+//! Puts: reserve regions at the master (`PutStart`), write header + value to
+//! every replica over its transport, then commit (`PutEnd`) what was fully
+//! written and revoke (`PutRevoke`) the rest.
+//!
+//! Two master round trips per batch whatever its size; the transfers of a
+//! batch run per store and, when big, over several connections or cores.
+
+use std::collections::HashMap;
+
+use kvpool_format::{header_len, value_checksum, ObjectHeader};
+use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, WriteReq};
+use kvpool_proto::{validate_key, Code, KvError, KvResult};
+use kvpool_transfer::data::WriteOp;
+
+use crate::fanout::{cores, split, Job, SPREAD_BYTES};
+use crate::placement::Route;
+use crate::retry::KeyRetry;
+use crate::rpc::one;
+use crate::transport::{not_mappable, tcp};
+use crate::{Client, ReplicateConfig};
+
+/// One object to put: its key and the parts its value is the concatenation of.
+type Item<'a> = (&'a str, &'a [&'a [u8]]);
+
+/// Bytes of a value given as parts.
+fn value_len(parts: &[&[u8]]) -> u64 {
+    parts.iter().map(|p| p.len() as u64).sum()
+}
+
+/// The `PutStart` items for `items`: a result slot per item (failed where
+/// the key is invalid), and the request items with their item indexes.
+fn plan(items: &[Item]) -> (Vec<KvResult<()>>, Vec<PutItem>, Vec<usize>) {
+    let mut results = Vec::with_capacity(items.len());
+    let mut put_items = Vec::with_capacity(items.len());
+    let mut index = Vec::with_capacity(items.len());
+    for (i, (key, parts)) in items.iter().enumerate() {
+        match validate_key(key) {
+            Ok(()) => {
+                let value_len = value_len(parts);
+                put_items.push(PutItem {
+                    key: key.to_string(),
+                    value_len,
+                    region_len: header_len(key.len()) as u64 + value_len,
+                });
+                index.push(i);
+                results.push(Ok(()));
+            }
+            Err(e) => results.push(Err(e)),
+        }
+    }
+    (results, put_items, index)
+}
+
+/// A commit's error as the caller sees it: a put that vanished before its
+/// commit (the master restarted or failed over, or the put timed out) is
+/// transient, so it is written again.
+fn commit_error(e: KvError) -> KvError {
+    match e.code {
+        Code::ObjectNotFound => KvError::new(
+            Code::UnavailableInCurrentStatus,
+            format!("put was lost before its commit: {}", e.message),
+        ),
+        _ => e,
+    }
+}
+
+impl Client {
+    /// Stores `value` under `key`; an existing key is kept (write-once, success).
+    pub async fn put(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> KvResult<()> {
+        self.put_parts(key, &[value], config).await
+    }
+
+    /// Stores the concatenation of `parts` under `key` (write-once).
+    pub async fn put_parts(
+        &self,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> KvResult<()> {
+        one(self.batch_put(&[(key, parts)], config, false).await)
+    }
+
+    /// Stores `value` under `key`, replacing any existing value.
+    pub async fn upsert(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> KvResult<()> {
+        one(self.batch_put(&[(key, &[value])], config, true).await)
+    }
+
+    /// Stores many objects (each the concatenation of its parts); one result
+    /// per key, in order. `upsert` replaces existing values.
+    pub async fn batch_put(
+        &self,
+        items: &[(&str, &[&[u8]])],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<KvResult<()>> {
+        // Another writer holding a key, or a store restarting, is worth a retry.
+        let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
+        loop {
+            let round: Vec<Item> = retry.todo().iter().map(|&i| items[i]).collect();
+            let out = self.put_round(&round, config, upsert).await;
+            if !retry.settle(out).await {
+                return retry.finish();
+            }
+        }
+    }
+
+    /// One pass of a batch put: start, write, commit or revoke.
+    async fn put_round(
+        &self,
+        items: &[Item<'_>],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<KvResult<()>> {
+        let (mut results, put_items, index) = plan(items);
+        if put_items.is_empty() {
+            return results;
+        }
+        let start = msg::PutStart {
+            client_id: self.client_id(),
+            items: put_items,
+            config: config.clone(),
+            upsert,
+        };
+        let grants = self.call_each(&start, index.len()).await;
+        let mut granted = Vec::new();
+        for (&i, g) in index.iter().zip(grants) {
+            match g {
+                Ok(PutGrant::Exists) => {}
+                Ok(PutGrant::Write {
+                    generation,
+                    replicas,
+                }) => granted.push((i, generation, replicas)),
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        // Object headers must outlive the writes that borrow them.
+        let mut headers: Vec<(usize, u64, Vec<u8>, Vec<Replica>)> = Vec::new();
+        let sums = checksums(granted.iter().map(|g| items[g.0].1).collect());
+        for ((i, generation, replicas), checksum) in granted.into_iter().zip(sums) {
+            let (key, parts) = items[i];
+            let h = ObjectHeader {
+                key: key.to_string(),
+                value_len: value_len(parts),
+                generation,
+                checksum,
+            };
+            headers.push((i, generation, h.encode(), replicas));
+        }
+        let mut ops: Vec<(usize, String, WriteOp)> = Vec::new();
+        for (i, _, head, replicas) in &headers {
+            for r in replicas {
+                let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + items[*i].1.len());
+                parts.push(head);
+                parts.extend_from_slice(items[*i].1);
+                let req = WriteReq {
+                    segment: r.segment,
+                    offset: r.offset,
+                };
+                ops.push((*i, r.endpoint.clone(), WriteOp { req, parts }));
+            }
+        }
+        for (i, r) in self.run_writes(ops).await {
+            if let Err(e) = r {
+                if results[i].is_ok() {
+                    results[i] = Err(e);
+                }
+            }
+        }
+        let (mut commit, mut revoke) = (Vec::new(), Vec::new());
+        for (h, (i, generation, _, _)) in headers.iter().enumerate() {
+            let key = items[*i].0.to_string();
+            if results[*i].is_ok() {
+                let generation = *generation;
+                commit.push((h, msg::PutEndItem { key, generation }));
+            } else {
+                revoke.push(key);
+            }
+        }
+        if !revoke.is_empty() {
+            // Best effort: the master also revokes puts that are never ended.
+            let client_id = self.client_id();
+            let _ = self
+                .call(&msg::PutRevoke {
+                    client_id,
+                    keys: revoke,
+                })
+                .await;
+        }
+        if commit.is_empty() {
+            return results;
+        }
+        let end = msg::PutEnd {
+            client_id: self.client_id(),
+            items: commit.iter().map(|(_, c)| c.clone()).collect(),
+        };
+        let ended = self.call_each(&end, commit.len()).await;
+        for ((h, _), r) in commit.iter().zip(ended) {
+            let (i, generation, _, replicas) = &headers[*h];
+            if r.is_ok() {
+                // A put is often read back soon: where it went is a hint.
+                let location = ObjectLocation {
+                    value_len: value_len(items[*i].1),
+                    generation: *generation,
+                    lease_ms: 0,
+                    replicas: replicas.clone(),
+                };
+                self.inner.cache.insert(items[*i].0, location, None);
+            }
+            results[*i] = r.map_err(commit_error);
+        }
+        results
+    }
+
+    /// Runs writes grouped by route: shared-memory copies spread over the
+    /// cores, TCP writes grouped by store, each group pipelined, groups (and
+    /// big groups' chunks) in parallel. Returns (item index, result) per op.
+    async fn run_writes<'a>(
+        &self,
+        ops: Vec<(usize, String, WriteOp<'a>)>,
+    ) -> Vec<(usize, KvResult<()>)> {
+        let routes = self
+            .routes(ops.iter().map(|(_, _, o)| o.req.segment).collect())
+            .await;
+        let mut done = Vec::new();
+        let mut groups: HashMap<String, Vec<(usize, WriteOp<'a>)>> = HashMap::new();
+        let (mut local, mut local_bytes) = (Vec::new(), 0);
+        for (i, ep, op) in ops {
+            match routes.to(op.req.segment) {
+                Route::Shm(map) => {
+                    local_bytes += value_len(&op.parts);
+                    local.push((i, map, op));
+                }
+                Route::Unmappable => done.push((i, Err(not_mappable(op.req.segment)))),
+                Route::Tcp => groups.entry(ep).or_default().push((i, op)),
+            }
+        }
+        let mut jobs: Vec<Job<()>> = Vec::new();
+        // Shared-memory writes are copies: big batches spread them too.
+        for chunk in split(local, local_bytes, cores()) {
+            jobs.push(Box::pin(async move {
+                chunk
+                    .into_iter()
+                    .map(|(i, map, op)| (i, map.write(op.req.offset, &op.parts)))
+                    .collect()
+            }));
+        }
+        let mut total = local_bytes;
+        let timeout = self.inner.cfg.timeout;
+        for (ep, group) in groups {
+            let bytes: u64 = group.iter().map(|(_, o)| value_len(&o.parts)).sum();
+            total += bytes;
+            for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
+                let pool = self.inner.transports.tcp.pool(&ep);
+                jobs.push(tcp::write_job(pool, timeout, chunk));
+            }
+        }
+        let big = total >= SPREAD_BYTES;
+        done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
+        done
+    }
+}
+
+/// Value checksums of objects (each the concatenation of its parts),
+/// computed on every core when there are enough bytes to pay for threads.
+fn checksums(values: Vec<&[&[u8]]>) -> Vec<u64> {
+    let bytes: usize = values.iter().flat_map(|v| v.iter()).map(|p| p.len()).sum();
+    let threads = cores();
+    if bytes < 4 * SPREAD_BYTES as usize || threads < 2 || values.len() < 2 {
+        return values.iter().map(|v| value_checksum(v)).collect();
+    }
+    let per = values.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = values
+            .chunks(per)
+            .map(|c| s.spawn(move || c.iter().map(|v| value_checksum(v)).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_reserves_header_and_value_and_skips_bad_keys() {
+        let a: &[&[u8]] = &[b"abc", b"de"];
+        let b: &[&[u8]] = &[b"x"];
+        let (results, put, index) = plan(&[("k1", a), ("", b), ("k3", b)]);
+        assert!(results[0].is_ok() && results[2].is_ok());
+        assert_eq!(results[1].as_ref().unwrap_err().code, Code::InvalidKey);
+        assert_eq!(index, [0, 2]);
+        assert_eq!(put[0].key, "k1");
+        assert_eq!(put[0].value_len, 5);
+        assert_eq!(put[0].region_len, header_len(2) as u64 + 5);
+        assert_eq!(put[1].value_len, 1);
+    }
+
+    #[test]
+    fn a_put_lost_before_commit_is_written_again() {
+        let e = commit_error(KvError::from(Code::ObjectNotFound));
+        assert_eq!(e.code, Code::UnavailableInCurrentStatus);
+        assert!(e.code.is_transient());
+        let e = commit_error(KvError::from(Code::NoAvailableHandle));
+        assert_eq!(e.code, Code::NoAvailableHandle);
+    }
+
+    #[test]
+    fn checksums_match_the_format_whether_threaded_or_not() {
+        let big = vec![7u8; 3 << 20];
+        let small: &[u8] = b"hello";
+        let (one, two, three) = ([&big[..]], [small, small], [&big[..], small]);
+        let values: Vec<&[&[u8]]> = vec![&one, &two, &three];
+        let want: Vec<u64> = values.iter().map(|v| value_checksum(v)).collect();
+        assert_eq!(checksums(values), want);
+    }
+}

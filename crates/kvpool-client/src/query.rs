@@ -1,0 +1,84 @@
+//! Metadata-only calls: existence, sizes, removal and cluster status. Each
+//! is one master round trip; removals also drop the keys' cached
+//! locations, so this client never reads a removed object through them.
+
+use kvpool_proto::msg::{self, ClusterStatus};
+use kvpool_proto::{validate_key, Code, KvResult};
+
+use crate::rpc::one;
+use crate::Client;
+
+impl Client {
+    /// Whether `key` exists (committed); does not extend its life.
+    pub async fn exist(&self, key: &str) -> KvResult<bool> {
+        one(self.batch_exist(&[key]).await)
+    }
+
+    /// Existence of many keys; one result per key.
+    pub async fn batch_exist(&self, keys: &[&str]) -> Vec<KvResult<bool>> {
+        self.sizes(keys)
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok(_) => Ok(true),
+                Err(e) if e.code == Code::ObjectNotFound => Ok(false),
+                Err(e) => Err(e),
+            })
+            .collect()
+    }
+
+    /// Value size of `key`.
+    pub async fn get_size(&self, key: &str) -> KvResult<u64> {
+        one(self.sizes(&[key]).await)
+    }
+
+    async fn sizes(&self, keys: &[&str]) -> Vec<KvResult<u64>> {
+        // One bad key fails the batch before the master sees it.
+        if let Some(e) = keys.iter().find_map(|k| validate_key(k).err()) {
+            return keys
+                .iter()
+                .map(|k| validate_key(k).and(Err(e.clone())))
+                .collect();
+        }
+        let req = msg::Exist {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        };
+        self.call_each(&req, keys.len()).await
+    }
+
+    /// Removes `key`; `force` ignores a live read lease.
+    pub async fn remove(&self, key: &str, force: bool) -> KvResult<()> {
+        one(self.batch_remove(&[key], force).await)
+    }
+
+    /// Removes many keys; one result per key.
+    pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<KvResult<()>> {
+        let req = msg::Remove {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            force,
+        };
+        let out = self.call_each(&req, keys.len()).await;
+        for k in keys {
+            self.inner.cache.forget(k);
+        }
+        out
+    }
+
+    /// Removes keys matching a regex; returns how many.
+    pub async fn remove_by_regex(&self, pattern: &str, force: bool) -> KvResult<u64> {
+        self.inner.cache.clear();
+        let pattern = pattern.to_string();
+        self.call(&msg::RemoveByRegex { pattern, force }).await
+    }
+
+    /// Removes every object; returns how many.
+    pub async fn remove_all(&self, force: bool) -> KvResult<u64> {
+        self.inner.cache.clear();
+        self.call(&msg::RemoveAll { force }).await
+    }
+
+    /// The cluster as the master sees it.
+    pub async fn status(&self) -> KvResult<ClusterStatus> {
+        self.call(&msg::Status {}).await
+    }
+}

@@ -1,0 +1,179 @@
+//! The TCP transport: pooled connections per store and the pipelined
+//! exchanges of the data plane (`kvpool_transfer::data`) run on them, each
+//! under the client's timeout.
+//!
+//! A connection goes back to its pool only after a clean exchange; one that
+//! failed or timed out is dropped, so a half-read answer is never seen by
+//! the next caller.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvpool_net::{ConnPool, FramedConn};
+use kvpool_proto::frame::Limits;
+use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_transfer::data::{read_regions_shared, write_regions, ReadOp, WriteOp};
+use parking_lot::Mutex;
+
+use crate::fanout::Job;
+
+/// Idle connections kept per store, enough for many concurrent callers.
+const IDLE_CONNS_PER_STORE: usize = 64;
+
+/// Connection pools by store endpoint.
+pub(crate) struct Pools {
+    stores: Mutex<HashMap<String, Arc<ConnPool>>>,
+    timeout: Duration,
+}
+
+impl Pools {
+    /// No pools yet; connections get `timeout` to connect and handshake.
+    pub(crate) fn new(timeout: Duration) -> Self {
+        Pools {
+            stores: Mutex::new(HashMap::new()),
+            timeout,
+        }
+    }
+
+    /// The pool for the store at `endpoint`, made on first use.
+    pub(crate) fn pool(&self, endpoint: &str) -> Arc<ConnPool> {
+        let mut stores = self.stores.lock();
+        stores
+            .entry(endpoint.to_string())
+            .or_insert_with(|| {
+                Arc::new(ConnPool::new(
+                    endpoint,
+                    "client",
+                    Limits::default(),
+                    self.timeout,
+                    IDLE_CONNS_PER_STORE,
+                ))
+            })
+            .clone()
+    }
+}
+
+/// Runs one exchange on a pooled connection under `timeout`. `f` hands the
+/// connection back (`Some`) only if the exchange completed cleanly; only
+/// then is it pooled again.
+pub(crate) async fn with_conn<F, Fut, T>(pool: &ConnPool, timeout: Duration, f: F) -> KvResult<T>
+where
+    F: FnOnce(FramedConn) -> Fut,
+    Fut: Future<Output = (Option<FramedConn>, T)>,
+{
+    let run = async {
+        let conn = pool.take().await?;
+        let (back, t) = f(conn).await;
+        if let Some(conn) = back {
+            pool.give(conn);
+        }
+        Ok(t)
+    };
+    match tokio::time::timeout(timeout, run).await {
+        Ok(r) => r,
+        Err(_) => Err(KvError::new(
+            Code::RpcTimeout,
+            format!("transfer with {} timed out", pool.addr()),
+        )),
+    }
+}
+
+/// A job writing `chunk` (item index, op) pipelined on one connection.
+pub(crate) fn write_job<'a>(
+    pool: Arc<ConnPool>,
+    timeout: Duration,
+    chunk: Vec<(usize, WriteOp<'a>)>,
+) -> Job<'a, ()> {
+    Box::pin(async move {
+        let (idx, ops): (Vec<usize>, Vec<WriteOp>) = chunk.into_iter().unzip();
+        let r = with_conn(&pool, timeout, |mut c| async move {
+            let r = write_regions(&mut c, &ops).await;
+            (r.is_ok().then_some(c), r)
+        })
+        .await
+        .and_then(|r| r);
+        spread(idx, r)
+    })
+}
+
+/// Pairs per-op results with item indexes; a broken connection fails them all.
+fn spread<T>(idx: Vec<usize>, r: KvResult<Vec<KvResult<T>>>) -> Vec<(usize, KvResult<T>)> {
+    match r {
+        Ok(v) => idx.into_iter().zip(v).collect(),
+        Err(e) => {
+            let e = KvError::new(
+                if e.code == Code::RpcTimeout {
+                    Code::RpcTimeout
+                } else {
+                    Code::TransferFail
+                },
+                e.message,
+            );
+            idx.into_iter().map(|i| (i, Err(e.clone()))).collect()
+        }
+    }
+}
+
+/// A broken connection's error as a transfer failure (retryable); error
+/// answers from the store keep their own codes.
+pub(crate) fn broken(e: KvError) -> KvError {
+    match e.code {
+        Code::RpcFail => KvError::new(Code::TransferFail, e.message),
+        _ => e,
+    }
+}
+
+/// One store's reads in a round. They wait in one queue its connections
+/// (lanes) take from, so one that runs ahead does more and none idles on a
+/// tail. `T` tags each read for its caller.
+pub(crate) struct StoreReads<'a, T> {
+    pool: Arc<ConnPool>,
+    /// Connections reading from the queue at once.
+    pub(crate) lanes: usize,
+    queue: Mutex<VecDeque<(T, ReadOp<'a>)>>,
+    /// Why a lane gave up, reported for the reads no lane took.
+    failure: Mutex<Option<KvError>>,
+}
+
+impl<'a, T> StoreReads<'a, T> {
+    /// `reads` for the store behind `pool`, over `lanes` connections.
+    pub(crate) fn new(pool: Arc<ConnPool>, lanes: usize, reads: VecDeque<(T, ReadOp<'a>)>) -> Self {
+        StoreReads {
+            pool,
+            lanes,
+            queue: Mutex::new(reads),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// One lane: takes reads from the queue on one connection until it is
+    /// empty or the connection fails. Returns the reads it finished.
+    pub(crate) async fn lane(&self, timeout: Duration) -> Vec<(T, ReadOp<'a>, KvResult<()>)> {
+        let r = with_conn(&self.pool, timeout, |mut conn| async move {
+            let (done, broke) = read_regions_shared(&mut conn, &self.queue).await;
+            (broke.is_none().then_some(conn), done)
+        })
+        .await;
+        r.unwrap_or_else(|e| {
+            *self.failure.lock() = Some(e);
+            Vec::new()
+        })
+    }
+
+    /// The reads no lane took, each with the reason.
+    pub(crate) fn unread(self) -> Vec<(T, KvError)> {
+        let why = self.failure.into_inner().unwrap_or_else(|| {
+            KvError::new(
+                Code::TransferFail,
+                format!("{} was not reached", self.pool.addr()),
+            )
+        });
+        self.queue
+            .into_inner()
+            .into_iter()
+            .map(|(t, _)| (t, broken(why.clone())))
+            .collect()
+    }
+}
