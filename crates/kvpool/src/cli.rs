@@ -32,6 +32,9 @@ pub enum Command {
     Drain(DrainArgs),
     /// Generate load and print throughput and latency.
     Bench(crate::bench::BenchArgs),
+    /// Fill the master's metadata in this process (no stores, no data) and
+    /// print memory per object and latency as the key count grows.
+    BenchMeta(crate::bench_meta::BenchMetaArgs),
 }
 
 /// Durations where a bare number means milliseconds (Mooncake's lease flags).

@@ -1,8 +1,9 @@
 //! The `kvpool` binary: parses flags, starts tracing, and dispatches to the
 //! library crates. `master`, `store`, `up` (both in one process), `status`
-//! and `bench` (a load generator).
+//! `bench` (a load generator) and `bench-meta` (the master's metadata alone).
 
 mod bench;
+mod bench_meta;
 mod cli;
 
 use std::process::ExitCode;
@@ -123,6 +124,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
+        Command::BenchMeta(b) => tokio::task::block_in_place(|| bench_meta::run(b))?,
     }
     Ok(ExitCode::SUCCESS)
 }

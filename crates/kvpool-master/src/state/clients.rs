@@ -180,33 +180,21 @@ impl MasterState {
         }
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
-            let stale: Vec<(String, ClientId)> = sh
-                .pending
-                .iter()
-                .filter(|(k, owner)| {
-                    dead.contains(owner)
-                        || sh
-                            .objects
-                            .get(k.as_str())
-                            .and_then(|e| e.pending.as_ref())
-                            .is_some_and(|p| {
-                                now.saturating_duration_since(p.started) > self.cfg.pending_ttl
-                            })
-                })
-                .map(|(k, c)| (k.clone(), *c))
-                .collect();
-            let mut freed = Vec::new();
-            for (k, owner) in stale {
-                if let Ok(p) = self.take_pending(&mut sh, owner, &k) {
-                    if sh.objects.get(&k).is_some_and(|e| e.current.is_none()) {
-                        sh.objects.remove(&k);
-                    }
-                    freed.push(p);
-                }
+            if sh.pending.is_empty() {
+                continue;
             }
+            let mut freed = Vec::new();
+            sh.pending.retain(|_, p| {
+                let stale = dead.contains(&p.owner)
+                    || now.saturating_duration_since(p.started) > self.cfg.pending_ttl;
+                if stale {
+                    freed.push((p.version.replicas.clone(), p.version.generation));
+                }
+                !stale
+            });
             drop(sh);
-            for p in freed {
-                self.free_now(&p.version.replicas, Some(p.version.generation));
+            for (replicas, generation) in freed {
+                self.free_now(&replicas, Some(generation));
             }
         }
         self.free_expired_deferred(now);

@@ -41,41 +41,35 @@ impl MasterState {
         let target = need.max((cap as f64 * self.cfg.eviction_ratio) as u64);
         let mut candidates = Vec::new();
         for shard in self.shards.iter() {
-            for (k, e) in shard.lock().objects.iter() {
-                if let Some(v) = &e.current {
-                    if !Self::evictable(v, now)
-                        || on.is_some_and(|on| !v.replicas.iter().any(|(s, _)| on.contains(s)))
-                    {
-                        continue;
-                    }
-                    candidates.push(Candidate {
-                        key: k.clone(),
-                        generation: v.generation,
-                        bytes: v.bytes(),
-                        soft_pinned: v.soft_pin_until.is_some_and(|t| t > now),
-                        idle: now.saturating_duration_since(v.last_access),
-                    });
+            for (k, v) in shard.lock().objects.iter() {
+                if !self.evictable(v, now)
+                    || on.is_some_and(|on| !v.replicas.iter().any(|(s, _)| on.contains(s)))
+                {
+                    continue;
                 }
+                candidates.push(Candidate {
+                    key: k.to_string(),
+                    generation: v.generation,
+                    bytes: v.bytes(),
+                    soft_pinned: v.soft_pin_until > self.tick(now),
+                    idle: self.since(v.last_access, now),
+                });
             }
         }
         let mut out = Evicted::default();
         for c in eviction::choose(candidates, target) {
             let mut shard = self.shard(&c.key).lock();
-            let Some(e) = shard.objects.get_mut(&c.key) else {
-                continue;
-            };
             // Re-check: the object may have been read or replaced since the scan.
-            if !e
-                .current
-                .as_ref()
-                .is_some_and(|v| v.generation == c.generation && Self::evictable(v, now))
+            if !shard
+                .objects
+                .get(c.key.as_str())
+                .is_some_and(|v| v.generation == c.generation && self.evictable(v, now))
             {
                 continue;
             }
-            let Some(v) = e.current.take() else { continue };
-            if e.pending.is_none() {
-                shard.objects.remove(&c.key);
-            }
+            let Some(v) = shard.objects.remove(c.key.as_str()) else {
+                continue;
+            };
             drop(shard);
             out.objects += 1;
             out.bytes += v.bytes();
@@ -88,8 +82,8 @@ impl MasterState {
         out
     }
 
-    pub(super) fn evictable(v: &Version, now: Instant) -> bool {
-        !v.hard_pin && v.lease_until <= now
+    pub(super) fn evictable(&self, v: &Version, now: Instant) -> bool {
+        !v.hard_pin && v.lease_until <= self.tick(now)
     }
 
     /// Objects evicted since start.

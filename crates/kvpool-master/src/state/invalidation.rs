@@ -64,7 +64,7 @@ impl MasterState {
     /// again), and under a live read lease its regions are reused only when
     /// the lease ends, so a reader in flight never sees them rewritten.
     pub(super) fn release(&self, key: &str, v: Version, now: Instant) {
-        if v.lease_until > now {
+        if v.lease_until > self.tick(now) {
             let mut inv = self.invalidations.lock();
             for (s, r) in &v.replicas {
                 inv.regions
@@ -76,9 +76,10 @@ impl MasterState {
             let seq = inv.seq;
             inv.fences.insert(key.to_string(), seq);
             drop(inv);
+            let until = self.instant(v.lease_until);
             self.deferred
                 .lock()
-                .extend(v.replicas.into_iter().map(|(s, r)| (v.lease_until, s, r)));
+                .extend(v.replicas.into_iter().map(|(s, r)| (until, s, r)));
         } else {
             self.retire(key, &v);
         }

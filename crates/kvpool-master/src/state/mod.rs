@@ -35,10 +35,12 @@ use clients::ClientEntry;
 pub use evict::Evicted;
 use invalidation::InvalidationQueue;
 pub use invalidation::Invalidations;
-use objects::{Shard, Version};
+use objects::{Shard, Tick, Version};
 use segments::SegmentSlot;
 
-const SHARDS: usize = 64;
+/// Enough shards that one holds few keys even at 100M: growing a shard's
+/// table copies it under its lock, so its size bounds the longest wait.
+const SHARDS: usize = 4096;
 
 /// Timing and eviction settings of the metadata state.
 #[derive(Debug, Clone)]
@@ -117,6 +119,8 @@ pub struct MasterState {
     evictions: AtomicU64,
     /// Clients marked suspect, so reads skip the suspect check when none is.
     suspect_count: std::sync::atomic::AtomicUsize,
+    /// Time zero of the [`Tick`]s objects carry.
+    epoch: Instant,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -144,7 +148,23 @@ impl MasterState {
             next_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
             suspect_count: Default::default(),
+            epoch: Instant::now(),
         }
+    }
+
+    /// `t` as a [`Tick`] (times before the epoch count as the epoch).
+    fn tick(&self, t: Instant) -> Tick {
+        Tick(t.saturating_duration_since(self.epoch).as_nanos() as u64)
+    }
+
+    /// The instant a [`Tick`] stands for.
+    fn instant(&self, t: Tick) -> Instant {
+        self.epoch + Duration::from_nanos(t.0)
+    }
+
+    /// How long from `t` to `now` (zero if `t` is later).
+    fn since(&self, t: Tick, now: Instant) -> Duration {
+        now.saturating_duration_since(self.instant(t))
     }
 
     /// The settings in force.
@@ -190,7 +210,7 @@ impl MasterState {
         let (mut keys, mut pending) = (0, 0);
         for shard in self.shards.iter() {
             let sh = shard.lock();
-            keys += sh.objects.values().filter(|e| e.current.is_some()).count() as u64;
+            keys += sh.objects.len() as u64;
             pending += sh.pending.len() as u64;
         }
         ClusterStatus {
@@ -208,20 +228,21 @@ impl MasterState {
     /// Everything known about one key, for the admin API.
     pub fn key_info(&self, key: &str, now: Instant) -> Option<KeyInfo> {
         let shard = self.shard(key).lock();
-        let e = shard.objects.get(key)?;
-        let v = e.current.as_ref()?;
+        let v = shard.objects.get(key)?;
         Some(KeyInfo {
             key: key.to_string(),
             value_len: v.value_len,
             generation: v.generation,
             replicas: self.describe(&v.replicas),
-            lease_remaining_ms: ms(v.lease_until.saturating_duration_since(now)),
-            soft_pin_remaining_ms: v
-                .soft_pin_until
-                .map(|t| ms(t.saturating_duration_since(now))),
+            lease_remaining_ms: ms(self.instant(v.lease_until).saturating_duration_since(now)),
+            soft_pin_remaining_ms: (v.soft_pin_until > Tick(0)).then(|| {
+                ms(self
+                    .instant(v.soft_pin_until)
+                    .saturating_duration_since(now))
+            }),
             hard_pin: v.hard_pin,
-            idle_ms: ms(now.saturating_duration_since(v.last_access)),
-            put_in_flight: e.pending.is_some(),
+            idle_ms: ms(self.since(v.last_access, now)),
+            put_in_flight: shard.pending.contains_key(key),
         })
     }
 }

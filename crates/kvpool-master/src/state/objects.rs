@@ -19,17 +19,24 @@ use super::*;
 /// `eviction_ratio` of capacity).
 const MAX_EVICTION_ROUNDS: usize = 16;
 
-/// One written (or being written) copy set of an object.
+/// A point in time as nanoseconds since the state's epoch: 8 bytes where an
+/// `Instant` takes 16, for the times every object carries (584 years of range).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Tick(pub(super) u64);
+
+/// One written (or being written) copy set of an object. Kept small: the
+/// master holds one per object, millions of them.
 pub(super) struct Version {
     pub(super) value_len: u64,
     pub(super) generation: u64,
     pub(super) replicas: Vec<(SegmentId, Region)>,
-    pub(super) lease_until: Instant,
-    pub(super) soft_pin_until: Option<Instant>,
-    pub(super) hard_pin: bool,
-    pub(super) last_access: Instant,
+    pub(super) lease_until: Tick,
+    /// `Tick(0)`: not pinned.
+    pub(super) soft_pin_until: Tick,
+    pub(super) last_access: Tick,
     /// When it was committed (or recovered).
-    pub(super) committed_at: Instant,
+    pub(super) committed_at: Tick,
+    pub(super) hard_pin: bool,
 }
 
 impl Version {
@@ -45,19 +52,13 @@ pub(super) struct Pending {
     pub(super) version: Version,
 }
 
-/// A key's committed version, and a put of a new one in flight (at most one).
-#[derive(Default)]
-pub(super) struct Entry {
-    pub(super) current: Option<Version>,
-    pub(super) pending: Option<Pending>,
-}
-
-/// One lock's worth of the object map.
+/// One lock's worth of the object map: each key's committed version, and
+/// apart from it (so the many committed objects carry no room for one) the
+/// put of a new version in flight, at most one per key.
 #[derive(Default)]
 pub(super) struct Shard {
-    pub(super) objects: HashMap<String, Entry>,
-    /// Keys with a put in flight; kept apart so sweeps need not scan all objects.
-    pub(super) pending: HashMap<String, ClientId>,
+    pub(super) objects: HashMap<Box<str>, Version>,
+    pub(super) pending: HashMap<Box<str>, Pending>,
 }
 
 impl MasterState {
@@ -80,15 +81,15 @@ impl MasterState {
             .collect()
     }
 
-    /// What an existing entry means for a new put, if it decides the answer.
+    /// What the key's current state means for a new put, if it decides the answer.
     pub(super) fn existing_answer(
         &self,
-        e: &Entry,
+        shard: &Shard,
         client: ClientId,
         item: &PutItem,
         upsert: bool,
     ) -> Option<KvResult<PutGrant>> {
-        if let Some(p) = &e.pending {
+        if let Some(p) = shard.pending.get(item.key.as_str()) {
             // The same writer retrying (its answer was lost): hand back the same regions.
             if p.owner == client && p.version.value_len == item.value_len {
                 return Some(Ok(PutGrant::Write {
@@ -101,7 +102,7 @@ impl MasterState {
                 format!("{:?} is being written by another client", item.key),
             )));
         }
-        if e.current.is_some() && !upsert {
+        if !upsert && shard.objects.contains_key(item.key.as_str()) {
             return Some(Ok(PutGrant::Exists));
         }
         None
@@ -129,10 +130,10 @@ impl MasterState {
                 "replica_num must be at least 1",
             ));
         }
-        if let Some(e) = self.shard(&item.key).lock().objects.get(&item.key) {
-            if let Some(answer) = self.existing_answer(e, client, item, upsert) {
-                return answer;
-            }
+        if let Some(answer) =
+            self.existing_answer(&self.shard(&item.key).lock(), client, item, upsert)
+        {
+            return answer;
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
@@ -175,35 +176,38 @@ impl MasterState {
             ));
         }
         let mut shard = self.shard(&item.key).lock();
-        let e = shard.objects.entry(item.key.clone()).or_default();
-        if let Some(answer) = self.existing_answer(e, client, item, upsert) {
+        if let Some(answer) = self.existing_answer(&shard, client, item, upsert) {
             // Lost a race with another writer of the same key.
             self.free_now(&replicas, None);
             return answer;
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let soft_pin_until = config.with_soft_pin.then(|| {
-            now + config
-                .soft_pin_ttl_ms
-                .map(Duration::from_millis)
-                .unwrap_or(self.cfg.soft_pin_ttl)
-        });
+        let soft_pin_until = match config.with_soft_pin {
+            true => self.tick(
+                now + config
+                    .soft_pin_ttl_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(self.cfg.soft_pin_ttl),
+            ),
+            false => Tick(0),
+        };
         let described = self.describe(&replicas);
-        e.pending = Some(Pending {
+        let at = self.tick(now);
+        let pending = Pending {
             owner: client,
             started: now,
             version: Version {
                 value_len: item.value_len,
                 generation,
                 replicas,
-                lease_until: now,
+                lease_until: at,
                 soft_pin_until,
+                last_access: at,
+                committed_at: at,
                 hard_pin: config.with_hard_pin,
-                last_access: now,
-                committed_at: now,
             },
-        });
-        shard.pending.insert(item.key.clone(), client);
+        };
+        shard.pending.insert(item.key.as_str().into(), pending);
         Ok(PutGrant::Write {
             generation,
             replicas: described,
@@ -229,10 +233,7 @@ impl MasterState {
         client: ClientId,
         key: &str,
     ) -> KvResult<Pending> {
-        let e = shard.objects.get_mut(key).ok_or_else(|| {
-            KvError::new(Code::ObjectNotFound, format!("no put of {key:?} in flight"))
-        })?;
-        match &e.pending {
+        match shard.pending.get(key) {
             None => {
                 return Err(KvError::new(
                     Code::ObjectNotFound,
@@ -247,9 +248,9 @@ impl MasterState {
             }
             Some(_) => {}
         }
-        shard.pending.remove(key);
-        e.pending
-            .take()
+        shard
+            .pending
+            .remove(key)
             .ok_or_else(|| KvError::from(Code::InternalError))
     }
 
@@ -261,11 +262,8 @@ impl MasterState {
         now: Instant,
     ) -> KvResult<()> {
         let mut shard = self.shard(key).lock();
-        let entry = shard.objects.get(key);
-        let committed = entry.and_then(|e| e.current.as_ref()).map(|v| v.generation);
-        let pending = entry
-            .and_then(|e| e.pending.as_ref())
-            .map(|p| p.version.generation);
+        let committed = shard.objects.get(key).map(|v| v.generation);
+        let pending = shard.pending.get(key).map(|p| p.version.generation);
         if pending != Some(generation) {
             // A retried PutEnd whose first attempt committed this very version.
             if committed == Some(generation) {
@@ -282,21 +280,15 @@ impl MasterState {
         let live = self.segments.read();
         v.replicas.retain(|(s, _)| live.contains_key(s));
         drop(live);
-        let Some(e) = shard.objects.get_mut(key) else {
-            return Err(KvError::from(Code::InternalError));
-        };
         if v.replicas.is_empty() {
-            if e.current.is_none() {
-                shard.objects.remove(key);
-            }
             return Err(KvError::new(
                 Code::WriteFail,
                 format!("every segment of {key:?} went away"),
             ));
         }
-        v.last_access = now;
-        v.committed_at = now;
-        if let Some(old) = e.current.replace(v) {
+        v.last_access = self.tick(now);
+        v.committed_at = v.last_access;
+        if let Some(old) = shard.objects.insert(key.into(), v) {
             drop(shard);
             self.release(key, old, now);
         }
@@ -309,9 +301,6 @@ impl MasterState {
             .map(|k| {
                 let mut shard = self.shard(k).lock();
                 let p = self.take_pending(&mut shard, client, k)?;
-                if shard.objects.get(k).is_some_and(|e| e.current.is_none()) {
-                    shard.objects.remove(k);
-                }
                 drop(shard);
                 self.free_now(&p.version.replicas, Some(p.version.generation));
                 Ok(())
@@ -325,15 +314,11 @@ impl MasterState {
         keys.iter()
             .map(|k| {
                 let mut shard = self.shard(k).lock();
-                let v = shard
-                    .objects
-                    .get_mut(k.as_str())
-                    .and_then(|e| e.current.as_mut())
-                    .ok_or_else(|| {
-                        KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
-                    })?;
-                v.lease_until = v.lease_until.max(now + self.cfg.lease_ttl);
-                v.last_access = now;
+                let v = shard.objects.get_mut(k.as_str()).ok_or_else(|| {
+                    KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
+                })?;
+                v.lease_until = v.lease_until.max(self.tick(now + self.cfg.lease_ttl));
+                v.last_access = self.tick(now);
                 let mut replicas = self.describe(&v.replicas);
                 if !suspect.is_empty() {
                     // Readers try replicas in order: live stores first.
@@ -363,13 +348,12 @@ impl MasterState {
                 let Some(v) = shard
                     .objects
                     .get_mut(it.key.as_str())
-                    .and_then(|e| e.current.as_mut())
                     .filter(|v| v.generation == it.generation)
                 else {
                     return false;
                 };
-                v.last_access = v.last_access.max(at);
-                v.lease_until = v.lease_until.max(at + self.cfg.lease_ttl);
+                v.last_access = v.last_access.max(self.tick(at));
+                v.lease_until = v.lease_until.max(self.tick(at + self.cfg.lease_ttl));
                 true
             })
             .collect()
@@ -383,7 +367,6 @@ impl MasterState {
                     .lock()
                     .objects
                     .get(k.as_str())
-                    .and_then(|e| e.current.as_ref())
                     .map(|v| v.value_len)
                     .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{k:?} not found")))
             })
@@ -397,25 +380,20 @@ impl MasterState {
         force: bool,
         now: Instant,
     ) -> KvResult<Version> {
-        let e = shard
+        let v = shard
             .objects
-            .get_mut(key)
-            .filter(|e| e.current.is_some())
+            .get(key)
             .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{key:?} not found")))?;
-        if !force && e.current.as_ref().is_some_and(|v| v.lease_until > now) {
+        if !force && v.lease_until > self.tick(now) {
             return Err(KvError::new(
                 Code::ObjectHasLease,
                 format!("{key:?} has a live read lease"),
             ));
         }
-        let v = e
-            .current
-            .take()
-            .ok_or_else(|| KvError::from(Code::InternalError))?;
-        if e.pending.is_none() {
-            shard.objects.remove(key);
-        }
-        Ok(v)
+        shard
+            .objects
+            .remove(key)
+            .ok_or_else(|| KvError::from(Code::InternalError))
     }
 
     /// Removes objects; one result per key.
@@ -443,12 +421,7 @@ impl MasterState {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
-            let keys: Vec<String> = sh
-                .objects
-                .iter()
-                .filter(|(k, e)| e.current.is_some() && matches(k))
-                .map(|(k, _)| k.clone())
-                .collect();
+            let keys: Vec<Box<str>> = sh.objects.keys().filter(|k| matches(k)).cloned().collect();
             let mut versions = Vec::new();
             for k in keys {
                 if let Ok(v) = self.remove_in(&mut sh, &k, force, now) {

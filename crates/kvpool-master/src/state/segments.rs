@@ -199,29 +199,30 @@ impl MasterState {
                 len: it.region_len,
             };
             let mut shard = self.shard(&it.key).lock();
-            let e = shard.objects.entry(it.key.clone()).or_default();
-            let current = e.current.as_ref().map(|c| c.generation);
+            let current = shard.objects.get_mut(it.key.as_str());
             let keep = match current {
-                Some(g) if g > it.generation => false,
-                Some(g) if g == it.generation => {
-                    if let Some(c) = e.current.as_mut() {
-                        if !c.replicas.iter().any(|(s, _)| *s == id) {
-                            c.replicas.push((id, region));
-                        }
+                Some(c) if c.generation > it.generation => false,
+                Some(c) if c.generation == it.generation => {
+                    if !c.replicas.iter().any(|(s, _)| *s == id) {
+                        c.replicas.push((id, region));
                     }
                     true
                 }
                 _ => {
-                    let old = e.current.replace(Version {
-                        value_len: it.value_len,
-                        generation: it.generation,
-                        replicas: vec![(id, region)],
-                        lease_until: now,
-                        soft_pin_until: None,
-                        hard_pin: false,
-                        last_access: now,
-                        committed_at: now,
-                    });
+                    let at = self.tick(now);
+                    let old = shard.objects.insert(
+                        it.key.as_str().into(),
+                        Version {
+                            value_len: it.value_len,
+                            generation: it.generation,
+                            replicas: vec![(id, region)],
+                            lease_until: at,
+                            soft_pin_until: Tick(0),
+                            last_access: at,
+                            committed_at: at,
+                            hard_pin: false,
+                        },
+                    );
                     drop(shard);
                     if let Some(old) = old {
                         self.release(&it.key, old, now);
@@ -250,7 +251,7 @@ impl MasterState {
         items: &[InventoryItem],
     ) -> InventoryVerdict {
         let cutoff = match self.segments.read().get(&id) {
-            Some(s) => s.scan_cutoff,
+            Some(s) => self.tick(s.scan_cutoff),
             None => return InventoryVerdict::default(),
         };
         let reported: std::collections::HashSet<(u64, u64)> =
@@ -260,37 +261,32 @@ impl MasterState {
         let mut lost = Vec::new();
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
-            sh.objects.retain(|_, e| {
-                // Written but not committed yet: its writer decides, not the store.
-                if let Some(p) = &e.pending {
-                    for (s, r) in &p.version.replicas {
-                        if *s == id {
-                            in_flight.insert((r.offset, p.version.generation));
-                        }
+            // Written but not committed yet: its writer decides, not the store.
+            for p in sh.pending.values() {
+                for (s, r) in &p.version.replicas {
+                    if *s == id {
+                        in_flight.insert((r.offset, p.version.generation));
                     }
                 }
-                if let Some(v) = &mut e.current {
-                    let gen = v.generation;
-                    let recent = v.committed_at >= cutoff;
-                    v.replicas.retain(|(s, r)| {
-                        if *s != id {
-                            return true;
-                        }
-                        if reported.contains(&(r.offset, gen)) {
-                            kept.insert((r.offset, gen));
-                            true
-                        } else if recent {
-                            true
-                        } else {
-                            lost.push(*r);
-                            false
-                        }
-                    });
-                    if v.replicas.is_empty() {
-                        e.current = None;
+            }
+            sh.objects.retain(|_, v| {
+                let gen = v.generation;
+                let recent = v.committed_at >= cutoff;
+                v.replicas.retain(|(s, r)| {
+                    if *s != id {
+                        return true;
                     }
-                }
-                e.current.is_some() || e.pending.is_some()
+                    if reported.contains(&(r.offset, gen)) {
+                        kept.insert((r.offset, gen));
+                        true
+                    } else if recent {
+                        true
+                    } else {
+                        lost.push(*r);
+                        false
+                    }
+                });
+                !v.replicas.is_empty()
             });
         }
         self.free_now(&lost.into_iter().map(|r| (id, r)).collect::<Vec<_>>(), None);
@@ -363,27 +359,20 @@ impl MasterState {
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
             let sh = &mut *sh;
-            let mut revoked = Vec::new();
-            sh.objects.retain(|key, e| {
-                if let Some(v) = &mut e.current {
-                    v.replicas.retain(|(s, _)| *s != id);
-                    if v.replicas.is_empty() {
-                        e.current = None;
-                    }
-                }
-                if e.pending
-                    .as_ref()
-                    .is_some_and(|p| p.version.replicas.iter().any(|(s, _)| *s == id))
-                {
-                    if let Some(p) = e.pending.take() {
-                        revoked.push((key.clone(), p));
-                    }
-                }
-                e.current.is_some() || e.pending.is_some()
+            sh.objects.retain(|_, v| {
+                v.replicas.retain(|(s, _)| *s != id);
+                !v.replicas.is_empty()
             });
-            for (key, p) in revoked {
-                sh.pending.remove(&key);
-                self.free_now(&p.version.replicas, Some(p.version.generation));
+            let mut revoked = Vec::new();
+            sh.pending.retain(|_, p| {
+                let on = p.version.replicas.iter().any(|(s, _)| *s == id);
+                if on {
+                    revoked.push((p.version.replicas.clone(), p.version.generation));
+                }
+                !on
+            });
+            for (replicas, generation) in revoked {
+                self.free_now(&replicas, Some(generation));
             }
         }
     }

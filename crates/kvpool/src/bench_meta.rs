@@ -1,0 +1,253 @@
+//! `kvpool bench-meta`: the master's metadata alone, in this process, with
+//! no data bytes and no network. It fills a `MasterState` with N objects
+//! through batched put start/end (as `PutStart`/`PutEnd` requests do) and,
+//! at each checkpoint, prints the resident memory per object and the
+//! latency of single gets and puts, so how memory and latency grow with the
+//! key count is measured up to 100M keys on one machine.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use kvpool_master::state::{MasterState, StateConfig};
+use kvpool_proto::msg::{
+    ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
+};
+use kvpool_proto::units::parse_size;
+
+/// Flags of `kvpool bench-meta`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchMetaArgs {
+    /// Objects to fill up to; checkpoints are printed on the way.
+    #[arg(long, default_value = "10M", value_parser = parse_count)]
+    pub keys: u64,
+    /// Key counts at which to measure (default: 10k, then every power of ten, and the end).
+    #[arg(long, value_delimiter = ',', value_parser = parse_count)]
+    pub checkpoints: Vec<u64>,
+    /// Bytes per key (keys are zero-padded numbers with a prefix).
+    #[arg(long, default_value_t = 32)]
+    pub key_len: usize,
+    /// Replicas per object (one segment each).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// Value bytes per object (decides only region sizes).
+    #[arg(long, default_value = "64B", value_parser = parse_size)]
+    pub value_size: u64,
+    /// Keys per put batch while filling.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Single gets and single puts timed at each checkpoint.
+    #[arg(long, default_value_t = 20_000)]
+    pub samples: usize,
+}
+
+/// Counts with an optional k/M/G suffix (powers of ten).
+fn parse_count(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1_000),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1_000_000),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1_000_000_000),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Resident memory of this process, in bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+struct Filler {
+    st: MasterState,
+    client: ClientId,
+    key_len: usize,
+    value_len: u64,
+    region_len: u64,
+    rc: ReplicateConfig,
+}
+
+impl Filler {
+    fn key(&self, i: u64) -> String {
+        let digits = self.key_len.saturating_sub(2).max(1);
+        format!("k-{i:0digits$}")
+    }
+
+    fn now(&self) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(Instant::now())
+    }
+
+    /// Puts keys `from..to` in batches; returns the longest single call.
+    fn put_range(&self, from: u64, to: u64, batch: usize) -> anyhow::Result<Duration> {
+        let mut longest = Duration::ZERO;
+        let mut i = from;
+        while i < to {
+            let n = (to - i).min(batch as u64);
+            let items: Vec<PutItem> = (i..i + n)
+                .map(|k| PutItem {
+                    key: self.key(k),
+                    value_len: self.value_len,
+                    region_len: self.region_len,
+                })
+                .collect();
+            let t = Instant::now();
+            let grants = self
+                .st
+                .put_start(self.client, &items, &self.rc, false, self.now());
+            longest = longest.max(t.elapsed());
+            let mut ends = Vec::with_capacity(items.len());
+            for (item, g) in items.into_iter().zip(grants) {
+                match g {
+                    Ok(PutGrant::Write { generation, .. }) => ends.push(PutEndItem {
+                        key: item.key,
+                        generation,
+                    }),
+                    Ok(PutGrant::Exists) => {}
+                    Err(e) => anyhow::bail!("put of {} refused: {e}", item.key),
+                }
+            }
+            let t = Instant::now();
+            for r in self.st.put_end(self.client, &ends, self.now()) {
+                r?;
+            }
+            longest = longest.max(t.elapsed());
+            i += n;
+        }
+        Ok(longest)
+    }
+}
+
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// Runs the benchmark and prints one row per checkpoint.
+pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.key_len >= 4, "--key-len must be at least 4");
+    anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
+    let mut checkpoints = if a.checkpoints.is_empty() {
+        let mut v = vec![10_000];
+        let mut p = 100_000;
+        while p < a.keys {
+            v.push(p);
+            p *= 10;
+        }
+        v
+    } else {
+        a.checkpoints.clone()
+    };
+    checkpoints.retain(|&c| c < a.keys);
+    checkpoints.push(a.keys);
+
+    let before = rss();
+    let st = MasterState::new(StateConfig {
+        // Never evict: the segments are far larger than the fill.
+        high_watermark: 1.0,
+        lease_ttl: Duration::from_millis(1),
+        ..StateConfig::default()
+    });
+    let client = ClientId(1);
+    let now = tokio::time::Instant::now();
+    st.register_client(client, "bench-meta", now);
+    // Room for every region many times over; the master never touches it.
+    let region_len = (a.value_size + 64 + a.key_len as u64).div_ceil(64) * 64;
+    let size = (a.keys + a.samples as u64 * (checkpoints.len() as u64 + 1)) * region_len * 2;
+    for s in 0..a.replicas {
+        let info = SegmentInfo {
+            id: SegmentId(u128::from(s) + 1),
+            name: format!("seg-{s}"),
+            endpoint: format!("10.0.0.{s}:1"),
+            base: 4096,
+            size,
+            path: None,
+        };
+        st.mount(client, info, 0, now)
+            .map_err(|e| anyhow::anyhow!("mount: {e}"))?;
+    }
+    let f = Filler {
+        st,
+        client,
+        key_len: a.key_len,
+        value_len: a.value_size,
+        region_len,
+        rc: ReplicateConfig {
+            replica_num: a.replicas,
+            ..Default::default()
+        },
+    };
+    println!(
+        "bench-meta: {} keys of {} B, {} replica(s), {} B values, batches of {}",
+        a.keys, a.key_len, a.replicas, a.value_size, a.batch
+    );
+    println!(
+        "{:>12} {:>10} {:>9} {:>11} {:>11} {:>11} {:>11} {:>13} {:>12}",
+        "keys",
+        "rss MiB",
+        "B/key",
+        "get p50 µs",
+        "get p99 µs",
+        "put p50 µs",
+        "put p99 µs",
+        "batch put/s",
+        "longest ms"
+    );
+    let mut filled = 0;
+    let mut extra = 1u64 << 62;
+    for &cp in &checkpoints {
+        let t = Instant::now();
+        let longest = f.put_range(filled, cp, a.batch)?;
+        let rate = (cp - filled) as f64 / t.elapsed().as_secs_f64();
+        filled = cp;
+        let mem = rss().saturating_sub(before);
+        // Single gets of random existing keys, single puts of new keys
+        // (removed again so the key count stays at the checkpoint).
+        let mut get = Histogram::<u64>::new(3)?;
+        let mut put = Histogram::<u64>::new(3)?;
+        let mut x = cp.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for _ in 0..a.samples {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = f.key(x % cp);
+            let t = Instant::now();
+            let r = f.st.get_replica_list(std::slice::from_ref(&key), f.now());
+            get.record(t.elapsed().as_nanos() as u64)?;
+            anyhow::ensure!(r[0].is_ok(), "get of {key} failed: {:?}", r[0]);
+        }
+        let mut fresh = Vec::with_capacity(a.samples);
+        for _ in 0..a.samples {
+            let t = Instant::now();
+            f.put_range(extra, extra + 1, 1)?;
+            put.record(t.elapsed().as_nanos() as u64)?;
+            fresh.push(f.key(extra));
+            extra += 1;
+        }
+        for r in f.st.remove(&fresh, true, f.now()) {
+            r.map_err(|e| anyhow::anyhow!("remove: {e}"))?;
+        }
+        // No stores here: count the queued invalidations as delivered.
+        let (_, through) = f.st.take_invalidations();
+        f.st.invalidations_sent(through);
+        println!(
+            "{:>12} {:>10.1} {:>9.1} {:>11.2} {:>11.2} {:>11.2} {:>11.2} {:>13.0} {:>12.2}",
+            cp,
+            mem as f64 / (1 << 20) as f64,
+            mem as f64 / cp as f64,
+            us(&get, 0.5),
+            us(&get, 0.99),
+            us(&put, 0.5),
+            us(&put, 0.99),
+            rate,
+            longest.as_secs_f64() * 1e3,
+        );
+    }
+    Ok(())
+}
