@@ -151,7 +151,117 @@ impl Hasher for OffsetHasher {
     }
 }
 
-type OffsetMap = HashMap<u64, u32, BuildHasherDefault<OffsetHasher>>;
+type OneOffsetMap = HashMap<u64, u32, BuildHasherDefault<OffsetHasher>>;
+
+/// Parts of the offset -> node map. A put that makes a single map grow
+/// copies all of it under the segment's lock (about 100 ms at 10M regions);
+/// a part holds 1/256 of the regions, so growing one copies that much.
+const OFFSET_PARTS: usize = 256;
+
+/// The offset -> node map of the live regions, in [`OFFSET_PARTS`] parts.
+struct OffsetMap {
+    parts: Box<[OneOffsetMap]>,
+    len: usize,
+}
+
+impl Default for OffsetMap {
+    fn default() -> Self {
+        OffsetMap {
+            parts: (0..OFFSET_PARTS).map(|_| OneOffsetMap::default()).collect(),
+            len: 0,
+        }
+    }
+}
+
+impl OffsetMap {
+    /// A part chosen by a hash of the offset, not by the offset itself:
+    /// regions handed out in order would fill the parts in turn, all parts
+    /// would reach their growth point within one batch, and that batch would
+    /// copy the whole map after all.
+    fn part(offset: u64) -> usize {
+        let mut h = OffsetHasher::default();
+        h.write_u64(offset);
+        (h.finish() >> 56) as usize % OFFSET_PARTS
+    }
+
+    fn get(&self, offset: &u64) -> Option<&u32> {
+        self.parts[Self::part(*offset)].get(offset)
+    }
+
+    fn insert(&mut self, offset: u64, idx: u32) {
+        if self.parts[Self::part(offset)].insert(offset, idx).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, offset: &u64) -> Option<u32> {
+        let r = self.parts[Self::part(*offset)].remove(offset);
+        self.len -= usize::from(r.is_some());
+        r
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn reserve(&mut self, n: usize) {
+        for p in self.parts.iter_mut() {
+            p.reserve(n / OFFSET_PARTS);
+        }
+    }
+}
+
+/// Nodes per chunk of the [`NodeSlab`] (160 KiB).
+const SLAB_CHUNK: usize = 4096;
+
+/// The node slab in fixed-size chunks: growing it never moves the nodes it
+/// has (a `Vec` of millions of nodes copied itself on growth, under the
+/// segment's lock) and never holds more than one chunk of spare room.
+#[derive(Default)]
+struct NodeSlab {
+    chunks: Vec<Box<[Node]>>,
+    len: usize,
+}
+
+impl NodeSlab {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, node: Node) {
+        if self.len == self.chunks.len() * SLAB_CHUNK {
+            self.chunks.push(vec![node; SLAB_CHUNK].into_boxed_slice());
+        }
+        let i = self.len;
+        self.len += 1;
+        self[i] = node;
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        let want = (self.len + additional).div_ceil(SLAB_CHUNK);
+        self.chunks.reserve(want.saturating_sub(self.chunks.len()));
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &Node> {
+        (0..self.len).map(|i| &self[i])
+    }
+}
+
+impl std::ops::Index<usize> for NodeSlab {
+    type Output = Node;
+    fn index(&self, i: usize) -> &Node {
+        debug_assert!(i < self.len);
+        &self.chunks[i / SLAB_CHUNK][i % SLAB_CHUNK]
+    }
+}
+
+impl std::ops::IndexMut<usize> for NodeSlab {
+    fn index_mut(&mut self, i: usize) -> &mut Node {
+        debug_assert!(i < self.len);
+        &mut self.chunks[i / SLAB_CHUNK][i % SLAB_CHUNK]
+    }
+}
 
 // The mask arithmetic below relies on it.
 const _: () = assert!(ALIGN.is_power_of_two());
@@ -208,7 +318,7 @@ pub struct OffsetAllocator {
     size: u64,
     used_bytes: u64,
     /// Slab of blocks; it never shrinks, vacant slots are recycled through `vacant_head`.
-    nodes: Vec<Node>,
+    nodes: NodeSlab,
     vacant_head: u32,
     /// Offset of every live region -> its node, so `free` needs no search.
     used_nodes: OffsetMap,
@@ -438,7 +548,7 @@ impl OffsetAllocator {
             base,
             size: end.saturating_sub(base),
             used_bytes: 0,
-            nodes: Vec::new(),
+            nodes: NodeSlab::default(),
             vacant_head: NONE,
             used_nodes: OffsetMap::default(),
             top_bitmap: 0,
@@ -784,6 +894,28 @@ mod tests {
             })
         );
         assert_eq!(a.alloc(1), None);
+    }
+
+    /// Many more regions than one slab chunk holds or one offset-map part
+    /// is sized for: nodes across chunk boundaries stay linked and every
+    /// region is found again by its offset.
+    #[test]
+    fn many_regions_across_slab_chunks() {
+        let n = 3 * SLAB_CHUNK + 17;
+        let mut a = OffsetAllocator::new(0, n as u64 * ALIGN);
+        let regions: Vec<Region> = (0..n).map(|_| a.alloc(ALIGN).expect("room")).collect();
+        assert_disjoint(&regions);
+        assert_eq!((a.live_regions(), a.alloc(ALIGN)), (n, None));
+        for r in regions.iter().step_by(2) {
+            a.free(*r);
+        }
+        a.check_invariants();
+        assert_eq!(a.live_regions(), n / 2);
+        for r in regions.iter().skip(1).step_by(2) {
+            a.free(*r);
+        }
+        a.check_invariants();
+        assert_eq!((a.used(), a.largest_free()), (0, n as u64 * ALIGN));
     }
 
     #[test]
