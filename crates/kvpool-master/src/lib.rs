@@ -22,10 +22,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpool_net::server::{serve_control, ControlHandler, ReplyWait};
 use kvpool_proto::frame::{Limits, Opcode};
 use kvpool_proto::msg;
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_net::server::{serve_control, ControlHandler, ReplyWait};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -468,10 +468,10 @@ pub async fn run(cfg: MasterConfig, shutdown: CancellationToken) -> Result<(), M
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvpool_net::server::ControlHandler;
     use kvpool_proto::msg::{
         ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
     };
-    use kvpool_net::server::ControlHandler;
 
     fn segment(id: u128) -> SegmentInfo {
         SegmentInfo {
