@@ -173,7 +173,20 @@ async fn kill9_of_a_bench_mid_put_leaves_no_put_in_flight() {
             "4",
         ],
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    common::eventually(
+        "the bench to commit objects",
+        Duration::from_secs(15),
+        async || {
+            assert!(
+                bench.try_exit().is_none(),
+                "the bench exited early\n{}",
+                bench.logs()
+            );
+            let st = observer.status().await.ok()?;
+            (st.keys > 0).then_some(())
+        },
+    )
+    .await;
     common::eventually(
         "the bench to have puts in flight",
         Duration::from_secs(15),

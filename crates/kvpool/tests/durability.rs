@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use common::*;
 use kvpool_client::{Client, Protocol, ReplicateConfig};
-use kvpool_format::{header_len, value_checksum, ObjectHeader};
+use kvpool_format::scan::scan;
+use kvpool_format::{header_len, value_checksum, Found, ObjectHeader, DATA_BASE};
 use kvpool_net::FramedConn;
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode};
 use kvpool_proto::msg::{self, PutGrant, PutItem, WriteReq};
 use kvpool_proto::Code;
+use kvpool_store::segment::SEGMENT_FILE;
 use parking_lot::Mutex;
 
 const VALUE_MAX: usize = 16 << 10;
@@ -90,6 +92,21 @@ async fn wait_remounted(client: &Client, name: &str, old: &str) {
     .await
 }
 
+/// The bytes of store `i`'s segment file (the store maps it shared, so what
+/// it received is there).
+fn segment_bytes(cluster: &Cluster, i: usize) -> Vec<u8> {
+    let path = cluster
+        .dir()
+        .join(Cluster::store_name(i))
+        .join(SEGMENT_FILE);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// The intact objects in store `i`'s segment, as a restart's scan finds them.
+fn on_disk(cluster: &Cluster, i: usize) -> Vec<Found> {
+    scan(&segment_bytes(cluster, i), DATA_BASE).0
+}
+
 /// A steady writer and reader; the reader fails the test on wrong bytes.
 struct Load {
     committed: Arc<Mutex<Vec<String>>>,
@@ -136,6 +153,8 @@ impl Load {
                         }
                     };
                     let Some(key) = key else {
+                        // Nothing committed yet: the reader idles a moment.
+                        // Pacing of the load, not a wait the test relies on.
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         continue;
                     };
@@ -160,6 +179,14 @@ impl Load {
 
     fn committed(&self) -> Vec<String> {
         self.committed.lock().clone()
+    }
+
+    /// Objects committed and reads checked so far.
+    fn progress(&self) -> (usize, u64) {
+        (
+            self.committed.lock().len(),
+            self.reads.load(Ordering::Relaxed),
+        )
     }
 
     async fn stop(self) -> u64 {
@@ -193,12 +220,24 @@ async fn kill9_restart_under_load(wait_past_ttl: bool, protocol: Protocol, segme
         })
         .await;
     } else {
+        // The point of this case: the store stays down a moment, well within
+        // the TTL, while the load keeps running.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     cluster.restart_store(0, None);
     wait_remounted(&probe, "store-0", &old).await;
     wait_for_keys(&probe, (before.len() as u64) * 99 / 100).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The load goes on through the restarted store before it stops.
+    let (written, read) = load.progress();
+    eventually(
+        "the load to write and read after the restart",
+        STARTUP,
+        async || {
+            let (w, r) = load.progress();
+            (w >= written + 20 && r >= read + 20).then_some(())
+        },
+    )
+    .await;
     let reads = load.stop().await;
     let exact = count_exact(&probe, &before).await;
     // The issue asks for >= 99%; nothing legitimate loses one here (the pool
@@ -252,7 +291,14 @@ async fn graceful_upgrade_to_a_new_binary_keeps_every_object() {
     std::fs::copy(BIN, &v2).expect("copy the binary as v2");
     cluster.store(0).terminate();
     // While store-0 drains, new objects go to store-1 only.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually("store-0 to stop taking objects", STARTUP, async || {
+        let s = client.status().await.ok()?;
+        s.segments
+            .iter()
+            .any(|s| s.info.name == "store-0" && s.state != "live")
+            .then_some(())
+    })
+    .await;
     let during = put_objects(&client, "during", 20, &ReplicateConfig::default()).await;
     let status = cluster.store(0).wait_exit(Duration::from_secs(10)).await;
     assert!(status.success(), "store-0 did not stop cleanly: {status}");
@@ -301,8 +347,18 @@ async fn master_restart_rebuilds_from_the_stores() {
         .await
         .expect("upsert");
     client.remove("single-1", true).await.expect("remove");
-    // Let the master deliver the invalidations of what was freed.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The master destroys what was freed on the stores: wait until no
+    // segment file holds the removed object or the replaced version.
+    eventually(
+        "the freed versions destroyed on the stores",
+        STARTUP,
+        async || {
+            let found: Vec<Found> = (0..2).flat_map(|i| on_disk(&cluster, i)).collect();
+            let copies = |key: &str| found.iter().filter(|f| f.key == key).count();
+            (copies("single-0") == 1 && copies("single-1") == 0).then_some(())
+        },
+    )
+    .await;
 
     cluster.kill9_master();
     cluster.restart_master().await;
@@ -390,7 +446,19 @@ async fn torn_write_is_never_served() {
         .await
         .expect("send");
     conn.flush().await.expect("flush");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = head.len() + value.len() / 2;
+    let at = r.offset as usize;
+    eventually(
+        "the half object in the store's segment",
+        STARTUP,
+        async || {
+            let seg = segment_bytes(&cluster, 0);
+            let got = seg.get(at..at + sent)?;
+            (got[..head.len()] == head[..] && got[head.len()..].iter().all(|&b| b == 0xA5))
+                .then_some(())
+        },
+    )
+    .await;
     cluster.kill9_store(0);
     drop(conn);
     drop(link);
