@@ -68,17 +68,23 @@ where
     tracker.wait().await;
 }
 
-/// Serves the control protocol on `listener` with `handler` until `shutdown`.
-pub async fn serve_control<H: ControlHandler>(
+/// Accepts framed connections until `shutdown` (see [`accept_loop`]): each
+/// one that completes the handshake, answering as `name`, goes to `serve`
+/// with a clone of the shutdown token, which the connection must watch.
+pub async fn serve_framed<F, Fut>(
     listener: TcpListener,
-    handler: Arc<H>,
     name: &'static str,
     limits: Limits,
     shutdown: CancellationToken,
-) {
+    serve: F,
+) where
+    F: Fn(FramedConn, CancellationToken) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let token = shutdown.clone();
+    let serve = Arc::new(serve);
     accept_loop(listener, shutdown, move |stream| {
-        let handler = handler.clone();
+        let serve = serve.clone();
         let token = token.clone();
         async move {
             let Ok(mut conn) = FramedConn::from_stream(stream, limits) else {
@@ -87,6 +93,23 @@ pub async fn serve_control<H: ControlHandler>(
             if !accept_handshake(&mut conn, name).await {
                 return;
             }
+            serve(conn, token).await;
+        }
+    })
+    .await;
+}
+
+/// Serves the control protocol on `listener` with `handler` until `shutdown`.
+pub async fn serve_control<H: ControlHandler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    name: &'static str,
+    limits: Limits,
+    shutdown: CancellationToken,
+) {
+    serve_framed(listener, name, limits, shutdown, move |mut conn, token| {
+        let handler = handler.clone();
+        async move {
             tokio::select! {
                 _ = token.cancelled() => {}
                 r = control_conn(&mut conn, &*handler) => {

@@ -11,8 +11,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kvpool_format::FIXED_LEN;
-use kvpool_net::conn::{accept_handshake, FramedConn};
-use kvpool_net::server::{accept_loop, reject_and_close};
+use kvpool_net::conn::FramedConn;
+use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -89,22 +89,20 @@ pub async fn serve_data(
     limits: Limits,
     shutdown: CancellationToken,
 ) {
-    let token = shutdown.clone();
-    accept_loop(listener, shutdown, move |stream| {
-        let table = table.clone();
-        let token = token.clone();
-        async move {
-            let Ok(mut conn) = FramedConn::from_stream(stream, limits) else {
-                return;
-            };
-            if !accept_handshake(&mut conn, "store").await {
-                return;
+    serve_framed(
+        listener,
+        "store",
+        limits,
+        shutdown,
+        move |mut conn, token| {
+            let table = table.clone();
+            async move {
+                if let Err(e) = data_conn(&mut conn, &table, &token).await {
+                    debug!(peer = conn.peer(), error = %e, "data connection closed");
+                }
             }
-            if let Err(e) = data_conn(&mut conn, &table, &token).await {
-                debug!(peer = conn.peer(), error = %e, "data connection closed");
-            }
-        }
-    })
+        },
+    )
     .await;
 }
 
@@ -354,6 +352,7 @@ pub async fn read_regions_shared<'a, T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvpool_net::conn::accept_handshake;
 
     async fn server() -> (String, Arc<SegmentTable>, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
