@@ -174,22 +174,8 @@ async fn kill9_of_a_bench_mid_put_leaves_no_put_in_flight() {
         ],
     );
     common::eventually(
-        "the bench to commit objects",
-        Duration::from_secs(15),
-        async || {
-            assert!(
-                bench.try_exit().is_none(),
-                "the bench exited early\n{}",
-                bench.logs()
-            );
-            let st = observer.status().await.ok()?;
-            (st.keys > 0).then_some(())
-        },
-    )
-    .await;
-    common::eventually(
-        "the bench to have puts in flight",
-        Duration::from_secs(15),
+        "the bench to have committed objects and have puts in flight",
+        Duration::from_secs(20),
         async || {
             assert!(
                 bench.try_exit().is_none(),
@@ -200,7 +186,7 @@ async fn kill9_of_a_bench_mid_put_leaves_no_put_in_flight() {
             // and the kill.
             bench.freeze(true);
             let st = observer.status().await.ok();
-            if st.as_ref().is_some_and(|st| st.pending > 0) {
+            if st.as_ref().is_some_and(|st| st.keys > 0 && st.pending > 0) {
                 return Some(());
             }
             bench.freeze(false);
