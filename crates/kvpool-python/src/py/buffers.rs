@@ -11,7 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
 use super::{invalid, raise};
-use crate::memory::Region;
+use crate::memory::{overlapping, Region};
+use kvpool_proto::{Code, KvError, KvResult};
 
 /// Caller memory pinned for one call: the region, plus whatever keeps it
 /// valid (a buffer-protocol export, or a reference to the tensor).
@@ -49,6 +50,56 @@ impl Held {
             _keep: Keep::Nothing,
         }
     }
+
+    /// The held bytes, to read from, borrowed for no longer than `self`
+    /// holds them.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `_keep` pins the memory for as long as `self` lives (a
+        // buffer export its exporter cannot resize or free, or a reference to
+        // the tensor; a raw address is the caller's promise, Mooncake's
+        // contract), and the borrow of `self` bounds the slice's lifetime.
+        // Rust writes to it only through `bytes_mut`, which borrows `self`
+        // mutably, so not while this slice lives.
+        unsafe { self.region.as_slice() }
+    }
+
+    /// The held bytes, to fill (memory held with `writable`), borrowed
+    /// mutably from `self`. Another `Held` may name the same memory: a call
+    /// that fills several takes them through [`fill_targets`], which refuses
+    /// overlaps.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `bytes`; the mutable borrow of `self` keeps every
+        // other Rust reference through this `Held` away while the slice
+        // lives, and `fill_targets` rules out overlap between `Held`s.
+        unsafe { self.region.as_mut_slice() }
+    }
+}
+
+/// The destinations of one batch read, each item a list of held regions
+/// (or the error that kept it from being held): per item, the bytes to fill
+/// in order, or an `INVALID_PARAMS` error where the item shares a byte with
+/// an earlier item or with itself (two reads into one byte would alias).
+pub(crate) fn fill_targets(items: &mut [KvResult<Vec<Held>>]) -> Vec<KvResult<Vec<&mut [u8]>>> {
+    let regions: Vec<Vec<Region>> = items
+        .iter()
+        .map(|item| match item {
+            Ok(hs) => hs.iter().map(|h| h.region).collect(),
+            Err(_) => Vec::new(),
+        })
+        .collect();
+    let clash = overlapping(&regions);
+    items
+        .iter_mut()
+        .zip(clash)
+        .map(|(item, clash)| match item {
+            Err(e) => Err(e.clone()),
+            Ok(_) if clash => Err(KvError::new(
+                Code::InvalidParams,
+                "destination overlaps another destination of the batch",
+            )),
+            Ok(hs) => Ok(hs.iter_mut().map(Held::bytes_mut).collect()),
+        })
+        .collect()
 }
 
 /// What a caller may pass as memory: an `int` address (with a size), an

@@ -19,10 +19,10 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use super::buffers::{hold, Buffer, Held};
+use super::buffers::{fill_targets, hold, Buffer, Held};
 use super::convert::replicate_config;
 use super::{raise, wait};
-use crate::memory::{overlapping, Region};
+use crate::memory::Region;
 use crate::runtime;
 
 /// Connection state; locked only while the GIL is held and never across a
@@ -433,10 +433,7 @@ impl Client {
         let cfg = self.config(py, config)?;
         let held = hold(py, value, size, false)?;
         let c = self.client(py)?;
-        // SAFETY: `held` keeps the memory valid and unchanged-in-size until
-        // after `wait` returns; the client only reads it.
-        let data = unsafe { held.region.as_slice() };
-        let parts: [&[u8]; 1] = [data];
+        let parts: [&[u8]; 1] = [held.bytes()];
         let r = wait(py, async {
             c.batch_put(&[(key, &parts[..])], &cfg, upsert).await
         })?;
@@ -460,11 +457,7 @@ impl Client {
             .map(|p| hold(py, p, None, false))
             .collect::<PyResult<_>>()?;
         let c = self.client(py)?;
-        // SAFETY: `held` keeps every part valid until after `wait`.
-        let slices: Vec<&[u8]> = held
-            .iter()
-            .map(|h| unsafe { h.region.as_slice() })
-            .collect();
+        let slices: Vec<&[u8]> = held.iter().map(Held::bytes).collect();
         let r = wait(py, async {
             c.batch_put(&[(key, &slices[..])], &cfg, upsert).await
         })?;
@@ -488,11 +481,10 @@ impl Client {
         let cfg = self.config(py, config)?;
         let held = hold_items(py, keys.len(), values, sizes, false)?;
         let mut codes = vec![0i64; keys.len()];
-        // SAFETY: `held` outlives `wait`; the client only reads.
         let slices: Vec<Vec<&[u8]>> = held
             .iter()
             .map(|h| match h {
-                Ok(hs) => hs.iter().map(|h| unsafe { h.region.as_slice() }).collect(),
+                Ok(hs) => hs.iter().map(Held::bytes).collect(),
                 Err(_) => Vec::new(),
             })
             .collect();
@@ -544,11 +536,10 @@ impl Client {
         dst: &Bound<'_, PyAny>,
         size: Option<u64>,
     ) -> PyResult<usize> {
-        let held = hold(py, dst, size, true)?;
+        let mut held = hold(py, dst, size, true)?;
         let c = self.client(py)?;
-        // SAFETY: `held` keeps the memory valid until after `wait`, and this
-        // is the only reference to it.
-        let buf = unsafe { held.region.as_mut_slice() };
+        // The only destination of this call: nothing it could overlap.
+        let buf = held.bytes_mut();
         let r = wait(py, async { c.get_into(key, buf).await })?;
         drop(held);
         r.map_err(|e| raise(py, e))
@@ -597,31 +588,17 @@ impl Client {
         dsts: &Bound<'_, PyAny>,
         sizes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i64>> {
-        let held = hold_items(py, keys.len(), dsts, sizes, true)?;
+        let mut held = hold_items(py, keys.len(), dsts, sizes, true)?;
         let mut codes = vec![0i64; keys.len()];
-        let regions: Vec<Vec<Region>> = held
-            .iter()
-            .map(|h| match h {
-                Ok(hs) => hs.iter().map(|h| h.region).collect(),
-                Err(_) => Vec::new(),
-            })
-            .collect();
-        let clash = overlapping(&regions);
         let mut items: Vec<GetInto<'_>> = Vec::with_capacity(keys.len());
         let mut index = Vec::with_capacity(keys.len());
-        for (i, h) in held.iter().enumerate() {
-            match h {
-                Err(e) => codes[i] = code(e),
-                Ok(_) if clash[i] => codes[i] = i64::from(Code::InvalidParams.as_i32()),
-                Ok(hs) => {
+        for (i, dst) in fill_targets(&mut held).into_iter().enumerate() {
+            match dst {
+                Err(e) => codes[i] = code(&e),
+                Ok(dst) => {
                     items.push(GetInto {
                         key: keys[i].as_str(),
-                        // SAFETY: `held` outlives `wait`, and `overlapping`
-                        // excluded every item sharing a byte with another.
-                        dst: hs
-                            .iter()
-                            .map(|h| unsafe { h.region.as_mut_slice() })
-                            .collect(),
+                        dst,
                     });
                     index.push(i);
                 }
