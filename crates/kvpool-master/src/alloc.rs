@@ -1,3 +1,4 @@
+// Long on purpose: half of this file (from `mod tests`) is the allocator's unit and property tests, kept beside the code they check.
 //! Offset allocator for one storage segment.
 //!
 //! The master lends out regions of each segment's byte range but never touches the memory, so

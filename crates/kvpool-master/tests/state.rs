@@ -1,3 +1,4 @@
+// Long on purpose: one suite over MasterState's public API, sections by concern sharing the fixtures at the top and the property-test model at the bottom; split files would each copy them.
 //! Tests of the master's metadata state through its public API: puts and
 //! reads, write ownership, read leases, pins and eviction, client liveness,
 //! segment ownership, and a property test of its invariants over random

@@ -1,3 +1,4 @@
+// Long on purpose: every table here runs on the one simulated runtime (`Sim`) defined below; split files would have to share it through a module for no gain in reading.
 //! Planner tables: levels, cycles, gating, rolling updates step by step,
 //! partition, surge, coordinated rollouts (maxSkew with 200/100 replicas),
 //! coordinated scaling and restart policies. Everything runs against a tiny
