@@ -121,7 +121,7 @@ impl MasterState {
     ) -> KvResult<InventoryVerdict> {
         // Reporting is a sign of life: a big inventory can outlast the TTL.
         self.require_client(client, now)?;
-        let (all, fresh) = {
+        let (all, fresh, base, size) = {
             let mut segs = self.segments.write();
             let s = segs.get_mut(&id).ok_or_else(|| {
                 KvError::new(
@@ -145,31 +145,45 @@ impl MasterState {
             if !last {
                 return Ok(InventoryVerdict::default());
             }
-            let mut all = s.recovering.take().unwrap_or_default();
-            // A part sent again (its answer was lost) reports the same regions.
-            all.sort_unstable_by_key(|i| i.offset);
-            all.dedup_by_key(|i| i.offset);
+            // Still `recovering` (empty) until reconciled: it takes no new
+            // objects while the rest runs without the segment lock.
+            let all = std::mem::take(inv);
             // A segment that holds no live region yet was new to this master.
             let fresh = s.alloc.lock().live_regions() == 0;
-            if fresh {
-                let used = all.iter().map(|i| (i.offset, i.region_len));
-                match OffsetAllocator::with_used(s.info.base, s.info.size, used) {
-                    Ok(alloc) => *s.alloc.lock() = alloc,
-                    Err(e) => {
-                        // Never open it empty: new objects would overwrite the
-                        // ones it holds. Unmounted, its store mounts it again.
-                        drop(segs);
-                        self.drop_segment(id);
-                        tracing::error!(segment = %id, error = %e, "inventory rejected; segment unmounted");
-                        return Err(KvError::new(
-                            Code::InvalidParams,
-                            format!("inventory of {id}: {e}"),
-                        ));
-                    }
+            (all, fresh, s.info.base, s.info.size)
+        };
+        let mut all = all;
+        // A part sent again (its answer was lost) reports the same regions.
+        all.sort_unstable_by_key(|i| i.offset);
+        all.dedup_by_key(|i| i.offset);
+        if fresh {
+            let used = all.iter().map(|i| (i.offset, i.region_len));
+            let alloc = OffsetAllocator::with_used(base, size, used).map_err(|e| e.to_string());
+            let mut segs = self.segments.write();
+            let slot = segs
+                .get_mut(&id)
+                .filter(|s| s.owner == client && s.recovering.is_some());
+            match (slot, alloc) {
+                (Some(s), Ok(alloc)) => *s.alloc.lock() = alloc,
+                (None, _) => {
+                    return Err(KvError::new(
+                        Code::SegmentNotFound,
+                        format!("segment {id} was unmounted or taken over during its inventory"),
+                    ))
+                }
+                (Some(_), Err(e)) => {
+                    // Never open it empty: new objects would overwrite the
+                    // ones it holds. Unmounted, its store mounts it again.
+                    drop(segs);
+                    self.drop_segment(id);
+                    tracing::error!(segment = %id, error = %e, "inventory rejected; segment unmounted");
+                    return Err(KvError::new(
+                        Code::InvalidParams,
+                        format!("inventory of {id}: {e}"),
+                    ));
                 }
             }
-            (all, fresh)
-        };
+        }
         if let Some(max) = all.iter().map(|i| i.generation).max() {
             self.next_generation.fetch_max(max + 1, Ordering::Relaxed);
         }
