@@ -55,15 +55,14 @@ impl MasterState {
 
     /// Records a heartbeat; false when the client is unknown (it must register).
     pub fn heartbeat(&self, id: ClientId, now: Instant) -> bool {
-        match self.clients.lock().get_mut(&id) {
-            Some(c) => {
-                if c.seen(id, now) {
-                    self.suspect_count.fetch_sub(1, Ordering::Relaxed);
-                }
-                true
-            }
-            None => false,
+        let mut clients = self.clients.lock();
+        let Some(c) = clients.get_mut(&id) else {
+            return false;
+        };
+        if c.seen(id, now) {
+            self.suspect_count.fetch_sub(1, Ordering::Relaxed);
         }
+        true
     }
 
     /// Adds `stall` to every client's silence allowance: the master itself did
@@ -104,17 +103,13 @@ impl MasterState {
 
     /// Checks that `id` is registered; its call counts as a sign of life.
     pub(super) fn require_client(&self, id: ClientId, now: Instant) -> KvResult<()> {
-        if let Some(c) = self.clients.lock().get_mut(&id) {
-            if c.seen(id, now) {
-                self.suspect_count.fetch_sub(1, Ordering::Relaxed);
-            }
-            Ok(())
-        } else {
-            Err(KvError::new(
-                Code::ClientNotFound,
-                format!("client {id} is not registered"),
-            ))
+        if self.heartbeat(id, now) {
+            return Ok(());
         }
+        Err(KvError::new(
+            Code::ClientNotFound,
+            format!("client {id} is not registered"),
+        ))
     }
 
     /// Owners silent for half the client TTL: probably dead, so their
@@ -129,9 +124,11 @@ impl MasterState {
             .collect()
     }
 
-    /// Periodic upkeep: drops clients silent for `client_ttl` (their segments
-    /// and puts in flight with them), revokes puts older than `pending_ttl`,
-    /// and frees regions whose lease ended. Returns the clients dropped.
+    /// Periodic upkeep: drops clients silent for `client_ttl` with their puts
+    /// in flight (a store, one that lends segments, is suspect first and is
+    /// dropped with its segments only after `client_ttl + store_grace`),
+    /// revokes puts older than `pending_ttl`, and frees regions whose lease
+    /// ended. Returns the clients dropped.
     pub fn sweep(&self, now: Instant) -> Vec<ClientId> {
         let lenders: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
         let (ttl, grace) = (self.cfg.client_ttl, self.cfg.store_grace);

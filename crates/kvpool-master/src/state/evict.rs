@@ -40,9 +40,11 @@ impl MasterState {
         let (cap, _) = self.usage();
         let target = need.max((cap as f64 * self.cfg.eviction_ratio) as u64);
         let mut candidates = Vec::new();
+        // Once per pass, not per object: the scan visits every object.
+        let at = self.tick(now);
         for shard in self.shards.iter() {
             for (k, v) in shard.lock().objects.iter() {
-                if !self.evictable(v, now)
+                if !Self::evictable(v, at)
                     || on.is_some_and(|on| !v.replicas.iter().any(|(s, _)| on.contains(s)))
                 {
                     continue;
@@ -51,8 +53,8 @@ impl MasterState {
                     key: k.to_string(),
                     generation: v.generation,
                     bytes: v.bytes(),
-                    soft_pinned: v.soft_pin_until > self.tick(now),
-                    idle: self.since(v.last_access, now),
+                    soft_pinned: v.soft_pin_until > at,
+                    idle: Duration::from_nanos(at.0.saturating_sub(v.last_access.0)),
                 });
             }
         }
@@ -63,7 +65,7 @@ impl MasterState {
             if !shard
                 .objects
                 .get(c.key.as_str())
-                .is_some_and(|v| v.generation == c.generation && self.evictable(v, now))
+                .is_some_and(|v| v.generation == c.generation && Self::evictable(v, at))
             {
                 continue;
             }
@@ -82,8 +84,8 @@ impl MasterState {
         out
     }
 
-    pub(super) fn evictable(&self, v: &Version, now: Instant) -> bool {
-        !v.hard_pin && v.lease_until <= self.tick(now)
+    pub(super) fn evictable(v: &Version, at: Tick) -> bool {
+        !v.hard_pin && v.lease_until <= at
     }
 
     /// Objects evicted since start.

@@ -12,9 +12,8 @@
 //! removals), `evict` (LRU eviction) and `invalidation` (freed regions
 //! and the destruction of their headers on the stores).
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -121,6 +120,8 @@ pub struct MasterState {
     suspect_count: std::sync::atomic::AtomicUsize,
     /// Time zero of the [`Tick`]s objects carry.
     epoch: Instant,
+    /// Picks a key's shard.
+    shard_hasher: foldhash::fast::RandomState,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -149,6 +150,7 @@ impl MasterState {
             evictions: AtomicU64::new(0),
             suspect_count: Default::default(),
             epoch: Instant::now(),
+            shard_hasher: Default::default(),
         }
     }
 
@@ -173,9 +175,10 @@ impl MasterState {
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
-        let mut h = DefaultHasher::new();
-        key.hash(&mut h);
-        &self.shards[(h.finish() as usize) % SHARDS]
+        // Its own seed: the shard tables hash with others, so the keys of
+        // one shard do not all share the low bits their table indexes by.
+        let h = self.shard_hasher.hash_one(key);
+        &self.shards[(h as usize) % SHARDS]
     }
 
     /// The cluster as seen now.

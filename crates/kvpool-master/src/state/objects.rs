@@ -57,9 +57,13 @@ pub(super) struct Pending {
 /// put of a new version in flight, at most one per key.
 #[derive(Default)]
 pub(super) struct Shard {
-    pub(super) objects: HashMap<Box<str>, Version>,
-    pub(super) pending: HashMap<Box<str>, Pending>,
+    pub(super) objects: HashMap<Box<str>, Version, KeyHasher>,
+    pub(super) pending: HashMap<Box<str>, Pending, KeyHasher>,
 }
+
+/// Hashing of keys inside a shard: foldhash, seeded per process (keys are
+/// the clients' choice), several times cheaper than SipHash on short keys.
+pub(super) type KeyHasher = foldhash::fast::RandomState;
 
 impl MasterState {
     /// Reserves regions for each item; one result per item.
@@ -262,19 +266,31 @@ impl MasterState {
         now: Instant,
     ) -> KvResult<()> {
         let mut shard = self.shard(key).lock();
-        let committed = shard.objects.get(key).map(|v| v.generation);
-        let pending = shard.pending.get(key).map(|p| p.version.generation);
-        if pending != Some(generation) {
-            // A retried PutEnd whose first attempt committed this very version.
-            if committed == Some(generation) {
-                return Ok(());
+        match shard.pending.get(key) {
+            Some(p) if p.version.generation == generation => {
+                if p.owner != client {
+                    return Err(KvError::new(
+                        Code::IllegalClient,
+                        format!("put of {key:?} belongs to another client"),
+                    ));
+                }
             }
-            return Err(KvError::new(
-                Code::ObjectNotFound,
-                format!("no put of {key:?} generation {generation} in flight (revoked or expired)"),
-            ));
+            // A retried PutEnd whose first attempt committed this very version.
+            _ if shard.objects.get(key).map(|v| v.generation) == Some(generation) => return Ok(()),
+            _ => {
+                return Err(KvError::new(
+                    Code::ObjectNotFound,
+                    format!(
+                        "no put of {key:?} generation {generation} in flight (revoked or expired)"
+                    ),
+                ))
+            }
         }
-        let p = self.take_pending(&mut shard, client, key)?;
+        // The pending entry's key moves to the committed map: no new allocation.
+        let (owned_key, p) = shard
+            .pending
+            .remove_entry(key)
+            .ok_or_else(|| KvError::from(Code::InternalError))?;
         let mut v = p.version;
         // A segment may have gone away while the bytes were being written.
         let live = self.segments.read();
@@ -288,7 +304,7 @@ impl MasterState {
         }
         v.last_access = self.tick(now);
         v.committed_at = v.last_access;
-        if let Some(old) = shard.objects.insert(key.into(), v) {
+        if let Some(old) = shard.objects.insert(owned_key, v) {
             drop(shard);
             self.release(key, old, now);
         }
