@@ -1529,12 +1529,7 @@ fn inventory_parts_sent_twice_count_once() {
     let p = Pool::new(config());
     let s1 = p.client(1);
     let now = p.at(0);
-    let at = |offset: u64| Replica {
-        segment: SegmentId(1),
-        endpoint: String::new(),
-        offset,
-        len: OBJ,
-    };
+    let at = |offset: u64| region_at(offset, OBJ);
     p.st.mount(s1, segment(1, "a", MIB), 2, p.t0).unwrap();
     for _ in 0..2 {
         let v = p.st.report_objects(
@@ -1564,12 +1559,7 @@ fn a_refused_inventory_never_opens_the_segment_empty() {
     let p = Pool::new(config());
     let s1 = p.client(1);
     let now = p.at(0);
-    let at = |offset: u64, len: u64| Replica {
-        segment: SegmentId(1),
-        endpoint: String::new(),
-        offset,
-        len,
-    };
+    let at = region_at;
     p.st.mount(s1, segment(1, "a", MIB), 2, p.t0).unwrap();
     let overlapping = vec![
         inventory("x", 5, &at(BASE, 2 * OBJ)),
@@ -1580,6 +1570,16 @@ fn a_refused_inventory_never_opens_the_segment_empty() {
     assert_eq!(code(r), INVALID_PARAMS);
     assert!(p.st.status().segments.is_empty());
     assert_eq!(code(p.put(s1, "z", 128, now)), NO_AVAILABLE_HANDLE);
+}
+
+/// A replica of `len` bytes at `offset`, as an inventory reports it.
+fn region_at(offset: u64, len: u64) -> Replica {
+    Replica {
+        segment: SegmentId(0),
+        endpoint: String::new(),
+        offset,
+        len,
+    }
 }
 
 /// A store restarted within the TTL remounts its segment under a new client:
@@ -1636,12 +1636,7 @@ fn new_master_rebuilds_from_inventories() {
     let p = Pool::new(config());
     let (s1, s2) = (p.client(1), p.client(2));
     let now = p.at(0);
-    let region = |offset: u64| Replica {
-        segment: SegmentId(0),
-        endpoint: String::new(),
-        offset,
-        len: OBJ,
-    };
+    let region = |offset: u64| region_at(offset, OBJ);
     let base = 4096;
     p.st.mount(s1, segment(1, "a", MIB), 3, p.t0).unwrap();
     p.st.mount(s2, segment(2, "b", MIB), 2, p.t0).unwrap();
