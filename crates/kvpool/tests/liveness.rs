@@ -201,7 +201,7 @@ async fn saturating_puts_never_cost_a_store_its_segment() {
     const KEYS: u64 = 200_000;
     let mut cluster = Cluster::builder()
         .segment_size("256MiB")
-        .master_flag("--client-ttl", "3s")
+        .master_flag("--client-ttl", "5s")
         .start()
         .await;
     let master = cluster.master_addr.clone();
