@@ -103,6 +103,9 @@ struct Conns {
 /// Least time between two leader look-ups in etcd.
 const RESOLVE_EVERY: Duration = Duration::from_millis(200);
 
+/// Next heartbeat after a failed one.
+const RETRY_BEAT: Duration = Duration::from_millis(100);
+
 impl MasterLink {
     /// A link to `addr` (`host:port` or `etcd://...`) for `client_id` (not
     /// yet registered).
@@ -285,12 +288,10 @@ impl MasterLink {
                 let hb = Heartbeat {
                     client_id: link.client_id,
                 };
-                // A beat waits at most one interval: the next one is due then.
-                let r = tokio::time::timeout(
-                    interval.max(Duration::from_secs(1)),
-                    link.attempt(&hb, true),
-                )
-                .await;
+                // The whole policy timeout: a beat that finds the leader moved
+                // looks it up in etcd within the attempt, and cutting that
+                // short would repeat the look-up without ever finishing it.
+                let r = tokio::time::timeout(link.policy.timeout, link.attempt(&hb, true)).await;
                 match r {
                     Ok(Ok(reply)) if reply.known => {}
                     Ok(Ok(_))
@@ -304,7 +305,12 @@ impl MasterLink {
                         }
                         must_mount = link.register().await.is_ok();
                     }
-                    Ok(Err(e)) => warn!(error = %e, "heartbeat failed"),
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "heartbeat failed");
+                        // The leader may have moved: try the new one soon, so
+                        // the store re-mounts within the new leader's grace.
+                        tick.reset_after(interval.min(RETRY_BEAT));
+                    }
                     Err(_) => warn!("heartbeat timed out"),
                 }
                 if must_mount && remounting.is_none() {
