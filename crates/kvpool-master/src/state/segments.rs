@@ -187,12 +187,14 @@ impl MasterState {
         if let Some(max) = all.iter().map(|i| i.generation).max() {
             self.next_generation.fetch_max(max + 1, Ordering::Relaxed);
         }
+        let started = std::time::Instant::now();
         let verdict = if fresh {
             self.reconcile_fresh(id, all, now)
         } else {
             self.reconcile_known(id, &all)
         };
-        tracing::info!(segment = %id, accepted = verdict.accepted, rejected = verdict.rejected.len(), "inventory reconciled");
+        tracing::info!(segment = %id, accepted = verdict.accepted, rejected = verdict.rejected.len(),
+            fresh, reconcile_ms = started.elapsed().as_millis() as u64, "inventory reconciled");
         Ok(verdict)
     }
 
@@ -268,13 +270,13 @@ impl MasterState {
             Some(s) => self.tick(s.scan_cutoff),
             None => return InventoryVerdict::default(),
         };
-        let reported: std::collections::HashSet<(u64, u64)> =
-            items.iter().map(|i| (i.offset, i.generation)).collect();
-        let mut kept = std::collections::HashSet::new();
-        let mut in_flight = std::collections::HashSet::new();
-        let mut lost = Vec::new();
-        for shard in self.shards.iter() {
-            let mut sh = shard.lock();
+        // One read-only pass collects what the map holds on this segment;
+        // a sort and a merge with the inventory (sorted by offset) decide,
+        // with no set as large as the segment.
+        let mut held: Vec<(u64, u64, bool, u32)> = Vec::new();
+        let mut in_flight = HashSet::new();
+        for (n, shard) in self.shards.iter().enumerate() {
+            let sh = shard.lock();
             // Written but not committed yet: its writer decides, not the store.
             for p in sh.pending.values() {
                 for (s, r) in &p.version.replicas {
@@ -283,34 +285,59 @@ impl MasterState {
                     }
                 }
             }
+            for v in sh.objects.values() {
+                for (s, r) in &v.replicas {
+                    if *s == id {
+                        held.push((r.offset, v.generation, v.committed_at >= cutoff, n as u32));
+                    }
+                }
+            }
+        }
+        held.sort_unstable_by_key(|h| h.0);
+        let mut reported = vec![false; items.len()];
+        let mut lost = Vec::new();
+        let mut i = 0;
+        for (offset, generation, recent, shard) in held {
+            while i < items.len() && items[i].offset < offset {
+                i += 1;
+            }
+            let found = items
+                .get(i)
+                .filter(|it| it.offset == offset && it.generation == generation);
+            match found {
+                Some(_) => reported[i] = true,
+                // Committed after the scan began: missing from it, not lost.
+                None if recent => {}
+                None => lost.push((shard, offset, generation)),
+            }
+        }
+        // Replicas whose bytes did not survive, one pass per shard that has any.
+        lost.sort_unstable();
+        let mut freed = Vec::new();
+        for group in lost.chunk_by(|a, b| a.0 == b.0) {
+            let gone: HashSet<(u64, u64)> = group.iter().map(|&(_, o, g)| (o, g)).collect();
+            let mut sh = self.shards[group[0].0 as usize].lock();
             sh.objects.retain(|_, v| {
-                let gen = v.generation;
-                let recent = v.committed_at >= cutoff;
+                let generation = v.generation;
                 v.replicas.retain(|(s, r)| {
-                    if *s != id {
-                        return true;
+                    let lost = *s == id && gone.contains(&(r.offset, generation));
+                    if lost {
+                        freed.push((id, *r));
                     }
-                    if reported.contains(&(r.offset, gen)) {
-                        kept.insert((r.offset, gen));
-                        true
-                    } else if recent {
-                        true
-                    } else {
-                        lost.push(*r);
-                        false
-                    }
+                    !lost
                 });
                 !v.replicas.is_empty()
             });
         }
-        self.free_now(&lost.into_iter().map(|r| (id, r)).collect::<Vec<_>>(), None);
+        self.free_now(&freed, None);
         self.open_segment(id);
         InventoryVerdict {
-            accepted: kept.len() as u64,
-            rejected: reported
-                .difference(&kept)
-                .filter(|r| !in_flight.contains(r))
-                .copied()
+            accepted: reported.iter().filter(|&&r| r).count() as u64,
+            rejected: items
+                .iter()
+                .zip(&reported)
+                .filter(|(it, &r)| !r && !in_flight.contains(&(it.offset, it.generation)))
+                .map(|(it, _)| (it.offset, it.generation))
                 .collect(),
         }
     }
