@@ -229,7 +229,7 @@ impl ControlHandler for Master {
 /// Runs `f`, which may take long, without holding up the other tasks of
 /// this runtime worker (heartbeats above all): on a multi-threaded runtime
 /// the worker hands its queue to another thread first.
-fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)
