@@ -8,9 +8,7 @@
 //! smallest non-empty bin that is guaranteed to fit a request in O(1), and a freed block is merged
 //! with its free physical neighbours at once, so a fully freed segment is a single block again.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// Alignment of every region handed out; lengths are rounded up to it.
 pub const ALIGN: u64 = 64;
@@ -41,6 +39,10 @@ pub struct Region {
     pub offset: u64,
     /// The rounded-up length actually reserved.
     pub len: u64,
+    /// The allocator's block for it, so freeing it needs no lookup (a map
+    /// from offsets to blocks cost 26 bytes per region, and growing it
+    /// stalled the segment for milliseconds at millions of regions).
+    pub node: u32,
 }
 
 /// Error for [`OffsetAllocator::with_used`].
@@ -122,92 +124,6 @@ impl Node {
             phys_prev,
             phys_next,
             state,
-        }
-    }
-}
-
-/// Hasher for the offset -> node map. Keys are allocator-chosen offsets (never attacker-chosen),
-/// so SipHash's DoS resistance buys nothing; a splitmix64 finaliser is several times cheaper and
-/// spreads the zero low bits of aligned offsets over the whole word.
-#[derive(Default)]
-struct OffsetHasher(u64);
-
-impl Hasher for OffsetHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        // Only reached if the key type changes; kept correct rather than fast.
-        for &b in bytes {
-            self.write_u64(self.0.rotate_left(8) ^ u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        self.0 = z ^ (z >> 31);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type OneOffsetMap = HashMap<u64, u32, BuildHasherDefault<OffsetHasher>>;
-
-/// Parts of the offset -> node map. A put that makes a single map grow
-/// copies all of it under the segment's lock (about 100 ms at 10M regions);
-/// a part holds 1/256 of the regions, so growing one copies that much.
-const OFFSET_PARTS: usize = 256;
-
-/// The offset -> node map of the live regions, in [`OFFSET_PARTS`] parts.
-struct OffsetMap {
-    parts: Box<[OneOffsetMap]>,
-    len: usize,
-}
-
-impl Default for OffsetMap {
-    fn default() -> Self {
-        OffsetMap {
-            parts: (0..OFFSET_PARTS).map(|_| OneOffsetMap::default()).collect(),
-            len: 0,
-        }
-    }
-}
-
-impl OffsetMap {
-    /// A part chosen by a hash of the offset, not by the offset itself:
-    /// regions handed out in order would fill the parts in turn, all parts
-    /// would reach their growth point within one batch, and that batch would
-    /// copy the whole map after all.
-    fn part(offset: u64) -> usize {
-        let mut h = OffsetHasher::default();
-        h.write_u64(offset);
-        (h.finish() >> 56) as usize % OFFSET_PARTS
-    }
-
-    fn get(&self, offset: &u64) -> Option<&u32> {
-        self.parts[Self::part(*offset)].get(offset)
-    }
-
-    fn insert(&mut self, offset: u64, idx: u32) {
-        if self.parts[Self::part(offset)].insert(offset, idx).is_none() {
-            self.len += 1;
-        }
-    }
-
-    fn remove(&mut self, offset: &u64) -> Option<u32> {
-        let r = self.parts[Self::part(*offset)].remove(offset);
-        self.len -= usize::from(r.is_some());
-        r
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn reserve(&mut self, n: usize) {
-        for p in self.parts.iter_mut() {
-            p.reserve(n / OFFSET_PARTS);
         }
     }
 }
@@ -321,8 +237,8 @@ pub struct OffsetAllocator {
     /// Slab of blocks; it never shrinks, vacant slots are recycled through `vacant_head`.
     nodes: NodeSlab,
     vacant_head: u32,
-    /// Offset of every live region -> its node, so `free` needs no search.
-    used_nodes: OffsetMap,
+    /// Live regions.
+    live: usize,
     top_bitmap: u64,
     leaf_bitmaps: [u8; TOP_BINS],
     bin_heads: [u32; NUM_BINS],
@@ -335,7 +251,7 @@ impl fmt::Debug for OffsetAllocator {
             .field("base", &self.base)
             .field("capacity", &self.size)
             .field("used", &self.used_bytes)
-            .field("live_regions", &self.used_nodes.len())
+            .field("live_regions", &self.live)
             .finish_non_exhaustive()
     }
 }
@@ -391,7 +307,6 @@ impl OffsetAllocator {
         }
 
         this.nodes.reserve(2 * regions.len() + 1);
-        this.used_nodes.reserve(regions.len());
         let mut cursor = base;
         let mut prev = NONE;
         for &(offset, len, given) in &regions {
@@ -446,20 +361,19 @@ impl OffsetAllocator {
     /// An unknown offset or a length that does not match the live region is a caller bug: it
     /// trips a debug assertion and is otherwise ignored, leaving the allocator untouched.
     pub fn free(&mut self, region: Region) {
-        let found = self.used_nodes.get(&region.offset).copied();
-        debug_assert!(found.is_some(), "free of unknown region {region:?}");
-        let Some(idx) = found else { return };
-        let mut node = self.nodes[idx as usize];
-        let matches = normalize_len(region.len) == Some(node.size);
-        debug_assert!(
-            matches,
-            "free of {region:?} but {} bytes are live",
-            node.size
-        );
-        if !matches {
+        let idx = region.node;
+        let live = (idx as usize) < self.nodes.len() && {
+            let n = &self.nodes[idx as usize];
+            n.state == State::Used
+                && n.offset == region.offset
+                && normalize_len(region.len) == Some(n.size)
+        };
+        debug_assert!(live, "free of {region:?}, which is not live");
+        if !live {
             return;
         }
-        self.used_nodes.remove(&region.offset);
+        let mut node = self.nodes[idx as usize];
+        self.live -= 1;
         self.used_bytes -= node.size;
 
         let prev = node.phys_prev;
@@ -536,7 +450,30 @@ impl OffsetAllocator {
 
     /// Number of live regions.
     pub fn live_regions(&self) -> usize {
-        self.used_nodes.len()
+        self.live
+    }
+
+    /// The live regions in offset order (as [`Self::with_used`] was given
+    /// them, once rebuilt), with the blocks that free them.
+    pub fn live_list(&self) -> Vec<Region> {
+        let mut out = Vec::with_capacity(self.live);
+        let first = (0..self.nodes.len()).find(|&i| {
+            let n = &self.nodes[i];
+            n.state != State::Vacant && n.phys_prev == NONE
+        });
+        let mut idx = first.map_or(NONE, |i| i as u32);
+        while idx != NONE {
+            let n = &self.nodes[idx as usize];
+            if n.state == State::Used {
+                out.push(Region {
+                    offset: n.offset,
+                    len: n.size,
+                    node: idx,
+                });
+            }
+            idx = n.phys_next;
+        }
+        out
     }
 
     fn empty(base: u64, size: u64) -> Self {
@@ -551,7 +488,7 @@ impl OffsetAllocator {
             used_bytes: 0,
             nodes: NodeSlab::default(),
             vacant_head: NONE,
-            used_nodes: OffsetMap::default(),
+            live: 0,
             top_bitmap: 0,
             leaf_bitmaps: [0; TOP_BINS],
             bin_heads: [NONE; NUM_BINS],
@@ -567,7 +504,7 @@ impl OffsetAllocator {
         match state {
             State::Free => self.link_into_bin(idx),
             _ => {
-                self.used_nodes.insert(offset, idx);
+                self.live += 1;
                 self.used_bytes += size;
             }
         }
@@ -635,11 +572,12 @@ impl OffsetAllocator {
             self.link_into_bin(tail);
         }
         self.nodes[idx as usize].state = State::Used;
-        self.used_nodes.insert(node.offset, idx);
+        self.live += 1;
         self.used_bytes += size;
         Some(Region {
             offset: node.offset,
             len: size,
+            node: idx,
         })
     }
 
@@ -708,6 +646,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Where a region lies, whatever block it has.
+    fn span(r: Option<Region>) -> Option<(u64, u64)> {
+        r.map(|r| (r.offset, r.len))
+    }
+
+    /// The live region at `offset`.
+    fn live_at(a: &OffsetAllocator, offset: u64) -> Region {
+        a.live_list()
+            .into_iter()
+            .find(|r| r.offset == offset)
+            .expect("live region")
+    }
+
     const KIB: u64 = 1024;
     const MIB: u64 = 1024 * KIB;
     const TIB: u64 = 1024 * 1024 * MIB;
@@ -741,7 +692,6 @@ mod tests {
                     State::Used => {
                         used += n.size;
                         used_count += 1;
-                        assert_eq!(self.used_nodes.get(&n.offset), Some(&idx));
                     }
                     State::Free => {
                         free_count += 1;
@@ -759,7 +709,7 @@ mod tests {
             assert_eq!(walked, live.len());
             assert_eq!(cursor, self.base + self.size, "blocks cover the range");
             assert_eq!(used, self.used_bytes);
-            assert_eq!(used_count, self.used_nodes.len());
+            assert_eq!(used_count, self.live);
 
             let mut binned = 0;
             for bin in 0..NUM_BINS {
@@ -887,13 +837,7 @@ mod tests {
         assert_eq!(a.used(), 0);
         assert_eq!(a.live_regions(), 0);
         assert_eq!(a.largest_free(), MIB);
-        assert_eq!(
-            a.alloc(MIB),
-            Some(Region {
-                offset: 0,
-                len: MIB
-            })
-        );
+        assert_eq!(span(a.alloc(MIB)), Some((0, MIB)));
         assert_eq!(a.alloc(1), None);
     }
 
@@ -946,13 +890,7 @@ mod tests {
             a.free(*r);
         }
         a.check_invariants();
-        assert_eq!(
-            a.alloc(cap),
-            Some(Region {
-                offset: base,
-                len: cap
-            })
-        );
+        assert_eq!(span(a.alloc(cap)), Some((base, cap)));
     }
 
     #[test]
@@ -960,20 +898,8 @@ mod tests {
         let mut a = OffsetAllocator::new(100, 10_000);
         // [100, 10100) shrinks inward to [128, 10048).
         assert_eq!(a.capacity(), 10_048 - 128);
-        assert_eq!(
-            a.alloc(1),
-            Some(Region {
-                offset: 128,
-                len: 64
-            })
-        );
-        assert_eq!(
-            a.alloc(0),
-            Some(Region {
-                offset: 192,
-                len: 64
-            })
-        );
+        assert_eq!(span(a.alloc(1)), Some((128, 64)));
+        assert_eq!(span(a.alloc(0)), Some((192, 64)));
         assert_eq!(a.alloc(65).map(|r| r.len), Some(128));
         assert_eq!(a.alloc(4096 + 100).map(|r| r.len), Some(4224));
         for _ in 0..20 {
@@ -1078,13 +1004,13 @@ mod tests {
         a.check_invariants();
         assert_eq!(a.used(), 128 + 64 + 4096 + 64);
         assert_eq!(a.live_regions(), 4);
-        let held_regions: Vec<Region> = held
-            .iter()
-            .map(|&(offset, len)| Region {
-                offset,
-                len: normalize_len(len).unwrap(),
-            })
-            .collect();
+        let held_regions: Vec<Region> = held.iter().map(|&(o, _)| live_at(&a, o)).collect();
+        assert_eq!(
+            held_regions.iter().map(|r| r.len).collect::<Vec<_>>(),
+            held.iter()
+                .map(|&(_, l)| normalize_len(l).unwrap())
+                .collect::<Vec<_>>()
+        );
         let mut got = Vec::new();
         while let Some(r) = a.alloc(64) {
             got.push(r);
@@ -1096,34 +1022,19 @@ mod tests {
 
         // A recovered region can be freed with the length the store reported.
         a.free(Region {
-            offset: 4096,
             len: 100,
+            ..held_regions[0]
         });
-        assert_eq!(
-            a.alloc(128),
-            Some(Region {
-                offset: 4096,
-                len: 128
-            })
-        );
+        assert_eq!(span(a.alloc(128)), Some((4096, 128)));
         for r in got {
             a.free(r);
         }
         for r in &held_regions[1..] {
             a.free(*r);
         }
-        a.free(Region {
-            offset: 4096,
-            len: 128,
-        });
+        a.free(live_at(&a, 4096));
         a.check_invariants();
-        assert_eq!(
-            a.alloc(cap),
-            Some(Region {
-                offset: 0,
-                len: cap
-            })
-        );
+        assert_eq!(span(a.alloc(cap)), Some((0, cap)));
     }
 
     #[test]
@@ -1159,6 +1070,7 @@ mod tests {
                 live[i] = Region {
                     offset: u64::MAX,
                     len: 0,
+                    node: NONE,
                 };
             }
             for r in live.iter_mut().filter(|r| r.offset == u64::MAX) {
@@ -1190,27 +1102,25 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(debug_assertions, should_panic(expected = "free of unknown region"))]
+    #[cfg_attr(debug_assertions, should_panic(expected = "which is not live"))]
     fn free_of_unknown_region_is_ignored() {
         let mut a = OffsetAllocator::new(0, MIB);
         let r = a.alloc(4096).unwrap();
         a.free(Region {
             offset: r.offset + 64,
             len: 64,
+            node: r.node,
         });
         a.check_invariants();
         assert_eq!(a.live_regions(), 1);
     }
 
     #[test]
-    #[cfg_attr(debug_assertions, should_panic(expected = "but 4096 bytes are live"))]
+    #[cfg_attr(debug_assertions, should_panic(expected = "which is not live"))]
     fn free_with_wrong_len_is_ignored() {
         let mut a = OffsetAllocator::new(0, MIB);
         let r = a.alloc(4096).unwrap();
-        a.free(Region {
-            offset: r.offset,
-            len: 64,
-        });
+        a.free(Region { len: 64, ..r });
         a.check_invariants();
         assert_eq!(a.used(), 4096);
     }
@@ -1295,9 +1205,19 @@ mod tests {
             check_against_model(&rebuilt, &live);
             prop_assert_eq!(rebuilt.free_bytes(), a.free_bytes());
 
+            // The rebuilt allocator has blocks of its own, in offset order.
+            let mut by_offset = live.clone();
+            by_offset.sort_unstable_by_key(|r| r.offset);
+            let rebuilt_live = rebuilt.live_list();
+            prop_assert_eq!(
+                rebuilt_live.iter().map(|r| (r.offset, r.len)).collect::<Vec<_>>(),
+                by_offset.iter().map(|r| (r.offset, r.len)).collect::<Vec<_>>()
+            );
             for r in &live {
                 a.free(*r);
-                rebuilt.free(*r);
+            }
+            for r in rebuilt_live {
+                rebuilt.free(r);
             }
             for alloc in [&mut a, &mut rebuilt] {
                 alloc.check_invariants();
@@ -1306,7 +1226,7 @@ mod tests {
                 let cap = alloc.capacity();
                 if cap > 0 {
                     let whole = alloc.alloc(cap);
-                    prop_assert_eq!(whole, Some(Region { offset: alloc.base, len: cap }));
+                    prop_assert_eq!(span(whole), Some((alloc.base, cap)));
                 }
             }
         }

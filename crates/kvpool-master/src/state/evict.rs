@@ -7,9 +7,15 @@ use std::sync::atomic::Ordering;
 use kvpool_proto::msg::SegmentId;
 use tokio::time::Instant;
 
+use parking_lot::MutexGuard;
+
 use crate::eviction::{self, Candidate};
 
+use super::table::{ObjectTable, SegNo, Slot};
 use super::*;
+
+/// Objects at the boundary rank that a pass sorts exactly (40 bytes each).
+const MAX_EXACT: u64 = 1 << 20;
 
 /// Outcome of an eviction pass.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -39,43 +45,82 @@ impl MasterState {
         self.free_expired_deferred(now);
         let (cap, _) = self.usage();
         let target = need.max((cap as f64 * self.cfg.eviction_ratio) as u64);
-        let mut candidates = Vec::new();
+        let on: Option<HashSet<SegNo>> = on.map(|on| {
+            let numbers = self.numbers.read();
+            on.iter().filter_map(|&id| numbers.get(id)).collect()
+        });
         // Once per pass, not per object: the scan visits every object.
         let at = self.tick(now);
+        // What an object counts for in this pass, if it may go.
+        let rank_of = |t: &ObjectTable, i: u32, v: &Slot| {
+            if !Self::evictable(v, at)
+                || on
+                    .as_ref()
+                    .is_some_and(|on| !t.replicas(i).any(|(s, _)| on.contains(&s)))
+            {
+                return None;
+            }
+            let soft = t.soft_pin_until(i) > at;
+            let idle = at.0.saturating_sub(v.last_access.0);
+            Some((eviction::rank(soft, idle), soft, idle))
+        };
+        // First scan: how many bytes stand at each place in eviction order.
+        let mut histogram = eviction::Histogram::default();
         for shard in self.shards.iter() {
-            for (k, v) in shard.lock().objects.iter() {
-                if !Self::evictable(v, at)
-                    || on.is_some_and(|on| !v.replicas.iter().any(|(s, _)| on.contains(s)))
-                {
-                    continue;
+            let sh = shard.lock();
+            for (i, v) in sh.objects.iter() {
+                if let Some((rank, ..)) = rank_of(&sh.objects, i, v) {
+                    histogram.add(rank, sh.objects.bytes(i));
                 }
-                candidates.push(Candidate {
-                    key: k.to_string(),
-                    generation: v.generation,
-                    bytes: v.bytes(),
-                    soft_pinned: v.soft_pin_until > at,
-                    idle: Duration::from_nanos(at.0.saturating_sub(v.last_access.0)),
-                });
             }
         }
+        let Some(boundary) = histogram.boundary(target) else {
+            return Evicted::default();
+        };
+        // The objects at the boundary are sorted exactly, unless there are
+        // so many that listing them would cost more memory than it is worth:
+        // then they go in scan order (all within 1/8 of one idle time).
+        let exact = boundary.objects <= MAX_EXACT;
+        let mut need = boundary.need;
         let mut out = Evicted::default();
-        for c in eviction::choose(candidates, target) {
-            let mut shard = self.shard(&c.key).lock();
+        let mut at_boundary = Vec::new();
+        // Second scan: everything before the boundary goes.
+        for (n, shard) in self.shards.iter().enumerate() {
+            let sh = shard.lock();
+            let mut going = Vec::new();
+            for (i, v) in sh.objects.iter() {
+                let Some((rank, soft, idle)) = rank_of(&sh.objects, i, v) else {
+                    continue;
+                };
+                let bytes = sh.objects.bytes(i);
+                if rank < boundary.rank {
+                    going.push(i);
+                } else if rank == boundary.rank && exact {
+                    at_boundary.push(Candidate {
+                        key: (n as u32, i),
+                        generation: v.generation,
+                        bytes,
+                        soft_pinned: soft,
+                        idle_ns: idle,
+                    });
+                } else if rank == boundary.rank && need > 0 {
+                    need = need.saturating_sub(bytes);
+                    going.push(i);
+                }
+            }
+            self.evict_slots(sh, going, &mut out);
+        }
+        for c in eviction::choose(at_boundary, need) {
+            let (n, i) = c.key;
+            let sh = self.shards[n as usize].lock();
             // Re-check: the object may have been read or replaced since the scan.
-            if !shard
+            if sh
                 .objects
-                .get(c.key.as_str())
+                .occupied(i)
                 .is_some_and(|v| v.generation == c.generation && Self::evictable(v, at))
             {
-                continue;
+                self.evict_slots(sh, vec![i], &mut out);
             }
-            let Some(v) = shard.objects.remove(c.key.as_str()) else {
-                continue;
-            };
-            drop(shard);
-            out.objects += 1;
-            out.bytes += v.bytes();
-            self.retire(&c.key, &v);
         }
         self.evictions.fetch_add(out.objects, Ordering::Relaxed);
         if out.objects > 0 {
@@ -84,8 +129,26 @@ impl MasterState {
         out
     }
 
-    pub(super) fn evictable(v: &Version, at: Tick) -> bool {
-        !v.hard_pin && v.lease_until <= at
+    /// Evicts the objects in `slots` of a locked shard.
+    fn evict_slots(&self, mut sh: MutexGuard<'_, Shard>, slots: Vec<u32>, out: &mut Evicted) {
+        if slots.is_empty() {
+            return;
+        }
+        let gone: Vec<(Box<str>, Version<SegNo>)> = slots
+            .into_iter()
+            .map(|i| (Box::from(sh.objects.key(i)), sh.objects.remove_at(i)))
+            .collect();
+        drop(sh);
+        for (key, v) in gone {
+            let v = self.unpack(v);
+            out.objects += 1;
+            out.bytes += v.replicas.iter().map(|(_, r)| r.len).sum::<u64>();
+            self.retire(&key, &v);
+        }
+    }
+
+    pub(super) fn evictable(v: &Slot, at: Tick) -> bool {
+        !v.hard_pinned() && v.lease_until <= at
     }
 
     /// Objects evicted since start.

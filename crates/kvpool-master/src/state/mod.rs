@@ -29,6 +29,7 @@ mod evict;
 mod invalidation;
 mod objects;
 mod segments;
+mod table;
 
 use clients::ClientEntry;
 pub use evict::Evicted;
@@ -36,6 +37,7 @@ use invalidation::InvalidationQueue;
 pub use invalidation::Invalidations;
 use objects::{Shard, Tick, Version};
 use segments::SegmentSlot;
+use table::{SegNo, SegNumbers};
 
 /// Enough shards that one holds few keys even at 100M: growing a shard's
 /// table copies it under its lock, so its size bounds the longest wait.
@@ -106,6 +108,8 @@ pub struct MasterState {
     cfg: StateConfig,
     shards: Box<[Mutex<Shard>]>,
     segments: RwLock<HashMap<SegmentId, SegmentSlot>>,
+    /// The numbers objects name segments by; taken alone, or last.
+    numbers: RwLock<SegNumbers>,
     clients: Mutex<HashMap<ClientId, ClientEntry>>,
     deferred: Mutex<Vec<(Instant, SegmentId, Region)>>,
     /// Object headers to destroy on their stores, and the keys waiting for it.
@@ -141,6 +145,7 @@ impl MasterState {
             cfg,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             segments: RwLock::new(HashMap::new()),
+            numbers: Default::default(),
             clients: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
             invalidations: Mutex::new(InvalidationQueue::default()),
@@ -167,6 +172,25 @@ impl MasterState {
     /// How long from `t` to `now` (zero if `t` is later).
     fn since(&self, t: Tick, now: Instant) -> Duration {
         now.saturating_duration_since(self.instant(t))
+    }
+
+    /// `v` with its replicas named by number, less those on segments no
+    /// longer mounted.
+    fn pack(&self, v: Version) -> Version<SegNo> {
+        let live = self.segments.read();
+        let numbers = self.numbers.read();
+        v.map_segments(|(s, r)| {
+            live.contains_key(&s)
+                .then(|| numbers.get(s))
+                .flatten()
+                .map(|no| (no, r))
+        })
+    }
+
+    /// `v` with its replicas named by segment id.
+    fn unpack(&self, v: Version<SegNo>) -> Version {
+        let numbers = self.numbers.read();
+        v.map_segments(|(no, r)| Some((numbers.id(no), r)))
     }
 
     /// The settings in force.
@@ -231,19 +255,18 @@ impl MasterState {
     /// Everything known about one key, for the admin API.
     pub fn key_info(&self, key: &str, now: Instant) -> Option<KeyInfo> {
         let shard = self.shard(key).lock();
-        let v = shard.objects.get(key)?;
+        let i = shard.objects.find(key)?;
+        let v = shard.objects.at(i);
+        let soft_pin_until = shard.objects.soft_pin_until(i);
         Some(KeyInfo {
             key: key.to_string(),
             value_len: v.value_len,
             generation: v.generation,
-            replicas: self.describe(&v.replicas),
+            replicas: self.describe_numbered(shard.objects.replicas(i)),
             lease_remaining_ms: ms(self.instant(v.lease_until).saturating_duration_since(now)),
-            soft_pin_remaining_ms: (v.soft_pin_until > Tick(0)).then(|| {
-                ms(self
-                    .instant(v.soft_pin_until)
-                    .saturating_duration_since(now))
-            }),
-            hard_pin: v.hard_pin,
+            soft_pin_remaining_ms: (soft_pin_until > Tick(0))
+                .then(|| ms(self.instant(soft_pin_until).saturating_duration_since(now))),
+            hard_pin: v.hard_pinned(),
             idle_ms: ms(self.since(v.last_access, now)),
             put_in_flight: shard.pending.contains_key(key),
         })

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::alloc::Region;
 
+use super::table::ObjectTable;
 use super::*;
 
 /// Eviction passes one allocation may trigger before it gives up (each frees
@@ -24,12 +25,13 @@ const MAX_EVICTION_ROUNDS: usize = 16;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Tick(pub(super) u64);
 
-/// One written (or being written) copy set of an object. Kept small: the
-/// master holds one per object, millions of them.
-pub(super) struct Version {
+/// One written (or being written) copy set of an object, with its replicas
+/// named by segment id (`S = SegNo` inside the compact [`ObjectTable`]).
+#[derive(Debug, Clone)]
+pub(super) struct Version<S = SegmentId> {
     pub(super) value_len: u64,
     pub(super) generation: u64,
-    pub(super) replicas: Vec<(SegmentId, Region)>,
+    pub(super) replicas: Vec<(S, Region)>,
     pub(super) lease_until: Tick,
     /// `Tick(0)`: not pinned.
     pub(super) soft_pin_until: Tick,
@@ -39,9 +41,23 @@ pub(super) struct Version {
     pub(super) hard_pin: bool,
 }
 
-impl Version {
-    pub(super) fn bytes(&self) -> u64 {
-        self.replicas.iter().map(|(_, r)| r.len).sum()
+impl<S> Version<S> {
+    /// The same version with its replicas' segments renamed by `f`, less
+    /// those it has no name for.
+    pub(super) fn map_segments<T>(
+        self,
+        f: impl FnMut((S, Region)) -> Option<(T, Region)>,
+    ) -> Version<T> {
+        Version {
+            value_len: self.value_len,
+            generation: self.generation,
+            replicas: self.replicas.into_iter().filter_map(f).collect(),
+            lease_until: self.lease_until,
+            soft_pin_until: self.soft_pin_until,
+            last_access: self.last_access,
+            committed_at: self.committed_at,
+            hard_pin: self.hard_pin,
+        }
     }
 }
 
@@ -57,7 +73,7 @@ pub(super) struct Pending {
 /// put of a new version in flight, at most one per key.
 #[derive(Default)]
 pub(super) struct Shard {
-    pub(super) objects: HashMap<Box<str>, Version, KeyHasher>,
+    pub(super) objects: ObjectTable,
     pub(super) pending: HashMap<Box<str>, Pending, KeyHasher>,
 }
 
@@ -106,7 +122,7 @@ impl MasterState {
                 format!("{:?} is being written by another client", item.key),
             )));
         }
-        if !upsert && shard.objects.contains_key(item.key.as_str()) {
+        if !upsert && shard.objects.contains(&item.key) {
             return Some(Ok(PutGrant::Exists));
         }
         None
@@ -286,16 +302,12 @@ impl MasterState {
                 ))
             }
         }
-        // The pending entry's key moves to the committed map: no new allocation.
-        let (owned_key, p) = shard
+        let p = shard
             .pending
-            .remove_entry(key)
+            .remove(key)
             .ok_or_else(|| KvError::from(Code::InternalError))?;
-        let mut v = p.version;
         // A segment may have gone away while the bytes were being written.
-        let live = self.segments.read();
-        v.replicas.retain(|(s, _)| live.contains_key(s));
-        drop(live);
+        let mut v = self.pack(p.version);
         if v.replicas.is_empty() {
             return Err(KvError::new(
                 Code::WriteFail,
@@ -304,9 +316,9 @@ impl MasterState {
         }
         v.last_access = self.tick(now);
         v.committed_at = v.last_access;
-        if let Some(old) = shard.objects.insert(owned_key, v) {
+        if let Some(old) = shard.objects.insert(key, v) {
             drop(shard);
-            self.release(key, old, now);
+            self.release(key, self.unpack(old), now);
         }
         Ok(())
     }
@@ -330,19 +342,23 @@ impl MasterState {
         keys.iter()
             .map(|k| {
                 let mut shard = self.shard(k).lock();
-                let v = shard.objects.get_mut(k.as_str()).ok_or_else(|| {
+                let objects = &mut shard.objects;
+                let i = objects.find(k).ok_or_else(|| {
                     KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
                 })?;
+                let v = objects.at_mut(i);
                 v.lease_until = v.lease_until.max(self.tick(now + self.cfg.lease_ttl));
                 v.last_access = self.tick(now);
-                let mut replicas = self.describe(&v.replicas);
+                let (value_len, generation) = (v.value_len, v.generation);
+                let mut replicas = self.describe_numbered(objects.replicas(i));
+                drop(shard);
                 if !suspect.is_empty() {
                     // Readers try replicas in order: live stores first.
                     replicas.sort_by_key(|r| suspect.contains(&r.segment));
                 }
                 Ok(ObjectLocation {
-                    value_len: v.value_len,
-                    generation: v.generation,
+                    value_len,
+                    generation,
                     lease_ms: ms(self.cfg.lease_ttl),
                     replicas,
                 })
@@ -363,7 +379,7 @@ impl MasterState {
                 let mut shard = self.shard(&it.key).lock();
                 let Some(v) = shard
                     .objects
-                    .get_mut(it.key.as_str())
+                    .get_mut(&it.key)
                     .filter(|v| v.generation == it.generation)
                 else {
                     return false;
@@ -382,7 +398,7 @@ impl MasterState {
                 self.shard(k)
                     .lock()
                     .objects
-                    .get(k.as_str())
+                    .get(k)
                     .map(|v| v.value_len)
                     .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{k:?} not found")))
             })
@@ -406,10 +422,11 @@ impl MasterState {
                 format!("{key:?} has a live read lease"),
             ));
         }
-        shard
+        let v = shard
             .objects
             .remove(key)
-            .ok_or_else(|| KvError::from(Code::InternalError))
+            .ok_or_else(|| KvError::from(Code::InternalError))?;
+        Ok(self.unpack(v))
     }
 
     /// Removes objects; one result per key.
@@ -437,7 +454,13 @@ impl MasterState {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
-            let keys: Vec<Box<str>> = sh.objects.keys().filter(|k| matches(k)).cloned().collect();
+            let keys: Vec<Box<str>> = sh
+                .objects
+                .iter()
+                .map(|(i, _)| sh.objects.key(i))
+                .filter(|k| matches(k))
+                .map(Box::from)
+                .collect();
             let mut versions = Vec::new();
             for k in keys {
                 if let Ok(v) = self.remove_in(&mut sh, &k, force, now) {

@@ -68,6 +68,7 @@ impl MasterState {
             ));
         }
         let recovering = (objects > 0).then(Vec::new);
+        self.numbers.write().number(info.id);
         let mut segs = self.segments.write();
         if let Some(s) = segs.get_mut(&info.id) {
             if (s.info.base, s.info.size) != (info.base, info.size) {
@@ -156,9 +157,14 @@ impl MasterState {
         // A part sent again (its answer was lost) reports the same regions.
         all.sort_unstable_by_key(|i| i.offset);
         all.dedup_by_key(|i| i.offset);
+        // The regions of a fresh segment's inventory, in its (offset) order.
+        let mut regions = Vec::new();
         if fresh {
             let used = all.iter().map(|i| (i.offset, i.region_len));
             let alloc = OffsetAllocator::with_used(base, size, used).map_err(|e| e.to_string());
+            if let Ok(a) = &alloc {
+                regions = a.live_list();
+            }
             let mut segs = self.segments.write();
             let slot = segs
                 .get_mut(&id)
@@ -189,7 +195,7 @@ impl MasterState {
         }
         let started = std::time::Instant::now();
         let verdict = if fresh {
-            self.reconcile_fresh(id, all, now)
+            self.reconcile_fresh(id, all, regions, now)
         } else {
             self.reconcile_known(id, &all)
         };
@@ -206,32 +212,31 @@ impl MasterState {
         &self,
         id: SegmentId,
         items: Vec<InventoryItem>,
+        regions: Vec<Region>,
         now: Instant,
     ) -> InventoryVerdict {
         let mut v = InventoryVerdict::default();
-        for it in items {
-            let region = Region {
-                offset: it.offset,
-                len: it.region_len,
-            };
+        let Some(no) = self.numbers.read().get(id) else {
+            return v;
+        };
+        let at = self.tick(now);
+        debug_assert_eq!(items.len(), regions.len());
+        for (it, region) in items.into_iter().zip(regions) {
             let mut shard = self.shard(&it.key).lock();
-            let current = shard.objects.get_mut(it.key.as_str());
-            let keep = match current {
-                Some(c) if c.generation > it.generation => false,
-                Some(c) if c.generation == it.generation => {
-                    if !c.replicas.iter().any(|(s, _)| *s == id) {
-                        c.replicas.push((id, region));
-                    }
+            let objects = &mut shard.objects;
+            let keep = match objects.find(&it.key) {
+                Some(i) if objects.at(i).generation > it.generation => false,
+                Some(i) if objects.at(i).generation == it.generation => {
+                    objects.add_replica(i, no, region);
                     true
                 }
                 _ => {
-                    let at = self.tick(now);
-                    let old = shard.objects.insert(
-                        it.key.as_str().into(),
+                    let old = objects.insert(
+                        &it.key,
                         Version {
                             value_len: it.value_len,
                             generation: it.generation,
-                            replicas: vec![(id, region)],
+                            replicas: vec![(no, region)],
                             lease_until: at,
                             soft_pin_until: Tick(0),
                             last_access: at,
@@ -241,7 +246,7 @@ impl MasterState {
                     );
                     drop(shard);
                     if let Some(old) = old {
-                        self.release(&it.key, old, now);
+                        self.release(&it.key, self.unpack(old), now);
                     }
                     true
                 }
@@ -270,6 +275,9 @@ impl MasterState {
             Some(s) => self.tick(s.scan_cutoff),
             None => return InventoryVerdict::default(),
         };
+        let Some(no) = self.numbers.read().get(id) else {
+            return InventoryVerdict::default();
+        };
         // One read-only pass collects what the map holds on this segment;
         // a sort and a merge with the inventory (sorted by offset) decide,
         // with no set as large as the segment.
@@ -285,10 +293,10 @@ impl MasterState {
                     }
                 }
             }
-            for v in sh.objects.values() {
-                for (s, r) in &v.replicas {
-                    if *s == id {
-                        held.push((r.offset, v.generation, v.committed_at >= cutoff, n as u32));
+            for (i, v) in sh.objects.iter() {
+                for (s, r) in sh.objects.replicas(i) {
+                    if s == no {
+                        held.push((r.offset, v.generation, v.committed_at() >= cutoff, n as u32));
                     }
                 }
             }
@@ -317,16 +325,12 @@ impl MasterState {
         for group in lost.chunk_by(|a, b| a.0 == b.0) {
             let gone: HashSet<(u64, u64)> = group.iter().map(|&(_, o, g)| (o, g)).collect();
             let mut sh = self.shards[group[0].0 as usize].lock();
-            sh.objects.retain(|_, v| {
-                let generation = v.generation;
-                v.replicas.retain(|(s, r)| {
-                    let lost = *s == id && gone.contains(&(r.offset, generation));
-                    if lost {
-                        freed.push((id, *r));
-                    }
-                    !lost
-                });
-                !v.replicas.is_empty()
+            sh.objects.retain_replicas(|v, s, r| {
+                let lost = s == no && gone.contains(&(r.offset, v.generation));
+                if lost {
+                    freed.push((id, r));
+                }
+                !lost
             });
         }
         self.free_now(&freed, None);
@@ -397,13 +401,13 @@ impl MasterState {
         tracing::info!(segment = %id, "segment unmounted");
         self.deferred.lock().retain(|(_, s, _)| *s != id);
         self.invalidations.lock().regions.remove(&id);
+        let no = self.numbers.read().get(id);
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
             let sh = &mut *sh;
-            sh.objects.retain(|_, v| {
-                v.replicas.retain(|(s, _)| *s != id);
-                !v.replicas.is_empty()
-            });
+            if let Some(no) = no {
+                sh.objects.retain_replicas(|_, s, _| s != no);
+            }
             let mut revoked = Vec::new();
             sh.pending.retain(|_, p| {
                 let on = p.version.replicas.iter().any(|(s, _)| *s == id);
@@ -482,6 +486,18 @@ impl MasterState {
             }
         }
         got
+    }
+
+    /// [`Self::describe`] for replicas named by segment number.
+    pub(super) fn describe_numbered(
+        &self,
+        replicas: impl Iterator<Item = (SegNo, Region)>,
+    ) -> Vec<Replica> {
+        let named: Vec<(SegmentId, Region)> = {
+            let numbers = self.numbers.read();
+            replicas.map(|(no, r)| (numbers.id(no), r)).collect()
+        };
+        self.describe(&named)
     }
 
     pub(super) fn describe(&self, replicas: &[(SegmentId, Region)]) -> Vec<Replica> {

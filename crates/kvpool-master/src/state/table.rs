@@ -1,0 +1,556 @@
+//! The committed objects of one shard, laid out for tens of millions of
+//! keys: a hash index of 8-byte slot numbers and hashes, dense 72-byte slots, and the
+//! key bytes packed in one arena. A `HashMap<Box<str>, Version>` paid for a
+//! 16-byte key pointer, a key allocation, a replica `Vec` and its
+//! allocation, and the table's spare room on all of that (about 260 bytes
+//! per object); here the spare room is on 8 bytes, the first replica lives
+//! in the slot, and segments are named by a 4-byte number.
+//!
+//! Rare things live beside the slots, keyed by slot number: replicas after
+//! the first, and soft pins.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use kvpool_proto::msg::SegmentId;
+
+use super::objects::{KeyHasher, Tick, Version};
+use crate::alloc::Region;
+
+/// A segment as objects name it: 4 bytes where a [`SegmentId`] takes 16.
+/// The master numbers each segment id the first time it sees it, and a
+/// number never changes meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct SegNo(u32);
+
+/// The segment ids the master has numbered, both ways. Append-only: a
+/// segment mounted again keeps its number.
+#[derive(Default)]
+pub(super) struct SegNumbers {
+    ids: Vec<SegmentId>,
+    numbers: HashMap<SegmentId, SegNo>,
+}
+
+impl SegNumbers {
+    /// The number of `id`, given one now if it has none.
+    pub(super) fn number(&mut self, id: SegmentId) -> SegNo {
+        if let Some(&no) = self.numbers.get(&id) {
+            return no;
+        }
+        // Four billion mounts of distinct segments within one master's life.
+        let no = SegNo(u32::try_from(self.ids.len()).expect("segment numbers exhausted"));
+        self.ids.push(id);
+        self.numbers.insert(id, no);
+        no
+    }
+
+    /// The number of `id`, if it has one.
+    pub(super) fn get(&self, id: SegmentId) -> Option<SegNo> {
+        self.numbers.get(&id).copied()
+    }
+
+    /// The segment id numbered `no`.
+    pub(super) fn id(&self, no: SegNo) -> SegmentId {
+        self.ids[no.0 as usize]
+    }
+}
+
+const HARD_PIN: u8 = 1;
+const SOFT_PIN: u8 = 2;
+/// It has replicas after the first, in `more`.
+const MORE: u8 = 4;
+/// Not an object: a free slot, chained through `key_at`.
+const VACANT: u8 = 8;
+
+/// Slots per chunk (4 KiB): growing never moves the slots a shard has.
+const CHUNK: usize = 64;
+const NONE: u32 = u32::MAX;
+
+/// One committed object, in 72 bytes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Slot {
+    key_at: u32,
+    key_len: u16,
+    flags: u8,
+    /// Where the first replica lives.
+    segment: SegNo,
+    /// Seconds since the epoch when it was committed or recovered, rounded
+    /// up: only compared with a store's scan start, where a later time errs
+    /// on the side of keeping a replica the scan did not see.
+    committed_s: u32,
+    region: Region,
+    /// Value bytes.
+    pub(super) value_len: u64,
+    /// Put generation.
+    pub(super) generation: u64,
+    /// End of the last read lease.
+    pub(super) lease_until: Tick,
+    /// When written or last read.
+    pub(super) last_access: Tick,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 72);
+
+impl Slot {
+    /// Never evicted.
+    pub(super) fn hard_pinned(&self) -> bool {
+        self.flags & HARD_PIN != 0
+    }
+
+    /// When it was committed or recovered (rounded up to a second).
+    pub(super) fn committed_at(&self) -> Tick {
+        Tick(u64::from(self.committed_s) * 1_000_000_000)
+    }
+
+    fn vacant(&self) -> bool {
+        self.flags & VACANT != 0
+    }
+}
+
+/// The committed objects of one shard.
+#[derive(Default)]
+pub(super) struct ObjectTable {
+    /// Slot numbers with 32 bits of their key's hash: growing the index
+    /// rehashes from these alone, without reading a slot or a key per entry
+    /// (which cost milliseconds per shard at tens of millions of keys).
+    index: HashTable<(u32, u32)>,
+    slots: Vec<Vec<Slot>>,
+    /// Slots ever used (the next new one is this number).
+    filled: u32,
+    /// First vacant slot, or `NONE`.
+    vacant: Option<u32>,
+    keys: Vec<u8>,
+    /// Bytes of `keys` no slot refers to any more.
+    garbage: usize,
+    more: HashMap<u32, Vec<(SegNo, Region)>, KeyHasher>,
+    soft_pins: HashMap<u32, Tick, KeyHasher>,
+    hasher: KeyHasher,
+}
+
+/// The key bytes of `s`.
+fn key_bytes<'a>(keys: &'a [u8], s: &Slot) -> &'a [u8] {
+    &keys[s.key_at as usize..s.key_at as usize + usize::from(s.key_len)]
+}
+
+/// The table hash of a key's 32 stored bits: its low bits pick the bucket,
+/// its top 7 the control byte.
+fn spread(h: u32) -> u64 {
+    u64::from(h) << 32 | u64::from(h)
+}
+
+fn at(slots: &[Vec<Slot>], i: u32) -> &Slot {
+    &slots[i as usize / CHUNK][i as usize % CHUNK]
+}
+
+impl ObjectTable {
+    /// Objects held.
+    pub(super) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The slot of `key`, if it is held.
+    pub(super) fn find(&self, key: &str) -> Option<u32> {
+        let h = self.hash(key.as_bytes());
+        self.index
+            .find(spread(h), |&(i, ih)| {
+                ih == h && key_bytes(&self.keys, at(&self.slots, i)) == key.as_bytes()
+            })
+            .map(|&(i, _)| i)
+    }
+
+    /// The 32 bits of `key`'s hash the index keeps.
+    fn hash(&self, key: &[u8]) -> u32 {
+        (self.hasher.hash_one(key) >> 32) as u32
+    }
+
+    /// Whether `key` is held.
+    pub(super) fn contains(&self, key: &str) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// The object under `key`.
+    pub(super) fn get(&self, key: &str) -> Option<&Slot> {
+        self.find(key).map(|i| self.at(i))
+    }
+
+    /// The object under `key`, to update its times.
+    pub(super) fn get_mut(&mut self, key: &str) -> Option<&mut Slot> {
+        self.find(key).map(|i| self.at_mut(i))
+    }
+
+    /// Slot `i`, if it holds an object.
+    pub(super) fn occupied(&self, i: u32) -> Option<&Slot> {
+        (i < self.filled)
+            .then(|| self.at(i))
+            .filter(|s| !s.vacant())
+    }
+
+    /// Slot `i`.
+    pub(super) fn at(&self, i: u32) -> &Slot {
+        at(&self.slots, i)
+    }
+
+    /// Slot `i`, to update its times.
+    pub(super) fn at_mut(&mut self, i: u32) -> &mut Slot {
+        &mut self.slots[i as usize / CHUNK][i as usize % CHUNK]
+    }
+
+    /// The key of slot `i`.
+    pub(super) fn key(&self, i: u32) -> &str {
+        // Stored from a `&str`, whole: valid UTF-8.
+        std::str::from_utf8(key_bytes(&self.keys, self.at(i))).unwrap_or_default()
+    }
+
+    /// End of slot `i`'s soft pin (`Tick(0)`: none).
+    pub(super) fn soft_pin_until(&self, i: u32) -> Tick {
+        if self.at(i).flags & SOFT_PIN == 0 {
+            return Tick(0);
+        }
+        self.soft_pins.get(&i).copied().unwrap_or_default()
+    }
+
+    /// Where slot `i`'s replicas live.
+    pub(super) fn replicas(&self, i: u32) -> impl Iterator<Item = (SegNo, Region)> + '_ {
+        let s = self.at(i);
+        let more = match s.flags & MORE {
+            0 => &[][..],
+            _ => self.more.get(&i).map_or(&[][..], Vec::as_slice),
+        };
+        std::iter::once((s.segment, s.region)).chain(more.iter().copied())
+    }
+
+    /// Bytes slot `i` takes over all its replicas.
+    pub(super) fn bytes(&self, i: u32) -> u64 {
+        self.replicas(i).map(|(_, r)| r.len).sum()
+    }
+
+    /// Adds a replica to slot `i`, unless it has one on `no` already.
+    pub(super) fn add_replica(&mut self, i: u32, no: SegNo, region: Region) {
+        if self.replicas(i).any(|(s, _)| s == no) {
+            return;
+        }
+        self.more.entry(i).or_default().push((no, region));
+        self.at_mut(i).flags |= MORE;
+    }
+
+    /// The occupied slots, in slot order (sequential memory).
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u32, &Slot)> {
+        self.slots
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, s)| !s.vacant())
+            .map(|(i, s)| (i as u32, s))
+    }
+
+    /// Stores `v` under `key`; returns the version it replaces.
+    pub(super) fn insert(&mut self, key: &str, v: Version<SegNo>) -> Option<Version<SegNo>> {
+        debug_assert!(!v.replicas.is_empty());
+        if let Some(i) = self.find(key) {
+            let old = self.unpack(i);
+            let s = *self.at(i);
+            self.write(i, s.key_at, s.key_len, &v);
+            return Some(old);
+        }
+        let key_at = self.store_key(key.as_bytes());
+        let i = match self.vacant {
+            Some(i) => {
+                let next = self.at(i).key_at;
+                self.vacant = (next != NONE).then_some(next);
+                i
+            }
+            None => {
+                if self.slots.last().is_none_or(|c| c.len() == CHUNK) {
+                    self.slots.push(Vec::new());
+                }
+                let chunk = self.slots.last_mut().expect("a chunk with room");
+                chunk.push(placeholder());
+                self.filled += 1;
+                self.filled - 1
+            }
+        };
+        // `validate_key` caps keys far below 64 KiB.
+        self.write(i, key_at, key.len() as u16, &v);
+        let h = self.hash(key.as_bytes());
+        self.index
+            .insert_unique(spread(h), (i, h), |&(_, h)| spread(h));
+        None
+    }
+
+    /// Takes `key`'s object out.
+    pub(super) fn remove(&mut self, key: &str) -> Option<Version<SegNo>> {
+        self.find(key).map(|i| self.remove_at(i))
+    }
+
+    /// Takes slot `i`'s object out.
+    pub(super) fn remove_at(&mut self, i: u32) -> Version<SegNo> {
+        let v = self.unpack(i);
+        let s = *self.at(i);
+        let h = self.hash(key_bytes(&self.keys, &s));
+        if let Ok(e) = self.index.find_entry(spread(h), |&(j, _)| j == i) {
+            e.remove();
+        }
+        self.more.remove(&i);
+        self.soft_pins.remove(&i);
+        let next = self.vacant.unwrap_or(NONE);
+        *self.at_mut(i) = Slot {
+            key_at: next,
+            flags: VACANT,
+            ..placeholder()
+        };
+        self.vacant = Some(i);
+        self.garbage += usize::from(s.key_len);
+        if self.garbage > 4096 && self.garbage * 2 > self.keys.len() {
+            self.compact_keys();
+        }
+        v
+    }
+
+    /// Drops the replicas `keep` says no to; objects left with none are
+    /// removed. Returns how many objects were removed.
+    pub(super) fn retain_replicas(
+        &mut self,
+        mut keep: impl FnMut(&Slot, SegNo, Region) -> bool,
+    ) -> usize {
+        let mut removed = 0;
+        for i in 0..self.filled {
+            if self.at(i).vacant() {
+                continue;
+            }
+            let s = *self.at(i);
+            if s.flags & MORE == 0 {
+                // The common case, without building lists.
+                if !keep(&s, s.segment, s.region) {
+                    self.remove_at(i);
+                    removed += 1;
+                }
+                continue;
+            }
+            let before: Vec<(SegNo, Region)> = self.replicas(i).collect();
+            let kept: Vec<(SegNo, Region)> = before
+                .iter()
+                .copied()
+                .filter(|&(no, r)| keep(&s, no, r))
+                .collect();
+            if kept.len() == before.len() {
+                continue;
+            }
+            if kept.is_empty() {
+                self.remove_at(i);
+                removed += 1;
+            } else {
+                self.set_replicas(i, &kept);
+            }
+        }
+        removed
+    }
+
+    fn set_replicas(&mut self, i: u32, list: &[(SegNo, Region)]) {
+        let s = self.at_mut(i);
+        (s.segment, s.region) = list[0];
+        if list.len() > 1 {
+            s.flags |= MORE;
+            self.more.insert(i, list[1..].to_vec());
+        } else {
+            s.flags &= !MORE;
+            self.more.remove(&i);
+        }
+    }
+
+    fn write(&mut self, i: u32, key_at: u32, key_len: u16, v: &Version<SegNo>) {
+        let mut flags = 0;
+        if v.hard_pin {
+            flags |= HARD_PIN;
+        }
+        if v.soft_pin_until > Tick(0) {
+            flags |= SOFT_PIN;
+            self.soft_pins.insert(i, v.soft_pin_until);
+        } else {
+            self.soft_pins.remove(&i);
+        }
+        *self.at_mut(i) = Slot {
+            key_at,
+            key_len,
+            flags,
+            segment: v.replicas[0].0,
+            committed_s: v
+                .committed_at
+                .0
+                .div_ceil(1_000_000_000)
+                .min(u64::from(u32::MAX)) as u32,
+            region: v.replicas[0].1,
+            value_len: v.value_len,
+            generation: v.generation,
+            lease_until: v.lease_until,
+            last_access: v.last_access,
+        };
+        self.set_replicas(i, &v.replicas);
+    }
+
+    fn unpack(&self, i: u32) -> Version<SegNo> {
+        let s = self.at(i);
+        Version {
+            value_len: s.value_len,
+            generation: s.generation,
+            replicas: self.replicas(i).collect(),
+            lease_until: s.lease_until,
+            soft_pin_until: self.soft_pin_until(i),
+            last_access: s.last_access,
+            committed_at: s.committed_at(),
+            hard_pin: s.hard_pinned(),
+        }
+    }
+
+    /// Appends key bytes to the arena; returns where they start.
+    fn store_key(&mut self, key: &[u8]) -> u32 {
+        if self.keys.capacity() - self.keys.len() < key.len() {
+            // Grow by a quarter, not double: the spare room is resident.
+            self.keys.reserve_exact(key.len().max(self.keys.len() / 4));
+        }
+        let at = self.keys.len();
+        self.keys.extend_from_slice(key);
+        // 4 GiB of keys in one of thousands of shards: terabytes in all.
+        u32::try_from(at).expect("key arena of one shard over 4 GiB")
+    }
+
+    /// Rewrites the arena with only the keys still referred to.
+    fn compact_keys(&mut self) {
+        let live = self.keys.len() - self.garbage;
+        let mut keys = Vec::with_capacity(live + live / 4);
+        for chunk in self.slots.iter_mut() {
+            for s in chunk.iter_mut().filter(|s| !s.vacant()) {
+                let at = keys.len() as u32;
+                keys.extend_from_slice(key_bytes(&self.keys, s));
+                s.key_at = at;
+            }
+        }
+        self.keys = keys;
+        self.garbage = 0;
+    }
+}
+
+/// A slot's value before it is written.
+fn placeholder() -> Slot {
+    Slot {
+        key_at: 0,
+        key_len: 0,
+        flags: 0,
+        segment: SegNo(0),
+        committed_s: 0,
+        region: Region {
+            offset: 0,
+            len: 0,
+            node: NONE,
+        },
+        value_len: 0,
+        generation: 0,
+        lease_until: Tick(0),
+        last_access: Tick(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(offset: u64) -> Region {
+        Region {
+            offset,
+            len: 64,
+            node: 0,
+        }
+    }
+
+    fn version(generation: u64, replicas: &[(u32, u64)]) -> Version<SegNo> {
+        Version {
+            value_len: 10,
+            generation,
+            replicas: replicas
+                .iter()
+                .map(|&(s, o)| (SegNo(s), region(o)))
+                .collect(),
+            lease_until: Tick(5),
+            soft_pin_until: Tick(0),
+            last_access: Tick(7),
+            committed_at: Tick(3_000_000_000),
+            hard_pin: false,
+        }
+    }
+
+    #[test]
+    fn insert_find_replace_remove() {
+        let mut t = ObjectTable::default();
+        assert!(t.insert("a", version(1, &[(0, 0)])).is_none());
+        assert!(t.insert("bb", version(2, &[(0, 64), (1, 0)])).is_none());
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.get("a").map(|s| s.generation), Some(1));
+        let i = t.find("bb").unwrap();
+        assert_eq!(t.key(i), "bb");
+        assert_eq!(t.replicas(i).count(), 2);
+        assert_eq!(t.bytes(i), 128);
+        assert_eq!(t.at(i).committed_at(), Tick(3_000_000_000));
+        let old = t.insert("a", version(3, &[(2, 128)])).unwrap();
+        assert_eq!(old.generation, 1);
+        assert_eq!(old.replicas, vec![(SegNo(0), region(0))]);
+        let removed = t.remove("bb").unwrap();
+        assert_eq!(removed.replicas.len(), 2);
+        assert!(t.get("bb").is_none());
+        assert_eq!(t.len(), 1);
+        // The vacant slot is reused.
+        t.insert("c", version(4, &[(0, 0)]));
+        assert_eq!(t.find("c"), Some(i));
+        assert!(t.more.is_empty());
+    }
+
+    #[test]
+    fn pins_and_extra_replicas_live_beside_the_slot() {
+        let mut t = ObjectTable::default();
+        let mut v = version(1, &[(0, 0)]);
+        v.soft_pin_until = Tick(99);
+        v.hard_pin = true;
+        t.insert("k", v);
+        let i = t.find("k").unwrap();
+        assert_eq!(t.soft_pin_until(i), Tick(99));
+        assert!(t.at(i).hard_pinned());
+        t.add_replica(i, SegNo(1), region(64));
+        t.add_replica(i, SegNo(1), region(64));
+        assert_eq!(t.replicas(i).count(), 2);
+        // Dropping the first replica promotes the second into the slot.
+        let removed = t.retain_replicas(|_, no, _| no != SegNo(0));
+        assert_eq!(removed, 0);
+        assert_eq!(
+            t.replicas(i).collect::<Vec<_>>(),
+            vec![(SegNo(1), region(64))]
+        );
+        assert_eq!(t.retain_replicas(|_, _, _| false), 1);
+        assert_eq!(t.len(), 0);
+        assert!(t.soft_pins.is_empty() && t.more.is_empty());
+    }
+
+    #[test]
+    fn many_keys_survive_churn_and_arena_compaction() {
+        let mut t = ObjectTable::default();
+        for n in 0..20_000u64 {
+            t.insert(&format!("key-{n}"), version(n, &[(0, n * 64)]));
+        }
+        for n in (0..20_000u64).filter(|n| n % 3 != 0) {
+            assert_eq!(t.remove(&format!("key-{n}")).unwrap().generation, n);
+        }
+        for n in 20_000..25_000u64 {
+            t.insert(&format!("key-{n}"), version(n, &[(0, n * 64)]));
+        }
+        assert!(t.garbage * 2 <= t.keys.len() || t.garbage <= 4096);
+        let want: Vec<u64> = (0..20_000)
+            .filter(|n| n % 3 == 0)
+            .chain(20_000..25_000)
+            .collect();
+        assert_eq!(t.len(), want.len());
+        for n in want {
+            let i = t.find(&format!("key-{n}")).expect("kept");
+            assert_eq!(t.key(i), format!("key-{n}"));
+            assert_eq!(t.at(i).generation, n);
+        }
+        assert_eq!(t.iter().count(), t.len());
+    }
+}
