@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use kvpool_format::DATA_BASE;
 use kvpool_net::master::RemountHook;
 use kvpool_net::MasterLink;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
-    InventoryItem, MountSegment, ReportObjects, SegmentId, SegmentInfo, UnmountSegment,
+    InventoryItem, InventoryVerdict, MountSegment, ReportObjects, SegmentId, SegmentInfo, UnmountSegment,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::{invalidate_object, serve_data, SegmentTable};
@@ -21,6 +22,8 @@ use tokio_util::task::TaskTracker;
 
 /// Objects per inventory report: keeps each message far below the frame limit.
 const REPORT_CHUNK: usize = 16 * 1024;
+/// Inventory parts sent before the first is answered.
+const REPORTS_IN_FLIGHT: usize = 4;
 
 /// A running data-plane server and the segments it lends.
 pub struct DataNode {
@@ -156,6 +159,22 @@ impl DataNode {
     }
 }
 
+/// Sends one part of a segment's inventory.
+async fn report(
+    link: &MasterLink,
+    segment: SegmentId,
+    objects: Vec<InventoryItem>,
+    last: bool,
+) -> KvResult<InventoryVerdict> {
+    let req = ReportObjects {
+        client_id: link.client_id(),
+        segment,
+        objects,
+        last,
+    };
+    link.call(&req).await
+}
+
 /// Scans one segment, mounts it with its inventory, and invalidates what the
 /// master rejects (removed, superseded or never committed objects).
 async fn mount_one(
@@ -204,19 +223,20 @@ async fn mount_one(
             region_len: f.region_len,
         })
         .collect();
-    let chunks: Vec<&[InventoryItem]> = items.chunks(REPORT_CHUNK).collect();
-    let mut verdict = Default::default();
-    for (i, chunk) in chunks.iter().enumerate() {
-        verdict = link
-            .call(&ReportObjects {
-                client_id: link.client_id(),
-                segment: id,
-                objects: chunk.to_vec(),
-                last: i + 1 == chunks.len(),
-            })
-            .await?;
+    // Several parts in flight, so this process encodes while the master
+    // decodes; the last part, which makes the master reconcile, only once
+    // every other one has arrived.
+    let (rest, last) = match items.len() % REPORT_CHUNK {
+        0 => items.split_at(items.len() - REPORT_CHUNK),
+        n => items.split_at(items.len() - n),
+    };
+    let mut parts = futures::stream::iter(rest.chunks(REPORT_CHUNK).map(<[_]>::to_vec))
+        .map(|part| report(link, id, part, false))
+        .buffer_unordered(REPORTS_IN_FLIGHT);
+    while let Some(r) = parts.next().await {
+        r?;
     }
-    let kvpool_proto::msg::InventoryVerdict { accepted, rejected } = verdict;
+    let InventoryVerdict { accepted, rejected } = report(link, id, last.to_vec(), true).await?;
     let invalidated = rejected
         .iter()
         .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
