@@ -13,7 +13,8 @@
 #        KVPOOL (kvpool binary; default target/release/kvpool),
 #        PYTHON (interpreter where `import kvpool` works; default the test venv),
 #        MOONCAKE_VENV (default /tmp/kvpool-bench/mooncake-venv; created if
-#        missing), SKIP_MOONCAKE=1 to run kvpool alone.
+#        missing), SKIP_MOONCAKE=1 to run kvpool alone, MC_STORES (Mooncake
+#        storage processes; default one per million keys).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -107,11 +108,19 @@ if [ "${SKIP_MOONCAKE:-0}" != 1 ]; then
     --logtostderr >"$OUT/mooncake-master.log" 2>&1 &
   MASTER=$!; PIDS+=("$MASTER")
   sleep 2
-  "$MOONCAKE_VENV/bin/python" "$REPO/../shared/bench/store_proc.py" --module mooncake.store \
-    --segment "$SEGMENT" --lifetime 3600 --master 127.0.0.1:$MRPC \
-    --metadata "http://127.0.0.1:$META/metadata" >"$OUT/mooncake-store.log" 2>&1 &
-  PIDS+=("$!")
-  for _ in $(seq 1 60); do grep -q "store setup rc=0" "$OUT/mooncake-store.log" 2>/dev/null && break; sleep 1; done
+  # Mooncake's master refuses puts past about 1.7M objects per segment,
+  # however empty the segment: one storage process per million objects.
+  MC_STORES="${MC_STORES:-$(( (KEYS + 999999) / 1000000 ))}"
+  for i in $(seq 1 "$MC_STORES"); do
+    "$MOONCAKE_VENV/bin/python" "$REPO/../shared/bench/store_proc.py" --module mooncake.store \
+      --hostname "127.0.0.1:$((17100 + i))" --segment $(( SEGMENT / MC_STORES + (256 << 20) )) \
+      --lifetime 7200 --master 127.0.0.1:$MRPC \
+      --metadata "http://127.0.0.1:$META/metadata" >"$OUT/mooncake-store-$i.log" 2>&1 &
+    PIDS+=("$!")
+  done
+  for i in $(seq 1 "$MC_STORES"); do
+    for _ in $(seq 1 60); do grep -q "store setup rc=0" "$OUT/mooncake-store-$i.log" 2>/dev/null && break; sleep 1; done
+  done
   "$MOONCAKE_VENV/bin/python" "$HERE/scale_fill.py" --module mooncake.store --system mooncake \
     --master 127.0.0.1:$MRPC --metadata "http://127.0.0.1:$META/metadata" \
     --master-pid "$MASTER" --keys "$KEYS" --checkpoints "$CHECKPOINTS" | tee "$OUT/mooncake.jsonl"
