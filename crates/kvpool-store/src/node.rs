@@ -10,7 +10,8 @@ use kvpool_net::master::RemountHook;
 use kvpool_net::MasterLink;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
-    InventoryItem, InventoryVerdict, MountSegment, ReportObjects, SegmentId, SegmentInfo, UnmountSegment,
+    InventoryItem, InventoryVerdict, MountSegment, ReportObjects, SegmentId, SegmentInfo,
+    UnmountSegment,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::{invalidate_object, serve_data, SegmentTable};
