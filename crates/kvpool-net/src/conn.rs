@@ -25,6 +25,19 @@ const SOCKET_BUFFER: usize = 4 << 20;
 /// Userspace buffer per direction; larger payloads bypass it.
 const IO_BUFFER: usize = 64 << 10;
 
+/// A message (meta) must arrive whole within this long once its header has:
+/// a peer that declares a big message and stalls loses its connection.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A server closes a connection on which no request starts for this long.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// The handshake must be complete this long after accept.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest message accepted before the handshake.
+pub const MAX_HELLO: u32 = 4 << 10;
+/// A message buffer larger than this is given back after use, so one big
+/// message does not pin its memory for the connection's life.
+const KEEP_META: usize = 1 << 20;
+
 /// Maps an I/O failure to the stable code callers retry on.
 pub fn io_error(context: &str, e: io::Error) -> KvError {
     KvError::new(Code::RpcFail, format!("{context}: {e}"))
@@ -192,14 +205,46 @@ impl FramedConn {
         Ok(Some(FrameHeader::decode(&b, &self.limits)?))
     }
 
-    /// Reads a frame's message into a reused buffer.
+    /// Reads a frame's message into a reused buffer. The buffer grows as
+    /// bytes arrive, never to the declared length up front: a header that
+    /// declares 64 MiB and sends nothing costs nothing. The message must
+    /// arrive within [`MESSAGE_TIMEOUT`].
     pub async fn read_meta(&mut self, len: u32) -> KvResult<&[u8]> {
-        self.meta_buf.resize(len as usize, 0);
-        self.reader
-            .read_exact(&mut self.meta_buf)
-            .await
-            .map_err(|e| io_error(&format!("read from {}", self.peer), e))?;
+        if self.meta_buf.capacity() > KEEP_META && len as usize <= KEEP_META {
+            self.meta_buf = Vec::new();
+        }
+        self.meta_buf.clear();
+        self.meta_buf.reserve((len as usize).min(IO_BUFFER));
+        let mut body = (&mut self.reader).take(u64::from(len));
+        let read = body.read_to_end(&mut self.meta_buf);
+        let n = match tokio::time::timeout(MESSAGE_TIMEOUT, read).await {
+            Ok(r) => r.map_err(|e| io_error(&format!("read from {}", self.peer), e))?,
+            Err(_) => {
+                return Err(KvError::new(
+                    Code::RpcTimeout,
+                    format!("{} sent a message too slowly", self.peer),
+                ))
+            }
+        };
+        if n != len as usize {
+            return Err(KvError::new(
+                Code::RpcFail,
+                format!("{} closed the connection mid-message", self.peer),
+            ));
+        }
         Ok(&self.meta_buf)
+    }
+
+    /// Reads the next request header on a server: `Ok(None)` on a clean end
+    /// of stream, or when no request started within [`IDLE_TIMEOUT`].
+    pub async fn next_request(&mut self) -> KvResult<Option<FrameHeader>> {
+        match tokio::time::timeout(IDLE_TIMEOUT, self.read_header()).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::debug!(peer = %self.peer, "idle connection closed");
+                Ok(None)
+            }
+        }
     }
 
     /// The message read by the last [`Self::read_meta`].
@@ -391,6 +436,12 @@ impl ConnPool {
 /// Answers the handshake on an accepted connection. Returns false (after
 /// answering) when the peer must be disconnected.
 pub async fn accept_handshake(conn: &mut FramedConn, server: &str) -> bool {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(conn, server))
+        .await
+        .unwrap_or(false)
+}
+
+async fn handshake(conn: &mut FramedConn, server: &str) -> bool {
     let h = match conn.read_header().await {
         Ok(Some(h)) => h,
         Ok(None) => return false,
@@ -402,6 +453,12 @@ pub async fn accept_handshake(conn: &mut FramedConn, server: &str) -> bool {
     let reply = async {
         if h.opcode != Opcode::Hello || h.kind != FrameKind::Request || h.payload_len != 0 {
             return Err(KvError::new(Code::InvalidParams, "first frame must be a Hello"));
+        }
+        if h.meta_len > MAX_HELLO {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!("a Hello of {} bytes (at most {MAX_HELLO})", h.meta_len),
+            ));
         }
         let hello: Hello = msg::decode(conn.read_meta(h.meta_len).await?)?;
         if hello.version < MIN_PROTOCOL_VERSION || hello.min_version > PROTOCOL_VERSION {

@@ -125,7 +125,7 @@ pub async fn serve_control<H: ControlHandler>(
 
 async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> KvResult<()> {
     loop {
-        let h = match conn.read_header().await {
+        let h = match conn.next_request().await {
             Ok(Some(h)) => h,
             Ok(None) => return Ok(()),
             Err(e) => return reject_and_close(conn, e).await,

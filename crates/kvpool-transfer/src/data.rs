@@ -116,7 +116,7 @@ async fn data_conn(
         // started runs to completion so a writer never sees a half-ack.
         let h = tokio::select! {
             _ = shutdown.cancelled() => return conn.flush().await,
-            h = conn.read_header() => h,
+            h = conn.next_request() => h,
         };
         let h = match h {
             Ok(Some(h)) => h,

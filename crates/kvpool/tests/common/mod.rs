@@ -167,6 +167,17 @@ impl Process {
         }
     }
 
+    /// Resident memory of the process now, in bytes (0 once it is gone).
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()));
+        status
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
     /// The name given at spawn.
     pub fn name(&self) -> &str {
         &self.name
