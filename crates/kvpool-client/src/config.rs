@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use kvpool_net::auth::Security;
 use kvpool_proto::{Code, KvError, KvResult};
 
 /// How object bytes move between this client and the stores.
@@ -69,6 +70,9 @@ pub struct ClientConfig {
     /// Keys whose locations are remembered for one-round-trip repeat reads
     /// (0 turns the location cache off).
     pub location_cache: usize,
+    /// The key proved to the master and stores (and asked of peers of the
+    /// embedded segment); lending memory takes a store key.
+    pub security: Security,
 }
 
 impl ClientConfig {
@@ -85,6 +89,7 @@ impl ClientConfig {
             segment_address: "127.0.0.1".into(),
             protocol: Protocol::Auto,
             location_cache: 65_536,
+            security: Security::default(),
         }
     }
 }

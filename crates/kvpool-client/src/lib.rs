@@ -38,6 +38,7 @@ mod transport;
 pub use cache::CacheStats;
 pub use config::{ClientConfig, Protocol};
 pub use get::{GetInto, Located};
+pub use kvpool_net::auth;
 pub use kvpool_proto::msg::ReplicateConfig;
 
 use cache::LocationCache;
@@ -88,11 +89,12 @@ impl Client {
             &cfg.hostname,
             "client",
             policy,
+            cfg.security.credentials.clone(),
         )?;
         let reply = link.register().await?;
         let shutdown = CancellationToken::new();
         let node = if cfg.segment_size > 0 {
-            let node = DataNode::bind(&cfg.segment_address, 0, shutdown.clone())
+            let node = DataNode::bind(&cfg.segment_address, 0, &cfg.security, shutdown.clone())
                 .await
                 .map_err(|e| KvError::new(Code::InternalError, format!("embedded segment: {e}")))?;
             node.add_anonymous_segment(&cfg.hostname, cfg.segment_size)

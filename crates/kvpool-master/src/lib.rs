@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpool_net::auth::{Role as PeerRole, Security};
 use kvpool_net::server::{serve_control, ControlHandler, ReplyWait};
 use kvpool_proto::frame::{Limits, Opcode};
 use kvpool_proto::msg;
@@ -60,6 +61,8 @@ pub struct MasterConfig {
     /// After taking over (or with this set, after any start), object calls
     /// wait this long for the stores to re-mount their inventories.
     pub recovery_grace: Duration,
+    /// The cluster key peers must prove (admin: it verifies every role).
+    pub security: Security,
 }
 
 impl Default for MasterConfig {
@@ -74,6 +77,7 @@ impl Default for MasterConfig {
             state: StateConfig::default(),
             ha: None,
             recovery_grace: Duration::ZERO,
+            security: Security::default(),
         }
     }
 }
@@ -210,7 +214,16 @@ impl ControlHandler for Master {
     /// A commit or a removal is reported once the key's old versions are
     /// destroyed on their stores, so no client's cached location can read
     /// them afterwards.
-    fn handle(&self, op: Opcode, meta: &[u8]) -> (KvResult<Vec<u8>>, Option<ReplyWait>) {
+    fn handle(
+        &self,
+        peer: PeerRole,
+        op: Opcode,
+        meta: &[u8],
+    ) -> (KvResult<Vec<u8>>, Option<ReplyWait>) {
+        if let Err(e) = permitted(peer, op, meta) {
+            self.metrics.record(op, 1, 1);
+            return (Err(e), None);
+        }
         let mut fence = None;
         let start = std::time::Instant::now();
         let r = if self.may_take_long(op) {
@@ -224,6 +237,31 @@ impl ControlHandler for Master {
             .map(|seq| self.wait_invalidated(seq));
         (r, wait)
     }
+}
+
+/// Refuses a request the peer's role may not make: lending memory and
+/// inventories take a store key; dropping what others stored, forced
+/// unmounts and drains with a deadline take the admin key.
+fn permitted(peer: PeerRole, op: Opcode, meta: &[u8]) -> KvResult<()> {
+    let needs = match op {
+        Opcode::MountSegment | Opcode::ReportObjects | Opcode::UnmountSegment => PeerRole::Store,
+        Opcode::DrainSegment => match msg::decode::<msg::DrainSegment>(meta) {
+            Ok(d) if d.unmount_after_ms.is_none() => PeerRole::Store,
+            _ => PeerRole::Admin,
+        },
+        Opcode::RemoveAll | Opcode::RemoveByRegex => PeerRole::Admin,
+        _ => PeerRole::Client,
+    };
+    if peer >= needs {
+        return Ok(());
+    }
+    Err(KvError::new(
+        Code::Unauthorized,
+        format!(
+            "{} takes the {needs} key; this connection proved {peer}",
+            op.name()
+        ),
+    ))
 }
 
 /// Runs `f`, which may take long, without holding up the other tasks of
@@ -282,7 +320,9 @@ impl Master {
             Opcode::RemoveByRegex => handle::<msg::RemoveByRegex>(cx, meta),
             Opcode::RemoveAll => handle::<msg::RemoveAll>(cx, meta),
             Opcode::Status => handle::<msg::Status>(cx, meta),
-            Opcode::Hello => Err(KvError::new(Code::InvalidParams, "handshake already done")),
+            Opcode::Hello | Opcode::Auth => {
+                Err(KvError::new(Code::InvalidParams, "handshake already done"))
+            }
             Opcode::Write | Opcode::Read | Opcode::Invalidate => Err(KvError::new(
                 Code::NotSupported,
                 "the master does not serve data; write to the segment's endpoint",
@@ -389,6 +429,14 @@ pub async fn start(
     };
     let rpc_addr = local(&rpc)?;
     let admin_addr = local(&admin)?;
+    for (addr, what) in [
+        (rpc_addr, "the master RPC"),
+        (admin_addr, "the admin HTTP API"),
+    ] {
+        cfg.security
+            .check_listen(addr.ip(), what)
+            .map_err(|e| MasterError::Config(e.message))?;
+    }
     let metadata_addr = metadata.as_ref().map(local).transpose()?;
 
     // Losing leadership stops this master's servers, not the caller's token.
@@ -428,6 +476,7 @@ pub async fn start(
         master.clone(),
         "master",
         Limits::default(),
+        cfg.security.credentials.clone(),
         shutdown.clone(),
     ));
     let router = http::admin_router(master.clone());
@@ -447,7 +496,13 @@ pub async fn start(
     }
     tasks.spawn(tasks::sweeper(master.clone(), shutdown.clone()));
     tasks.spawn(tasks::evictor(master.clone(), shutdown.clone()));
-    tasks.spawn(tasks::invalidator(master.clone(), shutdown.clone()));
+    // Stores verify the store role at most: the master proves that one.
+    let store_key = (cfg.security.credentials.as_ref()).and_then(|c| c.derive(PeerRole::Store));
+    tasks.spawn(tasks::invalidator(
+        master.clone(),
+        store_key,
+        shutdown.clone(),
+    ));
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
     Ok(MasterHandle {
@@ -550,7 +605,7 @@ mod tests {
                 segment: "s1".into(),
                 unmount_after_ms: Some(10_000),
             });
-            let (r, _) = master.handle(Opcode::DrainSegment, &drain);
+            let (r, _) = master.handle(PeerRole::Admin, Opcode::DrainSegment, &drain);
             r.unwrap();
             tokio::time::sleep(Duration::from_secs(5)).await;
             if stop_first {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpool_net::auth::Credentials;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg;
 use tokio::time::Instant;
@@ -49,7 +50,11 @@ pub(crate) async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
 /// them back. Runs every 20 ms, or at once when a reply waits on it. A
 /// store that cannot be reached gets them again later (or reconciles on
 /// remount).
-pub(crate) async fn invalidator(master: Arc<Master>, shutdown: CancellationToken) {
+pub(crate) async fn invalidator(
+    master: Arc<Master>,
+    credentials: Option<Credentials>,
+    shutdown: CancellationToken,
+) {
     let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
     let mut backoff: HashMap<msg::SegmentId, Instant> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -72,13 +77,16 @@ pub(crate) async fn invalidator(master: Arc<Master>, shutdown: CancellationToken
             let pool = pools
                 .entry(endpoint.clone())
                 .or_insert_with(|| {
-                    Arc::new(kvpool_net::ConnPool::new(
-                        &endpoint,
-                        "master",
-                        Limits::default(),
-                        Duration::from_secs(2),
-                        2,
-                    ))
+                    Arc::new(
+                        kvpool_net::ConnPool::new(
+                            &endpoint,
+                            "master",
+                            Limits::default(),
+                            Duration::from_secs(2),
+                            2,
+                        )
+                        .with_credentials(credentials.clone()),
+                    )
                 })
                 .clone();
             sends.push(async move {

@@ -7,14 +7,17 @@
 //! the next caller.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvpool_proto::frame::{
     FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN, MIN_PROTOCOL_VERSION,
 };
-use kvpool_proto::msg::{self, Hello, HelloReply, Rpc};
+use kvpool_proto::msg::{self, Auth, AuthReply, Challenge, Hello, HelloReply, Rpc};
 use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
+
+use crate::auth::{Credentials, Role, SECRET_FILE_ENV};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -53,21 +56,39 @@ pub struct FramedConn {
     /// Outgoing messages are encoded here: no allocation per request.
     out_buf: Vec<u8>,
     peer: String,
+    /// What the peer proved in the handshake (servers only).
+    peer_role: Role,
 }
 
 impl FramedConn {
-    /// Connects to `addr` and performs the version handshake as `role`.
+    /// Connects to `addr` and performs the version handshake as `role`,
+    /// holding no secret: for servers that do not authenticate.
     pub async fn connect(addr: &str, role: &str, limits: Limits) -> KvResult<Self> {
+        FramedConn::connect_with(addr, role, limits, None).await
+    }
+
+    /// Connects to `addr` and performs the handshake as `role` (a name for
+    /// logs), proving `credentials` when the server asks. A process that
+    /// holds a secret refuses a server that does not ask, or that cannot
+    /// prove the same secret: it would be talking to an impostor.
+    pub async fn connect_with(
+        addr: &str,
+        role: &str,
+        limits: Limits,
+        credentials: Option<&Credentials>,
+    ) -> KvResult<Self> {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| io_error(&format!("connect {addr}"), e))?;
         let mut conn = FramedConn::from_stream(stream, limits)?;
         conn.peer = addr.to_string();
+        let nonce: [u8; 16] = rand::random();
         let reply = conn
             .call(&Hello {
                 version: PROTOCOL_VERSION,
                 min_version: MIN_PROTOCOL_VERSION,
                 role: role.to_string(),
+                nonce,
             })
             .await?;
         if reply.version < MIN_PROTOCOL_VERSION || reply.version > PROTOCOL_VERSION {
@@ -78,6 +99,46 @@ impl FramedConn {
                     reply.version
                 ),
             ));
+        }
+        match (reply.challenge, credentials) {
+            (None, None) => {}
+            (None, Some(_)) => {
+                return Err(KvError::new(
+                    Code::Unauthorized,
+                    format!(
+                        "{addr} does not authenticate its peers but this process holds a \
+                         secret: refusing a server that cannot prove it (start it with the \
+                         same secret)"
+                    ),
+                ))
+            }
+            (Some(_), None) => {
+                return Err(KvError::new(
+                    Code::Unauthorized,
+                    format!(
+                        "{addr} requires authentication: set {SECRET_FILE_ENV} (or \
+                         --secret-file) to a key of its cluster"
+                    ),
+                ))
+            }
+            (Some(challenge), Some(own)) => {
+                let most = Role::from_u8(challenge.max_role).unwrap_or(Role::Client);
+                let key = own.derive(own.role().min(most)).ok_or_else(|| {
+                    KvError::new(Code::Unauthorized, format!("{addr}: no usable role"))
+                })?;
+                let reply = conn
+                    .call(&Auth {
+                        role: key.role().as_u8(),
+                        proof: key.client_proof(&nonce, &challenge.nonce),
+                    })
+                    .await?;
+                if !key.verify(true, &nonce, &challenge.nonce, &reply.proof) {
+                    return Err(KvError::new(
+                        Code::Unauthorized,
+                        format!("{addr} could not prove the cluster secret: not our server"),
+                    ));
+                }
+            }
         }
         Ok(conn)
     }
@@ -98,12 +159,19 @@ impl FramedConn {
             meta_buf: Vec::new(),
             out_buf: Vec::new(),
             peer,
+            peer_role: Role::Client,
         })
     }
 
     /// The peer's address, for errors and logs.
     pub fn peer(&self) -> &str {
         &self.peer
+    }
+
+    /// The role the peer proved in the handshake; every role when the
+    /// server holds no secret. Only meaningful on accepted connections.
+    pub fn peer_role(&self) -> Role {
+        self.peer_role
     }
 
     /// The limits this side enforces on incoming frames.
@@ -365,6 +433,7 @@ fn tune_socket(stream: &TcpStream) {
 pub struct ConnPool {
     addr: String,
     role: String,
+    credentials: Option<Credentials>,
     limits: Limits,
     connect_timeout: Duration,
     max_idle: usize,
@@ -383,11 +452,18 @@ impl ConnPool {
         ConnPool {
             addr: addr.to_string(),
             role: role.to_string(),
+            credentials: None,
             limits,
             connect_timeout,
             max_idle,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Proves `credentials` to the peer on every new connection.
+    pub fn with_credentials(mut self, credentials: Option<Credentials>) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// The peer address.
@@ -402,7 +478,12 @@ impl ConnPool {
         }
         tokio::time::timeout(
             self.connect_timeout,
-            FramedConn::connect(&self.addr, &self.role, self.limits),
+            FramedConn::connect_with(
+                &self.addr,
+                &self.role,
+                self.limits,
+                self.credentials.as_ref(),
+            ),
         )
         .await
         .map_err(|_| KvError::new(Code::RpcTimeout, format!("connect {} timed out", self.addr)))?
@@ -433,34 +514,27 @@ impl ConnPool {
     }
 }
 
-/// Answers the handshake on an accepted connection. Returns false (after
-/// answering) when the peer must be disconnected.
-pub async fn accept_handshake(conn: &mut FramedConn, server: &str) -> bool {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(conn, server))
+/// Answers the handshake on an accepted connection, as `server`, asking for
+/// proof of a key when `keyring` is set. Returns false (after answering)
+/// when the peer must be disconnected; on success the proved role is in
+/// [`FramedConn::peer_role`].
+pub async fn accept_handshake(
+    conn: &mut FramedConn,
+    server: &str,
+    keyring: Option<&Credentials>,
+) -> bool {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(conn, server, keyring))
         .await
         .unwrap_or(false)
 }
 
-async fn handshake(conn: &mut FramedConn, server: &str) -> bool {
-    let h = match conn.read_header().await {
-        Ok(Some(h)) => h,
-        Ok(None) => return false,
-        Err(e) => {
-            conn.reject(&e).await;
-            return false;
-        }
-    };
-    let reply = async {
-        if h.opcode != Opcode::Hello || h.kind != FrameKind::Request || h.payload_len != 0 {
-            return Err(KvError::new(Code::InvalidParams, "first frame must be a Hello"));
-        }
-        if h.meta_len > MAX_HELLO {
-            return Err(KvError::new(
-                Code::InvalidParams,
-                format!("a Hello of {} bytes (at most {MAX_HELLO})", h.meta_len),
-            ));
-        }
-        let hello: Hello = msg::decode(conn.read_meta(h.meta_len).await?)?;
+async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credentials>) -> bool {
+    let challenge = keyring.map(|k| Challenge {
+        nonce: rand::random(),
+        max_role: k.role().as_u8(),
+    });
+    let Some(hello) = handshake_step(conn, Opcode::Hello, |meta| {
+        let hello: Hello = msg::decode(meta)?;
         if hello.version < MIN_PROTOCOL_VERSION || hello.min_version > PROTOCOL_VERSION {
             return Err(KvError::new(
                 Code::InvalidVersion,
@@ -470,18 +544,105 @@ async fn handshake(conn: &mut FramedConn, server: &str) -> bool {
                 ),
             ));
         }
-        Ok(HelloReply {
+        let reply = HelloReply {
             version: hello.version.min(PROTOCOL_VERSION),
             server: server.to_string(),
-        })
+            challenge,
+        };
+        Ok((hello, msg::encode(&reply)))
+    })
+    .await
+    else {
+        return false;
+    };
+    let (Some(keyring), Some(challenge)) = (keyring, challenge) else {
+        // No secret here: every peer may do everything (loopback or an
+        // explicitly insecure deployment).
+        conn.peer_role = Role::Admin;
+        return true;
+    };
+    let peer = conn.peer.clone();
+    let role = handshake_step(conn, Opcode::Auth, |meta| {
+        let auth: Auth = msg::decode(meta)?;
+        let key = Role::from_u8(auth.role).and_then(|r| keyring.derive(r));
+        match key {
+            Some(key) if key.verify(false, &hello.nonce, &challenge.nonce, &auth.proof) => {
+                let reply = AuthReply {
+                    proof: key.server_proof(&hello.nonce, &challenge.nonce),
+                };
+                Ok((key.role(), msg::encode(&reply)))
+            }
+            _ => {
+                refused_auth(&peer, &hello.role);
+                Err(KvError::new(
+                    Code::Unauthorized,
+                    "authentication failed: not a key of this cluster",
+                ))
+            }
+        }
+    })
+    .await;
+    match role {
+        Some(role) => {
+            conn.peer_role = role;
+            true
+        }
+        None => false,
+    }
+}
+
+/// One request of the handshake: reads a frame that must be `opcode` with a
+/// message of at most [`MAX_HELLO`] bytes, answers with what `answer`
+/// returns (or its error, after which the peer is disconnected).
+async fn handshake_step<T>(
+    conn: &mut FramedConn,
+    opcode: Opcode,
+    answer: impl FnOnce(&[u8]) -> KvResult<(T, Vec<u8>)>,
+) -> Option<T> {
+    let h = match conn.read_header().await {
+        Ok(Some(h)) => h,
+        Ok(None) => return None,
+        Err(e) => {
+            conn.reject(&e).await;
+            return None;
+        }
+    };
+    let reply = async {
+        if h.opcode != opcode || h.kind != FrameKind::Request || h.payload_len != 0 {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!("expected {} in the handshake", opcode.name()),
+            ));
+        }
+        if h.meta_len > MAX_HELLO {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!(
+                    "a handshake message of {} bytes (at most {MAX_HELLO})",
+                    h.meta_len
+                ),
+            ));
+        }
+        answer(conn.read_meta(h.meta_len).await?)
     }
     .await;
-    let ok = reply.is_ok();
-    let sent = match reply {
-        Ok(r) => conn.send_response(&h, &msg::encode(&r), &[]).await,
-        Err(e) => conn.send_error(&h, &e).await,
+    let (value, sent) = match reply {
+        Ok((v, meta)) => (Some(v), conn.send_response(&h, &meta, &[]).await),
+        Err(e) => (None, conn.send_error(&h, &e).await),
     };
     // Flush even a refusal: the peer must learn why it is being disconnected.
     let flushed = sent.is_ok() && conn.flush().await.is_ok();
-    ok && flushed
+    value.filter(|_| flushed)
+}
+
+/// Logs a failed authentication, at most once a second per process: an
+/// attacker's flood must not flood the log.
+fn refused_auth(peer: &str, name: &str) {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(%peer, role = name, "authentication failed; closing (logged once a second)");
+    }
 }

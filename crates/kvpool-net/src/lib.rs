@@ -7,6 +7,7 @@
 //! It knows nothing of segments or object bytes, so the master can link it
 //! without the data plane (that lives in `kvpool-transfer`, on top of this).
 
+pub mod auth;
 pub mod conn;
 pub mod etcd;
 pub mod master;

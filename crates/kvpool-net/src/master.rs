@@ -14,6 +14,7 @@ use kvpool_proto::{Code, KvError, KvResult};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::auth::Credentials;
 use crate::conn::ConnPool;
 use crate::etcd::MasterAddr;
 use parking_lot::Mutex;
@@ -87,6 +88,7 @@ pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>
 pub struct MasterLink {
     target: MasterAddr,
     role: String,
+    credentials: Option<Credentials>,
     conns: Mutex<Option<Conns>>,
     resolved_at: Mutex<Option<tokio::time::Instant>>,
     client_id: ClientId,
@@ -108,18 +110,20 @@ const RETRY_BEAT: Duration = Duration::from_millis(100);
 
 impl MasterLink {
     /// A link to `addr` (`host:port` or `etcd://...`) for `client_id` (not
-    /// yet registered).
+    /// yet registered), proving `credentials` to the master when it asks.
     pub fn new(
         addr: &str,
         client_id: ClientId,
         hostname: &str,
         role: &str,
         policy: CallPolicy,
+        credentials: Option<Credentials>,
     ) -> KvResult<Arc<Self>> {
         let target = MasterAddr::parse(addr)?;
         let link = MasterLink {
             target,
             role: role.to_string(),
+            credentials,
             conns: Mutex::new(None),
             resolved_at: Mutex::new(None),
             client_id,
@@ -135,21 +139,15 @@ impl MasterLink {
     fn pools_for(&self, addr: &str) -> Conns {
         let limits = Limits::default();
         Conns {
-            calls: Arc::new(ConnPool::new(
-                addr,
-                &self.role,
-                limits,
-                self.policy.timeout,
-                16,
-            )),
+            calls: Arc::new(
+                ConnPool::new(addr, &self.role, limits, self.policy.timeout, 16)
+                    .with_credentials(self.credentials.clone()),
+            ),
             // Heartbeats get their own connection so they never queue behind bulk metadata.
-            heartbeats: Arc::new(ConnPool::new(
-                addr,
-                &self.role,
-                limits,
-                self.policy.timeout,
-                1,
-            )),
+            heartbeats: Arc::new(
+                ConnPool::new(addr, &self.role, limits, self.policy.timeout, 1)
+                    .with_credentials(self.credentials.clone()),
+            ),
         }
     }
 

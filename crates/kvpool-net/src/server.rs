@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
+use crate::auth::{Credentials, Role};
 use crate::conn::{accept_handshake, FramedConn};
 
 /// A wait that must end before a reply is sent.
@@ -24,7 +25,13 @@ pub trait ControlHandler: Send + Sync + 'static {
     /// reply must wait for, if anything (the master: old versions destroyed
     /// on their stores before a new value or a removal is reported). Only
     /// that connection waits.
-    fn handle(&self, opcode: Opcode, meta: &[u8]) -> (KvResult<Vec<u8>>, Option<ReplyWait>);
+    /// `role` is what the peer proved in the handshake.
+    fn handle(
+        &self,
+        role: Role,
+        opcode: Opcode,
+        meta: &[u8],
+    ) -> (KvResult<Vec<u8>>, Option<ReplyWait>);
 }
 
 /// Most connections one server keeps open; more are closed on accept, so a
@@ -69,12 +76,14 @@ where
 }
 
 /// Accepts framed connections until `shutdown` (see [`accept_loop`]): each
-/// one that completes the handshake, answering as `name`, goes to `serve`
-/// with a clone of the shutdown token, which the connection must watch.
+/// one that completes the handshake, answering as `name` and asking for a
+/// key of `keyring` when set, goes to `serve` with a clone of the shutdown
+/// token, which the connection must watch.
 pub async fn serve_framed<F, Fut>(
     listener: TcpListener,
     name: &'static str,
     limits: Limits,
+    keyring: Option<Credentials>,
     shutdown: CancellationToken,
     serve: F,
 ) where
@@ -83,14 +92,16 @@ pub async fn serve_framed<F, Fut>(
 {
     let token = shutdown.clone();
     let serve = Arc::new(serve);
+    let keyring = Arc::new(keyring);
     accept_loop(listener, shutdown, move |stream| {
         let serve = serve.clone();
         let token = token.clone();
+        let keyring = keyring.clone();
         async move {
             let Ok(mut conn) = FramedConn::from_stream(stream, limits) else {
                 return;
             };
-            if !accept_handshake(&mut conn, name).await {
+            if !accept_handshake(&mut conn, name, keyring.as_ref().as_ref()).await {
                 return;
             }
             serve(conn, token).await;
@@ -99,27 +110,36 @@ pub async fn serve_framed<F, Fut>(
     .await;
 }
 
-/// Serves the control protocol on `listener` with `handler` until `shutdown`.
+/// Serves the control protocol on `listener` with `handler` until
+/// `shutdown`, asking peers for a key of `keyring` when set.
 pub async fn serve_control<H: ControlHandler>(
     listener: TcpListener,
     handler: Arc<H>,
     name: &'static str,
     limits: Limits,
+    keyring: Option<Credentials>,
     shutdown: CancellationToken,
 ) {
-    serve_framed(listener, name, limits, shutdown, move |mut conn, token| {
-        let handler = handler.clone();
-        async move {
-            tokio::select! {
-                _ = token.cancelled() => {}
-                r = control_conn(&mut conn, &*handler) => {
-                    if let Err(e) = r {
-                        debug!(peer = conn.peer(), error = %e, "control connection closed");
+    serve_framed(
+        listener,
+        name,
+        limits,
+        keyring,
+        shutdown,
+        move |mut conn, token| {
+            let handler = handler.clone();
+            async move {
+                tokio::select! {
+                    _ = token.cancelled() => {}
+                    r = control_conn(&mut conn, &*handler) => {
+                        if let Err(e) = r {
+                            debug!(peer = conn.peer(), error = %e, "control connection closed");
+                        }
                     }
                 }
             }
-        }
-    })
+        },
+    )
     .await;
 }
 
@@ -144,7 +164,7 @@ async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> 
                 "control requests carry no payload",
             ))
         } else {
-            let (result, wait) = handler.handle(h.opcode, conn.last_meta());
+            let (result, wait) = handler.handle(conn.peer_role(), h.opcode, conn.last_meta());
             if let Some(wait) = wait {
                 wait.await;
             }

@@ -59,11 +59,14 @@ pub enum Code {
     UnavailableInCurrentStatus = -1010,
     /// The operation or option is not supported.
     NotSupported = -1012,
+    /// kvpool's own: the peer did not prove the cluster secret, or its role
+    /// may not do this (see docs/security.md).
+    Unauthorized = -1100,
 }
 
 impl Code {
     /// Every code, for exhaustive tests and docs.
-    pub const ALL: [Code; 26] = [
+    pub const ALL: [Code; 27] = [
         Code::Ok,
         Code::InternalError,
         Code::BufferOverflow,
@@ -90,6 +93,7 @@ impl Code {
         Code::EtcdOperationError,
         Code::UnavailableInCurrentStatus,
         Code::NotSupported,
+        Code::Unauthorized,
     ];
 
     /// The integer sent on the wire and returned by the Mooncake-compatible API.
@@ -136,6 +140,7 @@ impl Code {
             Code::EtcdOperationError => "ETCD_OPERATION_ERROR",
             Code::UnavailableInCurrentStatus => "UNAVAILABLE_IN_CURRENT_STATUS",
             Code::NotSupported => "NOT_SUPPORTED",
+            Code::Unauthorized => "UNAUTHORIZED",
         }
     }
 

@@ -34,9 +34,9 @@ pub const HEADER_LEN: usize = 32;
 /// Magic at the start of every frame.
 pub const MAGIC: [u8; 4] = *b"KVPL";
 /// Version spoken by this build; bumped on any incompatible wire change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Oldest peer version this build still talks to.
-pub const MIN_PROTOCOL_VERSION: u32 = 1;
+pub const MIN_PROTOCOL_VERSION: u32 = 2;
 
 /// Whether a frame asks or answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +72,8 @@ macro_rules! opcodes {
 opcodes! {
     /// Version handshake; first frame on every connection.
     Hello = 1,
+    /// Handshake: proof of the role key, when the server asks for one.
+    Auth = 2,
     /// Data plane: write the payload into a segment region.
     Write = 10,
     /// Data plane: read a segment region into the response payload.

@@ -5,8 +5,10 @@
 //! reader are passed in, so every rule is unit-tested without Python.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
+use kvpool_client::auth::{Credentials, Security};
 use kvpool_client::ClientConfig;
 use kvpool_proto::units::{parse_duration, parse_size};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -117,6 +119,10 @@ pub struct Settings {
     pub location_cache: Option<usize>,
     /// IP the embedded segment binds and advertises.
     pub segment_address: String,
+    /// The key proved to the master and stores (`secret_file` or `secret`).
+    pub credentials: Option<Credentials>,
+    /// Let the embedded segment serve off loopback without a secret.
+    pub insecure: bool,
     /// Names of inputs that were accepted but have no effect (for a warning).
     pub ignored: Vec<String>,
 }
@@ -140,6 +146,10 @@ impl Settings {
         }
         c.segment_size = self.global_segment_size;
         c.segment_address = self.segment_address.clone();
+        c.security = Security {
+            credentials: self.credentials.clone(),
+            insecure: self.insecure,
+        };
         apply_protocol(&mut c, self.protocol);
         c
     }
@@ -234,6 +244,24 @@ const KEYS: &[Key] = &[
         name: "segment_address",
         aliases: &[],
         kvpool_env: "KVPOOL_SEGMENT_ADDRESS",
+        mooncake_env: None,
+    },
+    Key {
+        name: "secret_file",
+        aliases: &[],
+        kvpool_env: "KVPOOL_SECRET_FILE",
+        mooncake_env: None,
+    },
+    Key {
+        name: "secret",
+        aliases: &[],
+        kvpool_env: "KVPOOL_SECRET",
+        mooncake_env: None,
+    },
+    Key {
+        name: "insecure",
+        aliases: &[],
+        kvpool_env: "KVPOOL_INSECURE",
         mooncake_env: None,
     },
 ];
@@ -417,6 +445,18 @@ pub fn resolve(
             a.trim().to_string()
         }
     };
+    let credentials = match (text("secret_file", ""), text("secret", "")) {
+        (f, _) if !f.trim().is_empty() => Some(Credentials::load(Path::new(f.trim()))?),
+        (_, s) if !s.is_empty() => Some(Credentials::parse(&s)?),
+        _ => None,
+    };
+    let insecure = matches!(
+        text("insecure", "false")
+            .trim()
+            .to_ascii_lowercase()
+            .as_str(),
+        "1" | "true" | "yes"
+    );
     let device_name = text("device_name", "");
     if !device_name.is_empty() {
         ignored.push("device_name".into());
@@ -434,6 +474,8 @@ pub fn resolve(
         location_cache: count("location_cache", 1 << 26)?.map(|n| n as usize),
         segment_address,
         local_hostname,
+        credentials,
+        insecure,
         ignored,
     })
 }

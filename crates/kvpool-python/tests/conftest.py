@@ -51,6 +51,27 @@ class Cluster:
     workdir: str
     procs: List[subprocess.Popen] = field(default_factory=list)
     master_proc: Optional[subprocess.Popen] = None
+    #: Key files by role ("admin", "store", "client") when the cluster is secured.
+    keys: dict = field(default_factory=dict)
+
+    def secure(self) -> None:
+        """Makes a cluster secret and its role keys; servers started after
+        this require them."""
+        admin = os.path.join(self.workdir, "admin.key")
+        subprocess.run([self.bin, "secret", "new", "--out", admin], check=True, capture_output=True, env=clean_env())
+        self.keys["admin"] = admin
+        for role in ("store", "client"):
+            out = subprocess.run([self.bin, "secret", "derive", "--role", role, "--secret-file", admin],
+                                 check=True, capture_output=True, text=True, env=clean_env()).stdout
+            path = os.path.join(self.workdir, f"{role}.key")
+            with open(path, "w") as f:
+                f.write(out)
+            os.chmod(path, 0o600)
+            self.keys[role] = path
+
+    def key_flags(self, role: str) -> list:
+        """``--secret-file`` for ``role`` when secured."""
+        return ["--secret-file", self.keys[role]] if self.keys else []
 
     def start_master(self, *extra: str) -> None:
         """Starts the master on this cluster's ports."""
@@ -58,7 +79,8 @@ class Cluster:
         log = open(os.path.join(self.workdir, "master.log"), "ab")
         p = subprocess.Popen(
             [self.bin, "master", "--rpc-address", host, "--rpc-port", port,
-             "--metrics-address", host, "--metrics-port", str(self.metrics_port), *extra],
+             "--metrics-address", host, "--metrics-port", str(self.metrics_port),
+             *self.key_flags("admin"), *extra],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
         )
         self.procs.append(p)
@@ -70,7 +92,7 @@ class Cluster:
         log = open(os.path.join(self.workdir, f"store-{len(self.procs)}.log"), "ab")
         p = subprocess.Popen(
             [self.bin, "store", "--master", self.master, "--segment-size", size,
-             "--data-dir", data, "--address", "127.0.0.1"],
+             "--data-dir", data, "--address", "127.0.0.1", *self.key_flags("store")],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
         )
         self.procs.append(p)
@@ -78,7 +100,8 @@ class Cluster:
 
     def status(self) -> str:
         """``kvpool status`` output ("" if the master does not answer)."""
-        r = subprocess.run([self.bin, "status", "--master", self.master], capture_output=True, text=True, env=clean_env())
+        r = subprocess.run([self.bin, "status", "--master", self.master, *self.key_flags("client")],
+                           capture_output=True, text=True, env=clean_env())
         return r.stdout if r.returncode == 0 else ""
 
     def segments(self) -> int:
@@ -126,8 +149,9 @@ class Cluster:
         return "\n".join(out)
 
 
-def new_cluster(stores: int = 1, store_size: str = "256MiB") -> Cluster:
-    """Starts a master and ``stores`` storage nodes; waits until they mount."""
+def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = False) -> Cluster:
+    """Starts a master and ``stores`` storage nodes (with a cluster secret
+    when ``secured``); waits until they mount."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     c = Cluster(
         bin=kvpool_bin(),
@@ -136,6 +160,8 @@ def new_cluster(stores: int = 1, store_size: str = "256MiB") -> Cluster:
         workdir=tempfile.mkdtemp(prefix="kvpool-pytest-", dir=base),
     )
     try:
+        if secured:
+            c.secure()
         c.start_master()
         for _ in range(stores):
             c.start_store(store_size)
@@ -150,6 +176,14 @@ def new_cluster(stores: int = 1, store_size: str = "256MiB") -> Cluster:
 def cluster() -> Iterator[Cluster]:
     """One master and one 256 MiB storage node for the whole session."""
     c = new_cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def secured_cluster() -> Iterator[Cluster]:
+    """A master and a storage node that require a key of their cluster."""
+    c = new_cluster(store_size="64MiB", secured=True)
     yield c
     c.stop()
 

@@ -234,3 +234,19 @@ def test_v0_zero_copy_set_get(master):
     # v0 batch_get counts whole MHA pages (k and v objects): two objects = one page.
     assert b.batch_get(keys, target_locations=[both.data_ptr(), both.data_ptr() + 1024], target_sizes=[1024, 1024]) == 1
     assert torch.equal(both[:256], src) and torch.equal(both[256:], src)
+
+
+def test_a_secured_pool_needs_only_the_environment(secured_cluster, monkeypatch):
+    """SGLang's own factory against a pool that requires a key: the key file
+    in the environment is the whole change."""
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", secured_cluster.keys["client"])
+    src_pool, dst_pool = mha_pool(), mha_pool()
+    torch.manual_seed(11)
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    writer = backend(storage_config(secured_cluster.master, mla=False), src_pool)
+    reader = backend(storage_config(secured_cluster.master, mla=False), dst_pool)
+    keys = page_keys(3)
+    src_idx, dst_idx = pages(1, 3), pages(8, 3)
+    assert writer.batch_set_v1(keys, src_idx) == [True] * 3
+    assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
+    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))

@@ -10,6 +10,7 @@ pub mod segment;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kvpool_net::auth::Security;
 use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
 use kvpool_proto::KvError;
@@ -51,6 +52,8 @@ pub struct StoreConfig {
     /// On shutdown, how long to keep serving after the master stopped placing
     /// new objects here, so transfers already under way complete.
     pub shutdown_grace: Duration,
+    /// The key proved to the master and asked of data-plane peers.
+    pub security: Security,
 }
 
 /// Runs a storage node until `shutdown`: opens (or recovers) the segment,
@@ -62,7 +65,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     let seg = SegmentFile::open(&cfg.data_dir, cfg.segment_size)?;
     // The data plane outlives the shutdown signal by the grace period.
     let data_plane = CancellationToken::new();
-    let node = DataNode::bind(&cfg.address, cfg.port, data_plane.clone())
+    let node = DataNode::bind(&cfg.address, cfg.port, &cfg.security, data_plane.clone())
         .await
         .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
     let name = cfg
@@ -78,6 +81,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         &name,
         "store",
         CallPolicy::default(),
+        cfg.security.credentials.clone(),
     )?;
     let heartbeat = CancellationToken::new();
     let mounted = async {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kvpool_format::DATA_BASE;
+use kvpool_net::auth::Security;
 use kvpool_net::master::RemountHook;
 use kvpool_net::MasterLink;
 use kvpool_proto::frame::Limits;
@@ -36,20 +37,27 @@ pub struct DataNode {
 
 impl DataNode {
     /// Binds the data plane on `address:port` (port 0 picks one) and starts
-    /// serving until `shutdown`.
+    /// serving until `shutdown`, authenticating peers as `security` says.
+    /// Refuses a non-loopback address without a secret unless insecure.
     pub async fn bind(
         address: &str,
         port: u16,
+        security: &Security,
         shutdown: CancellationToken,
     ) -> std::io::Result<Arc<DataNode>> {
         let listener = TcpListener::bind((address, port)).await?;
-        let endpoint = listener.local_addr()?.to_string();
+        let local = listener.local_addr()?;
+        security
+            .check_listen(local.ip(), "the data plane")
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.message))?;
+        let endpoint = local.to_string();
         let table = Arc::new(SegmentTable::default());
         let tasks = TaskTracker::new();
         tasks.spawn(serve_data(
             listener,
             table.clone(),
             Limits::default(),
+            security.credentials.clone(),
             shutdown,
         ));
         tasks.close();

@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kvpool_format::FIXED_LEN;
+use kvpool_net::auth::{Credentials, Role};
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
@@ -81,18 +82,21 @@ fn region_for(
     Ok(region)
 }
 
-/// Serves reads and writes of `table`'s segments until `shutdown`. A request
-/// being served when the token fires is finished first.
+/// Serves reads and writes of `table`'s segments until `shutdown`, asking
+/// peers for a key of `keyring` when set. A request being served when the
+/// token fires is finished first.
 pub async fn serve_data(
     listener: TcpListener,
     table: Arc<SegmentTable>,
     limits: Limits,
+    keyring: Option<Credentials>,
     shutdown: CancellationToken,
 ) {
     serve_framed(
         listener,
         "store",
         limits,
+        keyring,
         shutdown,
         move |mut conn, token| {
             let table = table.clone();
@@ -123,6 +127,7 @@ async fn data_conn(
             Ok(None) => return Ok(()),
             Err(e) => return reject_and_close(conn, e).await,
         };
+        let peer_role = conn.peer_role();
         let meta = conn.read_meta(h.meta_len).await?;
         let reply = match (h.kind, h.opcode) {
             (FrameKind::Request, Opcode::Write) => {
@@ -146,6 +151,10 @@ async fn data_conn(
             (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
                 region_for(table, req.segment, req.offset, req.len).map(|r| Reply::Region(r, req))
             }),
+            // Destroying objects is the master's (which proves the store role).
+            (FrameKind::Request, Opcode::Invalidate) if peer_role < Role::Store => Err(
+                KvError::new(Code::Unauthorized, "only the master may invalidate objects"),
+            ),
             (FrameKind::Request, Opcode::Invalidate) => msg::decode::<InvalidateReq>(meta)
                 .and_then(|req| invalidate(table, &req))
                 .map(|n| Reply::Message(msg::encode(&n))),
@@ -368,6 +377,7 @@ mod tests {
             listener,
             table.clone(),
             Limits::default(),
+            None,
             token.clone(),
         ));
         (addr, table, token)
@@ -463,7 +473,7 @@ mod tests {
         tokio::spawn(async move {
             let (stream, _) = listener.accept().await.unwrap();
             let mut conn = FramedConn::from_stream(stream, Limits::default()).unwrap();
-            accept_handshake(&mut conn, "test").await;
+            accept_handshake(&mut conn, "test", None).await;
         });
         let mut c = FramedConn::connect(&hangs_up, "test", Limits::default())
             .await

@@ -55,6 +55,8 @@ pub struct BenchArgs {
     /// Transport for object bytes: tcp, shm (same host), or auto.
     #[arg(long, default_value = "auto")]
     pub protocol: String,
+    #[command(flatten)]
+    pub security: crate::cli::SecurityArgs,
 }
 
 /// Which keys a phase writes and reads.
@@ -152,6 +154,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
     cfg.hostname = "kvpool-bench".into();
     cfg.conns_per_store = a.concurrency.max(4);
     cfg.protocol = a.protocol.parse()?;
+    cfg.security = a.security.to_security()?;
     let client = Client::connect(cfg)
         .await
         .map_err(|e| anyhow::anyhow!("connect {}: {e}", a.master))?;

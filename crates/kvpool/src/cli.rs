@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 use kvpool_master::{MasterConfig, StateConfig};
+use kvpool_net::auth::{Credentials, Security};
 use kvpool_proto::msg::ClusterStatus;
 use kvpool_proto::units::{parse_duration, parse_size};
 
@@ -35,6 +36,58 @@ pub enum Command {
     /// Fill the master's metadata in this process (no stores, no data) and
     /// print memory per object and latency as the key count grows.
     BenchMeta(crate::bench_meta::BenchMetaArgs),
+    /// Make a cluster secret, or derive a role's key from one.
+    #[command(subcommand)]
+    Secret(SecretCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCommand {
+    /// Print a fresh random cluster secret (the admin key), or write it to
+    /// a new file readable by its owner only.
+    New {
+        /// Write here instead of printing (refuses to overwrite).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the key of a lower role (store, client), derived from the
+    /// secret given by --secret-file or the environment.
+    Derive {
+        /// The role: client, store or admin.
+        #[arg(long)]
+        role: String,
+        #[command(flatten)]
+        security: SecurityArgs,
+    },
+}
+
+/// Authentication flags, shared by every command that serves or connects.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SecurityArgs {
+    /// File holding the cluster secret or a role key (`kvpool secret new`,
+    /// `kvpool secret derive`); peers must prove the same cluster secret.
+    /// KVPOOL_SECRET may hold the secret itself instead.
+    #[arg(long, env = "KVPOOL_SECRET_FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Serve on non-loopback addresses without a secret: anyone who can
+    /// connect may read, write and delete everything.
+    #[arg(long, env = "KVPOOL_INSECURE", num_args = 0..=1, default_missing_value = "true",
+          default_value_t = false, action = ArgAction::Set)]
+    pub insecure: bool,
+}
+
+impl SecurityArgs {
+    /// The security these flags (or KVPOOL_SECRET) describe.
+    pub fn to_security(&self) -> anyhow::Result<Security> {
+        let credentials = match &self.secret_file {
+            Some(path) => Some(Credentials::load(path)?),
+            None => Credentials::from_env()?,
+        };
+        Ok(Security {
+            credentials,
+            insecure: self.insecure,
+        })
+    }
 }
 
 /// Durations where a bare number means milliseconds (Mooncake's lease flags).
@@ -141,6 +194,8 @@ pub struct MasterArgs {
     /// (0 = half the client TTL with HA, none without).
     #[arg(long, env = "KVPOOL_RECOVERY_GRACE", default_value = "0s", value_parser = parse_duration)]
     pub recovery_grace: Duration,
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 impl MasterArgs {
@@ -157,6 +212,7 @@ impl MasterArgs {
         };
         Ok(MasterConfig {
             ha,
+            security: self.security.to_security()?,
             recovery_grace: self.recovery_grace,
             rpc_address: self.rpc_address.clone(),
             rpc_port: self.rpc_port,
@@ -200,12 +256,15 @@ pub struct StoreArgs {
     /// On SIGTERM, keep serving this long after new placements stop.
     #[arg(long, env = "KVPOOL_SHUTDOWN_GRACE", default_value = "1s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 impl StoreArgs {
     /// The library config these flags describe.
-    pub fn to_config(&self) -> kvpool_store::StoreConfig {
-        kvpool_store::StoreConfig {
+    pub fn to_config(&self) -> anyhow::Result<kvpool_store::StoreConfig> {
+        Ok(kvpool_store::StoreConfig {
+            security: self.security.to_security()?,
             master: self.master.clone(),
             segment_size: self.segment_size,
             data_dir: self.data_dir.clone(),
@@ -213,7 +272,7 @@ impl StoreArgs {
             port: self.port,
             name: self.name.clone(),
             shutdown_grace: self.shutdown_grace,
-        }
+        })
     }
 }
 
@@ -234,6 +293,8 @@ pub struct StatusArgs {
     /// Master RPC address host:port.
     #[arg(long, env = "KVPOOL_MASTER", default_value = "127.0.0.1:50051")]
     pub master: String,
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -248,11 +309,15 @@ pub struct DrainArgs {
     /// (its objects with no other replica are then gone).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
-/// One control call to the master outside any client session (5 s limit).
+/// One control call to the master outside any client session (5 s limit),
+/// proving the key `security` holds.
 pub async fn call_master<R: kvpool_proto::msg::Rpc>(
     master: &str,
+    security: &SecurityArgs,
     req: &R,
 ) -> anyhow::Result<R::Response> {
     let addr = kvpool_net::etcd::MasterAddr::parse(master)?
@@ -264,10 +329,26 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
         kvpool_proto::frame::Limits::default(),
         Duration::from_secs(5),
         1,
-    );
+    )
+    .with_credentials(security.to_security()?.credentials);
     Ok(tokio::time::timeout(Duration::from_secs(5), pool.call(req))
         .await
         .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??)
+}
+
+/// Creates `path` readable and writable by its owner only and writes
+/// `text`; refuses to replace an existing file.
+pub fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
 }
 
 /// Bytes with a binary unit, for people.

@@ -69,11 +69,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             kvpool_master::run(cfg, shutdown_on_signal()).await?;
         }
         Command::Store(s) => {
-            kvpool_store::run(s.to_config(), shutdown_on_signal()).await?;
+            kvpool_store::run(s.to_config()?, shutdown_on_signal()).await?;
         }
         Command::Up(u) => {
             let shutdown = shutdown_on_signal();
             let mut mcfg = u.master.to_config()?;
+            // The built-in store proves the store key derived from the master's.
+            let mcfg_security = kvpool_net::auth::Security {
+                credentials: (mcfg.security.credentials.as_ref())
+                    .and_then(|c| c.derive(kvpool_net::auth::Role::Store)),
+                insecure: mcfg.security.insecure,
+            };
             mcfg.metrics_address = mcfg.rpc_address.clone();
             let master = kvpool_master::start(mcfg, shutdown.clone()).await?;
             let scfg = kvpool_store::StoreConfig {
@@ -84,6 +90,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 port: 0,
                 name: None,
                 shutdown_grace: std::time::Duration::ZERO,
+                security: mcfg_security,
             };
             let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
             println!(
@@ -103,7 +110,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             r??;
         }
         Command::Status(s) => {
-            let st = cli::call_master(&s.master, &kvpool_proto::msg::Status {}).await?;
+            let st =
+                cli::call_master(&s.master, &s.security, &kvpool_proto::msg::Status {}).await?;
             print!("{}", cli::format_status(&s.master, &st));
         }
         Command::Drain(d) => {
@@ -111,7 +119,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 segment: d.segment.clone(),
                 unmount_after_ms: Some(d.grace.as_millis() as u64),
             };
-            let ids = cli::call_master(&d.master, &req).await?;
+            let ids = cli::call_master(&d.master, &d.security, &req).await?;
             for id in ids {
                 println!(
                     "segment {} ({id}) draining; unmounted in {:?}",
@@ -125,6 +133,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::BenchMeta(b) => tokio::task::block_in_place(|| bench_meta::run(b))?,
+        Command::Secret(cli::SecretCommand::New { out }) => {
+            let secret = kvpool_net::auth::new_cluster_secret();
+            match out {
+                None => println!("{secret}"),
+                Some(path) => {
+                    cli::write_private(&path, &format!("{secret}\n"))?;
+                    println!("cluster secret written to {}", path.display());
+                }
+            }
+        }
+        Command::Secret(cli::SecretCommand::Derive { role, security }) => {
+            let role = kvpool_net::auth::Role::parse(&role)
+                .ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (client, store, admin)"))?;
+            let own = security.to_security()?.credentials.ok_or_else(|| {
+                anyhow::anyhow!("no secret: pass --secret-file or set KVPOOL_SECRET_FILE")
+            })?;
+            let key = own.derive(role).ok_or_else(|| {
+                anyhow::anyhow!("a {} key cannot derive the {role} key", own.role())
+            })?;
+            println!("{}", key.encode());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

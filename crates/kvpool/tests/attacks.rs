@@ -1,18 +1,22 @@
-//! Resource attacks with well-formed bytes against the real master and
-//! store: a connection costs memory only for the bytes it has sent, and a
-//! connection that stalls is closed instead of held forever. (The security
-//! issue's wider attack classes join this file as they are closed.)
+//! Attacks with well-formed bytes against the real master and stores.
+//! Resources: a connection costs memory only for the bytes it has sent, and
+//! one that stalls is closed instead of held forever. Authentication: with a
+//! cluster secret, nothing but the handshake is answered to a peer without
+//! a key of the cluster, a client key cannot do what takes the store or
+//! admin key, and nothing an attacker tries loses a stored object.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Cluster;
+use common::{free_port, run_kvpool, Cluster, Process};
+use kvpool_client::ReplicateConfig;
+use kvpool_net::auth::{Credentials, Role};
 use kvpool_net::conn::{HANDSHAKE_TIMEOUT, MAX_HELLO};
-use kvpool_net::FramedConn;
+use kvpool_net::{CallPolicy, FramedConn, MasterLink};
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode, MIN_PROTOCOL_VERSION};
-use kvpool_proto::msg::{self, Hello};
-use kvpool_proto::PROTOCOL_VERSION;
+use kvpool_proto::msg::{self, ClientId, Hello, SegmentId, SegmentInfo};
+use kvpool_proto::{Code, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -26,6 +30,7 @@ async fn handshaken(addr: &str) -> TcpStream {
         version: PROTOCOL_VERSION,
         min_version: MIN_PROTOCOL_VERSION,
         role: "attacker".into(),
+        nonce: [0; 16],
     });
     let h = FrameHeader::request(Opcode::Hello, 1, hello.len() as u32, 0);
     s.write_all(&h.encode()).await.expect("send hello");
@@ -133,4 +138,304 @@ async fn an_oversized_hello_is_refused_before_it_is_read() {
     FramedConn::connect(&cluster.master_addr, "test", Limits::default())
         .await
         .expect("a normal client connects");
+}
+
+/// Puts `n` keys through a client of `cluster` and returns them.
+async fn stored(cluster: &Cluster, n: usize) -> Vec<(String, Vec<u8>)> {
+    let client = cluster.client().await;
+    let mut kept = Vec::new();
+    for i in 0..n {
+        let key = format!("victim-{i}");
+        let value = common::value_for(&key, 4096);
+        client
+            .put(&key, &value, &ReplicateConfig::default())
+            .await
+            .expect("put");
+        kept.push((key, value));
+    }
+    kept
+}
+
+/// Asserts every key still reads back its exact value.
+async fn all_there(cluster: &Cluster, kept: &[(String, Vec<u8>)]) {
+    let client = cluster.client().await;
+    for (key, value) in kept {
+        let got = client
+            .get(key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(got == *value, "{key}: wrong bytes");
+    }
+}
+
+/// A raw link to the master proving `key` (or nothing).
+fn link_as(cluster: &Cluster, key: Option<Credentials>) -> std::sync::Arc<MasterLink> {
+    MasterLink::new(
+        &cluster.master_addr,
+        ClientId(rand::random()),
+        "attacker",
+        "attacker",
+        CallPolicy::default(),
+        key,
+    )
+    .expect("link")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_key_of_the_cluster_nothing_is_answered() {
+    let cluster = Cluster::builder().secured().start().await;
+    let kept = stored(&cluster, 20).await;
+    let store = cluster
+        .client()
+        .await
+        .status()
+        .await
+        .expect("status")
+        .segments[0]
+        .info
+        .endpoint
+        .clone();
+    let stranger = Credentials::parse("another cluster's secret, 32 bytes").expect("secret");
+    for (name, addr) in [("master", &cluster.master_addr), ("store", &store)] {
+        // No key: refused at the handshake, with a hint.
+        let e = FramedConn::connect(addr, "attacker", Limits::default())
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{name}: connected without a key"));
+        assert_eq!(e.code, Code::Unauthorized, "{name}: {e}");
+        assert!(e.message.contains("KVPOOL_SECRET_FILE"), "{name}: {e}");
+        // Another cluster's key, at every role: refused.
+        for role in Role::ALL {
+            let key = stranger.derive(role).expect("derive");
+            let e = FramedConn::connect_with(addr, "attacker", Limits::default(), Some(&key))
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{name}: connected with a stranger's {role} key"));
+            assert_eq!(e.code, Code::Unauthorized, "{name} {role}: {e}");
+        }
+        // Skipping the proof: the first request after Hello is refused and
+        // the connection closed.
+        let mut s = handshaken(addr).await;
+        let status = msg::encode(&msg::Status {});
+        let h = FrameHeader::request(Opcode::Status, 2, status.len() as u32, 0);
+        s.write_all(&h.encode()).await.expect("send");
+        s.write_all(&status).await.expect("send");
+        assert!(
+            closed_within(&mut s, Duration::from_secs(5)).await,
+            "{name}: a request without the proof left the connection open"
+        );
+    }
+    // Removals from the unauthenticated: impossible, so nothing is lost.
+    let e = link_as(&cluster, None)
+        .call_once(&msg::RemoveAll { force: true })
+        .await
+        .expect_err("remove-all without a key");
+    assert_eq!(e.code, Code::Unauthorized, "{e}");
+    all_there(&cluster, &kept).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_does_only_what_it_may() {
+    let cluster = Cluster::builder().secured().start().await;
+    let kept = stored(&cluster, 20).await;
+    let secrets = cluster.secrets.as_ref().expect("secured");
+    let client_key = secrets.key(Role::Client);
+    let as_client = link_as(&cluster, Some(client_key.clone()));
+    // What takes the admin key.
+    for (what, e) in [
+        (
+            "remove-all",
+            as_client
+                .call_once(&msg::RemoveAll { force: true })
+                .await
+                .err(),
+        ),
+        (
+            "remove-by-regex",
+            as_client
+                .call_once(&msg::RemoveByRegex {
+                    pattern: ".*".into(),
+                    force: true,
+                })
+                .await
+                .err(),
+        ),
+        (
+            "drain with a deadline",
+            as_client
+                .call_once(&msg::DrainSegment {
+                    segment: Cluster::store_name(0),
+                    unmount_after_ms: Some(0),
+                })
+                .await
+                .err(),
+        ),
+    ] {
+        let e = e.unwrap_or_else(|| panic!("{what} with a client key succeeded"));
+        assert_eq!(e.code, Code::Unauthorized, "{what}: {e}");
+    }
+    // What takes the store key: lending (a fake segment), inventories.
+    let fake = msg::MountSegment {
+        client_id: as_client.client_id(),
+        segment: SegmentInfo {
+            id: SegmentId(rand::random()),
+            name: "black-hole".into(),
+            endpoint: "127.0.0.1:1".into(),
+            base: 4096,
+            size: 64 << 30,
+            path: None,
+        },
+        objects: 0,
+        scan_age_ms: 0,
+    };
+    let e = as_client
+        .call_once(&fake)
+        .await
+        .expect_err("a client mounted");
+    assert_eq!(e.code, Code::Unauthorized, "{e}");
+    // Data plane: a client may read and write, but not invalidate.
+    let status = cluster.client().await.status().await.expect("status");
+    let seg = &status.segments[0].info;
+    let mut conn = FramedConn::connect_with(
+        &seg.endpoint,
+        "attacker",
+        Limits::default(),
+        Some(&client_key),
+    )
+    .await
+    .expect("a client key opens the data plane");
+    let e = conn
+        .call(&msg::InvalidateReq {
+            segment: seg.id,
+            regions: vec![(seg.base, 1)],
+        })
+        .await
+        .expect_err("a client invalidated objects");
+    assert_eq!(e.code, Code::Unauthorized, "{e}");
+    all_there(&cluster, &kept).await;
+    assert_eq!(status.segments.len(), 1, "no fake segment joined");
+
+    // The admin key may do all of it.
+    let as_admin = link_as(&cluster, Some(secrets.key(Role::Admin)));
+    let removed = as_admin
+        .call_once(&msg::RemoveAll { force: true })
+        .await
+        .expect("the admin removes everything");
+    assert!(removed >= kept.len() as u64, "removed {removed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_and_a_store_need_the_key_too() {
+    let mut cluster = Cluster::builder().secured().start().await;
+    let secrets = cluster.secrets.as_ref().expect("secured");
+    let client_file = secrets.client_file.to_string_lossy().into_owned();
+    // `kvpool status` without the key: a clear refusal; with it: served.
+    let out = run_kvpool(
+        &["status", "--master", &cluster.master_addr],
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requires authentication"), "{err}");
+    let out = run_kvpool(
+        &[
+            "status",
+            "--master",
+            &cluster.master_addr,
+            "--secret-file",
+            &client_file,
+        ],
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("segments: 1"));
+    // A store with only a client key cannot lend its segment.
+    let data = cluster.dir().join("intruder");
+    let mut intruder = cluster.spawn(
+        "intruder",
+        [
+            "store",
+            "--master",
+            &cluster.master_addr,
+            "--segment-size",
+            "16MiB",
+            "--data-dir",
+            &data.to_string_lossy(),
+            "--secret-file",
+            &client_file,
+        ],
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = cluster.client().await.status().await.expect("status");
+    assert_eq!(
+        status.segments.len(),
+        1,
+        "the intruder's segment was mounted"
+    );
+    intruder.kill9();
+    cluster.assert_alive();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_means_loopback_only_and_a_keyed_client_refuses_it() {
+    // Off loopback without a secret: refused with the way out in the message.
+    let dir = common::scratch_dir();
+    let port = free_port().to_string();
+    let out = run_kvpool(
+        &[
+            "master",
+            "--rpc-address",
+            "0.0.0.0",
+            "--rpc-port",
+            &port,
+            "--metrics-port",
+            "0",
+        ],
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(!out.status.success(), "an open master started");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("without a secret") && err.contains("--insecure"),
+        "{err}"
+    );
+    // Said explicitly, it starts.
+    let mut open = Process::spawn(
+        "open-master",
+        [
+            "master",
+            "--rpc-address",
+            "0.0.0.0",
+            "--rpc-port",
+            &port,
+            "--metrics-port",
+            "0",
+            "--insecure",
+        ],
+        dir.path(),
+    );
+    let addr = format!("127.0.0.1:{port}");
+    common::eventually(
+        "the insecure master to listen",
+        Duration::from_secs(20),
+        async || {
+            assert!(open.try_exit().is_none(), "{}", open.logs());
+            tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
+        },
+    )
+    .await;
+    // A process holding a key does not trust a server that proves none.
+    let key = Credentials::parse("our cluster secret, long enough").expect("secret");
+    let e = FramedConn::connect_with(&addr, "client", Limits::default(), Some(&key))
+        .await
+        .err()
+        .expect("a keyed client talked to an unauthenticated server");
+    assert_eq!(e.code, Code::Unauthorized, "{e}");
 }

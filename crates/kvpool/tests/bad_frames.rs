@@ -333,6 +333,7 @@ async fn wrong_protocol_version_is_invalid_version() {
                 version,
                 min_version,
                 role: "test".into(),
+                nonce: [0; 16],
             };
             let e = timed(&what, conn.call(&hello))
                 .await

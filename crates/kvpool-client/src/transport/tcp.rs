@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpool_net::auth::Credentials;
 use kvpool_net::{ConnPool, FramedConn};
 use kvpool_proto::frame::Limits;
 use kvpool_proto::{Code, KvError, KvResult};
@@ -26,14 +27,17 @@ const IDLE_CONNS_PER_STORE: usize = 64;
 pub(crate) struct Pools {
     stores: Mutex<HashMap<String, Arc<ConnPool>>>,
     timeout: Duration,
+    credentials: Option<Credentials>,
 }
 
 impl Pools {
-    /// No pools yet; connections get `timeout` to connect and handshake.
-    pub(crate) fn new(timeout: Duration) -> Self {
+    /// No pools yet; connections get `timeout` to connect and handshake,
+    /// and prove `credentials` to stores that ask.
+    pub(crate) fn new(timeout: Duration, credentials: Option<Credentials>) -> Self {
         Pools {
             stores: Mutex::new(HashMap::new()),
             timeout,
+            credentials,
         }
     }
 
@@ -43,13 +47,16 @@ impl Pools {
         stores
             .entry(endpoint.to_string())
             .or_insert_with(|| {
-                Arc::new(ConnPool::new(
-                    endpoint,
-                    "client",
-                    Limits::default(),
-                    self.timeout,
-                    IDLE_CONNS_PER_STORE,
-                ))
+                Arc::new(
+                    ConnPool::new(
+                        endpoint,
+                        "client",
+                        Limits::default(),
+                        self.timeout,
+                        IDLE_CONNS_PER_STORE,
+                    )
+                    .with_credentials(self.credentials.clone()),
+                )
             })
             .clone()
     }

@@ -65,6 +65,8 @@ def _connect(s: Dict[str, Any]) -> "_native.Client":
         s["conns_per_store"],
         s["protocol"],
         s["location_cache"],
+        s["secret"],
+        s["insecure"],
     )
     _track(native)
     return native
@@ -96,7 +98,9 @@ class Client:
     ``MOONCAKE_MASTER``, then ``127.0.0.1:50051``; ``etcd://...`` follows the
     HA leader). With ``segment_size`` > 0
     (bytes or ``"4GiB"``) this process also lends that much memory to the
-    pool until :meth:`close`. Safe to share between threads; every call
+    pool until :meth:`close`. ``secret_file`` names a key of a cluster that
+    requires one (default: ``KVPOOL_SECRET_FILE``, then ``KVPOOL_SECRET``).
+    Safe to share between threads; every call
     releases the GIL while it waits. After ``os.fork()`` the child reconnects
     on first use as a pure client (the segment stays the parent's).
     """
@@ -113,6 +117,7 @@ class Client:
         conns_per_store: Optional[int] = None,
         protocol: Optional[str] = None,
         location_cache: Optional[int] = None,
+        secret_file: Optional[str] = None,
     ) -> None:
         s = _native.resolve_settings(
             {
@@ -125,6 +130,7 @@ class Client:
                 "conns_per_store": conns_per_store,
                 "protocol": protocol,
                 "location_cache": location_cache,
+                "secret_file": secret_file,
             }
         )
         self._native = _connect(s)

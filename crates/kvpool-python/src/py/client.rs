@@ -13,6 +13,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use kvpool_client::auth::Credentials;
 use kvpool_client::{ClientConfig, GetInto, ReplicateConfig};
 use kvpool_proto::{Code, KvError, KvResult};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -310,7 +311,7 @@ impl Client {
     /// with `segment_size` > 0 this process also lends that many bytes to the
     /// pool. `None` options keep the Rust client's defaults.
     #[new]
-    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None))]
+    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None, secret = None, insecure = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -323,6 +324,8 @@ impl Client {
         conns_per_store: Option<usize>,
         protocol: &str,
         location_cache: Option<usize>,
+        secret: Option<&str>,
+        insecure: bool,
     ) -> PyResult<Self> {
         if let Some(t) = timeout {
             if !(t.is_finite() && t > 0.0 && t < 1e9) {
@@ -352,6 +355,11 @@ impl Client {
             .map(str::to_string)
             .unwrap_or_else(|| crate::settings::host_part(hostname).to_string());
         crate::settings::apply_protocol(&mut cfg, protocol);
+        cfg.security.credentials = secret
+            .map(Credentials::parse)
+            .transpose()
+            .map_err(|e| raise(py, e))?;
+        cfg.security.insecure = insecure;
         let c = wait(py, kvpool_client::Client::connect(cfg.clone()))?.map_err(|e| raise(py, e))?;
         Ok(Client {
             cfg,

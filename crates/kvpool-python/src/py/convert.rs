@@ -77,6 +77,10 @@ pub fn resolve_settings<'py>(
     d.set_item("conns_per_store", s.conns_per_store)?;
     d.set_item("location_cache", s.location_cache)?;
     d.set_item("segment_address", &s.segment_address)?;
+    // The key travels as its encoded text, never as the file name: the
+    // native client must not read files the caller did not name.
+    d.set_item("secret", s.credentials.as_ref().map(|c| c.encode()))?;
+    d.set_item("insecure", s.insecure)?;
     d.set_item("ignored", s.ignored)?;
     Ok(d)
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_client::{Client, ClientConfig};
+use kvpool_net::auth::{Credentials, Role};
 use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
 use rand::rngs::StdRng;
@@ -364,32 +365,65 @@ pub fn spawn_store_bin(
     data_dir: &Path,
     log_dir: &Path,
 ) -> Process {
+    spawn_store_with(
+        bin,
+        log_name,
+        name,
+        master,
+        segment_size,
+        data_dir,
+        log_dir,
+        &[],
+    )
+}
+
+/// [`spawn_store_bin`] with `extra` flags.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_store_with(
+    bin: &Path,
+    log_name: &str,
+    name: &str,
+    master: &str,
+    segment_size: &str,
+    data_dir: &Path,
+    log_dir: &Path,
+    extra: &[String],
+) -> Process {
     let data_dir = data_dir.to_string_lossy();
+    let args = [
+        "store",
+        "--master",
+        master,
+        "--segment-size",
+        segment_size,
+        "--data-dir",
+        &data_dir,
+        "--address",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--name",
+        name,
+    ]
+    .map(String::from);
     Process::spawn_bin(
         log_name,
         bin,
-        [
-            "store",
-            "--master",
-            master,
-            "--segment-size",
-            segment_size,
-            "--data-dir",
-            &data_dir,
-            "--address",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--name",
-            name,
-        ],
+        args.into_iter().chain(extra.iter().cloned()),
         log_dir,
     )
 }
 
 /// The `segments: N` count printed by `kvpool status`, if it answered.
 pub async fn cli_segments(master: &str) -> Option<usize> {
-    let out = run_kvpool(&["status", "--master", master], Duration::from_secs(15)).await;
+    cli_segments_as(master, &[]).await
+}
+
+/// [`cli_segments`] with `extra` flags (a secret file).
+pub async fn cli_segments_as(master: &str, extra: &[String]) -> Option<usize> {
+    let mut args = vec!["status", "--master", master];
+    args.extend(extra.iter().map(String::as_str));
+    let out = run_kvpool(&args, Duration::from_secs(15)).await;
     if !out.status.success() {
         return None;
     }
@@ -402,6 +436,16 @@ pub async fn cli_segments(master: &str) -> Option<usize> {
 /// Waits until `kvpool status` reports exactly `n` segments; panics on timeout
 /// or when one of `watch` exits meanwhile.
 pub async fn wait_for_segments(master: &str, n: usize, watch: &mut [&mut Process]) {
+    wait_for_segments_as(master, n, watch, &[]).await
+}
+
+/// [`wait_for_segments`] with `extra` flags for `kvpool status`.
+pub async fn wait_for_segments_as(
+    master: &str,
+    n: usize,
+    watch: &mut [&mut Process],
+    extra: &[String],
+) {
     let deadline = Instant::now() + STARTUP;
     let mut last = None;
     loop {
@@ -414,7 +458,7 @@ pub async fn wait_for_segments(master: &str, n: usize, watch: &mut [&mut Process
                 );
             }
         }
-        last = cli_segments(master).await.or(last);
+        last = cli_segments_as(master, extra).await.or(last);
         if last == Some(n) {
             return;
         }
@@ -434,6 +478,7 @@ pub fn master_link(master: &str, hostname: &str) -> Arc<MasterLink> {
         hostname,
         "test",
         CallPolicy::default(),
+        None,
     )
     .expect("a valid master address")
 }
@@ -490,6 +535,43 @@ pub struct ClusterBuilder {
     stores: usize,
     segment_size: String,
     master_flags: Vec<(String, String)>,
+    secured: bool,
+}
+
+/// Where a secured cluster's keys are, and the keys themselves.
+pub struct Secrets {
+    /// The cluster secret (admin key) file the master uses.
+    pub admin_file: PathBuf,
+    /// The store key file the stores use.
+    pub store_file: PathBuf,
+    /// The client key file.
+    pub client_file: PathBuf,
+    /// The admin key.
+    pub admin: Credentials,
+}
+
+impl Secrets {
+    /// Makes a fresh cluster secret and its role keys as files in `dir`.
+    pub fn create(dir: &Path) -> Secrets {
+        let admin = Credentials::parse(&kvpool_net::auth::new_cluster_secret()).expect("secret");
+        let write = |role: Role| {
+            let path = dir.join(format!("{role}.key"));
+            let key = admin.derive(role).expect("derive");
+            std::fs::write(&path, key.encode()).expect("write a key file");
+            path
+        };
+        Secrets {
+            admin_file: write(Role::Admin),
+            store_file: write(Role::Store),
+            client_file: write(Role::Client),
+            admin,
+        }
+    }
+
+    /// The key of `role`.
+    pub fn key(&self, role: Role) -> Credentials {
+        self.admin.derive(role).expect("derive")
+    }
 }
 
 impl ClusterBuilder {
@@ -502,6 +584,13 @@ impl ClusterBuilder {
     /// Segment size each store lends, e.g. `64MiB` (default 64MiB).
     pub fn segment_size(mut self, size: &str) -> Self {
         self.segment_size = size.to_string();
+        self
+    }
+
+    /// Turns authentication on: the master gets a fresh cluster secret, the
+    /// stores its store key, and [`Cluster::client`] the client key.
+    pub fn secured(mut self) -> Self {
+        self.secured = true;
         self
     }
 
@@ -518,7 +607,19 @@ impl ClusterBuilder {
         let dir = scratch_dir();
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs).expect("create the log dir");
-        let flags = self.master_flags;
+        let secrets = self.secured.then(|| Secrets::create(dir.path()));
+        let mut flags = self.master_flags;
+        let mut store_flags = Vec::new();
+        if let Some(s) = &secrets {
+            flags.push((
+                "--secret-file".into(),
+                s.admin_file.to_string_lossy().into(),
+            ));
+            store_flags = vec![
+                "--secret-file".to_string(),
+                s.store_file.to_string_lossy().into(),
+            ];
+        }
         let master = spawn_master("master", &logs, |rpc, metrics| {
             let mut args: Vec<String> = [
                 "master",
@@ -538,12 +639,15 @@ impl ClusterBuilder {
         let mut stores: Vec<Process> = (0..self.stores)
             .map(|i| {
                 let name = Cluster::store_name(i);
-                spawn_store(
+                spawn_store_with(
+                    Path::new(BIN),
+                    &name,
                     &name,
                     &master.rpc,
                     &self.segment_size,
                     &dir.path().join(&name),
                     &logs,
+                    &store_flags,
                 )
             })
             .collect();
@@ -554,8 +658,11 @@ impl ClusterBuilder {
         } = master;
         let mut watch: Vec<&mut Process> = stores.iter_mut().collect();
         watch.push(&mut process);
-        wait_for_segments(&rpc, self.stores, &mut watch).await;
+        let status_flags = store_flags.clone();
+        wait_for_segments_as(&rpc, self.stores, &mut watch, &status_flags).await;
         Cluster {
+            secrets,
+            store_flags,
             master_addr: rpc,
             metrics_addr: metrics,
             master: process,
@@ -579,6 +686,9 @@ pub struct Cluster {
     stores: Vec<Process>,
     segment_size: String,
     restarts: usize,
+    /// The keys, when the cluster was started [`ClusterBuilder::secured`].
+    pub secrets: Option<Secrets>,
+    store_flags: Vec<String>,
     // Declared last: removed only after every process above is dead.
     dir: TempDir,
 }
@@ -595,6 +705,7 @@ impl Cluster {
                 ("--client-ttl".into(), format!("{}s", CLIENT_TTL.as_secs())),
                 ("--store-grace".into(), "0s".into()),
             ],
+            secured: false,
         }
     }
 
@@ -628,7 +739,7 @@ impl Cluster {
         let name = Cluster::store_name(i);
         let logs = self.dir.path().join("logs");
         self.restarts += 1;
-        self.stores[i] = spawn_store_bin(
+        self.stores[i] = spawn_store_with(
             bin.unwrap_or(Path::new(BIN)),
             &format!("{name}.restart{}", self.restarts),
             &name,
@@ -636,6 +747,7 @@ impl Cluster {
             &self.segment_size,
             &self.dir.path().join(&name),
             &logs,
+            &self.store_flags,
         );
     }
 
@@ -683,9 +795,11 @@ impl Cluster {
         self.client_with(|_| {}).await
     }
 
-    /// A connected client whose config `tweak` adjusted.
+    /// A connected client whose config `tweak` adjusted (holding the client
+    /// key when the cluster is secured).
     pub async fn client_with(&self, tweak: impl FnOnce(&mut ClientConfig)) -> Client {
         let mut cfg = ClientConfig::new(&self.master_addr);
+        cfg.security.credentials = self.secrets.as_ref().map(|s| s.key(Role::Client));
         tweak(&mut cfg);
         Client::connect(cfg)
             .await

@@ -1,0 +1,389 @@
+//! Authentication: the cluster secret, the role keys derived from it, and the
+//! proofs exchanged in the handshake.
+//!
+//! One secret per cluster; each role's key derives from the role above it,
+//! so a process holding a key can prove that role or any lower one and can
+//! verify exactly those: admin (the cluster secret) → store → client. The
+//! master holds the admin key, a store the store key, an engine the client
+//! key. A key never crosses the wire: each side proves it with an HMAC over
+//! both sides' fresh nonces, under a label that differs per side so one
+//! side's proof is never valid as the other's.
+
+use std::fmt;
+use std::path::Path;
+
+use hmac::{Hmac, Mac};
+use kvpool_proto::{Code, KvError, KvResult};
+use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Environment variable naming a file that holds a secret.
+pub const SECRET_FILE_ENV: &str = "KVPOOL_SECRET_FILE";
+/// Environment variable holding a secret itself.
+pub const SECRET_ENV: &str = "KVPOOL_SECRET";
+/// Environment variable that allows serving off loopback without a secret.
+pub const INSECURE_ENV: &str = "KVPOOL_INSECURE";
+/// Shortest cluster secret accepted, in bytes.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// What an authenticated peer may do; each role may do everything the roles
+/// below it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// An engine: puts, gets, removes of its own keys, status.
+    Client = 1,
+    /// A storage node: lends segments, reports inventories, takes
+    /// invalidations; also everything a client may.
+    Store = 2,
+    /// An operator: remove-all, remove-by-regex, drain, the HTTP admin API.
+    Admin = 3,
+}
+
+impl Role {
+    /// Every role, lowest first.
+    pub const ALL: [Role; 3] = [Role::Client, Role::Store, Role::Admin];
+
+    /// The wire number.
+    pub fn as_u8(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes a wire number.
+    pub fn from_u8(v: u8) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_u8() == v)
+    }
+
+    /// Lower-case name, as in secret files and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Store => "store",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Parses a name written by [`Role::name`].
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.name() == s)
+    }
+
+    /// The role just below this one, whose key derives from this one's.
+    fn below(self) -> Option<Role> {
+        match self {
+            Role::Client => None,
+            Role::Store => Some(Role::Client),
+            Role::Admin => Some(Role::Store),
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A role key: what one process holds to prove (and verify) its role and
+/// every role below it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    role: Role,
+    key: [u8; 32],
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key itself: Debug output ends up in logs.
+        write!(f, "Credentials({})", self.role)
+    }
+}
+
+impl Credentials {
+    /// The admin key of a cluster secret (any text of 16 bytes or more).
+    pub fn from_cluster_secret(secret: &[u8]) -> KvResult<Credentials> {
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(bad_secret(format!(
+                "a cluster secret of {} bytes; use at least {MIN_SECRET_LEN} (`kvpool secret new` makes one)",
+                secret.len()
+            )));
+        }
+        let key = Sha256::new()
+            .chain_update(b"kvpool cluster secret\0")
+            .chain_update(secret)
+            .finalize()
+            .into();
+        Ok(Credentials {
+            role: Role::Admin,
+            key,
+        })
+    }
+
+    /// Parses a secret as written in a secret file: `kvpool-<role>:<64 hex
+    /// digits>` (from [`Credentials::encode`]), or else the text, trimmed,
+    /// is the cluster secret itself.
+    pub fn parse(text: &str) -> KvResult<Credentials> {
+        let text = text.trim();
+        let Some((role, hex)) = text
+            .strip_prefix("kvpool-")
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            return Credentials::from_cluster_secret(text.as_bytes());
+        };
+        let role = Role::parse(role)
+            .ok_or_else(|| bad_secret(format!("unknown role {role:?} in a role key")))?;
+        let key = decode_hex(hex).ok_or_else(|| {
+            bad_secret(format!(
+                "a {role} key must be 64 hex digits after `kvpool-{role}:`"
+            ))
+        })?;
+        Ok(Credentials { role, key })
+    }
+
+    /// Reads a secret file (see [`Credentials::parse`]). Warns when the
+    /// file can be read by others than its owner.
+    pub fn load(path: &Path) -> KvResult<Credentials> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| bad_secret(format!("cannot read secret file {}: {e}", path.display())))?;
+        warn_if_shared(path);
+        Credentials::parse(&text)
+            .map_err(|e| bad_secret(format!("secret file {}: {}", path.display(), e.message)))
+    }
+
+    /// The secret named by the environment: the file in `KVPOOL_SECRET_FILE`,
+    /// else the text in `KVPOOL_SECRET`, else none.
+    pub fn from_env() -> KvResult<Option<Credentials>> {
+        if let Some(path) = std::env::var_os(SECRET_FILE_ENV).filter(|p| !p.is_empty()) {
+            return Credentials::load(Path::new(&path)).map(Some);
+        }
+        match std::env::var(SECRET_ENV) {
+            Ok(text) if !text.is_empty() => Credentials::parse(&text).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Writes the key in the form [`Credentials::parse`] reads.
+    pub fn encode(&self) -> String {
+        let hex: String = self.key.iter().map(|b| format!("{b:02x}")).collect();
+        format!("kvpool-{}:{hex}", self.role)
+    }
+
+    /// The role this key proves.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The key of `role`, derived from this one; `None` when `role` is above
+    /// this key's.
+    pub fn derive(&self, role: Role) -> Option<Credentials> {
+        let mut c = self.clone();
+        while c.role > role {
+            let below = c.role.below()?;
+            c = Credentials {
+                role: below,
+                key: c.mac(&[b"kvpool role key\0", below.name().as_bytes()]),
+            };
+        }
+        (c.role == role).then_some(c)
+    }
+
+    /// A key for other uses (HTTP tokens, capabilities), bound to `label`
+    /// and to this key: whoever holds this role's key can derive it.
+    pub fn subkey(&self, label: &str) -> [u8; 32] {
+        self.mac(&[b"kvpool subkey\0", label.as_bytes()])
+    }
+
+    /// The caller's proof in a handshake.
+    pub fn client_proof(&self, client_nonce: &[u8; 16], server_nonce: &[u8; 16]) -> [u8; 32] {
+        self.proof(b"kvpool client proof\0", client_nonce, server_nonce)
+    }
+
+    /// The server's proof in a handshake.
+    pub fn server_proof(&self, client_nonce: &[u8; 16], server_nonce: &[u8; 16]) -> [u8; 32] {
+        self.proof(b"kvpool server proof\0", client_nonce, server_nonce)
+    }
+
+    /// Checks a proof made by [`Self::client_proof`] (or, with `server`,
+    /// [`Self::server_proof`]) in constant time.
+    pub fn verify(
+        &self,
+        server: bool,
+        client_nonce: &[u8; 16],
+        server_nonce: &[u8; 16],
+        proof: &[u8; 32],
+    ) -> bool {
+        let label: &[u8] = if server {
+            b"kvpool server proof\0"
+        } else {
+            b"kvpool client proof\0"
+        };
+        self.hmac(&[label, &[self.role.as_u8()], client_nonce, server_nonce])
+            .verify_slice(proof)
+            .is_ok()
+    }
+
+    fn proof(&self, label: &[u8], client_nonce: &[u8; 16], server_nonce: &[u8; 16]) -> [u8; 32] {
+        self.mac(&[label, &[self.role.as_u8()], client_nonce, server_nonce])
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        self.hmac(parts).finalize().into_bytes().into()
+    }
+
+    fn hmac(&self, parts: &[&[u8]]) -> HmacSha256 {
+        // HMAC takes keys of any length; 32 bytes cannot fail.
+        let mut m = <HmacSha256 as Mac>::new_from_slice(&self.key).expect("HMAC key");
+        for p in parts {
+            // Length-prefixed so no two different part lists hash alike.
+            m.update(&(p.len() as u32).to_le_bytes());
+            m.update(p);
+        }
+        m
+    }
+}
+
+/// How a server authenticates its peers: the key it verifies them with, and
+/// whether it may run without one off loopback.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// This process's key; `None` serves every peer as admin.
+    pub credentials: Option<Credentials>,
+    /// Listen on non-loopback addresses without a secret anyway.
+    pub insecure: bool,
+}
+
+impl Security {
+    /// The secret named by the environment (see [`Credentials::from_env`]),
+    /// insecure when `KVPOOL_INSECURE` is `1` or `true`.
+    pub fn from_env() -> KvResult<Security> {
+        let insecure = std::env::var(INSECURE_ENV)
+            .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+        Ok(Security {
+            credentials: Credentials::from_env()?,
+            insecure,
+        })
+    }
+
+    /// Refuses to serve on `ip` without a secret when anyone but this host
+    /// could connect: every peer would be trusted with everything.
+    pub fn check_listen(&self, ip: std::net::IpAddr, what: &str) -> KvResult<()> {
+        if self.credentials.is_some() || self.insecure || ip.is_loopback() {
+            return Ok(());
+        }
+        Err(KvError::new(
+            Code::InvalidParams,
+            format!(
+                "refusing to serve {what} on {ip} without a secret: anyone who can reach it \
+                 could read, forge and delete every object. Set --secret-file (or \
+                 {SECRET_FILE_ENV}; `kvpool secret new` makes one), listen on 127.0.0.1, or \
+                 pass --insecure ({INSECURE_ENV}=1) to accept the risk"
+            ),
+        ))
+    }
+}
+
+/// A fresh random secret for `kvpool secret new`.
+pub fn new_cluster_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("kvpool-admin:{hex}")
+}
+
+fn decode_hex(s: &str) -> Option<[u8; 32]> {
+    let s = s.as_bytes();
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in s.chunks(2).enumerate() {
+        let digits = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(digits, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn bad_secret(msg: String) -> KvError {
+    KvError::new(Code::InvalidParams, msg)
+}
+
+#[cfg(unix)]
+fn warn_if_shared(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path) {
+        if m.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                "secret file is readable by others than its owner; chmod 600 it"
+            );
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn warn_if_shared(_: &Path) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admin() -> Credentials {
+        Credentials::parse("a cluster secret long enough").unwrap()
+    }
+
+    #[test]
+    fn keys_derive_downwards_only() {
+        let admin = admin();
+        let store = admin.derive(Role::Store).unwrap();
+        let client = admin.derive(Role::Client).unwrap();
+        assert_eq!(store.derive(Role::Client).unwrap(), client);
+        assert!(store.derive(Role::Admin).is_none());
+        assert!(client.derive(Role::Store).is_none());
+        assert_ne!(store.key, client.key);
+        assert_ne!(store.key, admin.key);
+    }
+
+    #[test]
+    fn encoded_keys_parse_back() {
+        for role in Role::ALL {
+            let c = admin().derive(role).unwrap();
+            assert_eq!(Credentials::parse(&c.encode()).unwrap(), c);
+            assert_eq!(Credentials::parse(&format!("{}\n", c.encode())).unwrap(), c);
+        }
+        let fresh = Credentials::parse(&new_cluster_secret()).unwrap();
+        assert_eq!(fresh.role(), Role::Admin);
+    }
+
+    #[test]
+    fn bad_secrets_are_refused() {
+        assert!(Credentials::parse("short").is_err());
+        assert!(Credentials::parse("kvpool-root:00").is_err());
+        assert!(Credentials::parse("kvpool-store:zz").is_err());
+        assert!(Credentials::parse(&format!("kvpool-store:{}", "0".repeat(63))).is_err());
+        // The Debug form never shows the key.
+        assert_eq!(format!("{:?}", admin()), "Credentials(admin)");
+    }
+
+    #[test]
+    fn proofs_bind_key_role_nonces_and_side() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        let store = admin().derive(Role::Store).unwrap();
+        let p = store.client_proof(&a, &b);
+        assert!(store.verify(false, &a, &b, &p));
+        assert!(
+            !store.verify(true, &a, &b, &p),
+            "a client proof is no server proof"
+        );
+        assert!(!store.verify(false, &b, &a, &p), "nonces are ordered");
+        assert!(!store.verify(false, &a, &[3; 16], &p));
+        let other = Credentials::parse("another cluster's secret")
+            .unwrap()
+            .derive(Role::Store)
+            .unwrap();
+        assert!(!other.verify(false, &a, &b, &p));
+        let client = store.derive(Role::Client).unwrap();
+        assert!(
+            !client.verify(false, &a, &b, &p),
+            "a store proof is no client proof"
+        );
+    }
+}

@@ -1,0 +1,72 @@
+"""The Python drop-in against a pool that requires a key of its cluster:
+configured by environment only (``KVPOOL_SECRET_FILE``) or a ``setup``
+dict key, with no code change; refused with ``UNAUTHORIZED`` (-1100)
+without a key, and a client key cannot drop what others stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.mooncake import MooncakeDistributedStore
+
+UNAUTHORIZED = -1100
+
+
+def connect(master: str) -> MooncakeDistributedStore:
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master)
+    assert rc == 0, rc
+    return s
+
+
+def test_without_a_key_setup_is_refused(secured_cluster, monkeypatch):
+    monkeypatch.delenv("KVPOOL_SECRET_FILE", raising=False)
+    monkeypatch.delenv("KVPOOL_SECRET", raising=False)
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", secured_cluster.master) == UNAUTHORIZED
+
+
+def test_a_client_key_from_the_environment_serves_puts_and_gets(secured_cluster, monkeypatch, prefix):
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", secured_cluster.keys["client"])
+    s = connect(secured_cluster.master)
+    try:
+        assert s.put(prefix + "a", b"x" * 1000) == 0
+        assert s.get(prefix + "a") == b"x" * 1000
+        assert s.put_batch([prefix + "b", prefix + "c"], [b"1", b"22"]) == 0
+        assert s.get_batch([prefix + "b", prefix + "c"]) == [b"1", b"22"]
+        # Dropping everything takes the admin key: refused, nothing lost.
+        assert s.remove_all(True) == UNAUTHORIZED
+        assert s.is_exist(prefix + "a") == 1
+    finally:
+        s.close()
+
+
+def test_lending_memory_takes_the_store_key(secured_cluster, monkeypatch):
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", secured_cluster.keys["client"])
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", secured_cluster.master)
+    assert rc == UNAUTHORIZED
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", secured_cluster.keys["store"])
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", secured_cluster.master) == 0
+    s.close()
+
+
+def test_the_admin_key_in_a_setup_dict_may_drop_everything(secured_cluster, monkeypatch, prefix):
+    monkeypatch.delenv("KVPOOL_SECRET_FILE", raising=False)
+    s = MooncakeDistributedStore()
+    rc = s.setup({
+        "local_hostname": "127.0.0.1",
+        "metadata_server": "P2PHANDSHAKE",
+        "global_segment_size": 0,
+        "master_server_address": secured_cluster.master,
+        "protocol": "tcp",
+        "secret_file": secured_cluster.keys["admin"],
+    })
+    assert rc == 0
+    try:
+        assert s.put(prefix + "gone", b"v") == 0
+        assert s.remove_all(True) >= 1
+        assert s.is_exist(prefix + "gone") == 0
+    finally:
+        s.close()
