@@ -16,4 +16,7 @@ pub use header::{
     header_len, value_checksum, ObjectHeader, FIXED_LEN, OBJECT_FORMAT, OBJECT_MAGIC,
 };
 pub use scan::{Found, ScanStats, REGION_ALIGN};
-pub use superblock::{segment_id, write_superblock, DATA_BASE, SEGMENT_FORMAT, SEGMENT_MAGIC};
+pub use superblock::{
+    read_superblock, segment_id, write_superblock, Superblock, DATA_BASE, SEGMENT_FORMAT,
+    SEGMENT_MAGIC,
+};

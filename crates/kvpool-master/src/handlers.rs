@@ -62,7 +62,8 @@ impl Handle for msg::MountSegment {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<()> {
         let age = Duration::from_millis(self.scan_age_ms);
         let s = &cx.master.state;
-        s.mount_scanned(self.client_id, self.segment, self.objects, age, cx.now)
+        let (client, objects) = (self.client_id, self.objects);
+        s.mount_scanned(client, self.segment, objects, age, self.possession, cx.now)
     }
 }
 

@@ -259,6 +259,9 @@ pub struct MountSegment {
     /// objects committed after that (written through shared memory while
     /// the store was down or scanning) are not in the inventory but intact.
     pub scan_age_ms: u64,
+    /// The segment's secret (from its superblock): a segment id the master
+    /// knows is mounted again only by whoever proves the same secret.
+    pub possession: [u8; 16],
 }
 
 impl Rpc for MountSegment {

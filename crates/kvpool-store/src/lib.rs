@@ -72,7 +72,13 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         .name
         .clone()
         .unwrap_or_else(|| node.endpoint().to_string());
-    node.add_segment(seg.id, &name, seg.region.clone(), kvpool_format::DATA_BASE);
+    node.add_segment(
+        seg.id,
+        seg.possession,
+        &name,
+        seg.region.clone(),
+        kvpool_format::DATA_BASE,
+    );
     info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
 
     let link = MasterLink::new(

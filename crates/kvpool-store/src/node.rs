@@ -27,11 +27,20 @@ const REPORT_CHUNK: usize = 16 * 1024;
 /// Inventory parts sent before the first is answered.
 const REPORTS_IN_FLIGHT: usize = 4;
 
+/// A segment this node lends: what the master is told, its proof of
+/// possession, and its memory.
+#[derive(Clone)]
+struct Lent {
+    info: SegmentInfo,
+    possession: [u8; 16],
+    region: Arc<MappedRegion>,
+}
+
 /// A running data-plane server and the segments it lends.
 pub struct DataNode {
     table: Arc<SegmentTable>,
     endpoint: String,
-    segments: Mutex<Vec<(SegmentInfo, Arc<MappedRegion>)>>,
+    segments: Mutex<Vec<Lent>>,
     tasks: TaskTracker,
 }
 
@@ -74,10 +83,12 @@ impl DataNode {
         &self.endpoint
     }
 
-    /// Serves `region` as segment `id`, object area starting at `base`.
+    /// Serves `region` as segment `id`, object area starting at `base`,
+    /// proving `possession` when mounting it.
     pub fn add_segment(
         &self,
         id: SegmentId,
+        possession: [u8; 16],
         name: &str,
         region: Arc<MappedRegion>,
         base: u64,
@@ -94,14 +105,19 @@ impl DataNode {
                 .map(|p| p.to_string_lossy().into_owned()),
         };
         self.table.insert(id, region.clone(), base);
-        self.segments.lock().push((info.clone(), region));
+        self.segments.lock().push(Lent {
+            info: info.clone(),
+            possession,
+            region,
+        });
         info
     }
 
     /// Serves an anonymous in-process segment of `size` bytes (embedded store).
     pub fn add_anonymous_segment(&self, name: &str, size: u64) -> std::io::Result<SegmentInfo> {
         let region = Arc::new(MappedRegion::anonymous(size)?);
-        Ok(self.add_segment(SegmentId(rand::random()), name, region, DATA_BASE))
+        let (id, possession) = (SegmentId(rand::random()), rand::random());
+        Ok(self.add_segment(id, possession, name, region, DATA_BASE))
     }
 
     /// Mounts every segment on the master (again, after a re-register),
@@ -109,8 +125,8 @@ impl DataNode {
     /// again (restart recovery).
     pub async fn mount_all(&self, link: &MasterLink) -> KvResult<()> {
         let segments = self.segments.lock().clone();
-        for (info, region) in segments {
-            mount_one(link, info, region).await?;
+        for lent in segments {
+            mount_one(link, lent).await?;
         }
         Ok(())
     }
@@ -118,7 +134,7 @@ impl DataNode {
     /// Asks the master to place nothing new on this node's segments, keeping
     /// their objects (best effort, before a restart).
     pub async fn drain_all(&self, link: &MasterLink) {
-        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|(s, _)| s.id).collect();
+        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|s| s.info.id).collect();
         for id in ids {
             let _ = link
                 .call_once(&kvpool_proto::msg::DrainSegment {
@@ -131,7 +147,7 @@ impl DataNode {
 
     /// Withdraws every segment from the master (best effort, on shutdown).
     pub async fn unmount_all(&self, link: &MasterLink) {
-        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|(s, _)| s.id).collect();
+        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|s| s.info.id).collect();
         for segment in ids {
             let _ = link
                 .call_once(&UnmountSegment {
@@ -186,11 +202,12 @@ async fn report(
 
 /// Scans one segment, mounts it with its inventory, and invalidates what the
 /// master rejects (removed, superseded or never committed objects).
-async fn mount_one(
-    link: &MasterLink,
-    info: SegmentInfo,
-    region: Arc<MappedRegion>,
-) -> KvResult<()> {
+async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
+    let Lent {
+        info,
+        possession,
+        region,
+    } = lent;
     let t0 = std::time::Instant::now();
     // A scan of a big segment takes seconds: off the runtime's workers.
     let (found, stats) = {
@@ -212,6 +229,7 @@ async fn mount_one(
             segment: info,
             objects: found.len() as u64,
             scan_age_ms: t0.elapsed().as_millis() as u64,
+            possession,
         })
         .await;
     match r {

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kvpool_format::superblock::{has_segment_magic, segment_id, write_superblock, DATA_BASE};
+use kvpool_format::superblock::{has_segment_magic, read_superblock, write_superblock, DATA_BASE};
 use kvpool_proto::msg::SegmentId;
 use kvpool_transfer::MappedRegion;
 use tracing::{info, warn};
@@ -21,6 +21,8 @@ pub const SEGMENT_FILE: &str = "segment.kvp";
 pub struct SegmentFile {
     /// Stable id, kept across restarts.
     pub id: SegmentId,
+    /// The secret that proves to the master this store holds the segment.
+    pub possession: [u8; 16],
     /// The mapped file.
     pub region: Arc<MappedRegion>,
     /// Held for the life of the store: the data dir is ours alone.
@@ -55,23 +57,32 @@ impl SegmentFile {
         // SAFETY: the superblock lies inside any segment larger than DATA_BASE,
         // and no connection is serving this region yet.
         let sb = unsafe { region.slice_mut(0, DATA_BASE) };
-        let id = match segment_id(sb, size) {
-            Some(id) => {
-                info!(segment = %id, path = %path.display(), "reopened segment");
-                id
+        let (id, possession) = match read_superblock(sb, size) {
+            Some(found) => {
+                info!(segment = %found.id, path = %path.display(), "reopened segment");
+                let possession = found.possession.unwrap_or_else(|| {
+                    // Format 1: same id, same objects, a secret added.
+                    let p = rand::random();
+                    write_superblock(sb, found.id, size, p);
+                    info!(segment = %found.id, "superblock upgraded to format 2 (proof of possession)");
+                    p
+                });
+                (found.id, possession)
             }
             None => {
                 let id = SegmentId(rand::random::<u128>());
                 if has_segment_magic(sb) {
                     warn!(path = %path.display(), "segment superblock does not match; re-initializing");
                 }
-                write_superblock(sb, id, size);
+                let possession = rand::random();
+                write_superblock(sb, id, size, possession);
                 info!(segment = %id, path = %path.display(), size, "created segment");
-                id
+                (id, possession)
             }
         };
         Ok(SegmentFile {
             id,
+            possession,
             region: Arc::new(region),
             _lock: lock,
         })

@@ -287,6 +287,7 @@ async fn each_role_does_only_what_it_may() {
         },
         objects: 0,
         scan_age_ms: 0,
+        possession: [0; 16],
     };
     let e = as_client
         .call_once(&fake)
@@ -438,4 +439,54 @@ async fn no_secret_means_loopback_only_and_a_keyed_client_refuses_it() {
         .err()
         .expect("a keyed client talked to an unauthenticated server");
     assert_eq!(e.code, Code::Unauthorized, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_cannot_take_over_another_stores_segment() {
+    let mut cluster = Cluster::builder().secured().start().await;
+    let kept = stored(&cluster, 20).await;
+    let victim = cluster.client().await.status().await.expect("status").segments[0]
+        .info
+        .clone();
+    // A holder of the store key, registered, mounts the victim's segment id
+    // with its own endpoint (to receive its reads and writes) and an empty
+    // inventory (to make the master forget its objects).
+    let thief = link_as(
+        &cluster,
+        Some(cluster.secrets.as_ref().expect("secured").key(Role::Store)),
+    );
+    thief.register().await.expect("register");
+    for objects in [0, 1] {
+        let grab = msg::MountSegment {
+            client_id: thief.client_id(),
+            segment: SegmentInfo {
+                endpoint: "127.0.0.1:1".into(),
+                ..victim.clone()
+            },
+            objects,
+            scan_age_ms: 0,
+            possession: rand::random(),
+        };
+        let e = thief
+            .call_once(&grab)
+            .await
+            .expect_err("a segment was taken over without its secret");
+        assert_eq!(e.code, Code::Unauthorized, "{e}");
+    }
+    let after = cluster.client().await.status().await.expect("status");
+    assert_eq!(after.segments[0].info.endpoint, victim.endpoint);
+    all_there(&cluster, &kept).await;
+    // Its own store, restarted on the same data dir, proves the secret
+    // from the superblock and gets its objects back.
+    cluster.kill9_store(0);
+    cluster.restart_store(0, None);
+    common::eventually("the restarted store's objects", Duration::from_secs(30), async || {
+        let c = cluster.client().await;
+        let mut ok = true;
+        for (key, value) in &kept {
+            ok &= c.get(key).await.ok().as_ref() == Some(value);
+        }
+        ok.then_some(())
+    })
+    .await;
 }

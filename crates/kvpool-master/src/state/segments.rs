@@ -29,6 +29,8 @@ pub(super) struct SegmentSlot {
     pub(super) draining: bool,
     /// Versions committed after this are not expected in the inventory.
     pub(super) scan_cutoff: Instant,
+    /// The secret a re-mount of this id must prove.
+    possession: [u8; 16],
 }
 
 impl MasterState {
@@ -36,6 +38,7 @@ impl MasterState {
     /// (reported next with [`Self::report_objects`]): the segment takes no
     /// new objects until it is complete. A segment still mounted under
     /// another client is taken over: its store restarted within the TTL.
+    /// (For tools and tests: every segment proves the same zero secret.)
     pub fn mount(
         &self,
         client: ClientId,
@@ -43,7 +46,7 @@ impl MasterState {
         objects: u64,
         now: Instant,
     ) -> KvResult<()> {
-        self.mount_scanned(client, info, objects, Duration::ZERO, now)
+        self.mount_scanned(client, info, objects, Duration::ZERO, [0; 16], now)
     }
 
     /// [`Self::mount`] for a store whose scan began `scan_age` ago: objects
@@ -54,6 +57,7 @@ impl MasterState {
         info: SegmentInfo,
         objects: u64,
         scan_age: Duration,
+        possession: [u8; 16],
         now: Instant,
     ) -> KvResult<()> {
         self.require_client(client, now)?;
@@ -71,6 +75,15 @@ impl MasterState {
         self.numbers.write().number(info.id);
         let mut segs = self.segments.write();
         if let Some(s) = segs.get_mut(&info.id) {
+            if !same_secret(&s.possession, &possession) {
+                return Err(KvError::new(
+                    Code::Unauthorized,
+                    format!(
+                        "segment {} is mounted and this store cannot prove it holds it",
+                        info.id
+                    ),
+                ));
+            }
             if (s.info.base, s.info.size) != (info.base, info.size) {
                 return Err(KvError::new(
                     Code::SegmentAlreadyExists,
@@ -105,6 +118,7 @@ impl MasterState {
                 recovering,
                 draining: false,
                 scan_cutoff: cutoff,
+                possession,
             },
         );
         Ok(())
@@ -514,4 +528,9 @@ impl MasterState {
             })
             .collect()
     }
+}
+
+/// Compares two secrets in time that does not depend on where they differ.
+fn same_secret(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
