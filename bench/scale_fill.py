@@ -27,10 +27,13 @@ p.add_argument("--keys", type=int, default=1_000_000)
 p.add_argument("--checkpoints", default="10000,100000,1000000")
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--value-size", type=int, default=64)
-p.add_argument("--samples", type=int, default=2000)
+p.add_argument("--samples", type=int, default=2000, help="single gets/puts timed per checkpoint")
+p.add_argument("--rounds", type=int, default=5,
+               help="samples and burst are split in this many rounds, 0.5 s apart; each figure is the "
+                    "median over rounds, so one transient (a page-fault storm, a GC) moves no figure")
 p.add_argument("--settle", type=float, default=3.0,
                help="seconds between the end of a fill and its samples, for both systems alike")
-p.add_argument("--burst", type=int, default=64, help="put_batch calls timed per checkpoint")
+p.add_argument("--burst", type=int, default=320, help="put_batch calls timed per checkpoint")
 a = p.parse_args()
 
 
@@ -49,6 +52,20 @@ def key(i):
 def pct(v, q):
     v = sorted(v)
     return v[min(len(v) - 1, int(q * len(v)))] * 1e6
+
+
+def median(v):
+    return sorted(v)[len(v) // 2]
+
+
+def timed(n, op):
+    """Latencies (s) of n calls of op()."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        op()
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 s = importlib.import_module(a.module).MooncakeDistributedStore()
@@ -77,46 +94,48 @@ for mark in marks:
         filled += n
     rate = (mark - (marks[marks.index(mark) - 1] if marks.index(mark) else 0)) / (time.time() - t)
     time.sleep(a.settle)
-    gets, puts = [], []
-    for _ in range(a.samples):
-        k = key(random.randrange(mark))
-        t0 = time.perf_counter()
-        got = s.get(k)
-        gets.append(time.perf_counter() - t0)
-        if got != value:
-            sys.exit(f"wrong or missing value for {k}")
-    cold_gets = []
-    for _ in range(a.samples if cold else 0):
-        k = key(random.randrange(mark))
-        t0 = time.perf_counter()
-        got = cold.get(k)
-        cold_gets.append(time.perf_counter() - t0)
-        if got != value:
-            sys.exit(f"wrong or missing value for {k} (uncached)")
-    t0 = time.perf_counter()
-    for _ in range(a.burst):
-        ks = [key(extra + i) for i in range(a.batch)]
-        extra += a.batch
-        if s.put_batch(ks, [value] * a.batch) != 0:
-            sys.exit("burst put_batch failed")
-    burst_rate = a.burst * a.batch / (time.perf_counter() - t0)
-    added += a.burst * a.batch + a.samples
-    for _ in range(a.samples):
-        t0 = time.perf_counter()
-        r = s.put(key(extra), value)
-        puts.append(time.perf_counter() - t0)
+    per = max(1, a.samples // a.rounds)
+    calls = max(1, a.burst // a.rounds)
+    gets, cold_gets, puts, bursts = [], [], [], []
+
+    def check_get(client, k, what):
+        if client.get(k) != value:
+            sys.exit(f"wrong or missing value for {k}{what}")
+
+    def put_one():
+        global extra
+        if s.put(key(extra), value) != 0:
+            sys.exit("put failed")
         extra += 1
-        if r != 0:
-            sys.exit(f"put returned {r}")
+
+    for _ in range(a.rounds):
+        gets.append(timed(per, lambda: check_get(s, key(random.randrange(mark)), "")))
+        if cold:
+            cold_gets.append(timed(per, lambda: check_get(cold, key(random.randrange(mark)), " (uncached)")))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            ks = [key(extra + i) for i in range(a.batch)]
+            extra += a.batch
+            if s.put_batch(ks, [value] * a.batch) != 0:
+                sys.exit("burst put_batch failed")
+        bursts.append(calls * a.batch / (time.perf_counter() - t0))
+        puts.append(timed(per, put_one))
+        added += calls * a.batch + per
+        time.sleep(0.5)
+    burst_rate = median(bursts)
+
+    def fig(rounds, q):
+        return round(median([pct(r, q) for r in rounds]), 1)
+
     mem = rss(a.master_pid) - base
     print(json.dumps({
         "system": a.system, "keys": mark, "master_rss_mib": round(rss(a.master_pid) / 2**20, 1),
         "bytes_per_key": round(mem / (mark + added), 1),
         "fill_keys_per_s": round(rate), "burst_put_keys_per_s": round(burst_rate),
-        "get_p50_us": round(pct(gets, 0.5), 1), "get_p99_us": round(pct(gets, 0.99), 1),
-        **({"uncached_get_p50_us": round(pct(cold_gets, 0.5), 1),
-            "uncached_get_p99_us": round(pct(cold_gets, 0.99), 1)} if cold_gets else {}),
-        "put_p50_us": round(pct(puts, 0.5), 1), "put_p99_us": round(pct(puts, 0.99), 1),
+        "get_p50_us": fig(gets, 0.5), "get_p99_us": fig(gets, 0.99),
+        **({"uncached_get_p50_us": fig(cold_gets, 0.5),
+            "uncached_get_p99_us": fig(cold_gets, 0.99)} if cold_gets else {}),
+        "put_p50_us": fig(puts, 0.5), "put_p99_us": fig(puts, 0.99),
     }), flush=True)
 s.close()
 if cold:

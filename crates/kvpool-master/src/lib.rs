@@ -16,6 +16,7 @@ pub mod placement;
 pub mod state;
 
 mod handlers;
+mod http_auth;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -479,7 +480,12 @@ pub async fn start(
         cfg.security.credentials.clone(),
         shutdown.clone(),
     ));
-    let router = http::admin_router(master.clone());
+    let keyring = cfg.security.credentials.as_ref();
+    let router = http_auth::protect(
+        http::admin_router(master.clone()),
+        keyring,
+        http_auth::admin_needs,
+    );
     let token = shutdown.clone();
     tasks.spawn(async move {
         if let Err(e) = http::serve(admin, router, token).await {
@@ -487,9 +493,11 @@ pub async fn start(
         }
     });
     if let Some(l) = metadata {
+        let metadata =
+            http_auth::protect(http::metadata_router(), keyring, http_auth::metadata_needs);
         let token = shutdown.clone();
         tasks.spawn(async move {
-            if let Err(e) = http::serve(l, http::metadata_router(), token).await {
+            if let Err(e) = http::serve(l, metadata, token).await {
                 tracing::error!(error = %e, "metadata HTTP server failed");
             }
         });

@@ -1596,8 +1596,15 @@ fn restarted_store_takes_over_its_segment() {
 
     let new = p.client(2);
     // The store's scan began well after those commits.
-    p.st.mount_scanned(new, segment(1, "a", MIB), 2, Duration::ZERO, [0; 16], p.at(5 * SEC))
-        .unwrap();
+    p.st.mount_scanned(
+        new,
+        segment(1, "a", MIB),
+        2,
+        Duration::ZERO,
+        [0; 16],
+        p.at(5 * SEC),
+    )
+    .unwrap();
     // The store found "kept" and the stale bytes of "removed"; "lost" was torn.
     let verdict =
         p.st.report_objects(

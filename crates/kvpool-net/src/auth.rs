@@ -193,6 +193,16 @@ impl Credentials {
         self.mac(&[b"kvpool subkey\0", label.as_bytes()])
     }
 
+    /// The bearer token of this key for the master's HTTP ports
+    /// (`Authorization: Bearer <token>`): 64 hex digits, proving this role
+    /// without revealing the key.
+    pub fn http_token(&self) -> String {
+        self.subkey("http bearer")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// The caller's proof in a handshake.
     pub fn client_proof(&self, client_nonce: &[u8; 16], server_nonce: &[u8; 16]) -> [u8; 32] {
         self.proof(b"kvpool client proof\0", client_nonce, server_nonce)

@@ -50,6 +50,12 @@ pub enum SecretCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Print the bearer token of the key given by --secret-file or the
+    /// environment, for the master's HTTP ports (`Authorization: Bearer`).
+    Token {
+        #[command(flatten)]
+        security: SecurityArgs,
+    },
     /// Print the key of a lower role (store, client), derived from the
     /// secret given by --secret-file or the environment.
     Derive {

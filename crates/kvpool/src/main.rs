@@ -143,6 +143,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Secret(cli::SecretCommand::Token { security }) => {
+            let own = security.to_security()?.credentials.ok_or_else(|| {
+                anyhow::anyhow!("no secret: pass --secret-file or set KVPOOL_SECRET_FILE")
+            })?;
+            println!("{}", own.http_token());
+        }
         Command::Secret(cli::SecretCommand::Derive { role, security }) => {
             let role = kvpool_net::auth::Role::parse(&role)
                 .ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (client, store, admin)"))?;

@@ -445,7 +445,13 @@ async fn no_secret_means_loopback_only_and_a_keyed_client_refuses_it() {
 async fn a_store_cannot_take_over_another_stores_segment() {
     let mut cluster = Cluster::builder().secured().start().await;
     let kept = stored(&cluster, 20).await;
-    let victim = cluster.client().await.status().await.expect("status").segments[0]
+    let victim = cluster
+        .client()
+        .await
+        .status()
+        .await
+        .expect("status")
+        .segments[0]
         .info
         .clone();
     // A holder of the store key, registered, mounts the victim's segment id
@@ -480,13 +486,70 @@ async fn a_store_cannot_take_over_another_stores_segment() {
     // from the superblock and gets its objects back.
     cluster.kill9_store(0);
     cluster.restart_store(0, None);
-    common::eventually("the restarted store's objects", Duration::from_secs(30), async || {
-        let c = cluster.client().await;
-        let mut ok = true;
-        for (key, value) in &kept {
-            ok &= c.get(key).await.ok().as_ref() == Some(value);
-        }
-        ok.then_some(())
-    })
+    common::eventually(
+        "the restarted store's objects",
+        Duration::from_secs(30),
+        async || {
+            let c = cluster.client().await;
+            let mut ok = true;
+            for (key, value) in &kept {
+                ok &= c.get(key).await.ok().as_ref() == Some(value);
+            }
+            ok.then_some(())
+        },
+    )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_takes_bearer_tokens_but_probes_stay_open() {
+    let meta_port = free_port().to_string();
+    let cluster = Cluster::builder()
+        .secured()
+        .master_flag("--enable-http-metadata-server", "true")
+        .master_flag("--http-metadata-server-port", &meta_port)
+        .start()
+        .await;
+    let secrets = cluster.secrets.as_ref().expect("secured");
+    let bearer = |role: Role| format!("Bearer {}", secrets.key(role).http_token());
+    let admin = &cluster.metrics_addr;
+    // Probes and scrapers need nothing.
+    for path in ["/health", "/metrics"] {
+        assert_eq!(common::http_get(admin, path).await.0, 200, "{path}");
+    }
+    // The admin API and status page: the admin's token only.
+    for path in ["/api/status", "/api/segments", "/"] {
+        assert_eq!(
+            common::http_get(admin, path).await.0,
+            401,
+            "{path} without a token"
+        );
+        for (role, code) in [(Role::Client, 403), (Role::Store, 403), (Role::Admin, 200)] {
+            let auth = bearer(role);
+            let got =
+                common::http_request(admin, "GET", path, &[("Authorization", &auth)], b"").await;
+            assert_eq!(got.0, code, "{path} with the {role} token: {}", got.1);
+        }
+        let forged = format!("Bearer {}", "0".repeat(64));
+        let got =
+            common::http_request(admin, "GET", path, &[("Authorization", &forged)], b"").await;
+        assert_eq!(got.0, 401, "{path} with a forged token");
+    }
+    // The metadata service: writes take a token, reads do not.
+    let meta = format!("127.0.0.1:{meta_port}");
+    let path = "/metadata?key=engine-1";
+    let got = common::http_request(&meta, "PUT", path, &[], b"forged").await;
+    assert_eq!(got.0, 401, "a metadata write without a token");
+    assert_eq!(
+        common::http_get(&meta, path).await.0,
+        404,
+        "nothing was stored"
+    );
+    let auth = bearer(Role::Client);
+    let got = common::http_request(&meta, "PUT", path, &[("Authorization", &auth)], b"real").await;
+    assert_eq!(got.0, 200, "{}", got.1);
+    assert_eq!(common::http_get(&meta, path).await, (200, "real".into()));
+    let got = common::http_request(&meta, "DELETE", path, &[], b"").await;
+    assert_eq!(got.0, 401, "a metadata delete without a token");
+    assert_eq!(common::http_get(&meta, path).await.0, 200, "still there");
 }

@@ -485,26 +485,47 @@ pub fn master_link(master: &str, hostname: &str) -> Arc<MasterLink> {
 
 /// A `GET` over a raw TCP connection; returns the status code and the body.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path, &[], b"").await
+}
+
+/// One HTTP/1.1 request with extra `headers` and `body`: the status code and
+/// the body of the answer.
+pub async fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let what = format!("{method} http://{addr}{path}");
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
         s.write_all(req.as_bytes()).await?;
+        s.write_all(body).await?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw).await?;
         Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
     };
     let raw = tokio::time::timeout(Duration::from_secs(10), exchange)
         .await
-        .unwrap_or_else(|_| panic!("GET http://{addr}{path} timed out"))
-        .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"));
+        .unwrap_or_else(|_| panic!("{what} timed out"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     let (head, body) = raw
         .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("GET {path}: no header end in {raw:?}"));
+        .unwrap_or_else(|| panic!("{what}: no header end in {raw:?}"));
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("GET {path}: bad status line in {head:?}"));
+        .unwrap_or_else(|| panic!("{what}: bad status line in {head:?}"));
     (code, body.to_string())
 }
 
