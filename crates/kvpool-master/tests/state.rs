@@ -1773,3 +1773,30 @@ fn unplaceable_segments_never_trigger_eviction() {
     assert!(p.st.heartbeat(c, late));
     p.commit(writer, "new", OBJ, late);
 }
+
+/// A store's inventory cannot outbid what this master committed, nor claim
+/// a generation nobody issued: a forged claim on a live key is rejected,
+/// the key keeps its version, and the generation counter does not wrap.
+#[test]
+fn an_inventory_cannot_outbid_this_masters_versions() {
+    let p = Pool::new(config());
+    let (s1, w, thief) = (p.client(1), p.client(2), p.client(3));
+    p.mount(s1, 1, "a", MIB);
+    let now = p.at(0);
+    let (g, _) = p.commit(w, "victim", OBJ, now);
+    p.st.mount(thief, segment(2, "b", MIB), 2, now).unwrap();
+    let claims = vec![
+        inventory("victim", g + 1, &region_at(BASE, OBJ)),
+        inventory("anything", u64::MAX, &region_at(BASE + OBJ, OBJ)),
+    ];
+    let v =
+        p.st.report_objects(thief, SegmentId(2), claims, true, now)
+            .unwrap();
+    assert_eq!(v.accepted, 0);
+    assert_eq!(v.rejected, vec![(BASE, g + 1), (BASE + OBJ, u64::MAX)]);
+    let got = p.get("victim", now).unwrap();
+    assert_eq!((got.generation, segment_ids(&got.replicas)), (g, vec![1]));
+    assert_eq!(code(p.get("anything", now)), OBJECT_NOT_FOUND);
+    let (next, _) = p.commit(w, "later", OBJ, now);
+    assert!(next > g && next < u64::MAX / 2, "{next} after {g}");
+}

@@ -118,7 +118,13 @@ pub struct MasterState {
     invalidated_through: AtomicU64,
     /// Serializes eviction passes so concurrent puts do not evict twice.
     evicting: Mutex<()>,
+    /// Generations start at the wall clock in nanoseconds when a master
+    /// starts leading and count up by one per put, so every generation ever
+    /// issued is below the clock (give or take skew).
     next_generation: AtomicU64,
+    /// The first generation of this master's term as leader: a version at or
+    /// above it was issued here, so an inventory cannot claim a newer one.
+    first_generation: AtomicU64,
     evictions: AtomicU64,
     /// Clients marked suspect, so reads skip the suspect check when none is.
     suspect_count: std::sync::atomic::AtomicUsize,
@@ -133,14 +139,21 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl MasterState {
+    /// Starts a term as leader: generations issued from now on are above
+    /// every one issued before (by this process or a previous leader).
+    pub fn begin_term(&self) {
+        let now = wall_nanos();
+        use std::sync::atomic::Ordering::Relaxed;
+        self.next_generation.fetch_max(now, Relaxed);
+        let first = self.next_generation.load(Relaxed);
+        self.first_generation.store(first, Relaxed);
+    }
+
     /// Empty state with `cfg`.
     pub fn new(cfg: StateConfig) -> Self {
         // Generations only need to differ between versions of one key; starting
         // from the wall clock keeps them increasing across master restarts.
-        let start = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
+        let start = wall_nanos();
         MasterState {
             cfg,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
@@ -152,6 +165,7 @@ impl MasterState {
             invalidated_through: AtomicU64::new(0),
             evicting: Mutex::new(()),
             next_generation: AtomicU64::new(start),
+            first_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
             suspect_count: Default::default(),
             epoch: Instant::now(),
@@ -271,4 +285,12 @@ impl MasterState {
             put_in_flight: shard.pending.contains_key(key),
         })
     }
+}
+
+/// The wall clock in nanoseconds since the Unix epoch (1 if it is before).
+pub(super) fn wall_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
 }

@@ -204,7 +204,13 @@ impl MasterState {
                 }
             }
         }
-        if let Some(max) = all.iter().map(|i| i.generation).max() {
+        let bound = self.generation_bound();
+        if let Some(max) = all
+            .iter()
+            .map(|i| i.generation)
+            .filter(|&g| g <= bound)
+            .max()
+        {
             self.next_generation.fetch_max(max + 1, Ordering::Relaxed);
         }
         let started = std::time::Instant::now();
@@ -216,6 +222,15 @@ impl MasterState {
         tracing::info!(segment = %id, accepted = verdict.accepted, rejected = verdict.rejected.len(),
             fresh, reconcile_ms = started.elapsed().as_millis() as u64, "inventory reconciled");
         Ok(verdict)
+    }
+
+    /// The highest generation an inventory may claim: what this master will
+    /// issue next or the wall clock, plus a minute for clocks that differ
+    /// between the masters of a pool (or were stepped back).
+    fn generation_bound(&self) -> u64 {
+        const SKEW_NS: u64 = 60_000_000_000;
+        let issued = self.next_generation.load(Ordering::Relaxed);
+        issued.max(super::wall_nanos()).saturating_add(SKEW_NS)
     }
 
     /// A segment new to this master (after a master restart or failover, or a
@@ -234,12 +249,25 @@ impl MasterState {
             return v;
         };
         let at = self.tick(now);
+        let bound = self.generation_bound();
         debug_assert_eq!(items.len(), regions.len());
         for (it, region) in items.into_iter().zip(regions) {
             let mut shard = self.shard(&it.key).lock();
             let objects = &mut shard.objects;
+            let first = self.first_generation.load(Ordering::Relaxed);
             let keep = match objects.find(&it.key) {
+                // Never issued by anyone: forged (or a clock far off).
+                _ if it.generation > bound => false,
                 Some(i) if objects.at(i).generation > it.generation => false,
+                // This master issued the version it holds, so it would have
+                // issued the newer one too, and committed it: forged, or a
+                // put that never committed.
+                Some(i)
+                    if objects.at(i).generation >= first
+                        && it.generation > objects.at(i).generation =>
+                {
+                    false
+                }
                 Some(i) if objects.at(i).generation == it.generation => {
                     objects.add_replica(i, no, region);
                     true
