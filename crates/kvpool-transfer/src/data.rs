@@ -14,7 +14,8 @@ use kvpool_format::FIXED_LEN;
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
-use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
+use kvpool_proto::limits::check_batch;
+use kvpool_proto::msg::{self, InvalidateReq, ReadReq, Rpc, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
@@ -146,7 +147,10 @@ async fn data_conn(
             (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
                 region_for(table, req.segment, req.offset, req.len).map(|r| Reply::Region(r, req))
             }),
-            (FrameKind::Request, Opcode::Invalidate) => msg::decode::<InvalidateReq>(meta)
+            // More regions than a batch may carry are refused before decoding.
+            (FrameKind::Request, Opcode::Invalidate) => InvalidateReq::batch_len(meta)
+                .map_or(Ok(()), |n| check_batch("Invalidate", n))
+                .and_then(|()| msg::decode::<InvalidateReq>(meta))
                 .and_then(|req| invalidate(table, &req))
                 .map(|n| Reply::Message(msg::encode(&n))),
             _ => Err(KvError::new(
