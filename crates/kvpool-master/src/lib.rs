@@ -13,6 +13,7 @@ pub mod ha;
 pub mod http;
 pub mod metrics;
 pub mod placement;
+pub mod refusals;
 pub mod state;
 
 mod handlers;
@@ -36,6 +37,7 @@ use tracing::info;
 use handlers::{handle, Ctx};
 
 pub use metrics::Metrics;
+pub use refusals::{Refusal, Refusals};
 pub use state::{MasterState, StateConfig};
 
 /// Settings of `kvpool master` (flags are defined by the binary).
@@ -136,9 +138,11 @@ impl Master {
 
     /// A master with empty state whose timers stop with `shutdown`.
     fn with_shutdown(cfg: StateConfig, shutdown: CancellationToken) -> Arc<Self> {
+        let state = MasterState::new(cfg);
+        let metrics = Metrics::new(state.refusals());
         Arc::new_cyclic(|me| Master {
-            state: MasterState::new(cfg),
-            metrics: Metrics::default(),
+            state,
+            metrics,
             evict_soon: Notify::new(),
             invalidate_now: Notify::new(),
             invalidated: tokio::sync::watch::Sender::new(0),
@@ -567,6 +571,62 @@ mod tests {
             master.background.close();
             master.background.wait().await;
         }
+    }
+
+    /// A remove-by-regex is refused before any walk when its pattern is
+    /// over 4 KiB or compiles past the size limit; a plain one works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regex_removals_are_bounded_before_they_walk() {
+        let master = Master::new(StateConfig::default());
+        let remove = |pattern: String| {
+            let req = msg::encode(&msg::RemoveByRegex {
+                pattern,
+                force: true,
+            });
+            master.handle(Opcode::RemoveByRegex, &req).0
+        };
+        let long = remove("a".repeat(4097)).unwrap_err();
+        assert_eq!(long.code, Code::InvalidParams);
+        assert!(long.message.contains("4096"), "{long}");
+        // A few bytes that expand to megabytes of automaton.
+        let bomb = remove(r"\w{1000}".into()).unwrap_err();
+        assert_eq!(bomb.code, Code::InvalidParams);
+        assert!(bomb.message.contains("compiles to more than"), "{bomb}");
+        let r = master.state.refusals();
+        assert_eq!(r.count(Refusal::RegexPattern), 1);
+        assert_eq!(r.count(Refusal::RegexSize), 1);
+        let bad = remove("(".into()).unwrap_err();
+        assert!(bad.message.contains("bad regex"), "{bad}");
+        assert_eq!(
+            r.count(Refusal::RegexSize),
+            1,
+            "a syntax error is no refusal"
+        );
+        let ok = remove("^k-[0-9]+$".into()).expect("a plain regex");
+        assert_eq!(msg::decode::<u64>(&ok).unwrap(), 0);
+    }
+
+    /// A batch over the item limit is refused from its length prefix,
+    /// whatever its items; one at the limit is answered per key.
+    #[test]
+    fn batches_over_the_limit_are_refused_whole() {
+        let master = Master::new(StateConfig::default());
+        let keys = |n: usize| (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>();
+        let exist = |n| msg::encode(&msg::Exist { keys: keys(n) });
+        let over = master.handle(Opcode::Exist, &exist(kvpool_proto::MAX_BATCH_KEYS + 1));
+        let e = over.0.unwrap_err();
+        assert_eq!(e.code, Code::InvalidParams);
+        assert!(e.message.contains("16384"), "{e}");
+        assert_eq!(master.state.refusals().count(Refusal::BatchKeys), 1);
+        let at = master.handle(Opcode::Exist, &exist(kvpool_proto::MAX_BATCH_KEYS));
+        let answers: Vec<msg::WireResult<u64>> = msg::decode(&at.0.unwrap()).unwrap();
+        assert_eq!(answers.len(), kvpool_proto::MAX_BATCH_KEYS);
+        // A claimed count is refused before the bytes for it are looked at.
+        let mut lying = msg::encode(&msg::GetReplicaList { keys: keys(1) });
+        lying[0] = 0xff;
+        lying.insert(1, 0xff);
+        let e = master.handle(Opcode::GetReplicaList, &lying).0.unwrap_err();
+        assert!(e.message.contains("exceeds the limit"), "{e}");
     }
 
     /// A lease granted under paused time blocks remove until it runs out.

@@ -23,6 +23,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::alloc::Region;
+use crate::refusals::Refusals;
 
 mod clients;
 mod evict;
@@ -126,6 +127,8 @@ pub struct MasterState {
     epoch: Instant,
     /// Picks a key's shard.
     shard_hasher: foldhash::fast::RandomState,
+    /// Requests refused by a limit.
+    refusals: Refusals,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -156,7 +159,13 @@ impl MasterState {
             suspect_count: Default::default(),
             epoch: Instant::now(),
             shard_hasher: Default::default(),
+            refusals: Refusals::default(),
         }
+    }
+
+    /// Requests refused by a limit, counted per reason.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
     }
 
     /// `t` as a [`Tick`] (times before the epoch count as the epoch).

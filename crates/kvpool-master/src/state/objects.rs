@@ -203,12 +203,12 @@ impl MasterState {
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let soft_pin_until = match config.with_soft_pin {
-            true => self.tick(
-                now + config
-                    .soft_pin_ttl_ms
-                    .map(Duration::from_millis)
-                    .unwrap_or(self.cfg.soft_pin_ttl),
-            ),
+            true => {
+                let ttl = config.soft_pin_ttl_ms.map(Duration::from_millis);
+                // A TTL past the end of time pins for as long as there is.
+                now.checked_add(ttl.unwrap_or(self.cfg.soft_pin_ttl))
+                    .map_or(Tick(u64::MAX), |t| self.tick(t))
+            }
             false => Tick(0),
         };
         let described = self.describe(&replicas);
@@ -281,6 +281,7 @@ impl MasterState {
         generation: u64,
         now: Instant,
     ) -> KvResult<()> {
+        validate_key(key)?;
         let mut shard = self.shard(key).lock();
         match shard.pending.get(key) {
             Some(p) if p.version.generation == generation => {
@@ -327,6 +328,7 @@ impl MasterState {
     pub fn put_revoke(&self, client: ClientId, keys: &[String]) -> Vec<KvResult<()>> {
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 let mut shard = self.shard(k).lock();
                 let p = self.take_pending(&mut shard, client, k)?;
                 drop(shard);
@@ -341,6 +343,7 @@ impl MasterState {
         let suspect = self.suspect_segments();
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 let mut shard = self.shard(k).lock();
                 let objects = &mut shard.objects;
                 let i = objects.find(k).ok_or_else(|| {
@@ -373,6 +376,9 @@ impl MasterState {
         items
             .iter()
             .map(|it| {
+                if validate_key(&it.key).is_err() {
+                    return false;
+                }
                 let at = now
                     .checked_sub(Duration::from_micros(it.age_us))
                     .unwrap_or(now);
@@ -395,6 +401,7 @@ impl MasterState {
     pub fn exist(&self, keys: &[String]) -> Vec<KvResult<u64>> {
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 self.shard(k)
                     .lock()
                     .objects
@@ -433,6 +440,7 @@ impl MasterState {
     pub fn remove(&self, keys: &[String], force: bool, now: Instant) -> Vec<KvResult<()>> {
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 let v = self.remove_in(&mut self.shard(k).lock(), k, force, now)?;
                 // A forced remove frees at once, as the caller asked; a reader still
                 // in flight on it fails its header or checksum check, never returns

@@ -476,7 +476,8 @@ impl MasterState {
                 free: s.alloc.lock().largest_free(),
             })
             .collect();
-        let mut got = Vec::with_capacity(replica_num);
+        // `replica_num` is the caller's: never reserve room beyond the segments.
+        let mut got = Vec::with_capacity(replica_num.min(views.len()));
         for id in placement::order(&views, region_len, preferred) {
             if got.len() == replica_num {
                 break;
