@@ -86,7 +86,7 @@ impl Handle for msg::RegisterClient {
         cx.check_name("hostname", &self.hostname)?;
         cx.master.metrics.record(Self::OPCODE, 0, 0);
         let s = &cx.master.state;
-        let reply = s.register_client(self.client_id, &self.hostname, cx.now);
+        let reply = s.register_client(self.client_id, &self.hostname, cx.now)?;
         info!(client = %self.client_id, hostname = %self.hostname, "client registered");
         Ok(reply)
     }

@@ -38,7 +38,7 @@ use handlers::{handle, Ctx};
 
 pub use metrics::Metrics;
 pub use refusals::{Refusal, Refusals};
-pub use state::{MasterState, StateConfig};
+pub use state::{ClientLimits, MasterState, StateConfig};
 
 /// Settings of `kvpool master` (flags are defined by the binary).
 #[derive(Debug, Clone)]
@@ -380,6 +380,12 @@ pub async fn start(
             "client TTL and lease TTL must be positive".into(),
         ));
     }
+    let l = &st.limits;
+    if l.max_clients == 0 || l.max_segments_per_client == 0 || l.max_pending_per_client == 0 {
+        return Err(MasterError::Config(
+            "client, segment and pending-put limits must be positive".into(),
+        ));
+    }
     let rpc = bind(&cfg.rpc_address, cfg.rpc_port).await?;
     let admin = bind(&cfg.metrics_address, cfg.metrics_port).await?;
     let metadata = if cfg.enable_http_metadata_server {
@@ -502,8 +508,8 @@ mod tests {
         tokio::spawn(tasks::sweeper(master.clone(), shutdown.clone()));
         let s = &master.state;
         let (silent, alive) = (ClientId(1), ClientId(2));
-        s.register_client(silent, "silent", Instant::now());
-        s.register_client(alive, "alive", Instant::now());
+        s.register_client(silent, "silent", Instant::now()).unwrap();
+        s.register_client(alive, "alive", Instant::now()).unwrap();
         s.mount(silent, segment(1), 0, Instant::now()).unwrap();
         s.mount(alive, segment(2), 0, Instant::now()).unwrap();
         let item = PutItem {
@@ -545,7 +551,10 @@ mod tests {
             let shutdown = CancellationToken::new();
             let master = Master::with_shutdown(StateConfig::default(), shutdown.clone());
             let c = ClientId(1);
-            master.state.register_client(c, "c", Instant::now());
+            master
+                .state
+                .register_client(c, "c", Instant::now())
+                .unwrap();
             master
                 .state
                 .mount(c, segment(1), 0, Instant::now())
@@ -635,7 +644,7 @@ mod tests {
         let master = Master::new(StateConfig::default());
         let s = &master.state;
         let c = ClientId(7);
-        s.register_client(c, "c", Instant::now());
+        s.register_client(c, "c", Instant::now()).unwrap();
         s.mount(c, segment(1), 0, Instant::now()).unwrap();
         let item = PutItem {
             key: "k".into(),

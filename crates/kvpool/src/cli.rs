@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
-use kvpool_master::{MasterConfig, StateConfig};
+use kvpool_master::{ClientLimits, MasterConfig, StateConfig};
 use kvpool_proto::msg::ClusterStatus;
 use kvpool_proto::units::{parse_duration, parse_size};
 
@@ -119,6 +119,23 @@ pub struct MasterArgs {
     /// A put not committed within this long is revoked.
     #[arg(long, env = "KVPOOL_PUT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub put_timeout: Duration,
+    /// Most registered clients (stores included); new ones beyond are
+    /// refused, registered ones keep working.
+    #[arg(long, env = "KVPOOL_MAX_CLIENTS", default_value_t = 10_000)]
+    pub max_clients: usize,
+    /// Most segments one client or store may lend.
+    #[arg(long, env = "KVPOOL_MAX_SEGMENTS_PER_CLIENT", default_value_t = 64)]
+    pub max_segments_per_client: usize,
+    /// Most puts one client may have started and not yet committed.
+    #[arg(
+        long,
+        env = "KVPOOL_MAX_PENDING_PUTS_PER_CLIENT",
+        default_value_t = 1_000_000
+    )]
+    pub max_pending_puts_per_client: u64,
+    /// Most bytes of hard-pinned objects (all replicas) one client may hold.
+    #[arg(long, env = "KVPOOL_MAX_HARD_PINNED_PER_CLIENT", default_value = "64GiB", value_parser = parse_size)]
+    pub max_hard_pinned_per_client: u64,
     /// Elect a leader among masters through etcd; standbys take over when it dies.
     #[arg(long, alias = "enable_ha", env = "KVPOOL_ENABLE_HA", num_args = 0..=1,
           default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
@@ -172,6 +189,12 @@ impl MasterArgs {
                 client_ttl: self.client_ttl,
                 store_grace: self.store_grace,
                 pending_ttl: self.put_timeout,
+                limits: ClientLimits {
+                    max_clients: self.max_clients,
+                    max_segments_per_client: self.max_segments_per_client,
+                    max_pending_per_client: self.max_pending_puts_per_client,
+                    max_hard_pinned_per_client: self.max_hard_pinned_per_client,
+                },
             },
         })
     }

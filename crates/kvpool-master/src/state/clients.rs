@@ -12,6 +12,7 @@ use kvpool_proto::{Code, KvError, KvResult};
 use tokio::time::Instant;
 
 use super::*;
+use crate::refusals::Refusal;
 
 /// A registered client (or store) and when it was last heard from.
 pub(super) struct ClientEntry {
@@ -34,23 +35,45 @@ impl ClientEntry {
 }
 
 impl MasterState {
-    /// Registers (or refreshes) a client.
-    pub fn register_client(&self, id: ClientId, hostname: &str, now: Instant) -> RegisterReply {
-        let old = self.clients.lock().insert(
-            id,
-            ClientEntry {
-                last_seen: now,
-                hostname: hostname.to_string(),
-                suspect: false,
-            },
-        );
+    /// Registers (or refreshes) a client. A new client beyond
+    /// [`ClientLimits::max_clients`](super::ClientLimits) is refused with
+    /// `UNAVAILABLE_IN_CURRENT_STATUS` (a store retries until one leaves);
+    /// a registered one always refreshes.
+    pub fn register_client(
+        &self,
+        id: ClientId,
+        hostname: &str,
+        now: Instant,
+    ) -> KvResult<RegisterReply> {
+        let max = self.cfg.limits.max_clients;
+        let old = {
+            let mut clients = self.clients.lock();
+            if clients.len() >= max && !clients.contains_key(&id) {
+                drop(clients);
+                return Err(self.refusals.refuse(
+                    Refusal::Clients,
+                    KvError::new(
+                        Code::UnavailableInCurrentStatus,
+                        format!("{max} clients are registered, the limit: client {id} ({hostname}) refused"),
+                    ),
+                ));
+            }
+            clients.insert(
+                id,
+                ClientEntry {
+                    last_seen: now,
+                    hostname: hostname.to_string(),
+                    suspect: false,
+                },
+            )
+        };
         if old.is_some_and(|c| c.suspect) {
             self.suspect_count.fetch_sub(1, Ordering::Relaxed);
         }
-        RegisterReply {
+        Ok(RegisterReply {
             heartbeat_interval_ms: ms(self.cfg.client_ttl / 4).max(1),
             client_ttl_ms: ms(self.cfg.client_ttl),
-        }
+        })
     }
 
     /// Records a heartbeat; false when the client is unknown (it must register).
@@ -185,6 +208,7 @@ impl MasterState {
                 let stale = dead.contains(&p.owner)
                     || now.saturating_duration_since(p.started) > self.cfg.pending_ttl;
                 if stale {
+                    self.forget_pending(p);
                     freed.push((p.version.replicas.clone(), p.version.generation));
                 }
                 !stale
