@@ -1905,6 +1905,35 @@ fn hard_pins_beyond_the_per_client_limit_are_refused() {
     assert_eq!(p.st.held_by(c), (0, OBJ));
 }
 
+/// Every put asks which segments take objects; that answer once walked
+/// every registered client, so 300k client ids made each put 3000x slower.
+/// Now it costs one look-up per segment owner.
+#[test]
+fn puts_cost_the_same_with_300k_registered_clients() {
+    let time_puts = |clients: u128| {
+        let p = Pool::new(limited(|l| l.max_clients = 400_000));
+        let c = p.client(1);
+        p.mount(c, 1, "a", 64 * MIB);
+        for id in 2..=clients {
+            p.st.register_client(ClientId(id), "h", p.t0).unwrap();
+        }
+        let started = std::time::Instant::now();
+        for i in 0..2000 {
+            p.st.put_start(c, &[item(&format!("k{i}"), KIB)], &replicas(1), false, p.t0)[0]
+                .as_ref()
+                .expect("put");
+        }
+        started.elapsed()
+    };
+    let few = time_puts(1);
+    let many = time_puts(300_000);
+    // Walking 300k clients per put took seconds for these 2000 puts.
+    assert!(
+        many < few * 10 + Duration::from_millis(200),
+        "2000 puts: {few:?} with 1 client, {many:?} with 300k"
+    );
+}
+
 /// Numbers a caller chooses freely cannot make the master allocate for
 /// them or overflow its clock: a replica count of u32::MAX places as many
 /// replicas as there are segments, a soft pin of u64::MAX ms pins for good.

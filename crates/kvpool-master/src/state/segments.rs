@@ -493,7 +493,8 @@ impl MasterState {
     /// Segments that may take new objects now: not recovering an inventory,
     /// not draining, and with an owner that heartbeats.
     pub(super) fn placeable(&self, now: Instant) -> HashSet<SegmentId> {
-        let late = self.late_owners(now);
+        let owners: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
+        let late = self.late_owners(owners, now);
         self.segments
             .read()
             .values()
