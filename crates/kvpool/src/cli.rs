@@ -18,6 +18,19 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The per-address connection cap of the servers this command runs, if
+    /// it runs any.
+    pub fn max_connections_per_ip(&self) -> Option<usize> {
+        match &self.command {
+            Command::Master(m) => Some(m.max_connections_per_ip),
+            Command::Up(u) => Some(u.master.max_connections_per_ip),
+            Command::Store(s) => Some(s.max_connections_per_ip),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the metadata master.
@@ -136,6 +149,10 @@ pub struct MasterArgs {
     /// Most bytes of hard-pinned objects (all replicas) one client may hold.
     #[arg(long, env = "KVPOOL_MAX_HARD_PINNED_PER_CLIENT", default_value = "64GiB", value_parser = parse_size)]
     pub max_hard_pinned_per_client: u64,
+    /// Connections one peer IP address may hold on the RPC port (0: no
+    /// per-address cap; the port takes 8192 in all).
+    #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
+    pub max_connections_per_ip: usize,
     /// Elect a leader among masters through etcd; standbys take over when it dies.
     #[arg(long, alias = "enable_ha", env = "KVPOOL_ENABLE_HA", num_args = 0..=1,
           default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
@@ -223,6 +240,10 @@ pub struct StoreArgs {
     /// On SIGTERM, keep serving this long after new placements stop.
     #[arg(long, env = "KVPOOL_SHUTDOWN_GRACE", default_value = "1s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// Connections one peer IP address may hold on the data port (0: no
+    /// per-address cap; the port takes 8192 in all).
+    #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
+    pub max_connections_per_ip: usize,
 }
 
 impl StoreArgs {
