@@ -55,6 +55,8 @@ pub struct MasterConfig {
     pub enable_http_metadata_server: bool,
     /// Port of the metadata service (default 8080).
     pub http_metadata_server_port: u16,
+    /// Connection, timeout and size limits of the HTTP listeners.
+    pub http: http::HttpLimits,
     /// Leases, pins, eviction and liveness.
     pub state: StateConfig,
     /// Leadership through etcd; `None` runs a single master.
@@ -73,6 +75,7 @@ impl Default for MasterConfig {
             metrics_port: 9003,
             enable_http_metadata_server: false,
             http_metadata_server_port: 8080,
+            http: http::HttpLimits::default(),
             state: StateConfig::default(),
             ha: None,
             recovery_grace: Duration::ZERO,
@@ -380,10 +383,17 @@ pub async fn start(
             "client TTL and lease TTL must be positive".into(),
         ));
     }
-    let l = &st.limits;
-    if l.max_clients == 0 || l.max_segments_per_client == 0 || l.max_pending_per_client == 0 {
+    let (l, h) = (&st.limits, &cfg.http);
+    if l.max_clients == 0
+        || l.max_segments_per_client == 0
+        || l.max_pending_per_client == 0
+        || h.max_connections == 0
+        || h.metadata_max_keys == 0
+        || h.header_read_timeout.is_zero()
+        || h.request_timeout.is_zero()
+    {
         return Err(MasterError::Config(
-            "client, segment and pending-put limits must be positive".into(),
+            "client, connection and metadata limits and HTTP timeouts must be positive".into(),
         ));
     }
     let rpc = bind(&cfg.rpc_address, cfg.rpc_port).await?;
@@ -441,16 +451,17 @@ pub async fn start(
         shutdown.clone(),
     ));
     let router = http::admin_router(master.clone());
-    let token = shutdown.clone();
+    let (token, m, limits) = (shutdown.clone(), master.clone(), cfg.http.clone());
     tasks.spawn(async move {
-        if let Err(e) = http::serve(admin, router, token).await {
+        if let Err(e) = http::serve(admin, router, &limits, m, token).await {
             tracing::error!(error = %e, "admin HTTP server failed");
         }
     });
     if let Some(l) = metadata {
-        let token = shutdown.clone();
+        let (token, m, limits) = (shutdown.clone(), master.clone(), cfg.http.clone());
         tasks.spawn(async move {
-            if let Err(e) = http::serve(l, http::metadata_router(), token).await {
+            let router = http::metadata_router(&limits, m.clone());
+            if let Err(e) = http::serve(l, router, &limits, m, token).await {
                 tracing::error!(error = %e, "metadata HTTP server failed");
             }
         });

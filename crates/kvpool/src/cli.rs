@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
+use kvpool_master::http::HttpLimits;
 use kvpool_master::{ClientLimits, MasterConfig, StateConfig};
 use kvpool_proto::msg::ClusterStatus;
 use kvpool_proto::units::{parse_duration, parse_size};
@@ -153,6 +154,25 @@ pub struct MasterArgs {
     /// per-address cap; the port takes 8192 in all).
     #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
     pub max_connections_per_ip: usize,
+    /// Connections each HTTP listener (metrics/admin, metadata) serves at once.
+    #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// An HTTP request header must arrive within this long, else the
+    /// connection is closed (idle keep-alive connections too).
+    #[arg(long, env = "KVPOOL_HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub http_header_read_timeout: Duration,
+    /// An HTTP request, body included, must be handled within this long (408 after).
+    #[arg(long, env = "KVPOOL_HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub http_request_timeout: Duration,
+    /// Largest value the transfer-metadata service stores (413 beyond).
+    #[arg(long, env = "KVPOOL_METADATA_MAX_VALUE_SIZE", default_value = "1MiB", value_parser = parse_size)]
+    pub metadata_max_value_size: u64,
+    /// Most keys the transfer-metadata service holds (507 beyond).
+    #[arg(long, env = "KVPOOL_METADATA_MAX_KEYS", default_value_t = 100_000)]
+    pub metadata_max_keys: usize,
+    /// Most bytes of keys and values the transfer-metadata service holds (507 beyond).
+    #[arg(long, env = "KVPOOL_METADATA_MAX_BYTES", default_value = "256MiB", value_parser = parse_size)]
+    pub metadata_max_bytes: u64,
     /// Elect a leader among masters through etcd; standbys take over when it dies.
     #[arg(long, alias = "enable_ha", env = "KVPOOL_ENABLE_HA", num_args = 0..=1,
           default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
@@ -198,6 +218,14 @@ impl MasterArgs {
             metrics_port: self.metrics_port,
             enable_http_metadata_server: self.enable_http_metadata_server,
             http_metadata_server_port: self.http_metadata_server_port,
+            http: HttpLimits {
+                max_connections: self.http_max_connections,
+                header_read_timeout: self.http_header_read_timeout,
+                request_timeout: self.http_request_timeout,
+                metadata_max_value: usize::try_from(self.metadata_max_value_size)?,
+                metadata_max_keys: self.metadata_max_keys,
+                metadata_max_bytes: self.metadata_max_bytes,
+            },
             state: StateConfig {
                 lease_ttl: self.default_kv_lease_ttl,
                 soft_pin_ttl: self.default_kv_soft_pin_ttl,
