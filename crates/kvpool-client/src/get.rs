@@ -372,10 +372,10 @@ impl Client {
         if ask.is_empty() {
             return out;
         }
-        let req = msg::GetReplicaList {
-            keys: ask.iter().map(|&i| keys[i].to_string()).collect(),
-        };
-        for (&i, l) in ask.iter().zip(self.call_each(&req, ask.len()).await) {
+        let asked: Vec<String> = ask.iter().map(|&i| keys[i].to_string()).collect();
+        let list = |keys| msg::GetReplicaList { keys };
+        let located = self.call_split(asked, String::as_str, list).await;
+        for (&i, l) in ask.iter().zip(located) {
             out[i] = l.map(|location| {
                 self.inner.cache.insert(keys[i], location.clone(), Some(t0));
                 Found {

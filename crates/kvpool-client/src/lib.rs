@@ -167,17 +167,22 @@ async fn report_touches(link: Arc<MasterLink>, cache: Arc<LocationCache>, stop: 
         if items.is_empty() {
             continue;
         }
-        let touch = msg::Touch { items };
-        match tokio::time::timeout(TOUCH_EVERY * 5, link.call(&touch)).await {
-            Ok(Ok(renewed)) => {
-                for ((it, at), ok) in touch.items.iter().zip(read_at).zip(renewed) {
-                    if ok {
-                        cache.renewed(&it.key, it.generation, at);
+        // As many requests as the master's batch limits ask for.
+        let mut read_at = read_at.into_iter();
+        for items in rpc::split_batch(items, |i| &i.key) {
+            let at: Vec<_> = read_at.by_ref().take(items.len()).collect();
+            let touch = msg::Touch { items };
+            match tokio::time::timeout(TOUCH_EVERY * 5, link.call(&touch)).await {
+                Ok(Ok(renewed)) => {
+                    for ((it, at), ok) in touch.items.iter().zip(at).zip(renewed) {
+                        if ok {
+                            cache.renewed(&it.key, it.generation, at);
+                        }
                     }
                 }
+                Ok(Err(e)) => tracing::debug!(error = %e, "cached reads not reported"),
+                Err(_) => tracing::debug!("cached reads not reported in time"),
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, "cached reads not reported"),
-            Err(_) => tracing::debug!("cached reads not reported in time"),
         }
     }
 }

@@ -115,13 +115,16 @@ impl Client {
         if put_items.is_empty() {
             return results;
         }
-        let start = msg::PutStart {
-            client_id: self.client_id(),
-            items: put_items,
+        let client_id = self.client_id();
+        let start = |items| msg::PutStart {
+            client_id,
+            items,
             config: config.clone(),
             upsert,
         };
-        let grants = self.call_each(&start, index.len()).await;
+        let grants = self
+            .call_split(put_items, |i: &PutItem| &i.key, start)
+            .await;
         let mut granted = Vec::new();
         for (&i, g) in index.iter().zip(grants) {
             match g {
@@ -178,22 +181,17 @@ impl Client {
         }
         if !revoke.is_empty() {
             // Best effort: the master also revokes puts that are never ended.
-            let client_id = self.client_id();
-            let _ = self
-                .call(&msg::PutRevoke {
-                    client_id,
-                    keys: revoke,
-                })
-                .await;
+            let keys = |keys| msg::PutRevoke { client_id, keys };
+            let _ = self.call_split(revoke, String::as_str, keys).await;
         }
         if commit.is_empty() {
             return results;
         }
-        let end = msg::PutEnd {
-            client_id: self.client_id(),
-            items: commit.iter().map(|(_, c)| c.clone()).collect(),
-        };
-        let ended = self.call_each(&end, commit.len()).await;
+        let ends: Vec<msg::PutEndItem> = commit.iter().map(|(_, c)| c.clone()).collect();
+        let end = |items| msg::PutEnd { client_id, items };
+        let ended = self
+            .call_split(ends, |i: &msg::PutEndItem| &i.key, end)
+            .await;
         for ((h, _), r) in commit.iter().zip(ended) {
             let (i, generation, _, replicas) = &headers[*h];
             if r.is_ok() {

@@ -40,10 +40,9 @@ impl Client {
                 .map(|k| validate_key(k).and(Err(e.clone())))
                 .collect();
         }
-        let req = msg::Exist {
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-        };
-        self.call_each(&req, keys.len()).await
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let exist = |keys| msg::Exist { keys };
+        self.call_split(keys, String::as_str, exist).await
     }
 
     /// Removes `key`; `force` ignores a live read lease.
@@ -53,11 +52,9 @@ impl Client {
 
     /// Removes many keys; one result per key.
     pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<KvResult<()>> {
-        let req = msg::Remove {
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-            force,
-        };
-        let out = self.call_each(&req, keys.len()).await;
+        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let remove = |keys| msg::Remove { keys, force };
+        let out = self.call_split(owned, String::as_str, remove).await;
         for k in keys {
             self.inner.cache.forget(k);
         }

@@ -1,11 +1,34 @@
 //! Calls to the master: the one place the client reaches its link, so the
-//! retry policy, the client id and the spreading of batch answers over keys
+//! retry policy, the client id, the splitting of big batches into requests
+//! within the master's limits and the spreading of batch answers over keys
 //! are written once.
 
+use futures::StreamExt;
+use kvpool_proto::limits::{batch_chunks, ITEM_OVERHEAD};
 use kvpool_proto::msg::{self, ClientId, Rpc, WireResult};
 use kvpool_proto::{Code, KvError, KvResult};
 
 use crate::Client;
+
+/// Requests of one split batch in flight at once: the master works on
+/// several while the next is encoded, without one caller taking every
+/// connection of the pool.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// Splits `items` into batches the master accepts: at most
+/// [`kvpool_proto::MAX_BATCH_KEYS`] items, and keys of at most half the
+/// message limit, each. In order; one batch (possibly empty) at least.
+pub(crate) fn split_batch<I>(items: Vec<I>, key: impl Fn(&I) -> &str) -> Vec<Vec<I>> {
+    let ranges = batch_chunks(&items, |i| key(i).len() + ITEM_OVERHEAD);
+    let mut rest = items;
+    let mut parts: Vec<Vec<I>> = ranges
+        .iter()
+        .rev()
+        .map(|r| rest.split_off(r.start))
+        .collect();
+    parts.reverse();
+    parts
+}
 
 impl Client {
     /// One master call, retried on transient errors by the link's policy.
@@ -19,6 +42,36 @@ impl Client {
         R: Rpc<Response = Vec<WireResult<T>>>,
     {
         per_key(self.call(req).await, n)
+    }
+
+    /// A batch master call over `items` of any size, answered per item in
+    /// order: split into requests the master accepts (see [`split_batch`];
+    /// `key` names an item's key), made by `make`, a few in flight at once.
+    pub(crate) async fn call_split<I, R, T>(
+        &self,
+        items: Vec<I>,
+        key: impl Fn(&I) -> &str,
+        make: impl Fn(Vec<I>) -> R,
+    ) -> Vec<KvResult<T>>
+    where
+        R: Rpc<Response = Vec<WireResult<T>>>,
+    {
+        let mut parts = split_batch(items, key);
+        if parts.len() == 1 {
+            let part = parts.pop().unwrap_or_default();
+            let n = part.len();
+            return self.call_each(&make(part), n).await;
+        }
+        let calls = parts.into_iter().map(|part| {
+            let n = part.len();
+            let req = make(part);
+            async move { self.call_each(&req, n).await }
+        });
+        futures::stream::iter(calls)
+            .buffered(PARTS_IN_FLIGHT)
+            .flat_map(futures::stream::iter)
+            .collect()
+            .await
     }
 
     /// The id this client registered under (puts are owned by it).
@@ -71,6 +124,27 @@ mod tests {
         assert_eq!(codes(&r), [Some(Code::RpcFail); 3]);
         let r = per_key::<u64>(Err(KvError::from(Code::RpcTimeout)), 2);
         assert_eq!(codes(&r), [Some(Code::RpcTimeout); 2]);
+    }
+
+    #[test]
+    fn big_batches_split_in_order_within_the_limits() {
+        let keys: Vec<String> = (0..40_000).map(|i| format!("k{i}")).collect();
+        let parts = split_batch(keys.clone(), |k| k.as_str());
+        assert_eq!(
+            parts.iter().map(Vec::len).collect::<Vec<_>>(),
+            [16_384, 16_384, 7_232]
+        );
+        assert_eq!(parts.concat(), keys);
+        // Long keys: the message size splits sooner.
+        let long: Vec<String> = (0..5_000).map(|i| format!("{i:04096}")).collect();
+        let parts = split_batch(long.clone(), |k| k.as_str());
+        assert!(parts.len() >= 3, "{}", parts.len());
+        assert!(parts
+            .iter()
+            .all(|p| p.iter().map(|k| k.len() + ITEM_OVERHEAD).sum::<usize>()
+                <= kvpool_proto::limits::BATCH_BYTES));
+        assert_eq!(parts.concat(), long);
+        assert_eq!(split_batch(Vec::<String>::new(), |k| k.as_str()).len(), 1);
     }
 
     #[test]

@@ -1,15 +1,26 @@
-//! One handler per control request: it acts on the state and counts itself
-//! in the metrics. [`Master::answer`](crate::Master) only admits a request
-//! for the master's role, decodes it and dispatches on its opcode.
+//! One handler per control request: it checks the request's limits, acts on
+//! the state and counts itself in the metrics. [`Master::answer`](crate::Master)
+//! only admits a request for the master's role and dispatches on its
+//! opcode; [`handle`] refuses a batch over the item limit before decoding it.
 
 use std::time::Duration;
 
+use kvpool_proto::limits::{
+    check_batch, validate_endpoint, validate_name, MAX_PATH_LEN, MAX_PATTERN_LEN,
+    MAX_PREFERRED_SEGMENTS,
+};
 use kvpool_proto::msg::{self, to_wire, Rpc, WireResult};
-use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use tokio::time::Instant;
 use tracing::info;
 
+use crate::refusals::Refusal;
 use crate::{Master, Role};
+
+/// Compiled size a remove-by-regex pattern may reach (its NFA, and each of
+/// its lazy DFA caches): compiling stops there, so a small pattern that
+/// expands hugely (`\w{1000}{1000}`) costs at most this.
+pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// What a handler gets besides its request.
 pub(crate) struct Ctx<'a> {
@@ -29,10 +40,38 @@ pub(crate) trait Handle: Rpc + Sized {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Self::Response>;
 }
 
-/// Decodes `meta` as `R`, handles it, encodes the answer.
+/// Decodes `meta` as `R`, handles it, encodes the answer. A batch over
+/// [`kvpool_proto::MAX_BATCH_KEYS`] items is refused from the count at the
+/// front of its bytes, before anything is decoded or allocated.
 pub(crate) fn handle<R: Handle>(cx: &mut Ctx<'_>, meta: &[u8]) -> KvResult<Vec<u8>> {
+    if let Some(n) = R::batch_len(meta) {
+        check_batch(R::OPCODE.name(), n).map_err(|e| cx.refuse(Refusal::BatchKeys, e))?;
+    }
     let req: R = msg::decode(meta)?;
     req.handle(cx).map(|r| msg::encode(&r))
+}
+
+impl Ctx<'_> {
+    /// Counts (and maybe logs) a refusal; hands the error back.
+    fn refuse(&self, reason: Refusal, e: KvError) -> KvError {
+        self.master.state.refusals().refuse(reason, e)
+    }
+
+    /// Checks a name or path carried by a request.
+    fn check_name(&self, what: &str, name: &str) -> KvResult<()> {
+        validate_name(what, name).map_err(|e| self.refuse(Refusal::NameLength, e))
+    }
+
+    /// Counts the keys of a batch that fail [`validate_key`]; the state
+    /// answers each of them `INVALID_KEY` without looking it up.
+    fn count_bad_keys<'k>(&self, op: &str, keys: impl Iterator<Item = &'k str>) {
+        let bad = keys.filter(|k| validate_key(k).is_err()).count() as u64;
+        if bad > 0 {
+            let detail = format!("{op}: {bad} keys empty or over the length limit");
+            let r = self.master.state.refusals();
+            r.record(Refusal::KeyLength, bad, &detail);
+        }
+    }
 }
 
 /// Per-key results on the wire, counted in the metrics of `R`.
@@ -44,10 +83,12 @@ fn counted<R: Rpc, T>(cx: &Ctx<'_>, v: Vec<KvResult<T>>) -> Vec<WireResult<T>> {
 
 impl Handle for msg::RegisterClient {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::RegisterReply> {
-        info!(client = %self.client_id, hostname = %self.hostname, "client registered");
+        cx.check_name("hostname", &self.hostname)?;
         cx.master.metrics.record(Self::OPCODE, 0, 0);
         let s = &cx.master.state;
-        Ok(s.register_client(self.client_id, &self.hostname, cx.now))
+        let reply = s.register_client(self.client_id, &self.hostname, cx.now)?;
+        info!(client = %self.client_id, hostname = %self.hostname, "client registered");
+        Ok(reply)
     }
 }
 
@@ -60,6 +101,23 @@ impl Handle for msg::Heartbeat {
 
 impl Handle for msg::MountSegment {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<()> {
+        let seg = &self.segment;
+        cx.check_name("segment name", &seg.name)?;
+        validate_endpoint(&seg.endpoint).map_err(|e| cx.refuse(Refusal::Endpoint, e))?;
+        if let Some(path) = &seg.path {
+            if path.len() > MAX_PATH_LEN {
+                return Err(cx.refuse(
+                    Refusal::NameLength,
+                    KvError::new(
+                        Code::InvalidParams,
+                        format!(
+                            "segment path of {} bytes (at most {MAX_PATH_LEN})",
+                            path.len()
+                        ),
+                    ),
+                ));
+            }
+        }
         let age = Duration::from_millis(self.scan_age_ms);
         let s = &cx.master.state;
         let (client, objects) = (self.client_id, self.objects);
@@ -69,6 +127,16 @@ impl Handle for msg::MountSegment {
 
 impl Handle for msg::ReportObjects {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::InventoryVerdict> {
+        // A store only finds keys that were valid when put: a part with
+        // another is refused whole, like a batch over the limit.
+        if let Some(bad) = self.objects.iter().find(|i| validate_key(&i.key).is_err()) {
+            let e = validate_key(&bad.key).unwrap_err();
+            let e = KvError::new(
+                e.code,
+                format!("inventory of {}: {}", self.segment, e.message),
+            );
+            return Err(cx.refuse(Refusal::KeyLength, e));
+        }
         let s = &cx.master.state;
         s.report_objects(
             self.client_id,
@@ -82,6 +150,7 @@ impl Handle for msg::ReportObjects {
 
 impl Handle for msg::DrainSegment {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<msg::SegmentId>> {
+        cx.check_name("segment name", &self.segment)?;
         let ids = cx.master.state.drain(&self.segment);
         if ids.is_empty() {
             return Err(KvError::new(
@@ -106,6 +175,23 @@ impl Handle for msg::UnmountSegment {
 
 impl Handle for msg::PutStart {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<msg::PutGrant>>> {
+        let preferred = &self.config.preferred_segments;
+        if preferred.len() > MAX_PREFERRED_SEGMENTS {
+            return Err(cx.refuse(
+                Refusal::PreferredSegments,
+                KvError::new(
+                    Code::InvalidParams,
+                    format!(
+                        "{} preferred segments (at most {MAX_PREFERRED_SEGMENTS})",
+                        preferred.len()
+                    ),
+                ),
+            ));
+        }
+        for name in preferred {
+            cx.check_name("preferred segment name", name)?;
+        }
+        cx.count_bad_keys("PutStart", self.items.iter().map(|i| i.key.as_str()));
         let m = cx.master;
         let v = m.state.put_start(
             self.client_id,
@@ -123,6 +209,7 @@ impl Handle for msg::PutStart {
 
 impl Handle for msg::PutEnd {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<()>>> {
+        cx.count_bad_keys("PutEnd", self.items.iter().map(|i| i.key.as_str()));
         let s = &cx.master.state;
         let v = s.put_end(self.client_id, &self.items, cx.now);
         cx.fence = s.fence(self.items.iter().map(|i| i.key.as_str()));
@@ -132,6 +219,7 @@ impl Handle for msg::PutEnd {
 
 impl Handle for msg::PutRevoke {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<()>>> {
+        cx.count_bad_keys("PutRevoke", self.keys.iter().map(String::as_str));
         let v = cx.master.state.put_revoke(self.client_id, &self.keys);
         Ok(counted::<Self, _>(cx, v))
     }
@@ -139,6 +227,7 @@ impl Handle for msg::PutRevoke {
 
 impl Handle for msg::GetReplicaList {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<msg::ObjectLocation>>> {
+        cx.count_bad_keys("GetReplicaList", self.keys.iter().map(String::as_str));
         let v = cx.master.state.get_replica_list(&self.keys, cx.now);
         Ok(counted::<Self, _>(cx, v))
     }
@@ -146,6 +235,7 @@ impl Handle for msg::GetReplicaList {
 
 impl Handle for msg::Exist {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<u64>>> {
+        cx.count_bad_keys("Exist", self.keys.iter().map(String::as_str));
         let v = cx.master.state.exist(&self.keys);
         // A missing key is an answer, not a failure.
         cx.master.metrics.record(Self::OPCODE, v.len(), 0);
@@ -155,6 +245,7 @@ impl Handle for msg::Exist {
 
 impl Handle for msg::Touch {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<bool>> {
+        cx.count_bad_keys("Touch", self.items.iter().map(|i| i.key.as_str()));
         let v = cx.master.state.touch(&self.items, cx.now);
         // A touch of a replaced version is no failure: the client just
         // stops using that location.
@@ -165,6 +256,7 @@ impl Handle for msg::Touch {
 
 impl Handle for msg::Remove {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<()>>> {
+        cx.count_bad_keys("Remove", self.keys.iter().map(String::as_str));
         let s = &cx.master.state;
         let v = s.remove(&self.keys, self.force, cx.now);
         cx.fence = s.fence(self.keys.iter().map(String::as_str));
@@ -173,9 +265,35 @@ impl Handle for msg::Remove {
 }
 
 impl Handle for msg::RemoveByRegex {
+    /// Runs off the runtime's workers (see `Master::may_take_long`): the
+    /// compile and the walk over every key never hold up heartbeats.
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<u64> {
-        let re = regex::Regex::new(&self.pattern)
-            .map_err(|e| KvError::new(Code::InvalidParams, format!("bad regex: {e}")))?;
+        if self.pattern.len() > MAX_PATTERN_LEN {
+            return Err(cx.refuse(
+                Refusal::RegexPattern,
+                KvError::new(
+                    Code::InvalidParams,
+                    format!(
+                        "regex pattern of {} bytes (at most {MAX_PATTERN_LEN})",
+                        self.pattern.len()
+                    ),
+                ),
+            ));
+        }
+        let re = regex::RegexBuilder::new(&self.pattern)
+            .size_limit(REGEX_SIZE_LIMIT)
+            .dfa_size_limit(REGEX_SIZE_LIMIT)
+            .build()
+            .map_err(|e| match e {
+                regex::Error::CompiledTooBig(limit) => cx.refuse(
+                    Refusal::RegexSize,
+                    KvError::new(
+                        Code::InvalidParams,
+                        format!("regex compiles to more than {limit} bytes, the limit"),
+                    ),
+                ),
+                e => KvError::new(Code::InvalidParams, format!("bad regex: {e}")),
+            })?;
         cx.master.metrics.record(Self::OPCODE, 0, 0);
         let s = &cx.master.state;
         let removed = s.remove_matching(|k| re.is_match(k), self.force, cx.now);

@@ -1,22 +1,69 @@
 //! The master's HTTP side: `/metrics`, `/health`, JSON admin endpoints, a
 //! one-page human status, and the optional transfer-metadata service that
 //! Mooncake clients expect (`GET/PUT/DELETE /metadata?key=K`).
+//!
+//! Both listeners serve at most [`HttpLimits::max_connections`] connections
+//! at once (more are closed at accept), close a connection whose request
+//! header does not arrive within [`HttpLimits::header_read_timeout`] (idle
+//! keep-alive connections included), and answer 408 to a request not
+//! handled within [`HttpLimits::request_timeout`]. The metadata service
+//! stores values of at most [`HttpLimits::metadata_max_value`] bytes (413
+//! beyond), keys of at most 4,096 bytes (414), and at most
+//! [`HttpLimits::metadata_max_keys`] keys and
+//! [`HttpLimits::metadata_max_bytes`] bytes in all (507 beyond).
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use kvpool_proto::MAX_KEY_LEN;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use crate::refusals::Refusal;
 use crate::Master;
+
+/// Limits of the master's HTTP listeners and of the metadata service.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// Connections each HTTP listener serves at once; more are closed at accept.
+    pub max_connections: usize,
+    /// A request's header must arrive within this long of the connection
+    /// opening or the previous response; else the connection is closed.
+    pub header_read_timeout: Duration,
+    /// A request (its body included) must be handled within this long; 408 after.
+    pub request_timeout: Duration,
+    /// Largest value the metadata service stores (413 beyond).
+    pub metadata_max_value: usize,
+    /// Most keys the metadata service holds (507 for a new key beyond).
+    pub metadata_max_keys: usize,
+    /// Most bytes of keys and values the metadata service holds (507 beyond).
+    pub metadata_max_bytes: u64,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            metadata_max_value: 1 << 20,
+            metadata_max_keys: 100_000,
+            metadata_max_bytes: 256 << 20,
+        }
+    }
+}
 
 /// Routes of the admin/metrics port.
 pub fn admin_router(master: Arc<Master>) -> Router {
@@ -40,6 +87,7 @@ async fn cluster_status(m: &Arc<Master>) -> kvpool_proto::msg::ClusterStatus {
 
 async fn metrics(State(m): State<Arc<Master>>) -> Response {
     let status = cluster_status(&m).await;
+    m.state.refusals().sync_connections();
     (
         [(
             header::CONTENT_TYPE,
@@ -101,11 +149,38 @@ fn html_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-type MetadataStore = Arc<Mutex<HashMap<String, Bytes>>>;
+/// The metadata service's keys and values, and what they hold in all.
+#[derive(Default)]
+struct Entries {
+    map: HashMap<String, Bytes>,
+    /// Bytes of keys and values.
+    bytes: u64,
+}
 
-/// Routes of the transfer-metadata service (Mooncake's HTTP metadata server).
-pub fn metadata_router() -> Router {
-    let store: MetadataStore = Arc::default();
+/// State of the metadata service.
+#[derive(Clone)]
+struct MetadataStore {
+    entries: Arc<Mutex<Entries>>,
+    limits: Arc<HttpLimits>,
+    master: Arc<Master>,
+}
+
+impl MetadataStore {
+    /// Counts a refusal and answers it.
+    fn refuse(&self, reason: Refusal, status: StatusCode, why: String) -> Response {
+        self.master.state.refusals().record(reason, 1, &why);
+        (status, why + "\n").into_response()
+    }
+}
+
+/// Routes of the transfer-metadata service (Mooncake's HTTP metadata
+/// server), within `limits`; refusals count in `master`'s metrics.
+pub fn metadata_router(limits: &HttpLimits, master: Arc<Master>) -> Router {
+    let store = MetadataStore {
+        entries: Arc::default(),
+        limits: Arc::new(limits.clone()),
+        master,
+    };
     Router::new()
         .route(
             "/metadata",
@@ -115,6 +190,8 @@ pub fn metadata_router() -> Router {
                 .delete(meta_delete),
         )
         .route("/health", get(|| async { "OK\n" }))
+        // The body is refused once it passes the limit, before it is all read.
+        .layer(DefaultBodyLimit::max(limits.metadata_max_value))
         .with_state(store)
 }
 
@@ -124,7 +201,7 @@ struct KeyQuery {
 }
 
 async fn meta_get(State(s): State<MetadataStore>, Query(q): Query<KeyQuery>) -> Response {
-    match s.lock().get(&q.key) {
+    match s.entries.lock().map.get(&q.key) {
         Some(v) => (StatusCode::OK, v.clone()).into_response(),
         None => (StatusCode::NOT_FOUND, "metadata not found").into_response(),
     }
@@ -133,26 +210,142 @@ async fn meta_get(State(s): State<MetadataStore>, Query(q): Query<KeyQuery>) -> 
 async fn meta_put(
     State(s): State<MetadataStore>,
     Query(q): Query<KeyQuery>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    s.lock().insert(q.key, body);
+    let max_value = s.limits.metadata_max_value;
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let why = format!("metadata value over {max_value} bytes, the limit");
+            return s.refuse(
+                Refusal::MetadataValueSize,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                why,
+            );
+        }
+        Err(e) => return e.into_response(),
+    };
+    if q.key.len() > MAX_KEY_LEN {
+        let why = format!(
+            "metadata key of {} bytes (at most {MAX_KEY_LEN})",
+            q.key.len()
+        );
+        return s.refuse(Refusal::KeyLength, StatusCode::URI_TOO_LONG, why);
+    }
+    let (max_keys, max_bytes) = (s.limits.metadata_max_keys, s.limits.metadata_max_bytes);
+    let mut e = s.entries.lock();
+    let old = e
+        .map
+        .get(&q.key)
+        .map_or(0, |v| (q.key.len() + v.len()) as u64);
+    let new = (q.key.len() + body.len()) as u64;
+    if old == 0 && !e.map.contains_key(&q.key) && e.map.len() >= max_keys {
+        drop(e);
+        let why = format!("metadata service holds {max_keys} keys, the limit");
+        return s.refuse(Refusal::MetadataKeys, StatusCode::INSUFFICIENT_STORAGE, why);
+    }
+    if e.bytes - old + new > max_bytes {
+        drop(e);
+        let why = format!("metadata service holds {max_bytes} bytes, the limit");
+        return s.refuse(Refusal::MetadataKeys, StatusCode::INSUFFICIENT_STORAGE, why);
+    }
+    e.bytes = e.bytes - old + new;
+    e.map.insert(q.key, body);
     (StatusCode::OK, "metadata updated").into_response()
 }
 
 async fn meta_delete(State(s): State<MetadataStore>, Query(q): Query<KeyQuery>) -> Response {
-    match s.lock().remove(&q.key) {
-        Some(_) => (StatusCode::OK, "metadata deleted").into_response(),
+    let mut e = s.entries.lock();
+    match e.map.remove(&q.key) {
+        Some(v) => {
+            e.bytes -= (q.key.len() + v.len()) as u64;
+            (StatusCode::OK, "metadata deleted").into_response()
+        }
         None => (StatusCode::NOT_FOUND, "metadata not found").into_response(),
     }
 }
 
-/// Serves `router` on `listener` until `shutdown`.
+/// Answers 408 to a request not handled within `limit` (a body that
+/// trickles in, say), so it gives its connection back.
+async fn within(limit: Duration, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            format!("request not completed within {limit:?}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown`, within `limits`;
+/// connections refused at the cap count in `master`'s metrics. Returns once
+/// every connection has finished (in-flight requests complete).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
+    limits: &HttpLimits,
+    master: Arc<Master>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let timeout = limits.request_timeout;
+    let router = router.layer(axum::middleware::from_fn(move |req, next| {
+        within(timeout, req, next)
+    }));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let tracker = TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %e, "HTTP accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            let why = format!(
+                "{peer}: {} HTTP connections open, the limit; closed",
+                limits.max_connections
+            );
+            master
+                .state
+                .refusals()
+                .record(Refusal::HttpConnections, 1, &why);
+            continue;
+        };
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(router.clone()),
+        );
+        let stop = shutdown.clone();
+        tracker.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = stop.cancelled() => {
+                    // Finish the request in flight, take no more.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
+                tracing::debug!(%peer, error = %e, "HTTP connection closed");
+            }
+            drop(slot);
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
 }

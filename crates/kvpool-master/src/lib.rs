@@ -13,6 +13,7 @@ pub mod ha;
 pub mod http;
 pub mod metrics;
 pub mod placement;
+pub mod refusals;
 pub mod state;
 
 mod handlers;
@@ -38,7 +39,8 @@ use tracing::info;
 use handlers::{handle, Ctx};
 
 pub use metrics::Metrics;
-pub use state::{MasterState, StateConfig};
+pub use refusals::{Refusal, Refusals};
+pub use state::{ClientLimits, MasterState, StateConfig};
 
 /// Settings of `kvpool master` (flags are defined by the binary).
 #[derive(Debug, Clone)]
@@ -55,6 +57,8 @@ pub struct MasterConfig {
     pub enable_http_metadata_server: bool,
     /// Port of the metadata service (default 8080).
     pub http_metadata_server_port: u16,
+    /// Connection, timeout and size limits of the HTTP listeners.
+    pub http: http::HttpLimits,
     /// Leases, pins, eviction and liveness.
     pub state: StateConfig,
     /// Leadership through etcd; `None` runs a single master.
@@ -75,6 +79,7 @@ impl Default for MasterConfig {
             metrics_port: 9003,
             enable_http_metadata_server: false,
             http_metadata_server_port: 8080,
+            http: http::HttpLimits::default(),
             state: StateConfig::default(),
             ha: None,
             recovery_grace: Duration::ZERO,
@@ -141,9 +146,11 @@ impl Master {
 
     /// A master with empty state whose timers stop with `shutdown`.
     fn with_shutdown(cfg: StateConfig, shutdown: CancellationToken) -> Arc<Self> {
+        let state = MasterState::new(cfg);
+        let metrics = Metrics::new(state.refusals());
         Arc::new_cyclic(|me| Master {
-            state: MasterState::new(cfg),
-            metrics: Metrics::default(),
+            state,
+            metrics,
             evict_soon: Notify::new(),
             invalidate_now: Notify::new(),
             invalidated: tokio::sync::watch::Sender::new(0),
@@ -417,6 +424,19 @@ pub async fn start(
             "client TTL and lease TTL must be positive".into(),
         ));
     }
+    let (l, h) = (&st.limits, &cfg.http);
+    if l.max_clients == 0
+        || l.max_segments_per_client == 0
+        || l.max_pending_per_client == 0
+        || h.max_connections == 0
+        || h.metadata_max_keys == 0
+        || h.header_read_timeout.is_zero()
+        || h.request_timeout.is_zero()
+    {
+        return Err(MasterError::Config(
+            "client, connection and metadata limits and HTTP timeouts must be positive".into(),
+        ));
+    }
     let rpc = bind(&cfg.rpc_address, cfg.rpc_port).await?;
     let admin = bind(&cfg.metrics_address, cfg.metrics_port).await?;
     let metadata = if cfg.enable_http_metadata_server {
@@ -486,18 +506,21 @@ pub async fn start(
         keyring,
         http_auth::admin_needs,
     );
-    let token = shutdown.clone();
+    let (token, m, limits) = (shutdown.clone(), master.clone(), cfg.http.clone());
     tasks.spawn(async move {
-        if let Err(e) = http::serve(admin, router, token).await {
+        if let Err(e) = http::serve(admin, router, &limits, m, token).await {
             tracing::error!(error = %e, "admin HTTP server failed");
         }
     });
     if let Some(l) = metadata {
-        let metadata =
-            http_auth::protect(http::metadata_router(), keyring, http_auth::metadata_needs);
-        let token = shutdown.clone();
+        let (token, m, limits) = (shutdown.clone(), master.clone(), cfg.http.clone());
+        let router = http_auth::protect(
+            http::metadata_router(&limits, m.clone()),
+            keyring,
+            http_auth::metadata_needs,
+        );
         tasks.spawn(async move {
-            if let Err(e) = http::serve(l, metadata, token).await {
+            if let Err(e) = http::serve(l, router, &limits, m, token).await {
                 tracing::error!(error = %e, "metadata HTTP server failed");
             }
         });
@@ -561,8 +584,8 @@ mod tests {
         tokio::spawn(tasks::sweeper(master.clone(), shutdown.clone()));
         let s = &master.state;
         let (silent, alive) = (ClientId(1), ClientId(2));
-        s.register_client(silent, "silent", Instant::now());
-        s.register_client(alive, "alive", Instant::now());
+        s.register_client(silent, "silent", Instant::now()).unwrap();
+        s.register_client(alive, "alive", Instant::now()).unwrap();
         s.mount(silent, segment(1), 0, Instant::now()).unwrap();
         s.mount(alive, segment(2), 0, Instant::now()).unwrap();
         let item = PutItem {
@@ -604,7 +627,10 @@ mod tests {
             let shutdown = CancellationToken::new();
             let master = Master::with_shutdown(StateConfig::default(), shutdown.clone());
             let c = ClientId(1);
-            master.state.register_client(c, "c", Instant::now());
+            master
+                .state
+                .register_client(c, "c", Instant::now())
+                .unwrap();
             master
                 .state
                 .mount(c, segment(1), 0, Instant::now())
@@ -632,13 +658,82 @@ mod tests {
         }
     }
 
+    /// A remove-by-regex is refused before any walk when its pattern is
+    /// over 4 KiB or compiles past the size limit; a plain one works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regex_removals_are_bounded_before_they_walk() {
+        let master = Master::new(StateConfig::default());
+        let remove = |pattern: String| {
+            let req = msg::encode(&msg::RemoveByRegex {
+                pattern,
+                force: true,
+            });
+            master
+                .handle(PeerRole::Admin, Opcode::RemoveByRegex, &req)
+                .0
+        };
+        let long = remove("a".repeat(4097)).unwrap_err();
+        assert_eq!(long.code, Code::InvalidParams);
+        assert!(long.message.contains("4096"), "{long}");
+        // A few bytes that expand to megabytes of automaton.
+        let bomb = remove(r"\w{1000}".into()).unwrap_err();
+        assert_eq!(bomb.code, Code::InvalidParams);
+        assert!(bomb.message.contains("compiles to more than"), "{bomb}");
+        let r = master.state.refusals();
+        assert_eq!(r.count(Refusal::RegexPattern), 1);
+        assert_eq!(r.count(Refusal::RegexSize), 1);
+        let bad = remove("(".into()).unwrap_err();
+        assert!(bad.message.contains("bad regex"), "{bad}");
+        assert_eq!(
+            r.count(Refusal::RegexSize),
+            1,
+            "a syntax error is no refusal"
+        );
+        let ok = remove("^k-[0-9]+$".into()).expect("a plain regex");
+        assert_eq!(msg::decode::<u64>(&ok).unwrap(), 0);
+    }
+
+    /// A batch over the item limit is refused from its length prefix,
+    /// whatever its items; one at the limit is answered per key.
+    #[test]
+    fn batches_over_the_limit_are_refused_whole() {
+        let master = Master::new(StateConfig::default());
+        let keys = |n: usize| (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>();
+        let exist = |n| msg::encode(&msg::Exist { keys: keys(n) });
+        let over = master.handle(
+            PeerRole::Admin,
+            Opcode::Exist,
+            &exist(kvpool_proto::MAX_BATCH_KEYS + 1),
+        );
+        let e = over.0.unwrap_err();
+        assert_eq!(e.code, Code::InvalidParams);
+        assert!(e.message.contains("16384"), "{e}");
+        assert_eq!(master.state.refusals().count(Refusal::BatchKeys), 1);
+        let at = master.handle(
+            PeerRole::Admin,
+            Opcode::Exist,
+            &exist(kvpool_proto::MAX_BATCH_KEYS),
+        );
+        let answers: Vec<msg::WireResult<u64>> = msg::decode(&at.0.unwrap()).unwrap();
+        assert_eq!(answers.len(), kvpool_proto::MAX_BATCH_KEYS);
+        // A claimed count is refused before the bytes for it are looked at.
+        let mut lying = msg::encode(&msg::GetReplicaList { keys: keys(1) });
+        lying[0] = 0xff;
+        lying.insert(1, 0xff);
+        let e = master
+            .handle(PeerRole::Admin, Opcode::GetReplicaList, &lying)
+            .0
+            .unwrap_err();
+        assert!(e.message.contains("exceeds the limit"), "{e}");
+    }
+
     /// A lease granted under paused time blocks remove until it runs out.
     #[tokio::test(start_paused = true)]
     async fn lease_expires_with_time() {
         let master = Master::new(StateConfig::default());
         let s = &master.state;
         let c = ClientId(7);
-        s.register_client(c, "c", Instant::now());
+        s.register_client(c, "c", Instant::now()).unwrap();
         s.mount(c, segment(1), 0, Instant::now()).unwrap();
         let item = PutItem {
             key: "k".into(),

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use kvpool_proto::msg::ClusterStatus;
 
+use crate::refusals::Refusals;
+
 /// Label of per-operation counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabel {
@@ -42,6 +44,19 @@ pub struct Metrics {
     segments: Gauge,
     clients: Gauge,
     evictions: Gauge,
+}
+
+impl Metrics {
+    /// The metrics of a master whose limits refuse into `refusals`.
+    pub fn new(refusals: &Refusals) -> Self {
+        let mut m = Metrics::default();
+        m.registry.register(
+            "refusals",
+            "Requests and connections refused by a limit, per reason (see docs/operations.md, Limits)",
+            refusals.family(),
+        );
+        m
+    }
 }
 
 impl Default for Metrics {

@@ -89,21 +89,32 @@ pub(crate) async fn invalidator(
                     )
                 })
                 .clone();
+            // A store takes at most MAX_BATCH_KEYS regions per request:
+            // the parts go one after another on one connection.
             sends.push(async move {
-                let req = msg::InvalidateReq {
-                    segment: id,
-                    regions,
-                };
-                let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
-                (matches!(sent, Ok(Ok(_))), req)
+                let mut parts = regions.chunks(kvpool_proto::MAX_BATCH_KEYS);
+                while let Some(part) = parts.next() {
+                    let req = msg::InvalidateReq {
+                        segment: id,
+                        regions: part.to_vec(),
+                    };
+                    let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
+                    if !matches!(sent, Ok(Ok(_))) {
+                        let rest: Vec<(u64, u64)> = std::iter::once(part)
+                            .chain(parts)
+                            .flatten()
+                            .copied()
+                            .collect();
+                        return Some((id, rest));
+                    }
+                }
+                None
             });
         }
-        for (ok, req) in futures::future::join_all(sends).await {
-            if !ok {
-                tracing::debug!(segment = %req.segment, "invalidation not delivered; will retry");
-                master.state.requeue_invalidations(req.segment, req.regions);
-                backoff.insert(req.segment, now + Duration::from_secs(1));
-            }
+        for (segment, regions) in futures::future::join_all(sends).await.into_iter().flatten() {
+            tracing::debug!(%segment, "invalidation not delivered; will retry");
+            master.state.requeue_invalidations(segment, regions);
+            backoff.insert(segment, now + Duration::from_secs(1));
         }
         master.state.invalidations_sent(through);
         let _ = master.invalidated.send(through);

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use kvpool_master::state::{Evicted, MasterState, StateConfig};
+use kvpool_master::state::{ClientLimits, Evicted, MasterState, StateConfig};
+use kvpool_master::Refusal;
 use kvpool_proto::msg::{
     ClientId, InventoryItem, ObjectLocation, PutEndItem, PutGrant, PutItem, Replica,
     ReplicateConfig, SegmentId, SegmentInfo,
@@ -53,6 +54,7 @@ fn config() -> StateConfig {
         client_ttl: Duration::from_secs(3600),
         store_grace: Duration::ZERO,
         pending_ttl: Duration::from_secs(3600),
+        limits: Default::default(),
     }
 }
 
@@ -152,7 +154,9 @@ impl Pool {
     /// Registers client `id` at the start of the test.
     fn client(&self, id: u128) -> ClientId {
         let c = ClientId(id);
-        self.st.register_client(c, &format!("host-{id}"), self.t0);
+        self.st
+            .register_client(c, &format!("host-{id}"), self.t0)
+            .expect("register");
         c
     }
 
@@ -779,7 +783,7 @@ fn silent_client_loses_its_segment_and_puts() {
         ..config()
     });
     let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
-    let reply = p.st.register_client(w, "host-3", p.t0);
+    let reply = p.st.register_client(w, "host-3", p.t0).expect("register");
     assert_eq!(
         (reply.heartbeat_interval_ms, reply.client_ttl_ms),
         (2500, 10_000)
@@ -823,7 +827,7 @@ fn silent_client_loses_its_segment_and_puts() {
     );
 
     // Back after registering again, with an empty segment.
-    p.st.register_client(s1, "host-1", now);
+    p.st.register_client(s1, "host-1", now).expect("register");
     p.mount(s1, 1, "s1", MIB);
     assert_eq!(
         p.st.status()
@@ -1020,6 +1024,8 @@ struct Version {
     replicas: Vec<Replica>,
     lease_until: Instant,
     hard: bool,
+    /// The client that put it (its hard pin counts against that client).
+    owner: usize,
 }
 
 #[derive(Debug)]
@@ -1060,11 +1066,12 @@ impl Sim {
             client_ttl: Duration::from_secs(24 * 3600),
             store_grace: Duration::ZERO,
             pending_ttl: PENDING_TTL,
+            limits: Default::default(),
         });
         let now = Instant::now();
         let clients = [ClientId(1), ClientId(2)];
         for (i, c) in clients.iter().enumerate() {
-            st.register_client(*c, "host", now);
+            st.register_client(*c, "host", now).expect("register");
             st.mount(
                 *c,
                 segment(i as u128 + 1, &format!("s{i}"), SEGMENT),
@@ -1155,6 +1162,7 @@ impl Sim {
                                 replicas: reps,
                                 lease_until: now,
                                 hard: pin == Pin::Hard,
+                                owner: client,
                             };
                             self.pending.insert(
                                 key,
@@ -1316,6 +1324,19 @@ impl Sim {
         let status = self.st.status();
         prop_assert_eq!(status.keys, self.committed.len() as u64);
         prop_assert_eq!(status.pending, self.pending.len() as u64);
+        // What each client holds against its limits follows every put's
+        // whole life: started, committed, replaced, removed, evicted.
+        for (c, &id) in self.clients.iter().enumerate() {
+            let pending = self.pending.values().filter(|p| p.owner == c).count() as u64;
+            let pinned: u64 = self
+                .committed
+                .values()
+                .chain(self.pending.values().map(|p| &p.version))
+                .filter(|v| v.hard && v.owner == c)
+                .map(|v| bytes(&v.replicas))
+                .sum();
+            prop_assert_eq!(self.st.held_by(id), (pending, pinned), "client {}", c);
+        }
         prop_assert_eq!(
             status.used,
             status.segments.iter().map(|s| s.used).sum::<u64>()
@@ -1799,4 +1820,166 @@ fn an_inventory_cannot_outbid_this_masters_versions() {
     assert_eq!(code(p.get("anything", now)), OBJECT_NOT_FOUND);
     let (next, _) = p.commit(w, "later", OBJ, now);
     assert!(next > g && next < u64::MAX / 2, "{next} after {g}");
+}
+
+// ------------------------------------------------------------ limits
+
+/// `config()` with the client limits `f` sets.
+fn limited(f: impl FnOnce(&mut ClientLimits)) -> StateConfig {
+    let mut cfg = config();
+    f(&mut cfg.limits);
+    cfg
+}
+
+#[test]
+fn new_clients_beyond_the_limit_are_refused_and_registered_ones_keep_working() {
+    let p = Pool::new(limited(|l| l.max_clients = 2));
+    let (a, b) = (p.client(1), p.client(2));
+    let third = p.st.register_client(ClientId(3), "host-3", p.t0);
+    assert_eq!(code(third), UNAVAILABLE);
+    assert_eq!(p.st.refusals().count(Refusal::Clients), 1);
+    // Registered clients refresh and work as before.
+    p.st.register_client(a, "host-1", p.at(SEC))
+        .expect("refresh");
+    p.mount(a, 1, "a", MIB);
+    p.commit(b, "k", OBJ, p.at(SEC));
+    assert_eq!(p.st.status().clients, 2);
+    // A slot frees when a client expires.
+    let cfg_ttl = Duration::from_secs(3600);
+    assert!(p.st.heartbeat(a, p.t0 + cfg_ttl));
+    assert_eq!(p.st.sweep(p.t0 + cfg_ttl + Duration::from_secs(2)), vec![b]);
+    p.st.register_client(ClientId(3), "host-3", p.t0 + cfg_ttl)
+        .expect("a slot freed");
+}
+
+#[test]
+fn segments_beyond_the_per_client_limit_are_refused() {
+    let p = Pool::new(limited(|l| l.max_segments_per_client = 2));
+    let (a, b) = (p.client(1), p.client(2));
+    p.mount(a, 1, "a1", MIB);
+    p.mount(a, 2, "a2", MIB);
+    let third = p.st.mount(a, segment(3, "a3", MIB), 0, p.t0);
+    assert_eq!(code(third), INVALID_PARAMS);
+    assert_eq!(p.st.refusals().count(Refusal::SegmentsPerClient), 1);
+    // Mounting one again is no new segment; another client has its own share.
+    p.mount(a, 1, "a1", MIB);
+    p.mount(b, 3, "b1", MIB);
+    assert_eq!(p.st.status().segments.len(), 3);
+    // An inventory cannot announce more objects than the segment can hold.
+    let big =
+        p.st.mount(b, segment(4, "b2", 64 * KIB), 64 * KIB / 64 + 1, p.t0);
+    assert_eq!(code(big), INVALID_PARAMS);
+}
+
+#[test]
+fn puts_in_flight_beyond_the_per_client_limit_are_refused_per_key() {
+    let (p, c) = Pool::with_segment(limited(|l| l.max_pending_per_client = 3), MIB);
+    let items: Vec<PutItem> = (0..5).map(|i| item(&format!("k{i}"), KIB)).collect();
+    let got = p.st.put_start(c, &items, &replicas(1), false, p.t0);
+    let codes: Vec<Option<i32>> = got
+        .iter()
+        .map(|r| r.as_ref().err().map(|e| e.code.as_i32()))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            None,
+            None,
+            None,
+            Some(NO_AVAILABLE_HANDLE),
+            Some(NO_AVAILABLE_HANDLE)
+        ]
+    );
+    assert_eq!(p.st.held_by(c), (3, 0));
+    assert_eq!(p.st.refusals().count(Refusal::PendingPuts), 2);
+    // Another client is not held back by this one.
+    let other = p.client(2);
+    p.commit(other, "other", KIB, p.t0);
+    // A retry of a put in flight holds nothing more; an end or a revoke gives one back.
+    let again = p.st.put_start(c, &items[..1], &replicas(1), false, p.t0);
+    assert!(again[0].is_ok());
+    assert_eq!(p.st.held_by(c), (3, 0));
+    let generation = match &got[0] {
+        Ok(PutGrant::Write { generation, .. }) => *generation,
+        g => panic!("{g:?}"),
+    };
+    p.end_gen(c, "k0", generation, p.t0).unwrap();
+    p.st.put_revoke(c, &one("k1"))[0].as_ref().unwrap();
+    assert_eq!(p.st.held_by(c), (1, 0));
+    let more = p.st.put_start(c, &items[3..], &replicas(1), false, p.t0);
+    assert!(more.iter().all(|r| r.is_ok()), "{more:?}");
+    assert_eq!(p.st.held_by(c), (3, 0));
+    // Puts that expire give theirs back too.
+    let cfg_ttl = Duration::from_secs(3600);
+    assert!(p.st.heartbeat(c, p.t0 + cfg_ttl));
+    p.st.sweep(p.t0 + cfg_ttl + Duration::from_secs(2));
+    assert_eq!(p.st.held_by(c), (0, 0));
+}
+
+#[test]
+fn hard_pins_beyond_the_per_client_limit_are_refused() {
+    let (p, c) = Pool::with_segment(limited(|l| l.max_hard_pinned_per_client = 2 * OBJ), MIB);
+    p.commit_with(c, "p1", OBJ, &hard_pin(), p.t0);
+    p.start_with(c, "p2", OBJ, &hard_pin(), false, p.t0);
+    assert_eq!(p.st.held_by(c), (1, 2 * OBJ));
+    assert_eq!(
+        code(p.put_with(c, "p3", OBJ, &hard_pin(), false, p.t0)),
+        NO_AVAILABLE_HANDLE
+    );
+    assert_eq!(p.st.refusals().count(Refusal::HardPinnedBytes), 1);
+    // Unpinned puts and other clients' pins are not limited by it.
+    p.commit(c, "plain", OBJ, p.t0);
+    let other = p.client(2);
+    p.commit_with(other, "q1", OBJ, &hard_pin(), p.t0);
+    // Removing a pinned object gives its bytes back.
+    p.remove("p1", true, p.t0).unwrap();
+    assert_eq!(p.st.held_by(c), (1, OBJ));
+    p.commit_with(c, "p3", OBJ, &hard_pin(), p.t0);
+    p.revoke(c, "p2").unwrap();
+    assert_eq!(p.st.held_by(c), (0, OBJ));
+}
+
+/// Every put asks which segments take objects; that answer once walked
+/// every registered client, so 300k client ids made each put 3000x slower.
+/// Now it costs one look-up per segment owner.
+#[test]
+fn puts_cost_the_same_with_300k_registered_clients() {
+    let time_puts = |clients: u128| {
+        let p = Pool::new(limited(|l| l.max_clients = 400_000));
+        let c = p.client(1);
+        p.mount(c, 1, "a", 64 * MIB);
+        for id in 2..=clients {
+            p.st.register_client(ClientId(id), "h", p.t0).unwrap();
+        }
+        let started = std::time::Instant::now();
+        for i in 0..2000 {
+            p.st.put_start(c, &[item(&format!("k{i}"), KIB)], &replicas(1), false, p.t0)[0]
+                .as_ref()
+                .expect("put");
+        }
+        started.elapsed()
+    };
+    let few = time_puts(1);
+    let many = time_puts(300_000);
+    // Walking 300k clients per put took seconds for these 2000 puts.
+    assert!(
+        many < few * 10 + Duration::from_millis(200),
+        "2000 puts: {few:?} with 1 client, {many:?} with 300k"
+    );
+}
+
+/// Numbers a caller chooses freely cannot make the master allocate for
+/// them or overflow its clock: a replica count of u32::MAX places as many
+/// replicas as there are segments, a soft pin of u64::MAX ms pins for good.
+#[test]
+fn caller_chosen_numbers_are_bounded() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    let (_, reps) = p.start_with(c, "many", OBJ, &replicas(u32::MAX), false, p.t0);
+    assert_eq!(reps.len(), 1);
+    p.commit_with(c, "forever", OBJ, &soft_pin(Some(u64::MAX)), p.t0);
+    let info = p.st.key_info("forever", p.t0).expect("committed");
+    assert!(info
+        .soft_pin_remaining_ms
+        .is_some_and(|ms| ms > 100 * 365 * 24 * 3600 * 1000));
+    assert_eq!(p.st.held_by(c), (1, 0));
 }

@@ -2,8 +2,12 @@
 //! request/response loop of the control plane (master). The data-plane loop
 //! lives in `kvpool_transfer::data`, which builds on these.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -38,30 +42,97 @@ pub trait ControlHandler: Send + Sync + 'static {
 /// flood of sockets cannot exhaust descriptors and memory.
 pub const MAX_CONNECTIONS: usize = 8192;
 
+/// Most connections one peer IP address may hold on one server, so a single
+/// host cannot take every slot of [`MAX_CONNECTIONS`] and lock everyone else
+/// out. Loopback is one address like any other: every client of a
+/// single-host deployment shares it. A client keeps a few connections to
+/// the master (calls, heartbeats) and a few per store, so 1,024 leaves room
+/// for hundreds of clients on one host. Set `KVPOOL_MAX_CONNECTIONS_PER_IP`
+/// in a process's environment to change it (0: no per-address cap).
+pub const MAX_CONNECTIONS_PER_IP: usize = 1024;
+
+/// Environment variable that overrides [`MAX_CONNECTIONS_PER_IP`].
+pub const MAX_CONNECTIONS_PER_IP_ENV: &str = "KVPOOL_MAX_CONNECTIONS_PER_IP";
+
+/// Connections this process's accept loops closed because their address
+/// held its share already (read by the master's `/metrics`).
+pub static REFUSED_CONNECTIONS_PER_IP: AtomicU64 = AtomicU64::new(0);
+
+/// Connections this process's accept loops closed at [`MAX_CONNECTIONS`].
+pub static REFUSED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Least time between two log lines about refused connections.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+
 /// Accepts connections until `shutdown`, running `serve` for each; returns
 /// after every connection task has finished (they watch the same token).
+/// A connection beyond [`MAX_CONNECTIONS`], or beyond its peer address's
+/// share ([`MAX_CONNECTIONS_PER_IP`]), is closed at once; refusals are
+/// counted and logged at most once a second.
 pub async fn accept_loop<F, Fut>(listener: TcpListener, shutdown: CancellationToken, serve: F)
 where
     F: Fn(TcpStream) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let per_ip = std::env::var(MAX_CONNECTIONS_PER_IP_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(MAX_CONNECTIONS_PER_IP);
+    let per_ip = if per_ip == 0 { usize::MAX } else { per_ip };
     let tracker = TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    // Open connections per peer address; an entry goes when its last does.
+    let by_ip: Arc<parking_lot::Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let mut last_warned: Option<Instant> = None;
+    let mut unlogged = 0u64;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        warn!(%peer, "connection limit of {MAX_CONNECTIONS} reached; closing");
-                        continue;
+                    let ip = peer.ip();
+                    let refused = {
+                        let mut open = by_ip.lock();
+                        let n = open.get(&ip).copied().unwrap_or(0);
+                        if n >= per_ip {
+                            REFUSED_CONNECTIONS_PER_IP.fetch_add(1, Ordering::Relaxed);
+                            Some(format!("{ip} holds {n} connections, its limit"))
+                        } else {
+                            match slots.clone().try_acquire_owned() {
+                                Ok(slot) => {
+                                    *open.entry(ip).or_default() += 1;
+                                    debug!(%peer, "accepted");
+                                    let conn = serve(stream);
+                                    let by_ip = by_ip.clone();
+                                    tracker.spawn(async move {
+                                        conn.await;
+                                        drop(slot);
+                                        let mut open = by_ip.lock();
+                                        if let Some(n) = open.get_mut(&ip) {
+                                            *n -= 1;
+                                            if *n == 0 {
+                                                open.remove(&ip);
+                                            }
+                                        }
+                                    });
+                                    None
+                                }
+                                Err(_) => {
+                                    REFUSED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+                                    Some(format!("connection limit of {MAX_CONNECTIONS} reached"))
+                                }
+                            }
+                        }
                     };
-                    debug!(%peer, "accepted");
-                    let conn = serve(stream);
-                    tracker.spawn(async move {
-                        conn.await;
-                        drop(slot);
-                    });
+                    // Dropping the stream closes it (outside the lock).
+                    if let Some(why) = refused {
+                        unlogged += 1;
+                        if last_warned.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+                            warn!(%peer, refused = unlogged, "{why}; closing (logged at most once a second)");
+                            last_warned = Some(Instant::now());
+                            unlogged = 0;
+                        }
+                    }
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off, keep serving.

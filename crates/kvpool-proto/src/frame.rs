@@ -114,7 +114,10 @@ opcodes! {
     Status = 40,
 }
 
-/// Size limits a receiver enforces on incoming frames.
+/// Size limits a receiver enforces on incoming frames. The default takes
+/// messages of up to [`crate::limits::MAX_MESSAGE`] (16 MiB), which every
+/// legitimate request stays under (senders split batches), and payloads of
+/// up to 16 GiB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest message (meta) accepted.
@@ -126,7 +129,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_meta: 64 << 20,
+            max_meta: crate::limits::MAX_MESSAGE,
             max_payload: 16 << 30,
         }
     }

@@ -14,6 +14,24 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + 'static {
     const OPCODE: Opcode;
     /// The response message.
     type Response: Serialize + DeserializeOwned + Send + 'static;
+
+    /// For a batch request, how many items its encoded form `meta` carries,
+    /// read from the front of the bytes without decoding the rest: a
+    /// receiver refuses a batch over [`crate::limits::MAX_BATCH_KEYS`]
+    /// before allocating for it. `None` for a request that is no batch (or
+    /// bytes too short to tell; decoding then fails anyway).
+    fn batch_len(_meta: &[u8]) -> Option<u64> {
+        None
+    }
+}
+
+/// The length of the sequence that follows the fields `P` at the front of
+/// an encoded message (postcard writes a sequence's length as a varint,
+/// the encoding of a `u64`).
+fn seq_len_after<P: DeserializeOwned>(meta: &[u8]) -> Option<u64> {
+    postcard::take_from_bytes::<(P, u64)>(meta)
+        .ok()
+        .map(|((_, n), _)| n)
 }
 
 /// Encodes a message for a frame's meta section.
@@ -179,6 +197,10 @@ impl Rpc for InvalidateReq {
     const OPCODE: Opcode = Opcode::Invalidate;
     /// How many objects were destroyed.
     type Response = u64;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<SegmentId>(meta)
+    }
 }
 
 // ---------------------------------------------------------------- liveness
@@ -310,6 +332,10 @@ pub struct InventoryVerdict {
 impl Rpc for ReportObjects {
     const OPCODE: Opcode = Opcode::ReportObjects;
     type Response = InventoryVerdict;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<(ClientId, SegmentId)>(meta)
+    }
 }
 
 /// Stop placing new objects on segments (a store shutting down for a
@@ -426,6 +452,10 @@ pub enum PutGrant {
 impl Rpc for PutStart {
     const OPCODE: Opcode = Opcode::PutStart;
     type Response = Vec<WireResult<PutGrant>>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<ClientId>(meta)
+    }
 }
 
 /// One object of a [`PutEnd`].
@@ -450,6 +480,10 @@ pub struct PutEnd {
 impl Rpc for PutEnd {
     const OPCODE: Opcode = Opcode::PutEnd;
     type Response = Vec<WireResult<()>>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<ClientId>(meta)
+    }
 }
 
 /// Abandon started puts and free their regions.
@@ -464,6 +498,10 @@ pub struct PutRevoke {
 impl Rpc for PutRevoke {
     const OPCODE: Opcode = Opcode::PutRevoke;
     type Response = Vec<WireResult<()>>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<ClientId>(meta)
+    }
 }
 
 /// Where a committed object lives, with a read lease.
@@ -489,6 +527,10 @@ pub struct GetReplicaList {
 impl Rpc for GetReplicaList {
     const OPCODE: Opcode = Opcode::GetReplicaList;
     type Response = Vec<WireResult<ObjectLocation>>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<()>(meta)
+    }
 }
 
 /// Existence and value size; does not refresh recency or leases.
@@ -502,6 +544,10 @@ impl Rpc for Exist {
     const OPCODE: Opcode = Opcode::Exist;
     /// Per key: the value size, or `OBJECT_NOT_FOUND`.
     type Response = Vec<WireResult<u64>>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<()>(meta)
+    }
 }
 
 /// Objects a client read through its location cache, without asking the
@@ -528,6 +574,10 @@ impl Rpc for Touch {
     const OPCODE: Opcode = Opcode::Touch;
     /// Per item: whether that version is still current (and now leased).
     type Response = Vec<bool>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<()>(meta)
+    }
 }
 
 /// Remove objects.
@@ -542,6 +592,10 @@ pub struct Remove {
 impl Rpc for Remove {
     const OPCODE: Opcode = Opcode::Remove;
     type Response = Vec<WireResult<()>>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<()>(meta)
+    }
 }
 
 /// Remove objects whose key matches a regex.
@@ -655,6 +709,102 @@ mod tests {
             decode::<<PutStart as Rpc>::Response>(&encode(&r)).unwrap(),
             r
         );
+    }
+
+    /// The count read from the front of each batch message is its item
+    /// count: a field added before the items must update `batch_len`.
+    #[test]
+    fn batch_lengths_are_read_without_decoding() {
+        fn check<R: Rpc>(m: &R, n: u64) {
+            let meta = encode(m);
+            assert_eq!(R::batch_len(&meta), Some(n), "{}", R::OPCODE.name());
+            assert_eq!(R::batch_len(&[]), None);
+        }
+        let id = ClientId(u128::MAX - 1);
+        let seg = SegmentId(u128::MAX / 3);
+        let keys = |n: usize| (0..n).map(|i| format!("key-{i}")).collect::<Vec<_>>();
+        for n in [0usize, 1, 127, 128, 300, 20_000] {
+            let nn = n as u64;
+            check(
+                &InvalidateReq {
+                    segment: seg,
+                    regions: vec![(u64::MAX, 7); n],
+                },
+                nn,
+            );
+            let item = InventoryItem {
+                key: "k".into(),
+                generation: u64::MAX,
+                value_len: 1,
+                offset: 2,
+                region_len: 3,
+            };
+            let objects = vec![item; n];
+            check(
+                &ReportObjects {
+                    client_id: id,
+                    segment: seg,
+                    objects,
+                    last: true,
+                },
+                nn,
+            );
+            let items = keys(n)
+                .into_iter()
+                .map(|key| PutItem {
+                    key,
+                    value_len: 5,
+                    region_len: 9,
+                })
+                .collect();
+            let config = ReplicateConfig::default();
+            check(
+                &PutStart {
+                    client_id: id,
+                    items,
+                    config,
+                    upsert: true,
+                },
+                nn,
+            );
+            let items = keys(n)
+                .into_iter()
+                .map(|key| PutEndItem { key, generation: 3 })
+                .collect();
+            check(
+                &PutEnd {
+                    client_id: id,
+                    items,
+                },
+                nn,
+            );
+            check(
+                &PutRevoke {
+                    client_id: id,
+                    keys: keys(n),
+                },
+                nn,
+            );
+            check(&GetReplicaList { keys: keys(n) }, nn);
+            check(&Exist { keys: keys(n) }, nn);
+            let items = keys(n)
+                .into_iter()
+                .map(|key| TouchItem {
+                    key,
+                    generation: 1,
+                    age_us: 2,
+                })
+                .collect();
+            check(&Touch { items }, nn);
+            check(
+                &Remove {
+                    keys: keys(n),
+                    force: true,
+                },
+                nn,
+            );
+        }
+        assert_eq!(Status::batch_len(&encode(&Status {})), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use kvpool_net::auth::Security;
 use kvpool_net::master::RemountHook;
 use kvpool_net::MasterLink;
 use kvpool_proto::frame::Limits;
+use kvpool_proto::limits::{batch_chunks, ITEM_OVERHEAD};
 use kvpool_proto::msg::{
     InventoryItem, InventoryVerdict, MountSegment, ReportObjects, SegmentId, SegmentInfo,
     UnmountSegment,
@@ -22,8 +23,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Objects per inventory report: keeps each message far below the frame limit.
-const REPORT_CHUNK: usize = 16 * 1024;
 /// Inventory parts sent before the first is answered.
 const REPORTS_IN_FLIGHT: usize = 4;
 
@@ -250,20 +249,20 @@ async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
             region_len: f.region_len,
         })
         .collect();
-    // Several parts in flight, so this process encodes while the master
-    // decodes; the last part, which makes the master reconcile, only once
-    // every other one has arrived.
-    let (rest, last) = match items.len() % REPORT_CHUNK {
-        0 => items.split_at(items.len() - REPORT_CHUNK),
-        n => items.split_at(items.len() - n),
-    };
-    let mut parts = futures::stream::iter(rest.chunks(REPORT_CHUNK).map(<[_]>::to_vec))
+    // Parts within the master's limits: at most MAX_BATCH_KEYS objects and
+    // half the message limit of keys each. Several parts in flight, so this
+    // process encodes while the master decodes; the last part, which makes
+    // the master reconcile, only once every other one has arrived.
+    let mut chunks = batch_chunks(&items, |i| i.key.len() + ITEM_OVERHEAD);
+    let last = chunks.pop().unwrap_or(0..0);
+    let mut parts = futures::stream::iter(chunks.into_iter().map(|r| items[r].to_vec()))
         .map(|part| report(link, id, part, false))
         .buffer_unordered(REPORTS_IN_FLIGHT);
     while let Some(r) = parts.next().await {
         r?;
     }
-    let InventoryVerdict { accepted, rejected } = report(link, id, last.to_vec(), true).await?;
+    let last = items[last].to_vec();
+    let InventoryVerdict { accepted, rejected } = report(link, id, last, true).await?;
     let invalidated = rejected
         .iter()
         .filter(|(off, gen)| invalidate_object(&region, *off, *gen))

@@ -15,7 +15,8 @@ use kvpool_net::auth::{Credentials, Role};
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
-use kvpool_proto::msg::{self, InvalidateReq, ReadReq, SegmentId, WriteReq};
+use kvpool_proto::limits::check_batch;
+use kvpool_proto::msg::{self, InvalidateReq, ReadReq, Rpc, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
@@ -155,7 +156,10 @@ async fn data_conn(
             (FrameKind::Request, Opcode::Invalidate) if peer_role < Role::Store => Err(
                 KvError::new(Code::Unauthorized, "only the master may invalidate objects"),
             ),
-            (FrameKind::Request, Opcode::Invalidate) => msg::decode::<InvalidateReq>(meta)
+            // More regions than a batch may carry are refused before decoding.
+            (FrameKind::Request, Opcode::Invalidate) => InvalidateReq::batch_len(meta)
+                .map_or(Ok(()), |n| check_batch("Invalidate", n))
+                .and_then(|()| msg::decode::<InvalidateReq>(meta))
                 .and_then(|req| invalidate(table, &req))
                 .map(|n| Reply::Message(msg::encode(&n))),
             _ => Err(KvError::new(

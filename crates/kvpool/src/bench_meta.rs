@@ -169,7 +169,7 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     });
     let client = ClientId(1);
     let now = tokio::time::Instant::now();
-    st.register_client(client, "bench-meta", now);
+    st.register_client(client, "bench-meta", now)?;
     // Room for every region many times over; the master never touches it.
     let region_len = (a.value_size + 64 + a.key_len as u64).div_ceil(64) * 64;
     let size = (a.keys + a.samples as u64 * (checkpoints.len() as u64 + 1)) * region_len * 2;

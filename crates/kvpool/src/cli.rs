@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
-use kvpool_master::{MasterConfig, StateConfig};
+use kvpool_master::http::HttpLimits;
+use kvpool_master::{ClientLimits, MasterConfig, StateConfig};
 use kvpool_net::auth::{Credentials, Security};
 use kvpool_proto::msg::ClusterStatus;
 use kvpool_proto::units::{parse_duration, parse_size};
@@ -17,6 +18,19 @@ use kvpool_proto::units::{parse_duration, parse_size};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The per-address connection cap of the servers this command runs, if
+    /// it runs any.
+    pub fn max_connections_per_ip(&self) -> Option<usize> {
+        match &self.command {
+            Command::Master(m) => Some(m.max_connections_per_ip),
+            Command::Up(u) => Some(u.master.max_connections_per_ip),
+            Command::Store(s) => Some(s.max_connections_per_ip),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -178,6 +192,46 @@ pub struct MasterArgs {
     /// A put not committed within this long is revoked.
     #[arg(long, env = "KVPOOL_PUT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub put_timeout: Duration,
+    /// Most registered clients (stores included); new ones beyond are
+    /// refused, registered ones keep working.
+    #[arg(long, env = "KVPOOL_MAX_CLIENTS", default_value_t = 10_000)]
+    pub max_clients: usize,
+    /// Most segments one client or store may lend.
+    #[arg(long, env = "KVPOOL_MAX_SEGMENTS_PER_CLIENT", default_value_t = 64)]
+    pub max_segments_per_client: usize,
+    /// Most puts one client may have started and not yet committed.
+    #[arg(
+        long,
+        env = "KVPOOL_MAX_PENDING_PUTS_PER_CLIENT",
+        default_value_t = 1_000_000
+    )]
+    pub max_pending_puts_per_client: u64,
+    /// Most bytes of hard-pinned objects (all replicas) one client may hold.
+    #[arg(long, env = "KVPOOL_MAX_HARD_PINNED_PER_CLIENT", default_value = "64GiB", value_parser = parse_size)]
+    pub max_hard_pinned_per_client: u64,
+    /// Connections one peer IP address may hold on the RPC port (0: no
+    /// per-address cap; the port takes 8192 in all).
+    #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
+    pub max_connections_per_ip: usize,
+    /// Connections each HTTP listener (metrics/admin, metadata) serves at once.
+    #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// An HTTP request header must arrive within this long, else the
+    /// connection is closed (idle keep-alive connections too).
+    #[arg(long, env = "KVPOOL_HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub http_header_read_timeout: Duration,
+    /// An HTTP request, body included, must be handled within this long (408 after).
+    #[arg(long, env = "KVPOOL_HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub http_request_timeout: Duration,
+    /// Largest value the transfer-metadata service stores (413 beyond).
+    #[arg(long, env = "KVPOOL_METADATA_MAX_VALUE_SIZE", default_value = "1MiB", value_parser = parse_size)]
+    pub metadata_max_value_size: u64,
+    /// Most keys the transfer-metadata service holds (507 beyond).
+    #[arg(long, env = "KVPOOL_METADATA_MAX_KEYS", default_value_t = 100_000)]
+    pub metadata_max_keys: usize,
+    /// Most bytes of keys and values the transfer-metadata service holds (507 beyond).
+    #[arg(long, env = "KVPOOL_METADATA_MAX_BYTES", default_value = "256MiB", value_parser = parse_size)]
+    pub metadata_max_bytes: u64,
     /// Elect a leader among masters through etcd; standbys take over when it dies.
     #[arg(long, alias = "enable_ha", env = "KVPOOL_ENABLE_HA", num_args = 0..=1,
           default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
@@ -226,6 +280,14 @@ impl MasterArgs {
             metrics_port: self.metrics_port,
             enable_http_metadata_server: self.enable_http_metadata_server,
             http_metadata_server_port: self.http_metadata_server_port,
+            http: HttpLimits {
+                max_connections: self.http_max_connections,
+                header_read_timeout: self.http_header_read_timeout,
+                request_timeout: self.http_request_timeout,
+                metadata_max_value: usize::try_from(self.metadata_max_value_size)?,
+                metadata_max_keys: self.metadata_max_keys,
+                metadata_max_bytes: self.metadata_max_bytes,
+            },
             state: StateConfig {
                 lease_ttl: self.default_kv_lease_ttl,
                 soft_pin_ttl: self.default_kv_soft_pin_ttl,
@@ -234,6 +296,12 @@ impl MasterArgs {
                 client_ttl: self.client_ttl,
                 store_grace: self.store_grace,
                 pending_ttl: self.put_timeout,
+                limits: ClientLimits {
+                    max_clients: self.max_clients,
+                    max_segments_per_client: self.max_segments_per_client,
+                    max_pending_per_client: self.max_pending_puts_per_client,
+                    max_hard_pinned_per_client: self.max_hard_pinned_per_client,
+                },
             },
         })
     }
@@ -264,6 +332,10 @@ pub struct StoreArgs {
     pub shutdown_grace: Duration,
     #[command(flatten)]
     pub security: SecurityArgs,
+    /// Connections one peer IP address may hold on the data port (0: no
+    /// per-address cap; the port takes 8192 in all).
+    #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
+    pub max_connections_per_ip: usize,
 }
 
 impl StoreArgs {

@@ -15,6 +15,14 @@ use cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(n) = cli.max_connections_per_ip() {
+        // The accept loops of kvpool-net read their per-address cap from
+        // the environment; set it while this process is one thread.
+        std::env::set_var(
+            kvpool_net::server::MAX_CONNECTIONS_PER_IP_ENV,
+            n.to_string(),
+        );
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KVPOOL_LOG")

@@ -5,16 +5,23 @@
 //! Every operation takes `now` from the caller, so leases, pins and client
 //! expiry are tested with synthetic or paused time. Lock order, everywhere:
 //! shard, then the segment map, then one segment's allocator; the client map
-//! and the deferred-free list are only ever taken alone.
+//! and the deferred-free list are only ever taken alone; the ledger is taken
+//! last (under a shard, never the other way).
 //!
 //! One file per concern: `clients` (liveness, the suspect state, expiry),
 //! `segments` (mounts, inventories, placement), `objects` (puts, reads,
-//! removals), `evict` (LRU eviction) and `invalidation` (freed regions
-//! and the destruction of their headers on the stores).
+//! removals), `evict` (LRU eviction), `invalidation` (freed regions
+//! and the destruction of their headers on the stores) and `ledger` (what
+//! each client holds against its limits).
+//!
+//! Limits on what one client may hold (registrations, segments, puts in
+//! flight, hard-pinned bytes) are checked before anything is reserved, and
+//! every refusal is counted in [`Refusals`].
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_proto::msg::{ClientId, ClusterStatus, Replica, SegmentId, SegmentStatus};
@@ -23,10 +30,12 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::alloc::Region;
+use crate::refusals::Refusals;
 
 mod clients;
 mod evict;
 mod invalidation;
+mod ledger;
 mod objects;
 mod segments;
 mod table;
@@ -35,6 +44,7 @@ use clients::ClientEntry;
 pub use evict::Evicted;
 use invalidation::InvalidationQueue;
 pub use invalidation::Invalidations;
+use ledger::Ledger;
 use objects::{Shard, Tick, Version};
 use segments::SegmentSlot;
 use table::{SegNo, SegNumbers};
@@ -64,6 +74,38 @@ pub struct StateConfig {
     pub store_grace: Duration,
     /// A put not ended within this long is revoked.
     pub pending_ttl: Duration,
+    /// What one client may hold.
+    pub limits: ClientLimits,
+}
+
+/// Limits on what clients may hold, so that no client (or flood of client
+/// ids) can exhaust the master; a request beyond one is refused before
+/// anything is reserved for it.
+#[derive(Debug, Clone)]
+pub struct ClientLimits {
+    /// Most registered clients (stores included): a new client id beyond it
+    /// is refused (`UNAVAILABLE_IN_CURRENT_STATUS`, retryable: stores retry
+    /// until a slot frees); registered ones keep working.
+    pub max_clients: usize,
+    /// Most segments one client may lend (`INVALID_PARAMS` beyond).
+    pub max_segments_per_client: usize,
+    /// Most puts one client may have started and not ended
+    /// (`NO_AVAILABLE_HANDLE` per key beyond).
+    pub max_pending_per_client: u64,
+    /// Most bytes of hard-pinned objects (committed or in flight, all
+    /// replicas) one client may hold (`NO_AVAILABLE_HANDLE` beyond).
+    pub max_hard_pinned_per_client: u64,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            max_clients: 10_000,
+            max_segments_per_client: 64,
+            max_pending_per_client: 1_000_000,
+            max_hard_pinned_per_client: 64 << 30,
+        }
+    }
 }
 
 impl Default for StateConfig {
@@ -76,6 +118,7 @@ impl Default for StateConfig {
             client_ttl: Duration::from_secs(10),
             store_grace: Duration::from_secs(30),
             pending_ttl: Duration::from_secs(60),
+            limits: ClientLimits::default(),
         }
     }
 }
@@ -132,6 +175,10 @@ pub struct MasterState {
     epoch: Instant,
     /// Picks a key's shard.
     shard_hasher: foldhash::fast::RandomState,
+    /// Puts in flight and hard pins per client, against their limits.
+    ledger: Arc<Ledger>,
+    /// Requests refused by a limit.
+    refusals: Refusals,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -154,9 +201,12 @@ impl MasterState {
         // Generations only need to differ between versions of one key; starting
         // from the wall clock keeps them increasing across master restarts.
         let start = wall_nanos();
+        let ledger = Arc::new(Ledger::default());
         MasterState {
             cfg,
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::new(ledger.clone())))
+                .collect(),
             segments: RwLock::new(HashMap::new()),
             numbers: Default::default(),
             clients: Mutex::new(HashMap::new()),
@@ -170,7 +220,21 @@ impl MasterState {
             suspect_count: Default::default(),
             epoch: Instant::now(),
             shard_hasher: Default::default(),
+            ledger,
+            refusals: Refusals::default(),
         }
+    }
+
+    /// Requests refused by a limit, counted per reason.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
+    /// What `client` holds against its limits: puts in flight, and bytes of
+    /// hard-pinned objects (in flight or committed).
+    pub fn held_by(&self, client: ClientId) -> (u64, u64) {
+        let h = self.ledger.held(client);
+        (h.pending, h.pinned)
     }
 
     /// `t` as a [`Tick`] (times before the epoch count as the epoch).

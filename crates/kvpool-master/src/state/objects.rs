@@ -12,7 +12,9 @@ use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use tokio::time::Instant;
 
 use crate::alloc::Region;
+use crate::refusals::Refusal;
 
+use super::ledger::Pin;
 use super::table::ObjectTable;
 use super::*;
 
@@ -38,7 +40,8 @@ pub(super) struct Version<S = SegmentId> {
     pub(super) last_access: Tick,
     /// When it was committed (or recovered).
     pub(super) committed_at: Tick,
-    pub(super) hard_pin: bool,
+    /// Never evicted; charged to a client's hard-pin limit.
+    pub(super) hard_pin: Option<Pin>,
 }
 
 impl<S> Version<S> {
@@ -71,18 +74,45 @@ pub(super) struct Pending {
 /// One lock's worth of the object map: each key's committed version, and
 /// apart from it (so the many committed objects carry no room for one) the
 /// put of a new version in flight, at most one per key.
-#[derive(Default)]
 pub(super) struct Shard {
     pub(super) objects: ObjectTable,
     pub(super) pending: HashMap<Box<str>, Pending, KeyHasher>,
+}
+
+impl Shard {
+    /// An empty shard whose holdings are counted in `ledger`.
+    pub(super) fn new(ledger: Arc<super::Ledger>) -> Self {
+        Shard {
+            objects: ObjectTable::new(ledger),
+            pending: HashMap::default(),
+        }
+    }
 }
 
 /// Hashing of keys inside a shard: foldhash, seeded per process (keys are
 /// the clients' choice), several times cheaper than SipHash on short keys.
 pub(super) type KeyHasher = foldhash::fast::RandomState;
 
+/// What [`MasterState::put_start_one`] did for a key.
+pub(super) enum Started {
+    /// Started a new put, which holds one of the client's puts in flight.
+    New(PutGrant),
+    /// Answered from what is there (the key exists, or this client's put of
+    /// it is already in flight): nothing new is held.
+    Held(PutGrant),
+}
+
+impl Started {
+    fn grant(self) -> PutGrant {
+        match self {
+            Started::New(g) | Started::Held(g) => g,
+        }
+    }
+}
+
 impl MasterState {
-    /// Reserves regions for each item; one result per item.
+    /// Reserves regions for each item; one result per item. Keys beyond the
+    /// client's limit of puts in flight get `NO_AVAILABLE_HANDLE`.
     pub fn put_start(
         &self,
         client: ClientId,
@@ -94,11 +124,56 @@ impl MasterState {
         if let Err(e) = self.require_client(client, now) {
             return items.iter().map(|_| Err(e.clone())).collect();
         }
+        // Puts in flight are reserved for the whole batch at once: the keys
+        // beyond the client's limit are refused before any work, unless what
+        // is there answers them (the key exists, or it is this client's put
+        // in flight asked again after a lost answer).
+        let max = self.cfg.limits.max_pending_per_client;
+        let allowed = self.ledger.reserve_puts(client, items.len() as u64, max) as usize;
         let placeable = self.placeable(now);
-        items
+        let (mut started, mut refused) = (0, 0);
+        let out = items
             .iter()
-            .map(|item| self.put_start_one(client, item, config, upsert, &placeable, now))
-            .collect()
+            .enumerate()
+            .map(|(i, item)| {
+                if i >= allowed {
+                    validate_key(&item.key)?;
+                    let shard = self.shard(&item.key).lock();
+                    if let Some(answer) = self.existing_answer(&shard, client, item, upsert) {
+                        return answer;
+                    }
+                    refused += 1;
+                    return Err(KvError::new(
+                        Code::NoAvailableHandle,
+                        format!(
+                            "this client has {max} puts in flight, its limit: end or revoke some first"
+                        ),
+                    ));
+                }
+                let r = self.put_start_one(client, item, config, upsert, &placeable, now);
+                if matches!(&r, Ok(Started::New(_))) {
+                    started += 1;
+                }
+                r.map(Started::grant)
+            })
+            .collect();
+        // Existing keys, retries of a put already in flight and failures hold nothing.
+        self.ledger.release(client, (allowed - started) as u64, 0);
+        if refused > 0 {
+            let detail = format!(
+                "client {client} has {max} puts in flight, its limit; {refused} of {} keys refused",
+                items.len()
+            );
+            self.refusals.record(Refusal::PendingPuts, refused, &detail);
+        }
+        out
+    }
+
+    /// Gives back what a put in flight held: it was revoked, expired, or
+    /// lost its segments (a committed put keeps its pin in the table).
+    pub(super) fn forget_pending(&self, p: &Pending) {
+        let pinned = p.version.hard_pin.map_or(0, |pin| pin.bytes);
+        self.ledger.release(p.owner, 1, pinned);
     }
 
     /// What the key's current state means for a new put, if it decides the answer.
@@ -136,7 +211,7 @@ impl MasterState {
         upsert: bool,
         placeable: &HashSet<SegmentId>,
         now: Instant,
-    ) -> KvResult<PutGrant> {
+    ) -> KvResult<Started> {
         validate_key(&item.key)?;
         if item.region_len < item.value_len || item.region_len == 0 {
             return Err(KvError::new(
@@ -153,10 +228,20 @@ impl MasterState {
         if let Some(answer) =
             self.existing_answer(&self.shard(&item.key).lock(), client, item, upsert)
         {
-            return answer;
+            return answer.map(Started::Held);
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
+        let max_pinned = self.cfg.limits.max_hard_pinned_per_client;
+        if config.with_hard_pin {
+            let held = self.ledger.held(client).pinned;
+            let more = item
+                .region_len
+                .saturating_mul(want.min(placeable.len()) as u64);
+            if held.saturating_add(more) > max_pinned {
+                return Err(self.pin_refused(client, held, more));
+            }
+        }
         let fit = self.fitting(item.region_len, Some(placeable));
         if fit == 0 && self.fitting(item.region_len, None) > 0 {
             // Room exists but not now: never evict for segments that cannot take
@@ -195,20 +280,40 @@ impl MasterState {
                 ),
             ));
         }
+        let hard_pin = match config.with_hard_pin {
+            false => None,
+            true => {
+                // Allocation rounds regions up: charge what was placed.
+                let bytes = replicas.iter().map(|(_, r)| r.len).sum();
+                if !self.ledger.reserve_pin(client, bytes, max_pinned) {
+                    self.free_now(&replicas, None);
+                    let held = self.ledger.held(client).pinned;
+                    return Err(self.pin_refused(client, held, bytes));
+                }
+                Some(Pin {
+                    owner: client,
+                    bytes,
+                })
+            }
+        };
         let mut shard = self.shard(&item.key).lock();
         if let Some(answer) = self.existing_answer(&shard, client, item, upsert) {
             // Lost a race with another writer of the same key.
+            drop(shard);
             self.free_now(&replicas, None);
-            return answer;
+            if let Some(pin) = hard_pin {
+                self.ledger.release(client, 0, pin.bytes);
+            }
+            return answer.map(Started::Held);
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let soft_pin_until = match config.with_soft_pin {
-            true => self.tick(
-                now + config
-                    .soft_pin_ttl_ms
-                    .map(Duration::from_millis)
-                    .unwrap_or(self.cfg.soft_pin_ttl),
-            ),
+            true => {
+                let ttl = config.soft_pin_ttl_ms.map(Duration::from_millis);
+                // A TTL past the end of time pins for as long as there is.
+                now.checked_add(ttl.unwrap_or(self.cfg.soft_pin_ttl))
+                    .map_or(Tick(u64::MAX), |t| self.tick(t))
+            }
             false => Tick(0),
         };
         let described = self.describe(&replicas);
@@ -224,14 +329,28 @@ impl MasterState {
                 soft_pin_until,
                 last_access: at,
                 committed_at: at,
-                hard_pin: config.with_hard_pin,
+                hard_pin,
             },
         };
         shard.pending.insert(item.key.as_str().into(), pending);
-        Ok(PutGrant::Write {
+        Ok(Started::New(PutGrant::Write {
             generation,
             replicas: described,
-        })
+        }))
+    }
+
+    /// The refusal of a hard pin of `more` bytes by a client holding `held`.
+    fn pin_refused(&self, client: ClientId, held: u64, more: u64) -> KvError {
+        let max = self.cfg.limits.max_hard_pinned_per_client;
+        self.refusals.refuse(
+            Refusal::HardPinnedBytes,
+            KvError::new(
+                Code::NoAvailableHandle,
+                format!(
+                    "client {client} holds {held} hard-pinned bytes; {more} more would pass its limit of {max}"
+                ),
+            ),
+        )
     }
 
     /// Commits written objects; one result per key.
@@ -268,10 +387,12 @@ impl MasterState {
             }
             Some(_) => {}
         }
-        shard
+        let p = shard
             .pending
             .remove(key)
-            .ok_or_else(|| KvError::from(Code::InternalError))
+            .ok_or_else(|| KvError::from(Code::InternalError))?;
+        self.forget_pending(&p);
+        Ok(p)
     }
 
     pub(super) fn put_end_one(
@@ -281,6 +402,7 @@ impl MasterState {
         generation: u64,
         now: Instant,
     ) -> KvResult<()> {
+        validate_key(key)?;
         let mut shard = self.shard(key).lock();
         match shard.pending.get(key) {
             Some(p) if p.version.generation == generation => {
@@ -306,14 +428,19 @@ impl MasterState {
             .pending
             .remove(key)
             .ok_or_else(|| KvError::from(Code::InternalError))?;
+        let owner = p.owner;
         // A segment may have gone away while the bytes were being written.
         let mut v = self.pack(p.version);
         if v.replicas.is_empty() {
+            self.ledger
+                .release(owner, 1, v.hard_pin.map_or(0, |pin| pin.bytes));
             return Err(KvError::new(
                 Code::WriteFail,
                 format!("every segment of {key:?} went away"),
             ));
         }
+        // Committed: no longer in flight; its pin now goes with the object.
+        self.ledger.release(owner, 1, 0);
         v.last_access = self.tick(now);
         v.committed_at = v.last_access;
         if let Some(old) = shard.objects.insert(key, v) {
@@ -327,6 +454,7 @@ impl MasterState {
     pub fn put_revoke(&self, client: ClientId, keys: &[String]) -> Vec<KvResult<()>> {
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 let mut shard = self.shard(k).lock();
                 let p = self.take_pending(&mut shard, client, k)?;
                 drop(shard);
@@ -341,6 +469,7 @@ impl MasterState {
         let suspect = self.suspect_segments();
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 let mut shard = self.shard(k).lock();
                 let objects = &mut shard.objects;
                 let i = objects.find(k).ok_or_else(|| {
@@ -373,6 +502,9 @@ impl MasterState {
         items
             .iter()
             .map(|it| {
+                if validate_key(&it.key).is_err() {
+                    return false;
+                }
                 let at = now
                     .checked_sub(Duration::from_micros(it.age_us))
                     .unwrap_or(now);
@@ -395,6 +527,7 @@ impl MasterState {
     pub fn exist(&self, keys: &[String]) -> Vec<KvResult<u64>> {
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 self.shard(k)
                     .lock()
                     .objects
@@ -433,6 +566,7 @@ impl MasterState {
     pub fn remove(&self, keys: &[String], force: bool, now: Instant) -> Vec<KvResult<()>> {
         keys.iter()
             .map(|k| {
+                validate_key(k)?;
                 let v = self.remove_in(&mut self.shard(k).lock(), k, force, now)?;
                 // A forced remove frees at once, as the caller asked; a reader still
                 // in flight on it fails its header or checksum check, never returns

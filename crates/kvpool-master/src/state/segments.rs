@@ -13,8 +13,9 @@ use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::alloc::{OffsetAllocator, Region};
+use crate::alloc::{OffsetAllocator, Region, ALIGN};
 use crate::placement::{self, SegmentView};
+use crate::refusals::Refusal;
 
 use super::*;
 
@@ -25,6 +26,9 @@ pub(super) struct SegmentSlot {
     pub(super) alloc: Mutex<OffsetAllocator>,
     /// Waiting for the rest of its inventory: takes no new objects yet.
     pub(super) recovering: Option<Vec<InventoryItem>>,
+    /// Objects its inventory announced: the parts reported may not hold
+    /// many more (a part sent again after a lost answer counts twice).
+    pub(super) announced: u64,
     /// Shutting down or being emptied: takes no new objects.
     pub(super) draining: bool,
     /// Versions committed after this are not expected in the inventory.
@@ -71,7 +75,39 @@ impl MasterState {
                 "segment has no usable bytes",
             ));
         }
+        // Every object takes at least one aligned region.
+        if objects > info.size / ALIGN {
+            return Err(self.refusals.refuse(
+                Refusal::Inventory,
+                KvError::new(
+                    Code::InvalidParams,
+                    format!(
+                        "segment {} of {} bytes cannot hold the {objects} objects announced",
+                        info.id, info.size
+                    ),
+                ),
+            ));
+        }
         let recovering = (objects > 0).then(Vec::new);
+        let segs = self.segments.read();
+        let max = self.cfg.limits.max_segments_per_client;
+        if segs.get(&info.id).is_none_or(|s| s.owner != client)
+            && segs.values().filter(|s| s.owner == client).count() >= max
+        {
+            drop(segs);
+            return Err(self.refusals.refuse(
+                Refusal::SegmentsPerClient,
+                KvError::new(
+                    Code::InvalidParams,
+                    format!(
+                        "client {client} lends {max} segments, the limit: segment {} refused",
+                        info.id
+                    ),
+                ),
+            ));
+        }
+        // Numbered only once it is admitted: numbers are never given back.
+        drop(segs);
         self.numbers.write().number(info.id);
         let mut segs = self.segments.write();
         if let Some(s) = segs.get_mut(&info.id) {
@@ -99,6 +135,7 @@ impl MasterState {
             s.info = info.clone();
             s.owner = client;
             s.recovering = recovering;
+            s.announced = objects;
             s.draining = false;
             s.scan_cutoff = cutoff;
             drop(segs);
@@ -116,6 +153,7 @@ impl MasterState {
                 info,
                 owner: client,
                 recovering,
+                announced: objects,
                 draining: false,
                 scan_cutoff: cutoff,
                 possession,
@@ -156,6 +194,20 @@ impl MasterState {
                     format!("segment {id} announced no inventory"),
                 ));
             };
+            let reported = (inv.len() + items.len()) as u64;
+            if reported > s.announced.saturating_mul(2) {
+                let announced = s.announced;
+                drop(segs);
+                return Err(self.refusals.refuse(
+                    Refusal::Inventory,
+                    KvError::new(
+                        Code::InvalidParams,
+                        format!(
+                            "inventory of {id}: {reported} objects reported, {announced} announced"
+                        ),
+                    ),
+                ));
+            }
             inv.extend(items);
             if !last {
                 return Ok(InventoryVerdict::default());
@@ -283,7 +335,7 @@ impl MasterState {
                             soft_pin_until: Tick(0),
                             last_access: at,
                             committed_at: at,
-                            hard_pin: false,
+                            hard_pin: None,
                         },
                     );
                     drop(shard);
@@ -454,6 +506,7 @@ impl MasterState {
             sh.pending.retain(|_, p| {
                 let on = p.version.replicas.iter().any(|(s, _)| *s == id);
                 if on {
+                    self.forget_pending(p);
                     revoked.push((p.version.replicas.clone(), p.version.generation));
                 }
                 !on
@@ -482,7 +535,8 @@ impl MasterState {
     /// Segments that may take new objects now: not recovering an inventory,
     /// not draining, and with an owner that heartbeats.
     pub(super) fn placeable(&self, now: Instant) -> HashSet<SegmentId> {
-        let late = self.late_owners(now);
+        let owners: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
+        let late = self.late_owners(owners, now);
         self.segments
             .read()
             .values()
@@ -518,7 +572,8 @@ impl MasterState {
                 free: s.alloc.lock().largest_free(),
             })
             .collect();
-        let mut got = Vec::with_capacity(replica_num);
+        // `replica_num` is the caller's: never reserve room beyond the segments.
+        let mut got = Vec::with_capacity(replica_num.min(views.len()));
         for id in placement::order(&views, region_len, preferred) {
             if got.len() == replica_num {
                 break;

@@ -7,14 +7,17 @@
 //! in the slot, and segments are named by a 4-byte number.
 //!
 //! Rare things live beside the slots, keyed by slot number: replicas after
-//! the first, and soft pins.
+//! the first, soft pins, and who a hard pin is charged to (given back to
+//! the [`Ledger`] when the object leaves the table, however it leaves).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use hashbrown::HashTable;
 use kvpool_proto::msg::SegmentId;
 
+use super::ledger::{Ledger, Pin};
 use super::objects::{KeyHasher, Tick, Version};
 use crate::alloc::Region;
 
@@ -125,6 +128,10 @@ pub(super) struct ObjectTable {
     garbage: usize,
     more: HashMap<u32, Vec<(SegNo, Region)>, KeyHasher>,
     soft_pins: HashMap<u32, Tick, KeyHasher>,
+    /// Whose limit each hard-pinned object counts against.
+    hard_pins: HashMap<u32, Pin, KeyHasher>,
+    /// Where hard pins are given back.
+    ledger: Arc<Ledger>,
     hasher: KeyHasher,
 }
 
@@ -144,6 +151,21 @@ fn at(slots: &[Vec<Slot>], i: u32) -> &Slot {
 }
 
 impl ObjectTable {
+    /// An empty table whose hard pins are charged in `ledger`.
+    pub(super) fn new(ledger: Arc<Ledger>) -> Self {
+        ObjectTable {
+            ledger,
+            ..Default::default()
+        }
+    }
+
+    /// Gives back slot `i`'s hard pin, if it has one.
+    fn unpin(&mut self, i: u32) {
+        if let Some(p) = self.hard_pins.remove(&i) {
+            self.ledger.release(p.owner, 0, p.bytes);
+        }
+    }
+
     /// Objects held.
     pub(super) fn len(&self) -> usize {
         self.index.len()
@@ -249,6 +271,7 @@ impl ObjectTable {
         debug_assert!(!v.replicas.is_empty());
         if let Some(i) = self.find(key) {
             let old = self.unpack(i);
+            self.unpin(i);
             let s = *self.at(i);
             self.write(i, s.key_at, s.key_len, &v);
             return Some(old);
@@ -293,6 +316,7 @@ impl ObjectTable {
         }
         self.more.remove(&i);
         self.soft_pins.remove(&i);
+        self.unpin(i);
         let next = self.vacant.unwrap_or(NONE);
         *self.at_mut(i) = Slot {
             key_at: next,
@@ -360,8 +384,9 @@ impl ObjectTable {
 
     fn write(&mut self, i: u32, key_at: u32, key_len: u16, v: &Version<SegNo>) {
         let mut flags = 0;
-        if v.hard_pin {
+        if let Some(pin) = v.hard_pin {
             flags |= HARD_PIN;
+            self.hard_pins.insert(i, pin);
         }
         if v.soft_pin_until > Tick(0) {
             flags |= SOFT_PIN;
@@ -398,7 +423,7 @@ impl ObjectTable {
             soft_pin_until: self.soft_pin_until(i),
             last_access: s.last_access,
             committed_at: s.committed_at(),
-            hard_pin: s.hard_pinned(),
+            hard_pin: self.hard_pins.get(&i).copied(),
         }
     }
 
@@ -474,7 +499,7 @@ mod tests {
             soft_pin_until: Tick(0),
             last_access: Tick(7),
             committed_at: Tick(3_000_000_000),
-            hard_pin: false,
+            hard_pin: None,
         }
     }
 
@@ -505,10 +530,13 @@ mod tests {
 
     #[test]
     fn pins_and_extra_replicas_live_beside_the_slot() {
-        let mut t = ObjectTable::default();
+        let ledger = Arc::new(Ledger::default());
+        let mut t = ObjectTable::new(ledger.clone());
         let mut v = version(1, &[(0, 0)]);
         v.soft_pin_until = Tick(99);
-        v.hard_pin = true;
+        let owner = kvpool_proto::msg::ClientId(5);
+        assert!(ledger.reserve_pin(owner, 64, 64));
+        v.hard_pin = Some(Pin { owner, bytes: 64 });
         t.insert("k", v);
         let i = t.find("k").unwrap();
         assert_eq!(t.soft_pin_until(i), Tick(99));
@@ -523,9 +551,33 @@ mod tests {
             t.replicas(i).collect::<Vec<_>>(),
             vec![(SegNo(1), region(64))]
         );
+        assert_eq!(ledger.held(owner).pinned, 64);
         assert_eq!(t.retain_replicas(|_, _, _| false), 1);
         assert_eq!(t.len(), 0);
-        assert!(t.soft_pins.is_empty() && t.more.is_empty());
+        assert!(t.soft_pins.is_empty() && t.more.is_empty() && t.hard_pins.is_empty());
+        // The object is gone, and with it the bytes its writer had pinned.
+        assert_eq!(ledger.held(owner).pinned, 0);
+    }
+
+    #[test]
+    fn a_replaced_or_removed_hard_pin_is_given_back() {
+        let ledger = Arc::new(Ledger::default());
+        let mut t = ObjectTable::new(ledger.clone());
+        let owner = kvpool_proto::msg::ClientId(9);
+        let pinned = |bytes| {
+            assert!(ledger.reserve_pin(owner, bytes, u64::MAX));
+            let mut v = version(1, &[(0, 0)]);
+            v.hard_pin = Some(Pin { owner, bytes });
+            v
+        };
+        t.insert("a", pinned(100));
+        t.insert("b", pinned(10));
+        assert_eq!(ledger.held(owner).pinned, 110);
+        t.insert("a", version(2, &[(0, 64)]));
+        assert_eq!(ledger.held(owner).pinned, 10);
+        t.remove("b");
+        assert_eq!(ledger.held(owner).pinned, 0);
+        assert!(t.hard_pins.is_empty());
     }
 
     #[test]

@@ -1,0 +1,120 @@
+//! What each client holds that its limits count: puts in flight (started,
+//! not yet committed or revoked) and bytes of hard-pinned objects (in flight
+//! or committed), so a put beyond `max_pending_per_client` or
+//! `max_hard_pinned_per_client` is refused before any region is reserved.
+//!
+//! Taken last: its lock is taken under a shard's (an object's removal gives
+//! its pin back), and nothing is taken under it.
+
+use std::collections::HashMap;
+
+use kvpool_proto::msg::ClientId;
+use parking_lot::Mutex;
+
+/// What a hard-pinned object costs its writer: the client whose limit
+/// counts it and the bytes its regions took when it was placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pin {
+    /// The writer.
+    pub(crate) owner: ClientId,
+    /// Bytes over all replicas, as placed.
+    pub(crate) bytes: u64,
+}
+
+/// One client's holdings.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// Puts started and not ended.
+    pub(crate) pending: u64,
+    /// Bytes of hard-pinned objects, in flight or committed.
+    pub(crate) pinned: u64,
+}
+
+/// Holdings of every client that holds something.
+#[derive(Default)]
+pub(crate) struct Ledger {
+    per: Mutex<HashMap<ClientId, Held>>,
+}
+
+impl Ledger {
+    /// What `client` holds now.
+    pub(crate) fn held(&self, client: ClientId) -> Held {
+        self.per.lock().get(&client).copied().unwrap_or_default()
+    }
+
+    /// Reserves up to `n` puts in flight for `client` without passing
+    /// `max`; returns how many were reserved (the first ones of the batch go).
+    pub(crate) fn reserve_puts(&self, client: ClientId, n: u64, max: u64) -> u64 {
+        let mut per = self.per.lock();
+        let h = per.entry(client).or_default();
+        let granted = n.min(max.saturating_sub(h.pending));
+        h.pending += granted;
+        if *h == Held::default() {
+            per.remove(&client);
+        }
+        granted
+    }
+
+    /// Reserves `bytes` of hard pins for `client` unless that passes `max`.
+    pub(crate) fn reserve_pin(&self, client: ClientId, bytes: u64, max: u64) -> bool {
+        let mut per = self.per.lock();
+        let h = per.entry(client).or_default();
+        let fits = h.pinned.saturating_add(bytes) <= max;
+        if fits {
+            h.pinned += bytes;
+        }
+        if *h == Held::default() {
+            per.remove(&client);
+        }
+        fits
+    }
+
+    /// Gives back `puts` puts in flight and `pinned` bytes of pins.
+    pub(crate) fn release(&self, client: ClientId, puts: u64, pinned: u64) {
+        if puts == 0 && pinned == 0 {
+            return;
+        }
+        let mut per = self.per.lock();
+        if let Some(h) = per.get_mut(&client) {
+            h.pending = h.pending.saturating_sub(puts);
+            h.pinned = h.pinned.saturating_sub(pinned);
+            if *h == Held::default() {
+                per.remove(&client);
+            }
+        }
+    }
+
+    /// Clients holding anything (for tests: entries do not outlive holdings).
+    #[cfg(test)]
+    pub(crate) fn clients(&self) -> usize {
+        self.per.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_stop_at_the_limit_and_come_back() {
+        let l = Ledger::default();
+        let c = ClientId(1);
+        assert_eq!(l.reserve_puts(c, 8, 10), 8);
+        assert_eq!(l.reserve_puts(c, 8, 10), 2);
+        assert_eq!(l.reserve_puts(c, 1, 10), 0);
+        assert!(l.reserve_pin(c, 100, 150));
+        assert!(!l.reserve_pin(c, 51, 150));
+        assert_eq!(
+            l.held(c),
+            Held {
+                pending: 10,
+                pinned: 100
+            }
+        );
+        l.release(c, 10, 100);
+        assert_eq!(l.held(c), Held::default());
+        assert_eq!(l.clients(), 0, "an empty entry is dropped");
+        assert_eq!(l.reserve_puts(ClientId(2), 0, 10), 0);
+        assert_eq!(l.clients(), 0);
+    }
+}
