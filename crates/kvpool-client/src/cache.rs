@@ -26,6 +26,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use kvpool_net::capability::unix_ms;
 use kvpool_proto::msg::{ObjectLocation, TouchItem};
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -34,6 +35,10 @@ const SHARDS: usize = 16;
 /// Most reads waiting to be reported; more are not reported (their entries
 /// then simply age out), so the set stays bounded if the master is away.
 const MAX_TOUCHED: usize = 1 << 16;
+
+/// A location is not used this close to its grants' expiry: the read
+/// might reach the store after it.
+const GRANT_MARGIN_MS: u64 = 2_000;
 
 /// A cached location and when its read lease began (`None`: a hint).
 type Entry = (ObjectLocation, Option<Instant>);
@@ -81,8 +86,13 @@ impl LocationCache {
         if self.per_shard == 0 {
             return None;
         }
-        let shard = self.shard(key).lock();
+        let mut shard = self.shard(key).lock();
         let (loc, from) = shard.get(key)?;
+        if grants_run_out(loc) {
+            // Its stores would refuse it: ask the master for fresh grants.
+            shard.remove(key);
+            return None;
+        }
         let Some(from) = from.filter(|f| f.elapsed() < Duration::from_millis(loc.lease_ms / 2))
         else {
             return Some((loc.clone(), None));
@@ -175,6 +185,16 @@ impl LocationCache {
     }
 }
 
+/// Whether some replica's grant expires within [`GRANT_MARGIN_MS`].
+fn grants_run_out(loc: &ObjectLocation) -> bool {
+    let mut caps = loc.replicas.iter().filter_map(|r| r.cap).peekable();
+    if caps.peek().is_none() {
+        return false;
+    }
+    let soon = unix_ms().saturating_add(GRANT_MARGIN_MS);
+    caps.any(|c| c.expires_ms < soon)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +210,7 @@ mod tests {
                 endpoint: "e".into(),
                 offset: 0,
                 len: 1,
+                cap: None,
             }],
         }
     }
@@ -216,6 +237,27 @@ mod tests {
         }
         let n: usize = c.shards.iter().map(|s| s.lock().len()).sum();
         assert!(n <= 32, "{n} entries in a cache of 32");
+    }
+
+    /// A location is dropped once its grants are about to run out: its
+    /// stores would refuse the read.
+    #[test]
+    fn locations_with_expiring_grants_are_dropped() {
+        let c = LocationCache::new(16);
+        let granted = |expires_ms| {
+            let mut l = loc(1);
+            l.replicas[0].cap = Some(kvpool_proto::msg::Capability {
+                expires_ms,
+                access: kvpool_proto::msg::Capability::READ,
+                mac: [0; 16],
+            });
+            l
+        };
+        c.insert("fresh", granted(unix_ms() + 60_000), Some(Instant::now()));
+        c.insert("old", granted(unix_ms() + GRANT_MARGIN_MS / 2), None);
+        assert!(c.get("fresh").is_some());
+        assert!(c.get("old").is_none());
+        assert!(c.get("old").is_none(), "and forgotten");
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl Client {
             headers.push((i, generation, h.encode(), replicas));
         }
         let mut ops: Vec<(usize, String, WriteOp)> = Vec::new();
-        for (i, _, head, replicas) in &headers {
+        for (i, generation, head, replicas) in &headers {
             for r in replicas {
                 let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + items[*i].1.len());
                 parts.push(head);
@@ -158,6 +158,7 @@ impl Client {
                 let req = WriteReq {
                     segment: r.segment,
                     offset: r.offset,
+                    grant: r.grant(*generation),
                 };
                 ops.push((*i, r.endpoint.clone(), WriteOp { req, parts }));
             }

@@ -134,6 +134,7 @@ impl Client {
                             segment: rep.segment,
                             offset: rep.offset,
                             len: hl + l.value_len,
+                            grant: rep.grant(l.generation),
                         };
                         let op = ReadOp { req, dst };
                         groups
@@ -264,6 +265,7 @@ mod tests {
                     endpoint: format!("127.0.0.1:{i}"),
                     offset: 4096,
                     len: 4096,
+                    cap: None,
                 })
                 .collect(),
         }

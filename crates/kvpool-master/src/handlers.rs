@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use kvpool_net::capability::unix_ms;
 use kvpool_proto::limits::{
     check_batch, validate_endpoint, validate_name, MAX_PATH_LEN, MAX_PATTERN_LEN,
     MAX_PREFERRED_SEGMENTS,
@@ -21,6 +22,10 @@ use crate::{Master, Role};
 /// its lazy DFA caches): compiling stops there, so a small pattern that
 /// expands hugely (`\w{1000}{1000}`) costs at most this.
 pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// How long a location's read grants last: well past its read lease, so a
+/// client's cached location stays readable while it keeps renewing it.
+const READ_GRANT_TTL: Duration = Duration::from_secs(60);
 
 /// What a handler gets besides its request.
 pub(crate) struct Ctx<'a> {
@@ -60,6 +65,25 @@ impl Ctx<'_> {
     /// Checks a name or path carried by a request.
     fn check_name(&self, what: &str, name: &str) -> KvResult<()> {
         validate_name(what, name).map_err(|e| self.refuse(Refusal::NameLength, e))
+    }
+
+    /// Signs each replica's region for `access` to the object version
+    /// `generation`, when this master has a secret.
+    fn grant(&self, access: u8, generation: u64, replicas: &mut [msg::Replica]) {
+        let Some(key) = &self.master.grants else {
+            return;
+        };
+        let ttl = if access & msg::Capability::WRITE != 0 {
+            // A put not ended by then is revoked anyway.
+            self.master.state.config().pending_ttl
+        } else {
+            READ_GRANT_TTL
+        };
+        let expires = unix_ms().saturating_add(ttl.as_millis() as u64);
+        for r in replicas {
+            let region = (r.offset, r.len);
+            r.cap = Some(key.sign(access, r.segment, region, generation, expires));
+        }
     }
 
     /// Counts the keys of a batch that fail [`validate_key`]; the state
@@ -193,13 +217,24 @@ impl Handle for msg::PutStart {
         }
         cx.count_bad_keys("PutStart", self.items.iter().map(|i| i.key.as_str()));
         let m = cx.master;
-        let v = m.state.put_start(
+        let mut v = m.state.put_start(
             self.client_id,
             &self.items,
             &self.config,
             self.upsert,
             cx.now,
         );
+        // The writer may read back what it wrote (a put is a read hint).
+        let access = msg::Capability::READ | msg::Capability::WRITE;
+        for g in v.iter_mut().flatten() {
+            if let msg::PutGrant::Write {
+                generation,
+                replicas,
+            } = g
+            {
+                cx.grant(access, *generation, replicas);
+            }
+        }
         if m.state.above_watermark() {
             m.evict_soon.notify_one();
         }
@@ -228,7 +263,10 @@ impl Handle for msg::PutRevoke {
 impl Handle for msg::GetReplicaList {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<msg::ObjectLocation>>> {
         cx.count_bad_keys("GetReplicaList", self.keys.iter().map(String::as_str));
-        let v = cx.master.state.get_replica_list(&self.keys, cx.now);
+        let mut v = cx.master.state.get_replica_list(&self.keys, cx.now);
+        for l in v.iter_mut().flatten() {
+            cx.grant(msg::Capability::READ, l.generation, &mut l.replicas);
+        }
         Ok(counted::<Self, _>(cx, v))
     }
 }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::auth::{Role as PeerRole, Security};
+use kvpool_net::capability::CapabilityKey;
 use kvpool_net::server::{serve_control, ControlHandler, ReplyWait};
 use kvpool_proto::frame::{Limits, Opcode};
 use kvpool_proto::msg;
@@ -124,6 +125,9 @@ pub struct Master {
     pub state: MasterState,
     /// Counters and gauges.
     pub metrics: Metrics,
+    /// Signs the regions handed out for data-plane access; `None` without
+    /// a secret (stores then check nothing).
+    grants: Option<CapabilityKey>,
     evict_soon: Notify,
     /// Wakes the invalidator when a reply waits on it.
     invalidate_now: Notify,
@@ -141,16 +145,22 @@ pub struct Master {
 impl Master {
     /// A master with empty state.
     pub fn new(cfg: StateConfig) -> Arc<Self> {
-        Self::with_shutdown(cfg, CancellationToken::new())
+        Self::with_shutdown(cfg, None, CancellationToken::new())
     }
 
-    /// A master with empty state whose timers stop with `shutdown`.
-    fn with_shutdown(cfg: StateConfig, shutdown: CancellationToken) -> Arc<Self> {
+    /// A master with empty state, signing grants with `grants`, whose
+    /// timers stop with `shutdown`.
+    fn with_shutdown(
+        cfg: StateConfig,
+        grants: Option<CapabilityKey>,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
         let state = MasterState::new(cfg);
         let metrics = Metrics::new(state.refusals());
         Arc::new_cyclic(|me| Master {
             state,
             metrics,
+            grants,
             evict_soon: Notify::new(),
             invalidate_now: Notify::new(),
             invalidated: tokio::sync::watch::Sender::new(0),
@@ -462,7 +472,12 @@ pub async fn start(
 
     // Losing leadership stops this master's servers, not the caller's token.
     let shutdown = shutdown.child_token();
-    let master = Master::with_shutdown(cfg.state.clone(), shutdown.clone());
+    let grants = cfg
+        .security
+        .credentials
+        .as_ref()
+        .and_then(CapabilityKey::new);
+    let master = Master::with_shutdown(cfg.state.clone(), grants, shutdown.clone());
     if !cfg.recovery_grace.is_zero() {
         master.set_role(Role::Recovering(Instant::now() + cfg.recovery_grace));
     }
@@ -625,7 +640,7 @@ mod tests {
     async fn a_drain_deadline_unmounts_unless_the_master_stopped() {
         for stop_first in [false, true] {
             let shutdown = CancellationToken::new();
-            let master = Master::with_shutdown(StateConfig::default(), shutdown.clone());
+            let master = Master::with_shutdown(StateConfig::default(), None, shutdown.clone());
             let c = ClientId(1);
             master
                 .state

@@ -1600,6 +1600,7 @@ fn region_at(offset: u64, len: u64) -> Replica {
         endpoint: String::new(),
         offset,
         len,
+        cap: None,
     }
 }
 

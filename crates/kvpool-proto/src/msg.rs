@@ -152,6 +152,40 @@ impl Rpc for Auth {
 
 // ---------------------------------------------------------------- data plane
 
+/// A master's signed permission to read or write one region, valid until
+/// `expires_ms` (Unix time, in ms); handed out with each replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Capability {
+    /// When it stops being honoured, in ms since the Unix epoch.
+    pub expires_ms: u64,
+    /// What it allows: [`Capability::READ`], [`Capability::WRITE`] or both.
+    pub access: u8,
+    /// MAC over the region, generation, access and expiry.
+    pub mac: [u8; 16],
+}
+
+impl Capability {
+    /// Access bit: reading the region.
+    pub const READ: u8 = 1;
+    /// Access bit: writing the region.
+    pub const WRITE: u8 = 2;
+}
+
+/// What a [`Capability`] was granted for, sent with each data-plane read
+/// or write so a store can check it; the request's bytes must lie inside
+/// the granted region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// Granted region's start.
+    pub offset: u64,
+    /// Granted region's length.
+    pub len: u64,
+    /// The object version it was granted for.
+    pub generation: u64,
+    /// The master's signature.
+    pub cap: Capability,
+}
+
 /// Write the frame's payload at `offset` in a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteReq {
@@ -159,6 +193,8 @@ pub struct WriteReq {
     pub segment: SegmentId,
     /// Byte offset in the segment.
     pub offset: u64,
+    /// The master's write permission; required by a store with a secret.
+    pub grant: Option<Grant>,
 }
 
 impl Rpc for WriteReq {
@@ -175,6 +211,8 @@ pub struct ReadReq {
     pub offset: u64,
     /// Bytes to read.
     pub len: u64,
+    /// The master's read permission; required by a store with a secret.
+    pub grant: Option<Grant>,
 }
 
 impl Rpc for ReadReq {
@@ -409,6 +447,22 @@ pub struct Replica {
     pub offset: u64,
     /// Region length (object header + value, rounded up by the allocator).
     pub len: u64,
+    /// Permission to read it (in a location) or write it (in a put
+    /// grant); `None` from a master without a secret.
+    pub cap: Option<Capability>,
+}
+
+impl Replica {
+    /// The grant to send with a read or write of this replica's region, for
+    /// the object version `generation`.
+    pub fn grant(&self, generation: u64) -> Option<Grant> {
+        self.cap.map(|cap| Grant {
+            offset: self.offset,
+            len: self.len,
+            generation,
+            cap,
+        })
+    }
 }
 
 /// One object of a [`PutStart`].
@@ -701,6 +755,11 @@ mod tests {
                     endpoint: "127.0.0.1:1".into(),
                     offset: 4096,
                     len: 4224,
+                    cap: Some(Capability {
+                        expires_ms: 1_700_000_000_000,
+                        access: Capability::READ | Capability::WRITE,
+                        mac: [7; 16],
+                    }),
                 }],
             }),
             Err(Code::NoAvailableHandle.as_i32()),

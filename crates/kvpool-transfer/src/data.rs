@@ -12,11 +12,14 @@ use std::sync::Arc;
 
 use kvpool_format::FIXED_LEN;
 use kvpool_net::auth::{Credentials, Role};
+use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::limits::check_batch;
-use kvpool_proto::msg::{self, InvalidateReq, ReadReq, Rpc, SegmentId, WriteReq};
+use kvpool_proto::msg::{
+    self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, WriteReq,
+};
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
@@ -84,7 +87,8 @@ fn region_for(
 }
 
 /// Serves reads and writes of `table`'s segments until `shutdown`, asking
-/// peers for a key of `keyring` when set. A request being served when the
+/// peers for a key of `keyring` when set; a client's read or write must
+/// then carry the master's grant for it. A request being served when the
 /// token fires is finished first.
 pub async fn serve_data(
     listener: TcpListener,
@@ -93,6 +97,7 @@ pub async fn serve_data(
     keyring: Option<Credentials>,
     shutdown: CancellationToken,
 ) {
+    let grants = keyring.as_ref().and_then(CapabilityKey::new).map(Arc::new);
     serve_framed(
         listener,
         "store",
@@ -101,8 +106,9 @@ pub async fn serve_data(
         shutdown,
         move |mut conn, token| {
             let table = table.clone();
+            let grants = grants.clone();
             async move {
-                if let Err(e) = data_conn(&mut conn, &table, &token).await {
+                if let Err(e) = data_conn(&mut conn, &table, grants.as_deref(), &token).await {
                     debug!(peer = conn.peer(), error = %e, "data connection closed");
                 }
             }
@@ -114,6 +120,7 @@ pub async fn serve_data(
 async fn data_conn(
     conn: &mut FramedConn,
     table: &SegmentTable,
+    grants: Option<&CapabilityKey>,
     shutdown: &CancellationToken,
 ) -> KvResult<()> {
     loop {
@@ -129,10 +136,20 @@ async fn data_conn(
             Err(e) => return reject_and_close(conn, e).await,
         };
         let peer_role = conn.peer_role();
+        // Stores and the master hold the key grants are signed with; a
+        // client may touch only what the master granted it.
+        let check = |access, segment, grant: Option<&Grant>, range| match grants {
+            Some(key) if peer_role < Role::Store => {
+                key.check(access, segment, grant, range, unix_ms())
+            }
+            _ => Ok(()),
+        };
         let meta = conn.read_meta(h.meta_len).await?;
         let reply = match (h.kind, h.opcode) {
             (FrameKind::Request, Opcode::Write) => {
                 match msg::decode::<WriteReq>(meta).and_then(|req| {
+                    let range = (req.offset, h.payload_len);
+                    check(Capability::WRITE, req.segment, req.grant.as_ref(), range)?;
                     region_for(table, req.segment, req.offset, h.payload_len).map(|r| (r, req))
                 }) {
                     Ok((region, req)) => {
@@ -150,6 +167,8 @@ async fn data_conn(
                 "only writes carry a payload",
             )),
             (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
+                let range = (req.offset, req.len);
+                check(Capability::READ, req.segment, req.grant.as_ref(), range)?;
                 region_for(table, req.segment, req.offset, req.len).map(|r| Reply::Region(r, req))
             }),
             // Destroying objects is the master's (which proves the store role).
@@ -403,6 +422,7 @@ mod tests {
                 req: WriteReq {
                     segment: SegmentId(7),
                     offset: i as u64 * 512,
+                    grant: None,
                 },
                 parts: vec![b"hd", v],
             })
@@ -420,6 +440,7 @@ mod tests {
                     segment: SegmentId(7),
                     offset: i as u64 * 512,
                     len: 2 + b.len() as u64,
+                    grant: None,
                 },
                 dst: vec![&mut h[..], &mut b[..]],
             })
@@ -440,6 +461,7 @@ mod tests {
                         segment: SegmentId(7),
                         offset: i as u64 * 512,
                         len: b.len() as u64,
+                        grant: None,
                     };
                     (
                         i,
@@ -490,6 +512,7 @@ mod tests {
                         segment: SegmentId(7),
                         offset: 0,
                         len: 600,
+                        grant: None,
                     };
                     (
                         (),
@@ -519,6 +542,7 @@ mod tests {
                 req: WriteReq {
                     segment: SegmentId(7),
                     offset: (1 << 20) - 10,
+                    grant: None,
                 },
                 parts: vec![&big],
             },
@@ -526,6 +550,7 @@ mod tests {
                 req: WriteReq {
                     segment: SegmentId(8),
                     offset: 0,
+                    grant: None,
                 },
                 parts: vec![&big],
             },
@@ -533,6 +558,7 @@ mod tests {
                 req: WriteReq {
                     segment: SegmentId(7),
                     offset: 0,
+                    grant: None,
                 },
                 parts: vec![&big],
             },
@@ -547,6 +573,7 @@ mod tests {
                 segment: SegmentId(7),
                 offset: 0,
                 len: 4096,
+                grant: None,
             },
             dst: vec![&mut buf[..]],
         }];

@@ -3,7 +3,8 @@
 //! one that stalls is closed instead of held forever. Authentication: with a
 //! cluster secret, nothing but the handshake is answered to a peer without
 //! a key of the cluster, a client key cannot do what takes the store or
-//! admin key, and nothing an attacker tries loses a stored object.
+//! admin key, a client reads and writes only the regions the master granted
+//! it, and nothing an attacker tries loses a stored object.
 
 mod common;
 
@@ -17,6 +18,7 @@ use kvpool_net::{CallPolicy, FramedConn, MasterLink};
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode, MIN_PROTOCOL_VERSION};
 use kvpool_proto::msg::{self, ClientId, Hello, SegmentId, SegmentInfo};
 use kvpool_proto::{Code, PROTOCOL_VERSION};
+use kvpool_transfer::data::{read_regions, write_regions, ReadOp, WriteOp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -552,4 +554,205 @@ async fn http_takes_bearer_tokens_but_probes_stay_open() {
     let got = common::http_request(&meta, "DELETE", path, &[], b"").await;
     assert_eq!(got.0, 401, "a metadata delete without a token");
     assert_eq!(common::http_get(&meta, path).await.0, 200, "still there");
+}
+
+/// Writes `payload` through `conn` under `grant`; the store's verdict.
+async fn write_as(
+    conn: &mut FramedConn,
+    segment: SegmentId,
+    offset: u64,
+    grant: Option<msg::Grant>,
+    payload: &[u8],
+) -> Result<(), kvpool_proto::KvError> {
+    let req = msg::WriteReq {
+        segment,
+        offset,
+        grant,
+    };
+    let op = WriteOp {
+        req,
+        parts: vec![payload],
+    };
+    let mut r = write_regions(conn, &[op])
+        .await
+        .expect("the connection survives");
+    r.remove(0)
+}
+
+/// Reads `len` bytes through `conn` under `grant`.
+async fn read_as(
+    conn: &mut FramedConn,
+    segment: SegmentId,
+    (offset, len): (u64, u64),
+    grant: Option<msg::Grant>,
+) -> Result<Vec<u8>, kvpool_proto::KvError> {
+    let mut buf = vec![0u8; len as usize];
+    let req = msg::ReadReq {
+        segment,
+        offset,
+        len,
+        grant,
+    };
+    let ops = vec![ReadOp {
+        req,
+        dst: vec![&mut buf[..]],
+    }];
+    let mut r = read_regions(conn, ops)
+        .await
+        .expect("the connection survives");
+    r.remove(0).map(|()| buf)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_touches_only_the_regions_the_master_granted() {
+    let cluster = Cluster::builder().secured().start().await;
+    let kept = stored(&cluster, 20).await;
+    let client_key = cluster.secrets.as_ref().expect("secured").key(Role::Client);
+    let link = link_as(&cluster, Some(client_key.clone()));
+    link.register().await.expect("register");
+    // Where a victim lives, with the read grant anyone may ask for.
+    let located = link
+        .call_once(&msg::GetReplicaList {
+            keys: vec![kept[0].0.clone()],
+        })
+        .await
+        .expect("locate");
+    let victim = msg::from_wire(located[0].clone()).expect("the victim is there");
+    let rep = &victim.replicas[0];
+    let read_grant = rep
+        .grant(victim.generation)
+        .expect("a secured master grants");
+    let mut conn = FramedConn::connect_with(
+        &rep.endpoint,
+        "attacker",
+        Limits::default(),
+        Some(&client_key),
+    )
+    .await
+    .expect("a client key opens the data plane");
+    let forged = vec![0x5Au8; rep.len as usize];
+    let denied = |r: Result<(), kvpool_proto::KvError>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code, Code::Unauthorized, "{what}: {e}");
+    };
+
+    // Writes: without a grant, under a read grant, under a forged one.
+    denied(
+        write_as(&mut conn, rep.segment, rep.offset, None, &forged).await,
+        "a write without a grant",
+    );
+    denied(
+        write_as(
+            &mut conn,
+            rep.segment,
+            rep.offset,
+            Some(read_grant),
+            &forged,
+        )
+        .await,
+        "a write under a read grant",
+    );
+    let mut upgraded = read_grant;
+    upgraded.cap.access |= msg::Capability::WRITE;
+    denied(
+        write_as(&mut conn, rep.segment, rep.offset, Some(upgraded), &forged).await,
+        "a write under a read grant that claims write",
+    );
+    let mut stretched = read_grant;
+    stretched.cap.expires_ms = u64::MAX;
+    denied(
+        read_as(&mut conn, rep.segment, (rep.offset, 64), Some(stretched))
+            .await
+            .map(drop),
+        "a read under a grant with a forged expiry",
+    );
+    // A real write grant, for a put of the attacker's own: honoured for its
+    // region, not for the victim's, nor past its end.
+    let start = msg::PutStart {
+        client_id: link.client_id(),
+        items: vec![msg::PutItem {
+            key: "attacker-own".into(),
+            value_len: 64,
+            region_len: 4096,
+        }],
+        config: ReplicateConfig::default(),
+        upsert: false,
+    };
+    let granted = link.call_once(&start).await.expect("put start");
+    let Ok(msg::PutGrant::Write {
+        generation,
+        replicas,
+    }) = granted[0].clone()
+    else {
+        panic!("no write grant: {:?}", granted[0]);
+    };
+    let own = &replicas[0];
+    let write_grant = own.grant(generation).expect("a write grant");
+    write_as(
+        &mut conn,
+        own.segment,
+        own.offset,
+        Some(write_grant),
+        &[1; 64],
+    )
+    .await
+    .expect("a write inside its own grant");
+    denied(
+        write_as(
+            &mut conn,
+            rep.segment,
+            rep.offset,
+            Some(write_grant),
+            &forged,
+        )
+        .await,
+        "a write into the victim's region under another region's grant",
+    );
+    denied(
+        write_as(
+            &mut conn,
+            own.segment,
+            own.offset + own.len - 8,
+            Some(write_grant),
+            &[1; 64],
+        )
+        .await,
+        "a write running past the end of its grant",
+    );
+    // Reads: only inside a read grant.
+    let head = read_as(&mut conn, rep.segment, (rep.offset, 64), Some(read_grant))
+        .await
+        .expect("a read inside its grant");
+    assert!(head.iter().any(|&b| b != 0), "the victim's header was read");
+    denied(
+        read_as(&mut conn, rep.segment, (rep.offset, 64), None)
+            .await
+            .map(drop),
+        "a read without a grant",
+    );
+    denied(
+        read_as(
+            &mut conn,
+            rep.segment,
+            (rep.offset, rep.len + 1),
+            Some(read_grant),
+        )
+        .await
+        .map(drop),
+        "a read past the end of its grant",
+    );
+    // Nothing was lost, and an engine over TCP (not shared memory) reads
+    // and writes through its grants without noticing them.
+    all_there(&cluster, &kept).await;
+    let tcp = cluster
+        .client_with(|c| c.protocol = kvpool_client::Protocol::Tcp)
+        .await;
+    let value = common::value_for("over-tcp", 100_000);
+    tcp.put("over-tcp", &value, &ReplicateConfig::default())
+        .await
+        .expect("put over TCP");
+    assert!(tcp.get("over-tcp").await.expect("get over TCP") == value);
+    for (key, value) in &kept {
+        assert!(tcp.get(key).await.expect("get over TCP") == *value, "{key}");
+    }
 }

@@ -197,6 +197,7 @@ async fn assert_readable(conn: &mut FramedConn, segment: &SegmentInfo) -> Vec<u8
             segment: segment.id,
             offset: segment.base,
             len: buf.len() as u64,
+            grant: None,
         },
         dst: vec![&mut buf[..]],
     }];
@@ -221,6 +222,7 @@ async fn out_of_range_write_is_refused_and_the_connection_survives() {
             req: WriteReq {
                 segment: segment.id,
                 offset,
+                grant: None,
             },
             parts: vec![&payload],
         };
@@ -238,6 +240,7 @@ async fn out_of_range_write_is_refused_and_the_connection_survives() {
         req: WriteReq {
             segment: segment.id,
             offset: segment.base,
+            grant: None,
         },
         parts: vec![&payload],
     };
@@ -251,6 +254,7 @@ async fn out_of_range_write_is_refused_and_the_connection_survives() {
         req: WriteReq {
             segment: msg::SegmentId(segment.id.0 ^ 1),
             offset: segment.base,
+            grant: None,
         },
         parts: vec![&payload],
     };

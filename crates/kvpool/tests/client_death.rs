@@ -106,6 +106,7 @@ async fn put_abandoned_mid_write_is_invisible_then_revoked() {
         req: WriteReq {
             segment: replicas[0].segment,
             offset: replicas[0].offset,
+            grant: None,
         },
         parts: vec![&head, &value[..VALUE_LEN / 2]],
     };

@@ -29,8 +29,17 @@ fn kvpool_bin() -> &'static Path {
             return PathBuf::from(p);
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        // Built in the profile of the rbg binary under test, beside it.
+        let release = Path::new(RBG)
+            .parent()
+            .is_some_and(|d| d.ends_with("release"));
+        let profile = if release {
+            "--release"
+        } else {
+            "--profile=dev"
+        };
         let status = Command::new(cargo)
-            .args(["build", "-p", "kvpool", "--bin", "kvpool"])
+            .args(["build", profile, "-p", "kvpool", "--bin", "kvpool"])
             .current_dir(workspace())
             .status()
             .expect("running cargo build -p kvpool");

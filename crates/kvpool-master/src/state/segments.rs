@@ -607,6 +607,7 @@ impl MasterState {
                     endpoint: s.info.endpoint.clone(),
                     offset: r.offset,
                     len: r.len,
+                    cap: None,
                 })
             })
             .collect()
