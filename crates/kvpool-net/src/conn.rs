@@ -33,6 +33,11 @@ const IO_BUFFER: usize = 64 << 10;
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A server closes a connection on which no request starts for this long.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A payload must arrive at least this fast ([`PROGRESS_BYTES`] per
+/// [`PROGRESS_TIMEOUT`]), however big it is.
+pub const PROGRESS_BYTES: usize = 1 << 20;
+/// See [`PROGRESS_BYTES`].
+pub const PROGRESS_TIMEOUT: Duration = Duration::from_secs(10);
 /// The handshake must be complete this long after accept.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest message accepted before the handshake.
@@ -320,26 +325,49 @@ impl FramedConn {
         &self.meta_buf
     }
 
-    /// Reads exactly `dst.len()` payload bytes straight into `dst`.
+    /// Reads exactly `dst.len()` payload bytes straight into `dst`, at
+    /// least [`PROGRESS_BYTES`] every [`PROGRESS_TIMEOUT`]: a peer that
+    /// declares a big payload and trickles it cannot hold the connection.
     pub async fn read_payload(&mut self, dst: &mut [u8]) -> KvResult<()> {
-        self.reader
-            .read_exact(dst)
-            .await
-            .map_err(|e| io_error(&format!("read from {}", self.peer), e))?;
+        for chunk in dst.chunks_mut(PROGRESS_BYTES) {
+            let read = self.reader.read_exact(chunk);
+            match tokio::time::timeout(PROGRESS_TIMEOUT, read).await {
+                Ok(r) => r.map_err(|e| io_error(&format!("read from {}", self.peer), e))?,
+                Err(_) => return Err(self.too_slow()),
+            };
+        }
         Ok(())
     }
 
     /// Reads and throws away `len` payload bytes, keeping the stream in sync
-    /// after a request that was refused.
-    pub async fn discard_payload(&mut self, len: u64) -> KvResult<()> {
-        let mut take = (&mut self.reader).take(len);
-        let n = tokio::io::copy(&mut take, &mut tokio::io::sink())
-            .await
-            .map_err(|e| io_error("discard payload", e))?;
-        if n != len {
-            return Err(KvError::new(Code::RpcFail, "connection closed mid-payload"));
+    /// after a request that was refused; as fast as [`Self::read_payload`].
+    pub async fn discard_payload(&mut self, mut len: u64) -> KvResult<()> {
+        while len > 0 {
+            let step = len.min(PROGRESS_BYTES as u64);
+            let (mut take, mut sink) = ((&mut self.reader).take(step), tokio::io::sink());
+            let copy = tokio::io::copy(&mut take, &mut sink);
+            let n = match tokio::time::timeout(PROGRESS_TIMEOUT, copy).await {
+                Ok(r) => r.map_err(|e| io_error("discard payload", e))?,
+                Err(_) => return Err(self.too_slow()),
+            };
+            if n != step {
+                return Err(KvError::new(Code::RpcFail, "connection closed mid-payload"));
+            }
+            len -= step;
         }
         Ok(())
+    }
+
+    fn too_slow(&self) -> KvError {
+        KvError::new(
+            Code::RpcTimeout,
+            format!(
+                "{} sent a payload slower than {} KiB per {}s",
+                self.peer,
+                PROGRESS_BYTES >> 10,
+                PROGRESS_TIMEOUT.as_secs()
+            ),
+        )
     }
 
     /// Reads a response header for request `id`, turning an error status into

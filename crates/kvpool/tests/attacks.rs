@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{free_port, run_kvpool, Cluster, Process};
 use kvpool_client::ReplicateConfig;
 use kvpool_net::auth::{Credentials, Role};
-use kvpool_net::conn::{HANDSHAKE_TIMEOUT, MAX_HELLO};
+use kvpool_net::conn::{HANDSHAKE_TIMEOUT, MAX_HELLO, PROGRESS_TIMEOUT};
 use kvpool_net::{CallPolicy, FramedConn, MasterLink};
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode, MIN_PROTOCOL_VERSION};
 use kvpool_proto::msg::{self, ClientId, Hello, SegmentId, SegmentInfo};
@@ -102,6 +102,31 @@ async fn a_declared_message_costs_nothing_until_its_bytes_arrive() {
         client.status().await.expect("status during the attack");
         drop(socks);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_that_trickles_loses_its_connection() {
+    let cluster = Cluster::builder().start().await;
+    let client = cluster.client().await;
+    let seg = client.status().await.expect("status").segments[0].info.clone();
+    let mut s = handshaken(&seg.endpoint).await;
+    let meta = msg::encode(&msg::WriteReq {
+        segment: seg.id,
+        offset: seg.base,
+        grant: None,
+    });
+    let h = FrameHeader::request(Opcode::Write, 2, meta.len() as u32, 2 << 20);
+    s.write_all(&h.encode()).await.expect("send header");
+    s.write_all(&meta).await.expect("send meta");
+    // Well under a MiB, then nothing: the store gives up after 10 s.
+    s.write_all(&[0u8; 1024]).await.expect("send a little");
+    let started = Instant::now();
+    assert!(
+        closed_within(&mut s, PROGRESS_TIMEOUT + Duration::from_secs(5)).await,
+        "a 2 MiB payload stalled after 1 KiB kept its connection"
+    );
+    assert!(started.elapsed() >= PROGRESS_TIMEOUT - Duration::from_secs(1));
+    client.status().await.expect("the store still serves");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
