@@ -45,7 +45,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if let Ok(secs) = t.parse::<f64>() {
         if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
+            return seconds(s, secs);
         }
         return Err(format!("invalid duration {s:?}"));
     }
@@ -68,7 +68,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("invalid duration {s:?}"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    seconds(s, secs)
+}
+
+/// `secs` as a duration; more seconds than a `Duration` holds is an error
+/// (`Duration::from_secs_f64` would panic).
+fn seconds(s: &str, secs: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}: out of range"))
 }
 
 #[cfg(test)]
@@ -96,5 +102,7 @@ mod tests {
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("1e20").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
     }
 }
