@@ -63,7 +63,24 @@ fn replica() -> Replica {
         endpoint: "[::1]:7000".into(),
         offset: 4096,
         len: 4224,
+        cap: Some(CAP),
     }
+}
+
+/// A capability as a secured master signs it (the MAC is arbitrary here).
+const CAP: Capability = Capability {
+    expires_ms: 1_800_000_000_000,
+    access: Capability::READ | Capability::WRITE,
+    mac: [0x5c; 16],
+};
+
+fn grant() -> Option<Grant> {
+    Some(Grant {
+        offset: 8192,
+        len: 4224,
+        generation: 42,
+        cap: CAP,
+    })
 }
 
 fn keys() -> Vec<String> {
@@ -79,13 +96,13 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
     match op {
         Opcode::Hello => both(
             Hello {
-                version: 2,
-                min_version: 2,
+                version: 3,
+                min_version: 3,
                 role: "client".into(),
                 nonce: [7; 16],
             },
             HelloReply {
-                version: 2,
+                version: 3,
                 server: "master".into(),
                 challenge: Some(Challenge {
                     nonce: [9; 16],
@@ -104,6 +121,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             WriteReq {
                 segment: SEG,
                 offset: 8192,
+                grant: grant(),
             },
             (),
         ),
@@ -112,6 +130,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 segment: SEG,
                 offset: 8192,
                 len: 4096,
+                grant: grant(),
             },
             (),
         ),

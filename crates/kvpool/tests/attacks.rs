@@ -108,7 +108,9 @@ async fn a_declared_message_costs_nothing_until_its_bytes_arrive() {
 async fn a_payload_that_trickles_loses_its_connection() {
     let cluster = Cluster::builder().start().await;
     let client = cluster.client().await;
-    let seg = client.status().await.expect("status").segments[0].info.clone();
+    let seg = client.status().await.expect("status").segments[0]
+        .info
+        .clone();
     let mut s = handshaken(&seg.endpoint).await;
     let meta = msg::encode(&msg::WriteReq {
         segment: seg.id,
