@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::etcd::{leader_key, Etcd};
+use kvpool_net::tls::TlsClientConfig;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -35,11 +36,13 @@ pub struct HaConfig {
 pub async fn run(
     master: Arc<Master>,
     ha: HaConfig,
+    etcd_tls: Option<Arc<TlsClientConfig>>,
     advertise: String,
     recovery_grace: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), MasterError> {
-    let etcd = Etcd::new(&ha.etcd_endpoints).map_err(|e| MasterError::Config(e.to_string()))?;
+    let etcd =
+        Etcd::new(&ha.etcd_endpoints, etcd_tls).map_err(|e| MasterError::Config(e.to_string()))?;
     let key = leader_key(&ha.cluster_id);
     let lease = loop {
         let attempt = campaign(&etcd, &key, &advertise, ha.lease_ttl);

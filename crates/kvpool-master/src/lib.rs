@@ -491,6 +491,7 @@ pub async fn start(
             }
             master.set_role(Role::Standby);
             let (m, token) = (master.clone(), shutdown.clone());
+            let etcd_tls = cfg.security.etcd_tls.clone();
             let grace = if cfg.recovery_grace.is_zero() {
                 // Two heartbeats: every live store has re-mounted by then.
                 cfg.state.client_ttl / 2
@@ -498,7 +499,15 @@ pub async fn start(
                 cfg.recovery_grace
             };
             Some(tokio::spawn(async move {
-                let r = ha::run(m, ha_cfg, rpc_addr.to_string(), grace, token.clone()).await;
+                let r = ha::run(
+                    m,
+                    ha_cfg,
+                    etcd_tls,
+                    rpc_addr.to_string(),
+                    grace,
+                    token.clone(),
+                )
+                .await;
                 if r.is_err() {
                     token.cancel();
                 }
@@ -512,7 +521,7 @@ pub async fn start(
         master.clone(),
         "master",
         Limits::default(),
-        cfg.security.credentials.clone(),
+        cfg.security.clone(),
         shutdown.clone(),
     ));
     let keyring = cfg.security.credentials.as_ref();
@@ -521,9 +530,15 @@ pub async fn start(
         keyring,
         http_auth::admin_needs,
     );
-    let (token, m, limits) = (shutdown.clone(), master.clone(), cfg.http.clone());
+    let https = (cfg.security.tls.as_ref()).and_then(|t| t.acceptor().cloned());
+    let (token, m, limits, tls) = (
+        shutdown.clone(),
+        master.clone(),
+        cfg.http.clone(),
+        https.clone(),
+    );
     tasks.spawn(async move {
-        if let Err(e) = http::serve(admin, router, &limits, m, token).await {
+        if let Err(e) = http::serve(admin, router, &limits, tls, m, token).await {
             tracing::error!(error = %e, "admin HTTP server failed");
         }
     });
@@ -535,7 +550,7 @@ pub async fn start(
             http_auth::metadata_needs,
         );
         tasks.spawn(async move {
-            if let Err(e) = http::serve(l, router, &limits, m, token).await {
+            if let Err(e) = http::serve(l, router, &limits, https, m, token).await {
                 tracing::error!(error = %e, "metadata HTTP server failed");
             }
         });
@@ -543,10 +558,13 @@ pub async fn start(
     tasks.spawn(tasks::sweeper(master.clone(), shutdown.clone()));
     tasks.spawn(tasks::evictor(master.clone(), shutdown.clone()));
     // Stores verify the store role at most: the master proves that one.
-    let store_key = (cfg.security.credentials.as_ref()).and_then(|c| c.derive(PeerRole::Store));
+    let as_store = Security {
+        credentials: (cfg.security.credentials.as_ref()).and_then(|c| c.derive(PeerRole::Store)),
+        ..cfg.security.clone()
+    };
     tasks.spawn(tasks::invalidator(
         master.clone(),
-        store_key,
+        as_store,
         shutdown.clone(),
     ));
     tasks.close();

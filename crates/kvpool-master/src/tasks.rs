@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_net::auth::Credentials;
+use kvpool_net::auth::Security;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg;
 use tokio::time::Instant;
@@ -52,7 +52,7 @@ pub(crate) async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
 /// remount).
 pub(crate) async fn invalidator(
     master: Arc<Master>,
-    credentials: Option<Credentials>,
+    security: Security,
     shutdown: CancellationToken,
 ) {
     let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
@@ -85,7 +85,7 @@ pub(crate) async fn invalidator(
                             Duration::from_secs(2),
                             2,
                         )
-                        .with_credentials(credentials.clone()),
+                        .with_security(security.clone()),
                     )
                 })
                 .clone();

@@ -14,7 +14,7 @@ use kvpool_proto::{Code, KvError, KvResult};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::auth::Credentials;
+use crate::auth::Security;
 use crate::conn::ConnPool;
 use crate::etcd::MasterAddr;
 use parking_lot::Mutex;
@@ -88,7 +88,7 @@ pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>
 pub struct MasterLink {
     target: MasterAddr,
     role: String,
-    credentials: Option<Credentials>,
+    security: Security,
     conns: Mutex<Option<Conns>>,
     resolved_at: Mutex<Option<tokio::time::Instant>>,
     client_id: ClientId,
@@ -110,20 +110,21 @@ const RETRY_BEAT: Duration = Duration::from_millis(100);
 
 impl MasterLink {
     /// A link to `addr` (`host:port` or `etcd://...`) for `client_id` (not
-    /// yet registered), proving `credentials` to the master when it asks.
+    /// yet registered), connecting with `security` (TLS, and the key it
+    /// proves when the master asks).
     pub fn new(
         addr: &str,
         client_id: ClientId,
         hostname: &str,
         role: &str,
         policy: CallPolicy,
-        credentials: Option<Credentials>,
+        security: Security,
     ) -> KvResult<Arc<Self>> {
-        let target = MasterAddr::parse(addr)?;
+        let target = MasterAddr::parse(addr, &security)?;
         let link = MasterLink {
             target,
             role: role.to_string(),
-            credentials,
+            security,
             conns: Mutex::new(None),
             resolved_at: Mutex::new(None),
             client_id,
@@ -141,12 +142,12 @@ impl MasterLink {
         Conns {
             calls: Arc::new(
                 ConnPool::new(addr, &self.role, limits, self.policy.timeout, 16)
-                    .with_credentials(self.credentials.clone()),
+                    .with_security(self.security.clone()),
             ),
             // Heartbeats get their own connection so they never queue behind bulk metadata.
             heartbeats: Arc::new(
                 ConnPool::new(addr, &self.role, limits, self.policy.timeout, 1)
-                    .with_credentials(self.credentials.clone()),
+                    .with_security(self.security.clone()),
             ),
         }
     }

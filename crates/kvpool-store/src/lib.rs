@@ -87,7 +87,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         &name,
         "store",
         CallPolicy::default(),
-        cfg.security.credentials.clone(),
+        cfg.security.clone(),
     )?;
     let heartbeat = CancellationToken::new();
     let mounted = async {

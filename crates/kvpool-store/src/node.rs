@@ -65,7 +65,7 @@ impl DataNode {
             listener,
             table.clone(),
             Limits::default(),
-            security.credentials.clone(),
+            security.clone(),
             shutdown,
         ));
         tasks.close();

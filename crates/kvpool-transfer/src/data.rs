@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kvpool_format::FIXED_LEN;
-use kvpool_net::auth::{Credentials, Role};
+use kvpool_net::auth::{Role, Security};
 use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
@@ -86,23 +86,25 @@ fn region_for(
     Ok(region)
 }
 
-/// Serves reads and writes of `table`'s segments until `shutdown`, asking
-/// peers for a key of `keyring` when set; a client's read or write must
-/// then carry the master's grant for it. A request being served when the
-/// token fires is finished first.
+/// Serves reads and writes of `table`'s segments until `shutdown`,
+/// authenticating peers under `security`; with a key, a client's read or
+/// write must carry the master's grant for it. A request being served when
+/// the token fires is finished first.
 pub async fn serve_data(
     listener: TcpListener,
     table: Arc<SegmentTable>,
     limits: Limits,
-    keyring: Option<Credentials>,
+    security: Security,
     shutdown: CancellationToken,
 ) {
-    let grants = keyring.as_ref().and_then(CapabilityKey::new).map(Arc::new);
+    let grants = (security.credentials.as_ref())
+        .and_then(CapabilityKey::new)
+        .map(Arc::new);
     serve_framed(
         listener,
         "store",
         limits,
-        keyring,
+        security,
         shutdown,
         move |mut conn, token| {
             let table = table.clone();
@@ -384,7 +386,7 @@ pub async fn read_regions_shared<'a, T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvpool_net::conn::accept_handshake;
+    use kvpool_net::conn::accept;
 
     async fn server() -> (String, Arc<SegmentTable>, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -400,7 +402,7 @@ mod tests {
             listener,
             table.clone(),
             Limits::default(),
-            None,
+            Security::default(),
             token.clone(),
         ));
         (addr, table, token)
@@ -498,8 +500,7 @@ mod tests {
         let hangs_up = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             let (stream, _) = listener.accept().await.unwrap();
-            let mut conn = FramedConn::from_stream(stream, Limits::default()).unwrap();
-            accept_handshake(&mut conn, "test", None).await;
+            accept(stream, "test", Limits::default(), &Security::default()).await;
         });
         let mut c = FramedConn::connect(&hangs_up, "test", Limits::default())
             .await

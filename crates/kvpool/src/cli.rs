@@ -9,6 +9,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use kvpool_master::http::HttpLimits;
 use kvpool_master::{ClientLimits, MasterConfig, StateConfig};
 use kvpool_net::auth::{Credentials, Security};
+use kvpool_net::tls::TlsFiles;
 use kvpool_proto::msg::ClusterStatus;
 use kvpool_proto::units::{parse_duration, parse_size};
 
@@ -53,6 +54,28 @@ pub enum Command {
     /// Make a cluster secret, or derive a role's key from one.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// Make TLS certificates for a pool.
+    #[command(subcommand)]
+    Tls(TlsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TlsCommand {
+    /// Write a new private CA (`ca.pem`, `ca.key`) and a certificate and
+    /// key per `--cert` (`NAME.pem`, `NAME.key`) into a directory; keys
+    /// are 0600, nothing is overwritten. Each certificate serves and
+    /// authenticates as a client. For trying TLS and for tests: production
+    /// usually brings its own PKI.
+    New {
+        /// Directory to write into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// A certificate to issue: `NAME=SAN,SAN,...` (IP addresses or DNS
+        /// names its host is reached by), or `NAME` alone for 127.0.0.1,
+        /// ::1 and localhost. Repeat for each host.
+        #[arg(long = "cert", default_value = "node")]
+        certs: Vec<crate::tls_cmd::CertSpec>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -81,7 +104,8 @@ pub enum SecretCommand {
     },
 }
 
-/// Authentication flags, shared by every command that serves or connects.
+/// Authentication and TLS flags, shared by every command that serves or
+/// connects.
 #[derive(Args, Debug, Clone, Default)]
 pub struct SecurityArgs {
     /// File holding the cluster secret or a role key (`kvpool secret new`,
@@ -94,19 +118,38 @@ pub struct SecurityArgs {
     #[arg(long, env = "KVPOOL_INSECURE", num_args = 0..=1, default_missing_value = "true",
           default_value_t = false, action = ArgAction::Set)]
     pub insecure: bool,
+    /// CA bundle (PEM) that peers' certificates must chain to; turns TLS
+    /// on for every connection this process makes and serves.
+    #[arg(long, env = "KVPOOL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This process's certificate chain (PEM): served to peers, and shown
+    /// as a client certificate (stores and admins need one over TLS).
+    #[arg(long, env = "KVPOOL_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "KVPOOL_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Serving: turn away every peer without a client certificate.
+    #[arg(long, env = "KVPOOL_TLS_REQUIRE_CLIENT_CERT", num_args = 0..=1,
+          default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
+    pub tls_require_client_cert: bool,
 }
 
 impl SecurityArgs {
-    /// The security these flags (or KVPOOL_SECRET) describe.
+    /// The security these flags (or KVPOOL_SECRET) describe, with TLS
+    /// files read and checked.
     pub fn to_security(&self) -> anyhow::Result<Security> {
         let credentials = match &self.secret_file {
             Some(path) => Some(Credentials::load(path)?),
             None => Credentials::from_env()?,
         };
-        Ok(Security {
-            credentials,
-            insecure: self.insecure,
-        })
+        let tls = TlsFiles {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            require_client_cert: self.tls_require_client_cert,
+        };
+        Ok(Security::new(credentials, self.insecure, &tls)?)
     }
 }
 
@@ -398,7 +441,8 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
     security: &SecurityArgs,
     req: &R,
 ) -> anyhow::Result<R::Response> {
-    let addr = kvpool_net::etcd::MasterAddr::parse(master)?
+    let security = security.to_security()?;
+    let addr = kvpool_net::etcd::MasterAddr::parse(master, &security)?
         .resolve()
         .await?;
     let pool = kvpool_net::ConnPool::new(
@@ -408,7 +452,7 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
         Duration::from_secs(5),
         1,
     )
-    .with_credentials(security.to_security()?.credentials);
+    .with_security(security);
     Ok(tokio::time::timeout(Duration::from_secs(5), pool.call(req))
         .await
         .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??)

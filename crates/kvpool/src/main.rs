@@ -5,6 +5,7 @@
 mod bench;
 mod bench_meta;
 mod cli;
+mod tls_cmd;
 
 use std::process::ExitCode;
 
@@ -86,7 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mcfg_security = kvpool_net::auth::Security {
                 credentials: (mcfg.security.credentials.as_ref())
                     .and_then(|c| c.derive(kvpool_net::auth::Role::Store)),
-                insecure: mcfg.security.insecure,
+                ..mcfg.security.clone()
             };
             mcfg.metrics_address = mcfg.rpc_address.clone();
             let master = kvpool_master::start(mcfg, shutdown.clone()).await?;
@@ -150,6 +151,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("cluster secret written to {}", path.display());
                 }
             }
+        }
+        Command::Tls(cli::TlsCommand::New { out, certs }) => {
+            tls_cmd::new_pki(&out, &certs)?;
+            let names: Vec<String> = certs.iter().map(|c| format!("{c}")).collect();
+            println!(
+                "CA and certificates for {} written to {}",
+                names.join(", "),
+                out.display()
+            );
         }
         Command::Secret(cli::SecretCommand::Token { security }) => {
             let own = security.to_security()?.credentials.ok_or_else(|| {
