@@ -250,3 +250,20 @@ def test_a_secured_pool_needs_only_the_environment(secured_cluster, monkeypatch)
     assert writer.batch_set_v1(keys, src_idx) == [True] * 3
     assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
     assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+
+
+def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
+    """SGLang's own factory against a pool with a key and TLS on every
+    plane: the key file and the CA in the environment are the whole change."""
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", tls_cluster.keys["client"])
+    monkeypatch.setenv("KVPOOL_TLS_CA", os.path.join(tls_cluster.tls_dir, "ca.pem"))
+    src_pool, dst_pool = mha_pool(), mha_pool()
+    torch.manual_seed(12)
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    writer = backend(storage_config(tls_cluster.master, mla=False), src_pool)
+    reader = backend(storage_config(tls_cluster.master, mla=False), dst_pool)
+    keys = page_keys(3)
+    src_idx, dst_idx = pages(1, 3), pages(8, 3)
+    assert writer.batch_set_v1(keys, src_idx) == [True] * 3
+    assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
+    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
