@@ -65,6 +65,8 @@ pub struct ClientConfig {
     pub segment_size: u64,
     /// IP the embedded segment's data plane binds and advertises.
     pub segment_address: String,
+    /// Port the embedded segment's data plane binds (0 picks a free one).
+    pub segment_port: u16,
     /// Transport for object bytes.
     pub protocol: Protocol,
     /// Keys whose locations are remembered for one-round-trip repeat reads
@@ -87,6 +89,7 @@ impl ClientConfig {
             conns_per_store: 4,
             segment_size: 0,
             segment_address: "127.0.0.1".into(),
+            segment_port: 0,
             protocol: Protocol::Auto,
             location_cache: 65_536,
             security: Security::default(),

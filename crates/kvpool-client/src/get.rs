@@ -62,6 +62,17 @@ pub(crate) struct Found {
     via: Via,
 }
 
+impl Found {
+    /// A location the master just gave, whose lease began at `lease_from`.
+    pub(crate) fn from_master(location: ObjectLocation, lease_from: Instant) -> Found {
+        Found {
+            location,
+            lease_from,
+            via: Via::Master,
+        }
+    }
+}
+
 /// Where a location came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Via {
@@ -350,7 +361,7 @@ impl Client {
 
     /// Asks the master where `keys` are (granting read leases) and
     /// remembers the answers in the location cache.
-    async fn locate_keys(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
+    pub(crate) async fn locate_keys(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
         // The lease runs from when the master was asked, not from its answer.
         let t0 = Instant::now();
         let mut out: Vec<KvResult<Found>> = keys

@@ -31,8 +31,10 @@ mod placement;
 mod put;
 mod query;
 mod read;
+mod replicas;
 mod retry;
 mod rpc;
+mod segments;
 mod transport;
 
 pub use cache::CacheStats;
@@ -41,6 +43,8 @@ pub use get::{GetInto, Located};
 pub use kvpool_net::auth;
 pub use kvpool_net::tls;
 pub use kvpool_proto::msg::ReplicateConfig;
+pub use replicas::{ReplicaDesc, TaskKind};
+pub use segments::store_about;
 
 use cache::LocationCache;
 use kvpool_net::{CallPolicy, MasterLink};
@@ -61,7 +65,9 @@ struct Inner {
     link: Arc<MasterLink>,
     /// TCP connection pools and shared-memory mappings, made on first use.
     transports: Transports,
-    node: Option<Arc<DataNode>>,
+    /// The embedded data node serving the memory this client lends: made
+    /// at connect when it lends a segment, or when it mounts one later.
+    node: Arc<tokio::sync::OnceCell<Arc<DataNode>>>,
     cache: Arc<LocationCache>,
     /// Big batches in flight: only a lone one spreads over threads.
     big_calls: AtomicUsize,
@@ -94,20 +100,26 @@ impl Client {
         )?;
         let reply = link.register().await?;
         let shutdown = CancellationToken::new();
-        let node = if cfg.segment_size > 0 {
-            let node = DataNode::bind(&cfg.segment_address, 0, &cfg.security, shutdown.clone())
-                .await
+        let node = Arc::new(tokio::sync::OnceCell::new());
+        if cfg.segment_size > 0 {
+            let n = bind_node(&cfg, &shutdown).await?;
+            n.add_anonymous_segment(&cfg.hostname, cfg.segment_size)
                 .map_err(|e| KvError::new(Code::InternalError, format!("embedded segment: {e}")))?;
-            node.add_anonymous_segment(&cfg.hostname, cfg.segment_size)
-                .map_err(|e| KvError::new(Code::InternalError, format!("embedded segment: {e}")))?;
-            node.mount_all(&link).await?;
-            Some(node)
-        } else {
-            None
-        };
-        let remount = match &node {
-            Some(n) => n.remount_hook(&link),
-            None => Arc::new(|| Box::pin(async { true }) as _),
+            n.mount_all(&link).await?;
+            let _ = node.set(n);
+        }
+        // Segments mounted later (`mount_segment`) are found here too.
+        let remount: kvpool_net::master::RemountHook = {
+            let (node, link) = (node.clone(), link.clone());
+            Arc::new(move || {
+                let (node, link) = (node.clone(), link.clone());
+                Box::pin(async move {
+                    let Some(n) = node.get().cloned() else {
+                        return true;
+                    };
+                    n.remount_hook(&link)().await
+                })
+            })
         };
         link.spawn_heartbeat(
             Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
@@ -145,11 +157,37 @@ impl Client {
 
     /// Withdraws the embedded segment and stops background work.
     pub async fn close(&self) {
-        if let Some(node) = &self.inner.node {
+        if let Some(node) = self.inner.node.get() {
             node.unmount_all(&self.inner.link).await;
         }
         self.inner.shutdown.cancel();
     }
+}
+
+/// Binds the embedded data node on the configured address and port.
+async fn bind_node(cfg: &ClientConfig, shutdown: &CancellationToken) -> KvResult<Arc<DataNode>> {
+    let n = DataNode::bind(
+        &cfg.segment_address,
+        cfg.segment_port,
+        &cfg.security,
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::AddrInUse => Code::SegmentAlreadyExists,
+            _ => Code::InternalError,
+        };
+        KvError::new(
+            code,
+            format!(
+                "embedded segment on {}:{}: {e}",
+                cfg.segment_address, cfg.segment_port
+            ),
+        )
+    })?;
+    n.set_master(&cfg.master);
+    Ok(n)
 }
 
 /// How often keys read through cached locations are reported to the master.

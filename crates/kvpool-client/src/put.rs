@@ -213,7 +213,7 @@ impl Client {
     /// Runs writes grouped by route: shared-memory copies spread over the
     /// cores, TCP writes grouped by store, each group pipelined, groups (and
     /// big groups' chunks) in parallel. Returns (item index, result) per op.
-    async fn run_writes<'a>(
+    pub(crate) async fn run_writes<'a>(
         &self,
         ops: Vec<(usize, String, WriteOp<'a>)>,
     ) -> Vec<(usize, KvResult<()>)> {

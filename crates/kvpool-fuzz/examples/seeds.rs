@@ -303,6 +303,76 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 evictions: 0,
             },
         ),
+        Opcode::StoreAbout => both(
+            StoreAbout {},
+            StoreAboutReply {
+                master: "127.0.0.1:50051".into(),
+                segments: vec![info()],
+            },
+        ),
+        Opcode::ReplicaAdd => both(
+            ReplicaAdd {
+                client_id: ID,
+                key: "prefix/layer-0/block-7".into(),
+                targets: vec!["a".into(), "b".into()],
+            },
+            ReplicaPlan {
+                value_len: 4096,
+                generation: 9,
+                lease_ms: 10_000,
+                sources: vec![replica()],
+                targets: vec![Ok(Some(replica())), Ok(None), Err(code)],
+            },
+        ),
+        Opcode::ReplicaCommit => both(
+            ReplicaCommit {
+                client_id: ID,
+                key: "k".into(),
+                generation: 9,
+                written: vec![SEG],
+                failed: vec![],
+                drop: vec![SEG],
+            },
+            (),
+        ),
+        Opcode::ReplicaClear => both(
+            ReplicaClear {
+                keys: keys(),
+                segment: Some("a".into()),
+            },
+            vec![true, false],
+        ),
+        Opcode::TaskCreate => both(
+            TaskCreate {
+                client_id: ID,
+                kind: 1,
+                key: "k".into(),
+                source: "a".into(),
+                targets: vec!["b".into()],
+            },
+            u128::MAX - 7,
+        ),
+        Opcode::TaskUpdate => both(
+            TaskUpdate {
+                client_id: ID,
+                id: 7,
+                status: 3,
+                message: "done".into(),
+            },
+            (),
+        ),
+        Opcode::TaskQuery => both(
+            TaskQuery { id: 7 },
+            TaskInfo {
+                id: 7,
+                kind: 0,
+                status: 1,
+                created_ms: 1_800_000_000_000,
+                updated_ms: 1_800_000_000_100,
+                assigned_client: ID,
+                message: String::new(),
+            },
+        ),
     }
 }
 

@@ -110,6 +110,13 @@ fn meta(op: Opcode, response: bool, bytes: &[u8]) {
         Opcode::RemoveByRegex => rpc::<RemoveByRegex>(r, bytes, |_| None),
         Opcode::RemoveAll => rpc::<RemoveAll>(r, bytes, |_| None),
         Opcode::Status => rpc::<Status>(r, bytes, |_| None),
+        Opcode::StoreAbout => rpc::<StoreAbout>(r, bytes, |_| None),
+        Opcode::ReplicaAdd => rpc::<ReplicaAdd>(r, bytes, |_| None),
+        Opcode::ReplicaCommit => rpc::<ReplicaCommit>(r, bytes, |_| None),
+        Opcode::ReplicaClear => rpc::<ReplicaClear>(r, bytes, |m| Some(m.keys.len())),
+        Opcode::TaskCreate => rpc::<TaskCreate>(r, bytes, |_| None),
+        Opcode::TaskUpdate => rpc::<TaskUpdate>(r, bytes, |_| None),
+        Opcode::TaskQuery => rpc::<TaskQuery>(r, bytes, |_| None),
     }
 }
 

@@ -362,3 +362,107 @@ impl Handle for msg::Status {
         Ok(st)
     }
 }
+
+impl Handle for msg::ReplicaAdd {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::ReplicaPlan> {
+        if self.targets.len() > MAX_PREFERRED_SEGMENTS {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!(
+                    "{} target segments (at most {MAX_PREFERRED_SEGMENTS})",
+                    self.targets.len()
+                ),
+            ));
+        }
+        for name in &self.targets {
+            cx.check_name("segment name", name)?;
+        }
+        cx.master.metrics.record(Self::OPCODE, 1, 0);
+        let s = &cx.master.state;
+        let mut plan = s.replica_add(self.client_id, &self.key, &self.targets, cx.now)?;
+        cx.grant(msg::Capability::READ, plan.generation, &mut plan.sources);
+        let access = msg::Capability::READ | msg::Capability::WRITE;
+        for t in plan.targets.iter_mut().flatten().flatten() {
+            cx.grant(access, plan.generation, std::slice::from_mut(t));
+        }
+        Ok(plan)
+    }
+}
+
+impl Handle for msg::ReplicaCommit {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<()> {
+        cx.master.metrics.record(Self::OPCODE, 1, 0);
+        let s = &cx.master.state;
+        s.replica_commit(
+            self.client_id,
+            &self.key,
+            self.generation,
+            &self.written,
+            &self.failed,
+            &self.drop,
+            cx.now,
+        )?;
+        // A dropped replica is reported gone once its store destroyed it.
+        cx.fence = s.fence([self.key.as_str()]);
+        Ok(())
+    }
+}
+
+impl Handle for msg::ReplicaClear {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<bool>> {
+        if let Some(name) = &self.segment {
+            cx.check_name("segment name", name)?;
+        }
+        cx.count_bad_keys("ReplicaClear", self.keys.iter().map(String::as_str));
+        let s = &cx.master.state;
+        let v = s.replica_clear(&self.keys, self.segment.as_deref(), cx.now);
+        cx.master.metrics.record(Self::OPCODE, v.len(), 0);
+        cx.fence = s.fence(self.keys.iter().map(String::as_str));
+        Ok(v)
+    }
+}
+
+impl Handle for msg::TaskCreate {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<u128> {
+        if self.targets.len() > MAX_PREFERRED_SEGMENTS {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!(
+                    "{} target segments (at most {MAX_PREFERRED_SEGMENTS})",
+                    self.targets.len()
+                ),
+            ));
+        }
+        if !self.source.is_empty() {
+            cx.check_name("segment name", &self.source)?;
+        }
+        for name in &self.targets {
+            cx.check_name("segment name", name)?;
+        }
+        cx.master.metrics.record(Self::OPCODE, 1, 0);
+        let s = &cx.master.state;
+        let id = s.task_create(
+            self.client_id,
+            self.kind,
+            &self.key,
+            &self.source,
+            &self.targets,
+            cx.now,
+        )?;
+        info!(client = %self.client_id, key = %self.key, kind = self.kind, task = %format!("{id:032x}"), "replica task created");
+        Ok(id)
+    }
+}
+
+impl Handle for msg::TaskUpdate {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<()> {
+        let s = &cx.master.state;
+        s.task_update(self.client_id, self.id, self.status, &self.message)
+    }
+}
+
+impl Handle for msg::TaskQuery {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::TaskInfo> {
+        cx.master.state.task_query(self.id)
+    }
+}

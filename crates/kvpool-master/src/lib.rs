@@ -338,13 +338,21 @@ impl Master {
             Opcode::RemoveByRegex => handle::<msg::RemoveByRegex>(cx, meta),
             Opcode::RemoveAll => handle::<msg::RemoveAll>(cx, meta),
             Opcode::Status => handle::<msg::Status>(cx, meta),
+            Opcode::ReplicaAdd => handle::<msg::ReplicaAdd>(cx, meta),
+            Opcode::ReplicaCommit => handle::<msg::ReplicaCommit>(cx, meta),
+            Opcode::ReplicaClear => handle::<msg::ReplicaClear>(cx, meta),
+            Opcode::TaskCreate => handle::<msg::TaskCreate>(cx, meta),
+            Opcode::TaskUpdate => handle::<msg::TaskUpdate>(cx, meta),
+            Opcode::TaskQuery => handle::<msg::TaskQuery>(cx, meta),
             Opcode::Hello | Opcode::Auth => {
                 Err(KvError::new(Code::InvalidParams, "handshake already done"))
             }
-            Opcode::Write | Opcode::Read | Opcode::Invalidate => Err(KvError::new(
-                Code::NotSupported,
-                "the master does not serve data; write to the segment's endpoint",
-            )),
+            Opcode::Write | Opcode::Read | Opcode::Invalidate | Opcode::StoreAbout => {
+                Err(KvError::new(
+                    Code::NotSupported,
+                    "the master does not serve data; write to the segment's endpoint",
+                ))
+            }
         };
         *fence = cx.fence;
         if r.is_err() {

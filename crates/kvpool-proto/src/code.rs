@@ -62,11 +62,13 @@ pub enum Code {
     /// kvpool's own: the peer did not prove the cluster secret, or its role
     /// may not do this (see docs/security.md).
     Unauthorized = -1100,
+    /// No replica copy or move task with this id (Mooncake's number).
+    TaskNotFound = -1400,
 }
 
 impl Code {
     /// Every code, for exhaustive tests and docs.
-    pub const ALL: [Code; 27] = [
+    pub const ALL: [Code; 28] = [
         Code::Ok,
         Code::InternalError,
         Code::BufferOverflow,
@@ -94,6 +96,7 @@ impl Code {
         Code::UnavailableInCurrentStatus,
         Code::NotSupported,
         Code::Unauthorized,
+        Code::TaskNotFound,
     ];
 
     /// The integer sent on the wire and returned by the Mooncake-compatible API.
@@ -141,6 +144,7 @@ impl Code {
             Code::UnavailableInCurrentStatus => "UNAVAILABLE_IN_CURRENT_STATUS",
             Code::NotSupported => "NOT_SUPPORTED",
             Code::Unauthorized => "UNAUTHORIZED",
+            Code::TaskNotFound => "TASK_NOT_FOUND",
         }
     }
 

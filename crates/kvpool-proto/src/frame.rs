@@ -112,6 +112,20 @@ opcodes! {
     RemoveAll = 37,
     /// Control: cluster status for `kvpool status` and tools.
     Status = 40,
+    /// Data plane: what a data server serves, and its master.
+    StoreAbout = 13,
+    /// Control: regions on more segments for an object's replicas (copy, move).
+    ReplicaAdd = 50,
+    /// Control: attach written replica copies, drop moved-away ones.
+    ReplicaCommit = 51,
+    /// Control: drop objects' replicas on a segment (or whole objects).
+    ReplicaClear = 52,
+    /// Control: record a replica copy or move task.
+    TaskCreate = 53,
+    /// Control: report a task's progress.
+    TaskUpdate = 54,
+    /// Control: a task's status.
+    TaskQuery = 55,
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes

@@ -726,6 +726,198 @@ impl Rpc for Status {
     type Response = ClusterStatus;
 }
 
+// ---------------------------------------------------------------- replicas and tasks
+
+/// Regions on more segments for the current version of an object, so a
+/// client can copy it there (a replica copy or move): it reads the object
+/// from a source replica, writes it into each target region, and then
+/// sends [`ReplicaCommit`]. Extends the object's read lease like a read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaAdd {
+    /// The copying client; only it may commit these regions.
+    pub client_id: ClientId,
+    /// The object.
+    pub key: String,
+    /// Segment names (or ids in hex) to copy to.
+    pub targets: Vec<String>,
+}
+
+/// Where to copy an object from and to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaPlan {
+    /// Value bytes.
+    pub value_len: u64,
+    /// The version being copied; the commit must name it.
+    pub generation: u64,
+    /// The object's read lease, as in [`ObjectLocation`].
+    pub lease_ms: u64,
+    /// Its replicas now, to read from (with read grants).
+    pub sources: Vec<Replica>,
+    /// Per target: a region to write (with a write grant), `None` when the
+    /// object already has a replica there, or the error for that target.
+    pub targets: Vec<WireResult<Option<Replica>>>,
+}
+
+impl Rpc for ReplicaAdd {
+    const OPCODE: Opcode = Opcode::ReplicaAdd;
+    type Response = ReplicaPlan;
+}
+
+/// The end of a copy: attaches the written regions as replicas (when the
+/// object is still the version copied), frees the failed ones, and drops
+/// the object's replicas on `drop` (a move) as long as one stays.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaCommit {
+    /// The copying client.
+    pub client_id: ClientId,
+    /// The object.
+    pub key: String,
+    /// The version copied.
+    pub generation: u64,
+    /// Segments whose region was written in full.
+    pub written: Vec<SegmentId>,
+    /// Segments whose region was not written.
+    pub failed: Vec<SegmentId>,
+    /// Segments whose replica to drop once the written ones are attached.
+    pub drop: Vec<SegmentId>,
+}
+
+impl Rpc for ReplicaCommit {
+    const OPCODE: Opcode = Opcode::ReplicaCommit;
+    type Response = ();
+}
+
+/// Drops the replicas of `keys` on `segment` (all of them, so the whole
+/// object, when `None`); an object losing its last replica is removed.
+/// Objects under a live read lease are left alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaClear {
+    /// The objects.
+    pub keys: Vec<String>,
+    /// Segment name (or id in hex); `None` for every replica.
+    pub segment: Option<String>,
+}
+
+impl Rpc for ReplicaClear {
+    const OPCODE: Opcode = Opcode::ReplicaClear;
+    /// Per key: whether something was dropped.
+    type Response = Vec<bool>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<()>(meta)
+    }
+}
+
+/// A replica task's kind (Mooncake's `TaskType`).
+pub mod task_kind {
+    /// Copy an object to more segments.
+    pub const COPY: u8 = 0;
+    /// Move an object's replica from one segment to another.
+    pub const MOVE: u8 = 1;
+}
+
+/// A replica task's state (Mooncake's `TaskStatus` numbers).
+pub mod task_status {
+    /// Recorded, not started.
+    pub const PENDING: u8 = 0;
+    /// Being carried out.
+    pub const PROCESSING: u8 = 1;
+    /// Ended in failure; the message says why.
+    pub const FAILED: u8 = 2;
+    /// Done.
+    pub const SUCCESS: u8 = 3;
+}
+
+/// Records a replica copy or move of `key`, carried out by the calling
+/// client; checked first (the key exists, the segments are mounted).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCreate {
+    /// The client that carries the task out.
+    pub client_id: ClientId,
+    /// [`task_kind`].
+    pub kind: u8,
+    /// The object.
+    pub key: String,
+    /// For a move: the segment to move from.
+    pub source: String,
+    /// Segments to copy or move to.
+    pub targets: Vec<String>,
+}
+
+impl Rpc for TaskCreate {
+    const OPCODE: Opcode = Opcode::TaskCreate;
+    /// The task id.
+    type Response = u128;
+}
+
+/// Progress of a task, from the client carrying it out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskUpdate {
+    /// The client carrying it out.
+    pub client_id: ClientId,
+    /// The task.
+    pub id: u128,
+    /// [`task_status`].
+    pub status: u8,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl Rpc for TaskUpdate {
+    const OPCODE: Opcode = Opcode::TaskUpdate;
+    type Response = ();
+}
+
+/// Asks for a task's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskQuery {
+    /// The task.
+    pub id: u128,
+}
+
+/// A task as the master knows it (Mooncake's `QueryTaskResponse`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    /// The task.
+    pub id: u128,
+    /// [`task_kind`].
+    pub kind: u8,
+    /// [`task_status`].
+    pub status: u8,
+    /// When it was recorded, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// When its state last changed, ms since the Unix epoch.
+    pub updated_ms: u64,
+    /// The client carrying it out.
+    pub assigned_client: ClientId,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl Rpc for TaskQuery {
+    const OPCODE: Opcode = Opcode::TaskQuery;
+    type Response = TaskInfo;
+}
+
+/// Asks a data server what it serves and which master it answers to (an
+/// engine attaching to a storage process on its host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreAbout {}
+
+/// What a data server serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreAboutReply {
+    /// The master its segments are mounted on (as the store was told it).
+    pub master: String,
+    /// Its segments.
+    pub segments: Vec<SegmentInfo>,
+}
+
+impl Rpc for StoreAbout {
+    const OPCODE: Opcode = Opcode::StoreAbout;
+    type Response = StoreAboutReply;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -845,6 +1037,13 @@ mod tests {
                 nn,
             );
             check(&GetReplicaList { keys: keys(n) }, nn);
+            check(
+                &ReplicaClear {
+                    keys: keys(n),
+                    segment: Some("s".into()),
+                },
+                nn,
+            );
             check(&Exist { keys: keys(n) }, nn);
             let items = keys(n)
                 .into_iter()

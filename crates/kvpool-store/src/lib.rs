@@ -68,6 +68,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     let node = DataNode::bind(&cfg.address, cfg.port, &cfg.security, data_plane.clone())
         .await
         .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
+    node.set_master(&cfg.master);
     let name = cfg
         .name
         .clone()

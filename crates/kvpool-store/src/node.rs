@@ -104,12 +104,95 @@ impl DataNode {
                 .map(|p| p.to_string_lossy().into_owned()),
         };
         self.table.insert(id, region.clone(), base);
+        self.table.describe(|a| a.segments.push(info.clone()));
         self.segments.lock().push(Lent {
             info: info.clone(),
             possession,
             region,
         });
         info
+    }
+
+    /// Names the master this node's segments are mounted on, for the
+    /// `StoreAbout` answer (an engine attaching to this store asks it).
+    pub fn set_master(&self, master: &str) {
+        self.table.describe(|a| a.master = master.to_string());
+    }
+
+    /// The segments this node serves, as mounted.
+    pub fn segment_infos(&self) -> Vec<SegmentInfo> {
+        self.segments
+            .lock()
+            .iter()
+            .map(|l| l.info.clone())
+            .collect()
+    }
+
+    /// Withdraws segment `id` from the master and stops serving it; its
+    /// objects with no other replica are gone. `None` if it is not here.
+    pub async fn remove_segment(&self, link: &MasterLink, id: SegmentId) -> Option<SegmentInfo> {
+        let lent = {
+            let mut segs = self.segments.lock();
+            let at = segs.iter().position(|l| l.info.id == id)?;
+            segs.remove(at)
+        };
+        let _ = link
+            .call_once(&UnmountSegment {
+                client_id: link.client_id(),
+                segment: id,
+            })
+            .await;
+        self.table.remove(id);
+        self.table.describe(|a| a.segments.retain(|s| s.id != id));
+        Some(lent.info)
+    }
+
+    /// Serves a segment mapped from `len` bytes at `offset` of the file at
+    /// `path` (created or extended as needed), named `name`, and mounts it.
+    /// The file is the caller's: its bytes become object storage.
+    pub async fn mount_file(
+        &self,
+        link: &MasterLink,
+        name: &str,
+        path: &std::path::Path,
+        offset: u64,
+        len: u64,
+    ) -> KvResult<SegmentInfo> {
+        let region = MappedRegion::file_range(path, offset, len).map_err(|e| {
+            KvError::new(
+                Code::InvalidParams,
+                format!("cannot map {}: {e}", path.display()),
+            )
+        })?;
+        let (id, possession) = (SegmentId(rand::random()), rand::random());
+        let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE);
+        let lent = self.lent(id)?;
+        mount_one(link, lent).await?;
+        Ok(info)
+    }
+
+    /// Serves and mounts a new anonymous segment of `size` bytes.
+    pub async fn mount_anonymous(
+        &self,
+        link: &MasterLink,
+        name: &str,
+        size: u64,
+    ) -> KvResult<SegmentInfo> {
+        let info = self.add_anonymous_segment(name, size).map_err(|e| {
+            KvError::new(Code::InternalError, format!("cannot map {size} bytes: {e}"))
+        })?;
+        let lent = self.lent(info.id)?;
+        mount_one(link, lent).await?;
+        Ok(info)
+    }
+
+    fn lent(&self, id: SegmentId) -> KvResult<Lent> {
+        self.segments
+            .lock()
+            .iter()
+            .find(|l| l.info.id == id)
+            .cloned()
+            .ok_or_else(|| KvError::from(Code::SegmentNotFound))
     }
 
     /// Serves an anonymous in-process segment of `size` bytes (embedded store).

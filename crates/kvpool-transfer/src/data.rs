@@ -18,7 +18,7 @@ use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::limits::check_batch;
 use kvpool_proto::msg::{
-    self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, WriteReq,
+    self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, StoreAboutReply, WriteReq,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
@@ -36,6 +36,9 @@ const WINDOW: usize = 64;
 #[derive(Default)]
 pub struct SegmentTable {
     map: RwLock<HashMap<SegmentId, (Arc<MappedRegion>, u64)>>,
+    /// What a `StoreAbout` request is answered: the master and the
+    /// segments as mounted (kept by the data node that owns the table).
+    about: RwLock<StoreAboutReply>,
 }
 
 impl SegmentTable {
@@ -53,6 +56,11 @@ impl SegmentTable {
     /// The region for `id` and the start of its object area.
     pub fn get(&self, id: SegmentId) -> Option<(Arc<MappedRegion>, u64)> {
         self.map.read().get(&id).cloned()
+    }
+
+    /// Changes what a `StoreAbout` request is answered.
+    pub fn describe(&self, f: impl FnOnce(&mut StoreAboutReply)) {
+        f(&mut self.about.write());
     }
 }
 
@@ -173,6 +181,9 @@ async fn data_conn(
                 check(Capability::READ, req.segment, req.grant.as_ref(), range)?;
                 region_for(table, req.segment, req.offset, req.len).map(|r| Reply::Region(r, req))
             }),
+            // Not secret: an engine on this host learns where to attach.
+            (FrameKind::Request, Opcode::StoreAbout) => msg::decode::<msg::StoreAbout>(meta)
+                .map(|_| Reply::Message(msg::encode(&*table.about.read()))),
             // Destroying objects is the master's (which proves the store role).
             (FrameKind::Request, Opcode::Invalidate) if peer_role < Role::Store => Err(
                 KvError::new(Code::Unauthorized, "only the master may invalidate objects"),

@@ -55,6 +55,39 @@ impl MappedRegion {
         })
     }
 
+    /// Maps `len` bytes at `offset` (a multiple of the page size) of the
+    /// file at `path`, shared, creating or extending the file as needed; a
+    /// segment over memory the caller provides (Mooncake's
+    /// `mount_segment`). No path is recorded: other processes do not map
+    /// it (it has no superblock), they reach it over TCP.
+    pub fn file_range(path: &Path, offset: u64, len: u64) -> io::Result<Self> {
+        let page = 4096;
+        if !offset.is_multiple_of(page) || len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the offset must be a multiple of 4096 and the length above 0",
+            ));
+        }
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "range overflows"))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
+        if file.metadata()?.len() < end {
+            file.set_len(end)?;
+        }
+        let map = MmapOptions::new()
+            .offset(offset)
+            .len(usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?)
+            .map_raw(&file)?;
+        Ok(MappedRegion { map, path: None })
+    }
+
     /// Maps an existing segment file of a store on this host, read-write, as
     /// it is (the shared-memory transport). Fails unless this process may
     /// open the file for writing.

@@ -230,6 +230,7 @@ impl MasterState {
                 self.free_now(&replicas, Some(generation));
             }
         }
+        self.sweep_copies(&dead_set, now);
         self.free_expired_deferred(now);
         dead
     }

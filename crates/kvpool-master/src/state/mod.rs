@@ -37,6 +37,7 @@ mod evict;
 mod invalidation;
 mod ledger;
 mod objects;
+mod replicas;
 mod segments;
 mod table;
 
@@ -179,6 +180,10 @@ pub struct MasterState {
     ledger: Arc<Ledger>,
     /// Requests refused by a limit.
     refusals: Refusals,
+    /// Replica copies in flight (regions reserved for them); taken alone.
+    copies: Mutex<replicas::Copies>,
+    /// Replica copy and move tasks; taken alone.
+    tasks: Mutex<replicas::TaskTable>,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -222,6 +227,8 @@ impl MasterState {
             shard_hasher: Default::default(),
             ledger,
             refusals: Refusals::default(),
+            copies: Mutex::default(),
+            tasks: Mutex::default(),
         }
     }
 

@@ -256,6 +256,19 @@ impl ObjectTable {
         self.at_mut(i).flags |= MORE;
     }
 
+    /// Takes slot `i`'s replica on `no` away, unless it is the only one;
+    /// returns its region.
+    pub(super) fn remove_replica(&mut self, i: u32, no: SegNo) -> Option<Region> {
+        let list: Vec<(SegNo, Region)> = self.replicas(i).collect();
+        if list.len() < 2 {
+            return None;
+        }
+        let gone = list.iter().find(|(s, _)| *s == no).map(|(_, r)| *r)?;
+        let kept: Vec<(SegNo, Region)> = list.into_iter().filter(|(s, _)| *s != no).collect();
+        self.set_replicas(i, &kept);
+        Some(gone)
+    }
+
     /// The occupied slots, in slot order (sequential memory).
     pub(super) fn iter(&self) -> impl Iterator<Item = (u32, &Slot)> {
         self.slots
@@ -552,6 +565,15 @@ mod tests {
             vec![(SegNo(1), region(64))]
         );
         assert_eq!(ledger.held(owner).pinned, 64);
+        // One replica at a time: never the last.
+        assert_eq!(t.remove_replica(i, SegNo(1)), None);
+        t.add_replica(i, SegNo(2), region(128));
+        assert_eq!(t.remove_replica(i, SegNo(3)), None);
+        assert_eq!(t.remove_replica(i, SegNo(1)), Some(region(64)));
+        assert_eq!(
+            t.replicas(i).collect::<Vec<_>>(),
+            vec![(SegNo(2), region(128))]
+        );
         assert_eq!(t.retain_replicas(|_, _, _| false), 1);
         assert_eq!(t.len(), 0);
         assert!(t.soft_pins.is_empty() && t.more.is_empty() && t.hard_pins.is_empty());
