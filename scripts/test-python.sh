@@ -9,7 +9,9 @@
 #
 # Env: PYTHON (interpreter for the venv, default python3.11 or python3),
 #      KVPOOL_VENV (venv path), KVPOOL_TEST_SGLANG=0 (skip the SGLang set and
-#      its tests), PYTEST_ARGS (extra pytest arguments).
+#      its tests), KVPOOL_TEST_MOONCAKE=0 (skip installing the real Mooncake
+#      wheel and the tests that compare against it), PYTEST_ARGS (extra
+#      pytest arguments).
 # Args: --setup-only (create/refresh the venv and stop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,8 @@ REPO="$(pwd)"
 CRATE="$REPO/crates/kvpool-python"
 REQ="$CRATE/tests/requirements.txt"
 REQ_SGLANG="$CRATE/tests/requirements-sglang.txt"
+REQ_MOONCAKE="$CRATE/tests/requirements-mooncake.txt"
+WITH_MOONCAKE="${KVPOOL_TEST_MOONCAKE:-1}"
 SGLANG_PKG="sglang==0.5.23"
 WITH_SGLANG="${KVPOOL_TEST_SGLANG:-1}"
 VENV="${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}"
@@ -71,6 +75,24 @@ else
   log "venv ready"
 fi
 VPY="$VENV/bin/python"
+# The real Mooncake, for the tests that compare against it: an add-on to the
+# venv with its own stamp, so adding it never rebuilds the venv (the SGLang
+# set is 6 GB). Its wheel loads libibverbs even for TCP.
+MC_STAMP="$( (cat "$REQ_MOONCAKE"; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
+if [ "$WITH_MOONCAKE" = 1 ] && [ "$(cat "$VENV/.kvpool-stamp-mooncake" 2>/dev/null)" != "$MC_STAMP" ]; then
+  if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 '; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "installing libibverbs1 (the Mooncake wheel loads it)"
+      { apt-get update -qq && apt-get install -y -qq libibverbs1; } >/dev/null 2>&1 || log "libibverbs1 not installed; Mooncake comparisons will be skipped"
+    fi
+  fi
+  log "installing the Mooncake wheel for comparison tests"
+  if "$VPY" -m pip install -q --disable-pip-version-check -r "$REQ_MOONCAKE"; then
+    echo "$MC_STAMP" >"$VENV/.kvpool-stamp-mooncake"
+  else
+    log "Mooncake wheel not installed; comparison tests will be skipped"
+  fi
+fi
 [ "${1:-}" = "--setup-only" ] && exit 0
 # The maturin build backend runs `maturin` from PATH.
 export PATH="$VENV/bin:$PATH"
@@ -96,6 +118,7 @@ log "pip install ./crates/kvpool-python"
 log "pytest"
 export SGLANG_HICACHE_MOONCAKE_REUSE_TE=0
 export KVPOOL_TEST_SGLANG="$WITH_SGLANG"
+export KVPOOL_TEST_MOONCAKE="$WITH_MOONCAKE"
 # Run from the tests directory so `import kvpool` resolves to the installed
 # package, not to the source tree.
 set +e

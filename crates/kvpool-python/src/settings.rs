@@ -128,6 +128,8 @@ pub struct Settings {
     pub tls: TlsFiles,
     /// Names of inputs that were accepted but have no effect (for a warning).
     pub ignored: Vec<String>,
+    /// Choices made for the caller that it should hear about (a warning).
+    pub notes: Vec<String>,
 }
 
 impl Settings {
@@ -171,7 +173,9 @@ struct Key {
     name: &'static str,
     aliases: &'static [&'static str],
     kvpool_env: &'static str,
-    mooncake_env: Option<&'static str>,
+    /// Mooncake's env vars for it, in order; a name ending in `_MS` holds
+    /// milliseconds.
+    mooncake_env: &'static [&'static str],
 }
 
 const KEYS: &[Key] = &[
@@ -179,109 +183,115 @@ const KEYS: &[Key] = &[
         name: "local_hostname",
         aliases: &[],
         kvpool_env: "KVPOOL_LOCAL_HOSTNAME",
-        mooncake_env: Some("MOONCAKE_LOCAL_HOSTNAME"),
+        mooncake_env: &["MOONCAKE_LOCAL_HOSTNAME"],
     },
     Key {
         name: "metadata_server",
         aliases: &[],
         kvpool_env: "KVPOOL_METADATA_SERVER",
-        mooncake_env: Some("MOONCAKE_TE_META_DATA_SERVER"),
+        mooncake_env: &["MOONCAKE_TE_META_DATA_SERVER"],
     },
     Key {
         name: "global_segment_size",
         aliases: &[],
         kvpool_env: "KVPOOL_GLOBAL_SEGMENT_SIZE",
-        mooncake_env: Some("MOONCAKE_GLOBAL_SEGMENT_SIZE"),
+        mooncake_env: &["MOONCAKE_GLOBAL_SEGMENT_SIZE"],
     },
     Key {
         name: "local_buffer_size",
         aliases: &[],
         kvpool_env: "KVPOOL_LOCAL_BUFFER_SIZE",
-        mooncake_env: Some("MOONCAKE_LOCAL_BUFFER_SIZE"),
+        mooncake_env: &["MOONCAKE_LOCAL_BUFFER_SIZE"],
     },
     Key {
         name: "protocol",
         aliases: &[],
         kvpool_env: "KVPOOL_PROTOCOL",
-        mooncake_env: Some("MOONCAKE_PROTOCOL"),
+        mooncake_env: &["MOONCAKE_PROTOCOL"],
     },
     Key {
         name: "device_name",
         aliases: &["rdma_devices"],
         kvpool_env: "KVPOOL_DEVICE",
-        mooncake_env: Some("MOONCAKE_DEVICE"),
+        mooncake_env: &["MOONCAKE_DEVICE"],
     },
     Key {
         name: "master_server_addr",
         aliases: &["master_server_address", "master"],
         kvpool_env: "KVPOOL_MASTER",
-        mooncake_env: Some("MOONCAKE_MASTER"),
+        mooncake_env: &["MOONCAKE_MASTER"],
     },
     Key {
         name: "timeout",
         aliases: &[],
         kvpool_env: "KVPOOL_TIMEOUT",
-        mooncake_env: None,
+        mooncake_env: &["MC_RPC_TIMEOUT_MS"],
     },
     Key {
         name: "retries",
         aliases: &[],
         kvpool_env: "KVPOOL_RETRIES",
-        mooncake_env: None,
+        mooncake_env: &["MC_RETRY_CNT"],
     },
     Key {
         name: "conns_per_store",
         aliases: &[],
         kvpool_env: "KVPOOL_CONNS_PER_STORE",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
     Key {
         name: "location_cache",
         aliases: &[],
         kvpool_env: "KVPOOL_LOCATION_CACHE",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
     Key {
         name: "segment_address",
         aliases: &[],
         kvpool_env: "KVPOOL_SEGMENT_ADDRESS",
-        mooncake_env: None,
+        mooncake_env: &["MC_TCP_BIND_ADDRESS"],
+    },
+    Key {
+        name: "cluster_id",
+        aliases: &[],
+        kvpool_env: "KVPOOL_CLUSTER_ID",
+        mooncake_env: &["MC_STORE_CLUSTER_ID"],
     },
     Key {
         name: "secret_file",
         aliases: &[],
         kvpool_env: "KVPOOL_SECRET_FILE",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
     Key {
         name: "secret",
         aliases: &[],
         kvpool_env: "KVPOOL_SECRET",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
     Key {
         name: "insecure",
         aliases: &[],
         kvpool_env: "KVPOOL_INSECURE",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
     Key {
         name: "tls_ca",
         aliases: &[],
         kvpool_env: "KVPOOL_TLS_CA",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
     Key {
         name: "tls_cert",
         aliases: &[],
         kvpool_env: "KVPOOL_TLS_CERT",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
     Key {
         name: "tls_key",
         aliases: &[],
         kvpool_env: "KVPOOL_TLS_KEY",
-        mooncake_env: None,
+        mooncake_env: &[],
     },
 ];
 
@@ -300,11 +310,7 @@ const IGNORED_KEYS: &[&str] = &[
 
 /// Inputs kvpool accepts only at their default value; anything else is
 /// `NOT_SUPPORTED` rather than silently different behaviour.
-const DEFAULT_ONLY: &[(&str, &str)] = &[
-    ("enable_ssd_offload", "false"),
-    ("ssd_offload_path", ""),
-    ("tenant_id", "default"),
-];
+const DEFAULT_ONLY: &[(&str, &str)] = &[("enable_ssd_offload", "false"), ("ssd_offload_path", "")];
 
 /// Canonical name of a setting key or alias, if it is one.
 fn canonical(name: &str) -> Option<&'static Key> {
@@ -348,6 +354,7 @@ pub fn resolve(
     file: Option<&BTreeMap<String, Raw>>,
 ) -> KvResult<Settings> {
     let mut ignored = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
     // Reject or note inputs that are not settings.
     for (source, map) in [("argument", Some(explicit)), ("config file key", file)] {
         let Some(map) = map else { continue };
@@ -355,7 +362,13 @@ pub fn resolve(
             if canonical(k).is_some() || matches!(v, Raw::Null) {
                 continue;
             }
-            if IGNORED_KEYS.contains(&k.as_str()) {
+            if k == "tenant_id" {
+                // Mooncake 0.3.13 keeps one key space for all tenants; so
+                // does kvpool: another tenant is accepted and noted.
+                if raw_text(v).trim() != "default" && !raw_text(v).trim().is_empty() {
+                    ignored.push(k.clone());
+                }
+            } else if IGNORED_KEYS.contains(&k.as_str()) {
                 ignored.push(k.clone());
             } else if let Some((_, default)) = DEFAULT_ONLY.iter().find(|(n, _)| n == k) {
                 if raw_text(v).to_ascii_lowercase() != *default {
@@ -385,10 +398,14 @@ pub fn resolve(
                     .map(|v| (Raw::Str(v), key.kvpool_env.to_string()))
             })
             .or_else(|| {
-                key.mooncake_env.and_then(|n| {
-                    env(n)
-                        .filter(|v| !v.is_empty())
-                        .map(|v| (Raw::Str(v), n.to_string()))
+                key.mooncake_env.iter().find_map(|n| {
+                    let v = env(n).filter(|v| !v.trim().is_empty())?;
+                    // Mooncake's `*_MS` variables hold bare milliseconds.
+                    let v = match n.ends_with("_MS") {
+                        true => format!("{}ms", v.trim()),
+                        false => v,
+                    };
+                    Some((Raw::Str(v), n.to_string()))
                 })
             })
             .or_else(|| file.and_then(|f| from_map(f, "config file key")))
@@ -441,8 +458,29 @@ pub fn resolve(
             h.trim().to_string()
         }
     };
-    let master = normalize_master(&text("master_server_addr", ""))?;
-    let protocol = Protocol::parse(&text("protocol", "tcp"))?;
+    let master = with_cluster(
+        normalize_master(&text("master_server_addr", ""))?,
+        &text("cluster_id", ""),
+    );
+    let asked = text("protocol", "tcp");
+    let protocol = match asked.trim().to_ascii_lowercase().as_str() {
+        // Mooncake itself runs over TCP where no RDMA device exists; kvpool
+        // has no RDMA transport, so it always does (and says so).
+        "rdma" => {
+            notes.push("protocol rdma: kvpool has no RDMA transport; using tcp".into());
+            Protocol::Tcp
+        }
+        _ => Protocol::parse(&asked)?,
+    };
+    let protocol = match env("MC_FORCE_TCP").map(|v| v.trim().to_ascii_lowercase()) {
+        Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => {
+            if protocol != Protocol::Tcp {
+                notes.push("MC_FORCE_TCP is set: using tcp".into());
+            }
+            Protocol::Tcp
+        }
+        _ => protocol,
+    };
     let timeout = match get("timeout") {
         None => None,
         Some((v, from)) => Some(
@@ -504,7 +542,25 @@ pub fn resolve(
         insecure,
         tls,
         ignored,
+        notes,
     })
+}
+
+/// `master` with the HA cluster id `cluster` appended when it is an
+/// `etcd://` address that names none (the address's own id wins).
+pub fn with_cluster(master: String, cluster: &str) -> String {
+    let cluster = cluster.trim().trim_matches('/');
+    if cluster.is_empty() {
+        return master;
+    }
+    let Some((_, rest)) = master.split_once("://") else {
+        return master;
+    };
+    match rest.split_once('/') {
+        Some((_, c)) if !c.is_empty() => master,
+        Some(_) => format!("{master}{cluster}"),
+        None => format!("{master}/{cluster}"),
+    }
 }
 
 /// Checks a master address: `host:port` (empty means `127.0.0.1:50051`, a
@@ -712,6 +768,47 @@ mod tests {
     }
 
     #[test]
+    fn mooncake_client_env_vars() {
+        let env = |k: &str| match k {
+            "MC_RPC_TIMEOUT_MS" => Some("2500".to_string()),
+            "MC_RETRY_CNT" => Some("3".to_string()),
+            "MC_TCP_BIND_ADDRESS" => Some("127.0.0.9".to_string()),
+            "MC_STORE_CLUSTER_ID" => Some("mc".to_string()),
+            "MOONCAKE_MASTER" => Some("etcd://10.0.0.1:2379".to_string()),
+            _ => None,
+        };
+        let s = resolve(&BTreeMap::new(), &env, None).unwrap();
+        assert_eq!(s.timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(s.retries, Some(3));
+        assert_eq!(s.segment_address, "127.0.0.9");
+        assert_eq!(s.master_server_addr, "etcd://10.0.0.1:2379/mc");
+        // KVPOOL_CLUSTER_ID wins; an id in the address wins over both.
+        let env2 = |k: &str| match k {
+            "KVPOOL_CLUSTER_ID" => Some("kv".to_string()),
+            _ => env(k),
+        };
+        let s = resolve(&BTreeMap::new(), &env2, None).unwrap();
+        assert_eq!(s.master_server_addr, "etcd://10.0.0.1:2379/kv");
+        let a = args(&[("master_server_addr", Raw::Str("etcd://h:1/own".into()))]);
+        assert_eq!(
+            resolve(&a, &env2, None).unwrap().master_server_addr,
+            "etcd://h:1/own"
+        );
+        // A plain master address has no cluster.
+        let a = args(&[("master_server_addr", Raw::Str("h:1".into()))]);
+        assert_eq!(resolve(&a, &env2, None).unwrap().master_server_addr, "h:1");
+        assert_eq!(with_cluster("etcd://h:1/".into(), "/x/"), "etcd://h:1/x");
+        // rdma runs over tcp, and MC_FORCE_TCP forces tcp.
+        let a = args(&[("protocol", Raw::Str("rdma".into()))]);
+        let s = resolve(&a, &no_env, None).unwrap();
+        assert_eq!(s.protocol, Protocol::Tcp);
+        assert_eq!(s.notes.len(), 1);
+        let force = |k: &str| (k == "MC_FORCE_TCP").then(|| "1".to_string());
+        let a = args(&[("protocol", Raw::Str("shm".into()))]);
+        assert_eq!(resolve(&a, &force, None).unwrap().protocol, Protocol::Tcp);
+    }
+
+    #[test]
     fn protocols() {
         assert_eq!(Protocol::parse("TCP").unwrap(), Protocol::Tcp);
         assert_eq!(Protocol::parse("auto").unwrap(), Protocol::Auto);
@@ -792,13 +889,13 @@ mod tests {
 
     #[test]
     fn unsupported_options() {
-        let e = resolve(
+        let s = resolve(
             &args(&[("tenant_id", Raw::Str("other".into()))]),
             &no_env,
             None,
         )
-        .unwrap_err();
-        assert_eq!(e.code, Code::NotSupported);
+        .unwrap();
+        assert_eq!(s.ignored, vec!["tenant_id".to_string()]);
         let e = resolve(
             &args(&[("enable_ssd_offload", Raw::Bool(true))]),
             &no_env,

@@ -35,6 +35,17 @@ MODEL = "org/test-model"
 KEY_PREFIX = "org-test-model"  # SGLang's config prefix: model name with "/" -> "-"
 
 
+def standalone_config(store: str, *, mla: bool = False) -> HiCacheStorageConfig:
+    """SGLang's standalone-storage mode: the engine attaches to the storage
+    process at `store` (its data address) instead of lending memory."""
+    c = storage_config("unused", mla=mla)
+    extra = dict(c.extra_config)
+    extra.pop("master_server_address")
+    extra.update({"standalone_storage": True, "client_server_address": store})
+    c.extra_config = extra
+    return c
+
+
 def storage_config(master: str, *, mla: bool, tp_rank: int = 0, tp_size: int = 1) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=tp_rank,
@@ -267,3 +278,47 @@ def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
     assert writer.batch_set_v1(keys, src_idx) == [True] * 3
     assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
     assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+
+
+def store_endpoint(cluster) -> str:
+    for line in cluster.status().splitlines():
+        if line.startswith("127.0.0.1:"):
+            return line.split()[1]
+    raise AssertionError(cluster.status())
+
+
+def test_standalone_storage_mode(cluster, kv):
+    """SGLang's Mooncake backend with standalone_storage: each engine (a
+    backend instance) attaches to the long-lived storage process through
+    setup_dummy; pages one engine wrote are read by the next, which is what
+    an engine restart looks like; the pages live on that store's segment."""
+    from kvpool.sglang import KvpoolHostTensorAllocator, KvpoolStore
+    from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeHostTensorAllocator
+
+    endpoint = store_endpoint(cluster)
+    src_pool, dst_pool = mha_pool(), mha_pool()
+    torch.manual_seed(21)
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    writer = backend(standalone_config(endpoint), src_pool)
+    inner = getattr(writer, "_backend", writer)
+    assert isinstance(inner, KvpoolStore)
+    assert inner.store._prefer == [endpoint], "puts go to the storage process"
+    assert inner.store._settings["global_segment_size"] == 0, "the engine lends nothing"
+    keys = page_keys(4)
+    src_idx, dst_idx = pages(1, 4), pages(9, 4)
+    assert writer.batch_set_v1(keys, src_idx) == [True] * 4
+    inner.close()
+    # A new engine, as after a restart, finds the pages.
+    reader = backend(standalone_config(endpoint), dst_pool)
+    assert reader.batch_exists(keys) == 4
+    assert reader.batch_get_v1(keys, dst_idx) == [True] * 4
+    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+    store = getattr(reader, "_backend", reader).store
+    first = f"{KEY_PREFIX}_{keys[0]}_0_k"
+    names = [d.get_memory_descriptor().buffer_descriptor.transport_endpoint for d in store.get_replica_desc(first)]
+    assert names == [endpoint]
+    # The host-pool allocator SGLang's standalone check asks for.
+    alloc = KvpoolHostTensorAllocator()
+    assert isinstance(alloc, MooncakeHostTensorAllocator)
+    t = alloc.allocate((4, 8), torch.bfloat16)
+    assert t.shape == (4, 8) and t.dtype == torch.bfloat16 and int(t.float().abs().sum()) == 0

@@ -13,7 +13,18 @@ from .config import ReplicateConfig
 _Memory = Any
 _Sizes = Optional[Sequence[Union[None, int, Sequence[Optional[int]]]]]
 
-__all__ = ["__version__", "Buffer", "Client", "address_of", "code_name", "resolve_settings"]
+__all__ = [
+    "__version__",
+    "Buffer",
+    "Client",
+    "address_of",
+    "code_name",
+    "resolve_settings",
+    "host_alloc",
+    "host_free",
+    "host_alloc_functions",
+    "store_about",
+]
 __version__: str
 
 def resolve_settings(explicit: Dict[str, Any]) -> Dict[str, Any]:
@@ -24,6 +35,26 @@ def code_name(code: int) -> str:
 
 def address_of(obj: Any, writable: bool = False) -> Tuple[int, int]:
     """``(address, size)`` of an object's memory; keep the object alive while using it."""
+
+def host_alloc(size: int) -> int:
+    """A zeroed block of ``size`` bytes of host memory; its address, or 0."""
+
+def host_free(ptr: int) -> int:
+    """Frees a block ``host_alloc`` handed out: 0, or -1 for any other address."""
+
+def host_alloc_functions() -> Tuple[int, int]:
+    """Addresses of the C ``alloc(size, device, stream)`` and ``free(ptr, size, device, stream)``."""
+
+def store_about(
+    endpoint: str,
+    timeout: float = 5.0,
+    secret: Optional[str] = None,
+    insecure: bool = False,
+    tls_ca: Optional[str] = None,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
+) -> Dict[str, Any]:
+    """What the storage process at ``endpoint`` serves: ``master`` and ``segments``."""
 
 @final
 class Buffer:
@@ -57,6 +88,7 @@ class Client:
         tls_ca: Optional[str] = None,
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
+        segment_port: int = 0,
     ) -> "Client": ...
     @property
     def master(self) -> str:
@@ -110,12 +142,30 @@ class Client:
         """Per key: bytes read, or a negative code."""
     def read_ranges(self, keys: Sequence[str], ranges: Sequence[Sequence[Tuple[int, int, int]]]) -> List[List[int]]:
         """Copies ``(dst_address, src_offset, size)`` ranges of objects; per range bytes or a negative code."""
-    def exists(self, key: str) -> bool:
-        """Whether ``key`` exists."""
-    def batch_exists(self, keys: Sequence[str]) -> List[int]:
+    def exists(self, key: str, lease: bool = False) -> bool:
+        """Whether ``key`` exists (``lease``: take a read lease, as Mooncake's ``is_exist``)."""
+    def batch_exists(self, keys: Sequence[str], lease: bool = False) -> List[int]:
         """Per key: 1, 0, or a negative code."""
-    def get_size(self, key: str) -> int:
+    def get_size(self, key: str, lease: bool = False) -> int:
         """Value size of ``key``."""
+    def replica_descs(self, keys: Sequence[str]) -> List[Union[List[Tuple[str, str, str, int, int]], int]]:
+        """Per key: (segment name, segment id, endpoint, value offset, value length) per replica, or a code."""
+    def copy_replicas(self, key: str, targets: Sequence[str]) -> None:
+        """Copies ``key`` to the segments named ``targets``."""
+    def move_replica(self, key: str, source: str, target: str) -> None:
+        """Moves ``key``'s replica from segment ``source`` to ``target``."""
+    def start_task(self, kind: str, key: str, targets: Sequence[str], source: str = "") -> int:
+        """Records a "copy" or "move" task and carries it out in the background; its id."""
+    def query_task(self, id: int) -> Dict[str, Any]:
+        """A task: id, kind, status, created_ms, updated_ms, assigned_client, message."""
+    def clear_replicas(self, keys: Sequence[str], segment: Optional[str] = None) -> List[bool]:
+        """Drops replicas on ``segment`` (every replica for None); per key whether any went."""
+    def mount_segment(self, size: int, path: Optional[str] = None, offset: int = 0) -> Dict[str, Any]:
+        """Lends a new segment (anonymous memory, or a file range); it as a dict."""
+    def unmount_segment(self, id: str) -> Dict[str, Any]:
+        """Takes back a segment this client lends (id in hex)."""
+    def lent_segments(self) -> List[Dict[str, Any]]:
+        """The segments this client lends."""
     def remove(self, key: str, force: bool = False) -> None:
         """Removes ``key``."""
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> List[int]:

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _native
 from .config import ReplicateConfig
-from .errors import BatchError, NotFound, error_for
+from .errors import BatchError, NotFound, NotSupported, error_for
 
 __all__ = ["Client", "Buffer"]
 
@@ -45,7 +45,7 @@ def _close_lenders() -> None:
     with _lenders_lock:
         lenders = list(_lenders)
     for c in lenders:
-        if c.lent_bytes > 0:  # 0 in a forked child: the segment is the parent's
+        if c.lent_bytes > 0 or c.lent_segments():  # none in a forked child: the segments are the parent's
             try:
                 c.close()
             except Exception:  # noqa: BLE001 - best effort at exit
@@ -70,9 +70,16 @@ def _connect(s: Dict[str, Any]) -> "_native.Client":
         s["tls_ca"],
         s["tls_cert"],
         s["tls_key"],
+        s.get("segment_port") or 0,
     )
     _track(native)
     return native
+
+
+def _track_lender(native: "_native.Client") -> None:
+    """Remembers a client that lends memory mounted after it connected."""
+    with _lenders_lock:
+        _lenders.add(native)
 
 
 def _batch_check(results: List[Any], codes: Sequence[int], ok_missing: bool, what: str) -> None:
@@ -146,6 +153,10 @@ class Client:
                 "tls_key": tls_key,
             }
         )
+        if any(n.startswith("protocol rdma") for n in s["notes"]):
+            # The Mooncake drop-in runs rdma over tcp, as Mooncake does
+            # without devices; kvpool's own API says what it lacks.
+            raise NotSupported("kvpool has no RDMA transport; use protocol tcp, shm or auto", -1012)
         self._native = _connect(s)
 
     # ------------------------------------------------------------ lifecycle

@@ -7,17 +7,42 @@ import enum
 import operator
 from typing import Any, Iterable, List, Optional, Tuple
 
-__all__ = ["ReplicateConfig", "SoftPinAction"]
+__all__ = ["ReplicateConfig", "SoftPinAction", "ObjectDataType"]
 
 _U64_MAX = 2**64 - 1
 
 
-class SoftPinAction(enum.IntEnum):
+class _Enum(int, enum.Enum):
+    """An int enum that prints like Mooncake's pybind11 enums (``SoftPinAction.ENABLE``)."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self.name}: {int(self)}>"
+
+
+class SoftPinAction(_Enum):
     """What a put does to the object's soft pin (Mooncake's enum)."""
 
     PRESERVE = 0
     ENABLE = 1
     DISABLE = 2
+
+
+class ObjectDataType(_Enum):
+    """What an object holds (``ReplicateConfig.data_type``): a label kvpool accepts and does not use."""
+
+    UNKNOWN = 0
+    KVCACHE = 1
+    TENSOR = 2
+    WEIGHT = 3
+    SAMPLE = 4
+    ACTIVATION = 5
+    GRADIENT = 6
+    OPTIMIZER_STATE = 7
+    METADATA = 8
+    GENERAL = 9
 
 
 def _index(name: str, value: Any, *, allow_none: bool = False) -> Optional[int]:
@@ -53,6 +78,11 @@ class ReplicateConfig:
         "_preferred_segment",
         "_prefer_alloc_in_same_node",
         "_soft_pin_action",
+        "_data_type",
+        "_nof_replica_num",
+        "_dfs_replica_num",
+        "_preferred_nof_segments",
+        "_group_ids",
     )
 
     def __init__(
@@ -65,6 +95,11 @@ class ReplicateConfig:
         preferred_segment: str = "",
         prefer_alloc_in_same_node: bool = False,
         soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE,
+        data_type: ObjectDataType = ObjectDataType.UNKNOWN,
+        nof_replica_num: int = 0,
+        dfs_replica_num: int = 0,
+        preferred_nof_segments: Optional[Iterable[str]] = None,
+        group_ids: Optional[Iterable[str]] = None,
     ) -> None:
         self.replica_num = replica_num
         self.with_soft_pin = with_soft_pin
@@ -74,6 +109,11 @@ class ReplicateConfig:
         self.preferred_segment = preferred_segment
         self.prefer_alloc_in_same_node = prefer_alloc_in_same_node
         self.soft_pin_action = soft_pin_action
+        self.data_type = data_type
+        self.nof_replica_num = nof_replica_num
+        self.dfs_replica_num = dfs_replica_num
+        self.preferred_nof_segments = list(preferred_nof_segments or [])
+        self.group_ids = group_ids
 
     @property
     def replica_num(self) -> int:
@@ -157,6 +197,58 @@ class ReplicateConfig:
         except (TypeError, ValueError):
             raise TypeError(f"soft_pin_action must be a SoftPinAction, got {v!r}") from None
 
+    @property
+    def data_type(self) -> ObjectDataType:
+        """What the object holds (a label; kvpool does not use it)."""
+        return self._data_type
+
+    @data_type.setter
+    def data_type(self, v: ObjectDataType) -> None:
+        try:
+            self._data_type = ObjectDataType(int(v))
+        except (TypeError, ValueError):
+            raise TypeError(f"data_type must be an ObjectDataType, got {v!r}") from None
+
+    @property
+    def nof_replica_num(self) -> int:
+        """Replicas on NVMe-oF segments; kvpool has none, so a put asking for any is −1012."""
+        return self._nof_replica_num
+
+    @nof_replica_num.setter
+    def nof_replica_num(self, v: int) -> None:
+        self._nof_replica_num = _index("nof_replica_num", v) or 0
+
+    @property
+    def dfs_replica_num(self) -> int:
+        """Replicas on a distributed file system; kvpool has none (−1012 if asked for)."""
+        return self._dfs_replica_num
+
+    @dfs_replica_num.setter
+    def dfs_replica_num(self, v: int) -> None:
+        self._dfs_replica_num = _index("dfs_replica_num", v) or 0
+
+    @property
+    def preferred_nof_segments(self) -> List[str]:
+        """NVMe-oF segments to place on first (kvpool has none)."""
+        return self._preferred_nof_segments
+
+    @preferred_nof_segments.setter
+    def preferred_nof_segments(self, v: Iterable[str]) -> None:
+        if isinstance(v, (str, bytes)):
+            raise TypeError("preferred_nof_segments must be a list of str")
+        self._preferred_nof_segments = list(v)
+
+    @property
+    def group_ids(self) -> Optional[List[str]]:
+        """Object groups of Mooncake's group semantics; kvpool has none (a put naming any is −1012)."""
+        return self._group_ids
+
+    @group_ids.setter
+    def group_ids(self, v: Optional[Iterable[str]]) -> None:
+        if v is not None and isinstance(v, (str, bytes)):
+            raise TypeError("group_ids must be a list of str or None")
+        self._group_ids = None if v is None else list(v)
+
     def _fields(self) -> Tuple[Any, ...]:
         return (
             self.replica_num,
@@ -167,6 +259,11 @@ class ReplicateConfig:
             self.preferred_segment,
             self.prefer_alloc_in_same_node,
             self.soft_pin_action,
+            self.data_type,
+            self.nof_replica_num,
+            self.dfs_replica_num,
+            tuple(self.preferred_nof_segments),
+            None if self.group_ids is None else tuple(self.group_ids),
         )
 
     def __eq__(self, other: object) -> bool:

@@ -141,6 +141,7 @@ class BatchError(KvpoolError):
 # KvpoolError itself.
 _BY_CODE: Dict[int, Type[KvpoolError]] = {
     -704: NotFound,
+    -1400: NotFound,
     -705: AlreadyExists,
     -200: NoSpace,
     -706: LeaseHeld,

@@ -75,6 +75,9 @@ impl Held {
     }
 }
 
+/// The error message of a destination that shares bytes with an earlier one.
+pub(crate) const OVERLAP: &str = "destination overlaps another destination of the batch";
+
 /// The destinations of one batch read, each item a list of held regions
 /// (or the error that kept it from being held): per item, the bytes to fill
 /// in order, or an `INVALID_PARAMS` error where the item shares a byte with
@@ -93,10 +96,7 @@ pub(crate) fn fill_targets(items: &mut [KvResult<Vec<Held>>]) -> Vec<KvResult<Ve
         .zip(clash)
         .map(|(item, clash)| match item {
             Err(e) => Err(e.clone()),
-            Ok(_) if clash => Err(KvError::new(
-                Code::InvalidParams,
-                "destination overlaps another destination of the batch",
-            )),
+            Ok(_) if clash => Err(KvError::new(Code::InvalidParams, OVERLAP)),
             Ok(hs) => Ok(hs.iter_mut().map(Held::bytes_mut).collect()),
         })
         .collect()

@@ -22,7 +22,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use super::buffers::{fill_targets, hold, Buffer, Held};
+use super::buffers::{fill_targets, hold, Buffer, Held, OVERLAP};
 use super::convert::replicate_config;
 use super::{raise, wait};
 use crate::memory::Region;
@@ -313,7 +313,7 @@ impl Client {
     /// with `segment_size` > 0 this process also lends that many bytes to the
     /// pool. `None` options keep the Rust client's defaults.
     #[new]
-    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None, secret = None, insecure = false, tls_ca = None, tls_cert = None, tls_key = None))]
+    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None, secret = None, insecure = false, tls_ca = None, tls_cert = None, tls_key = None, segment_port = 0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -331,6 +331,7 @@ impl Client {
         tls_ca: Option<PathBuf>,
         tls_cert: Option<PathBuf>,
         tls_key: Option<PathBuf>,
+        segment_port: u16,
     ) -> PyResult<Self> {
         if let Some(t) = timeout {
             if !(t.is_finite() && t > 0.0 && t < 1e9) {
@@ -356,6 +357,7 @@ impl Client {
             cfg.location_cache = n;
         }
         cfg.segment_size = segment_size;
+        cfg.segment_port = segment_port;
         cfg.segment_address = segment_address
             .map(str::to_string)
             .unwrap_or_else(|| crate::settings::host_part(hostname).to_string());
@@ -609,28 +611,57 @@ impl Client {
     ) -> PyResult<Vec<i64>> {
         let mut held = hold_items(py, keys.len(), dsts, sizes, true)?;
         let mut codes = vec![0i64; keys.len()];
-        let mut items: Vec<GetInto<'_>> = Vec::with_capacity(keys.len());
-        let mut index = Vec::with_capacity(keys.len());
-        for (i, dst) in fill_targets(&mut held).into_iter().enumerate() {
-            match dst {
-                Err(e) => codes[i] = code(&e),
-                Ok(dst) => {
-                    items.push(GetInto {
-                        key: keys[i].as_str(),
-                        dst,
-                    });
-                    index.push(i);
+        // Destinations that share bytes are filled one after another, in
+        // batch order (a later item's bytes win where they overlap), each
+        // round a batch of disjoint destinations.
+        let mut todo: Vec<usize> = (0..keys.len()).collect();
+        while !todo.is_empty() {
+            let mut round: Vec<KvResult<Vec<Held>>> = todo
+                .iter()
+                .map(|&i| std::mem::replace(&mut held[i], Ok(Vec::new())))
+                .collect();
+            let mut items: Vec<GetInto<'_>> = Vec::with_capacity(round.len());
+            let mut index = Vec::with_capacity(round.len());
+            let mut later = Vec::new();
+            for (j, dst) in fill_targets(&mut round).into_iter().enumerate() {
+                let i = todo[j];
+                match dst {
+                    Err(e) if e.code == Code::InvalidParams && e.message.contains(OVERLAP) => {
+                        later.push(j)
+                    }
+                    Err(e) => codes[i] = code(&e),
+                    Ok(dst) => {
+                        items.push(GetInto {
+                            key: keys[i].as_str(),
+                            dst,
+                        });
+                        index.push(i);
+                    }
                 }
             }
-        }
-        if !items.is_empty() {
-            let c = self.client(py)?;
-            let r = wait(py, async { c.batch_get_into(&mut items).await })?;
-            for (i, r) in index.into_iter().zip(r) {
-                codes[i] = r.map_or_else(|e| code(&e), |n| n as i64);
+            if !items.is_empty() {
+                let c = self.client(py)?;
+                let r = wait(py, async { c.batch_get_into(&mut items).await })?;
+                for (i, r) in index.into_iter().zip(r) {
+                    codes[i] = r.map_or_else(|e| code(&e), |n| n as i64);
+                }
             }
+            drop(items);
+            if later.len() == round.len() {
+                // No progress: what is left overlaps itself (one item's own
+                // buffers share bytes), which no order can fill.
+                for &j in &later {
+                    codes[todo[j]] = i64::from(Code::InvalidParams.as_i32());
+                }
+                break;
+            }
+            let next: Vec<usize> = later.iter().map(|&j| todo[j]).collect();
+            for (&j, &i) in later.iter().zip(&next) {
+                held[i] = std::mem::replace(&mut round[j], Ok(Vec::new()));
+            }
+            drop(round);
+            todo = next;
         }
-        drop(items);
         drop(held);
         Ok(codes)
     }
@@ -673,17 +704,30 @@ impl Client {
         Ok(out)
     }
 
-    /// Whether `key` exists (does not extend its life).
-    fn exists(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+    /// Whether `key` exists. Does not extend its life, unless `lease`:
+    /// then it takes a read lease as a read does (Mooncake's `is_exist`).
+    #[pyo3(signature = (key, lease = false))]
+    fn exists(&self, py: Python<'_>, key: &str, lease: bool) -> PyResult<bool> {
         let c = self.client(py)?;
+        if lease {
+            let r = wait(py, async { c.batch_exist_leased(&[key]).await })?;
+            return one_of(py, r).map(|s| s.is_some());
+        }
         wait(py, async { c.exist(key).await })?.map_err(|e| raise(py, e))
     }
 
-    /// Existence of many keys: 1, 0, or a negative code per key.
-    fn batch_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<i64>> {
+    /// Existence of many keys: 1, 0, or a negative code per key (`lease`:
+    /// as for [`Self::exists`]).
+    #[pyo3(signature = (keys, lease = false))]
+    fn batch_exists(&self, py: Python<'_>, keys: Vec<String>, lease: bool) -> PyResult<Vec<i64>> {
         let c = self.client(py)?;
         let refs = strs(&keys);
-        let r = wait(py, async { c.batch_exist(&refs).await })?;
+        let r: Vec<KvResult<bool>> = if lease {
+            let r = wait(py, async { c.batch_exist_leased(&refs).await })?;
+            r.into_iter().map(|r| r.map(|s| s.is_some())).collect()
+        } else {
+            wait(py, async { c.batch_exist(&refs).await })?
+        };
         Ok(r.into_iter()
             .map(|r| match r {
                 Ok(true) => 1,
@@ -693,10 +737,176 @@ impl Client {
             .collect())
     }
 
-    /// Value size of `key` in bytes.
-    fn get_size(&self, py: Python<'_>, key: &str) -> PyResult<u64> {
+    /// Value size of `key` in bytes (`lease`: as for [`Self::exists`]).
+    #[pyo3(signature = (key, lease = false))]
+    fn get_size(&self, py: Python<'_>, key: &str, lease: bool) -> PyResult<u64> {
         let c = self.client(py)?;
+        if lease {
+            let r = wait(py, async { c.batch_exist_leased(&[key]).await })?;
+            return one_of(py, r)?.ok_or_else(|| {
+                raise(
+                    py,
+                    KvError::new(Code::ObjectNotFound, format!("{key:?} not found")),
+                )
+            });
+        }
         wait(py, async { c.get_size(key).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Where each of `keys` is stored (taking a read lease): per key a list
+    /// of `(segment name, segment id hex, endpoint, value offset, value
+    /// length)`, or a negative code.
+    fn replica_descs<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let c = self.client(py)?;
+        let refs = strs(&keys);
+        let r = wait(py, async { c.replica_descs(&refs).await })?;
+        r.into_iter()
+            .map(|r| match r {
+                Ok(list) => {
+                    let items: Vec<(String, String, String, u64, u64)> = list
+                        .into_iter()
+                        .map(|d| {
+                            (
+                                d.segment,
+                                d.segment_id.to_string(),
+                                d.endpoint,
+                                d.value_offset,
+                                d.value_len,
+                            )
+                        })
+                        .collect();
+                    Ok(items.into_pyobject(py)?.into_any())
+                }
+                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
+            })
+            .collect()
+    }
+
+    /// Copies `key` to the segments named `targets` now (raises on failure).
+    fn copy_replicas(&self, py: Python<'_>, key: &str, targets: Vec<String>) -> PyResult<()> {
+        let c = self.client(py)?;
+        wait(py, async { c.copy_replicas(key, &targets).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Moves `key`'s replica from segment `source` to segment `target` now.
+    fn move_replica(&self, py: Python<'_>, key: &str, source: &str, target: &str) -> PyResult<()> {
+        let c = self.client(py)?;
+        wait(py, async { c.move_replica(key, source, target).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Records a replica task (`kind` "copy" or "move") at the master and
+    /// carries it out in the background; returns its id.
+    #[pyo3(signature = (kind, key, targets, source = ""))]
+    fn start_task(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        key: &str,
+        targets: Vec<String>,
+        source: &str,
+    ) -> PyResult<u128> {
+        let kind = match kind {
+            "copy" => kvpool_client::TaskKind::Copy,
+            "move" => kvpool_client::TaskKind::Move,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown task kind {other:?}"
+                )))
+            }
+        };
+        let c = self.client(py)?;
+        wait(py, async {
+            c.start_task(kind, key, source, &targets).await
+        })?
+        .map_err(|e| raise(py, e))
+    }
+
+    /// A task as a dict: `id`, `kind`, `status` (Mooncake's numbers),
+    /// `created_ms`, `updated_ms`, `assigned_client`, `message`.
+    fn query_task<'py>(&self, py: Python<'py>, id: u128) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.client(py)?;
+        let t = wait(py, async { c.query_task(id).await })?.map_err(|e| raise(py, e))?;
+        let d = PyDict::new(py);
+        d.set_item("id", t.id)?;
+        d.set_item("kind", t.kind)?;
+        d.set_item("status", t.status)?;
+        d.set_item("created_ms", t.created_ms)?;
+        d.set_item("updated_ms", t.updated_ms)?;
+        d.set_item("assigned_client", t.assigned_client.0)?;
+        d.set_item("message", t.message)?;
+        Ok(d)
+    }
+
+    /// Drops `keys`' replicas on segment `segment` (every replica, so the
+    /// object, for `None`), except under a live read lease; per key whether
+    /// something was dropped.
+    #[pyo3(signature = (keys, segment = None))]
+    fn clear_replicas(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        segment: Option<&str>,
+    ) -> PyResult<Vec<bool>> {
+        let c = self.client(py)?;
+        let refs = strs(&keys);
+        wait(py, async { c.clear_replicas(&refs, segment).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// Lends more memory as a new segment: `size` bytes of anonymous memory,
+    /// or of the file at `path` from `offset`. Returns the segment as a dict
+    /// (`id` hex, `name`, `size`).
+    #[pyo3(signature = (size, path = None, offset = 0))]
+    fn mount_segment<'py>(
+        &self,
+        py: Python<'py>,
+        size: u64,
+        path: Option<PathBuf>,
+        offset: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.client(py)?;
+        let info = wait(py, async {
+            match &path {
+                Some(p) => c.mount_file_segment(p, offset, size).await,
+                None => c.mount_anonymous_segment(size).await,
+            }
+        })?
+        .map_err(|e| raise(py, e))?;
+        segment_dict(py, &info)
+    }
+
+    /// Takes back a segment this client lends, by id (hex); returns it as a dict.
+    fn unmount_segment<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Bound<'py, PyDict>> {
+        let id = u128::from_str_radix(id.trim(), 16)
+            .map(kvpool_proto::msg::SegmentId)
+            .map_err(|_| {
+                raise(
+                    py,
+                    KvError::new(Code::InvalidParams, format!("bad segment id {id:?}")),
+                )
+            })?;
+        let c = self.client(py)?;
+        let info = wait(py, async { c.unmount_segment(id).await })?.map_err(|e| raise(py, e))?;
+        segment_dict(py, &info)
+    }
+
+    /// The segments this client lends, as dicts (none in a forked child
+    /// or after `close()`; never connects).
+    fn lent_segments<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let c = {
+            let st = self.lock();
+            match &st.client {
+                Some(c) if !st.closed && runtime::is_current(st.pid) => c.clone(),
+                _ => return Ok(Vec::new()),
+            }
+        };
+        c.lent_segments()
+            .iter()
+            .map(|i| segment_dict(py, i))
+            .collect()
     }
 
     /// Removes `key`; `force` ignores a live read lease.
@@ -781,6 +991,28 @@ fn one(py: Python<'_>, r: Vec<KvResult<()>>) -> PyResult<()> {
         Some(Err(e)) => Err(raise(py, e)),
         None => Err(raise(py, KvError::from(Code::InternalError))),
     }
+}
+
+/// The only result of a one-key batch, raised if it failed.
+fn one_of<T>(py: Python<'_>, r: Vec<KvResult<T>>) -> PyResult<T> {
+    r.into_iter()
+        .next()
+        .unwrap_or_else(|| Err(KvError::from(Code::InternalError)))
+        .map_err(|e| raise(py, e))
+}
+
+/// A segment as a dict: `id` (hex), `name`, `endpoint`, `size`, `path`.
+pub(crate) fn segment_dict<'py>(
+    py: Python<'py>,
+    i: &kvpool_proto::msg::SegmentInfo,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", i.id.to_string())?;
+    d.set_item("name", &i.name)?;
+    d.set_item("endpoint", &i.endpoint)?;
+    d.set_item("size", i.size)?;
+    d.set_item("path", &i.path)?;
+    Ok(d)
 }
 
 /// Copies `value[off..off+len]` to address `dst`; the bytes copied or −600.

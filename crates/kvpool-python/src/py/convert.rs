@@ -85,6 +85,7 @@ pub fn resolve_settings<'py>(
     d.set_item("tls_cert", s.tls.cert.as_deref())?;
     d.set_item("tls_key", s.tls.key.as_deref())?;
     d.set_item("ignored", s.ignored)?;
+    d.set_item("notes", s.notes)?;
     Ok(d)
 }
 

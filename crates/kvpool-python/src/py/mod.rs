@@ -6,6 +6,7 @@
 mod buffers;
 mod client;
 mod convert;
+mod extras;
 
 use std::future::Future;
 
@@ -81,5 +82,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert::resolve_settings, m)?)?;
     m.add_function(wrap_pyfunction!(convert::code_name, m)?)?;
     m.add_function(wrap_pyfunction!(convert::address_of, m)?)?;
+    m.add_function(wrap_pyfunction!(extras::host_alloc, m)?)?;
+    m.add_function(wrap_pyfunction!(extras::host_free, m)?)?;
+    m.add_function(wrap_pyfunction!(extras::host_alloc_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(extras::store_about, m)?)?;
     Ok(())
 }

@@ -1,0 +1,84 @@
+//! Module functions beside the client: host memory by address (Mooncake's
+//! `MooncakeHostMemAllocator` and allocation-function addresses) and the
+//! question an engine asks a storage process it attaches to.
+
+use std::time::Duration;
+
+use kvpool_client::auth::{Credentials, Security};
+use kvpool_client::tls::TlsFiles;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::client::segment_dict;
+use super::{raise, wait};
+use crate::hostmem;
+
+/// A zeroed block of `size` bytes of host memory; its address, or 0 when
+/// `size` is 0 or the memory cannot be had.
+#[pyfunction]
+pub fn host_alloc(py: Python<'_>, size: usize) -> usize {
+    py.detach(|| hostmem::alloc(size))
+}
+
+/// Frees a block `host_alloc` handed out: 0, or -1 for any other address.
+#[pyfunction]
+pub fn host_free(ptr: usize) -> i32 {
+    hostmem::free(ptr)
+}
+
+/// Addresses of the C functions `alloc(size, device, stream)` and
+/// `free(ptr, size, device, stream)` over the same memory (PyTorch's
+/// pluggable-allocator signatures).
+#[pyfunction]
+pub fn host_alloc_functions() -> (usize, usize) {
+    (hostmem::alloc_fn_addr(), hostmem::free_fn_addr())
+}
+
+/// What the storage process whose data plane is at `endpoint` serves, and
+/// its master: a dict with `master` and `segments` (dicts as
+/// `Client.lent_segments` gives). `secret` and the TLS files as for `Client`.
+#[pyfunction]
+#[pyo3(signature = (endpoint, timeout = 5.0, secret = None, insecure = false, tls_ca = None, tls_cert = None, tls_key = None))]
+#[allow(clippy::too_many_arguments)]
+pub fn store_about<'py>(
+    py: Python<'py>,
+    endpoint: &str,
+    timeout: f64,
+    secret: Option<&str>,
+    insecure: bool,
+    tls_ca: Option<std::path::PathBuf>,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
+) -> PyResult<Bound<'py, PyDict>> {
+    if !(timeout.is_finite() && timeout > 0.0 && timeout < 1e9) {
+        return Err(PyValueError::new_err(
+            "timeout must be a positive number of seconds",
+        ));
+    }
+    let credentials = secret
+        .map(Credentials::parse)
+        .transpose()
+        .map_err(|e| raise(py, e))?;
+    let tls = TlsFiles {
+        ca: tls_ca,
+        cert: tls_cert,
+        key: tls_key,
+        require_client_cert: false,
+    };
+    let security = Security::new(credentials, insecure, &tls).map_err(|e| raise(py, e))?;
+    let limit = Duration::from_secs_f64(timeout);
+    let about = wait(py, async {
+        kvpool_client::store_about(endpoint, &security, limit).await
+    })?
+    .map_err(|e| raise(py, e))?;
+    let d = PyDict::new(py);
+    d.set_item("master", &about.master)?;
+    let segs = about
+        .segments
+        .iter()
+        .map(|s| segment_dict(py, s))
+        .collect::<PyResult<Vec<_>>>()?;
+    d.set_item("segments", segs)?;
+    Ok(d)
+}
