@@ -611,6 +611,10 @@ fn plan_role(
     let existing =
         u32::try_from(insts.iter().filter(|i| i.index < r.replicas).count()).unwrap_or(u32::MAX);
     let mut may_create = scaling_cap.map_or(u32::MAX, |c| c.saturating_sub(existing));
+    // Instances created now at the new revision count as updated: on
+    // Kubernetes a recreated instance is deleted first and created on a
+    // later pass, and must not make room for another one under maxSkew.
+    let mut created_updated = 0u32;
     for ix in 0..r.replicas {
         if r.ordered && (0..ix).any(|lower| by_index.get(&lower).is_none_or(|i| !i.ready || i.busy))
         {
@@ -625,6 +629,9 @@ fn plan_role(
             Some(cur) if ix < partition => cur.clone(),
             _ => r.revision.clone(),
         };
+        if revision == r.revision {
+            created_updated += 1;
+        }
         out.actions.push(Action::Create {
             role: r.name.clone(),
             index: ix,
@@ -661,7 +668,7 @@ fn plan_role(
     .unwrap_or(i64::MAX);
     let floor = i64::from(r.replicas) - i64::from(max_unavailable);
     let mut budget = ready_now - floor;
-    let mut updated = updated_count(r, observed);
+    let mut updated = updated_count(r, observed) + created_updated;
     for ix in (partition..r.replicas).rev() {
         let Some(i) = by_index.get(&ix) else { continue };
         if i.revision == r.revision {
