@@ -14,10 +14,10 @@ pub fn pod_template(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// A value of any shape kept as written (strategic-merge patches).
+/// A value of any shape kept as written (strategic-merge patches,
+/// component templates): no type, as upstream declares them.
 pub fn preserve_unknown(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "type": "object",
         "x-kubernetes-preserve-unknown-fields": true
     })
 }

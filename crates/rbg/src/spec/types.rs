@@ -443,7 +443,7 @@ pub struct ComponentSpec {
     pub annotations: BTreeMap<String, String>,
     /// The component's Pod template.
     #[serde(default)]
-    #[schemars(schema_with = "pod_template")]
+    #[schemars(schema_with = "preserve_unknown")]
     pub template: PodTemplateSpec,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -285,7 +285,12 @@ pub struct CoordinatedPolicySpec {
     version = "v1alpha2",
     kind = "RoleBasedGroupScalingAdapter",
     namespaced,
-    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#
+    status = "ScalingAdapterStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ScalingAdapterSpec {
@@ -294,6 +299,28 @@ pub struct ScalingAdapterSpec {
     pub replicas: Option<u32>,
     /// The group and role it scales.
     pub scale_target_ref: ScaleTargetRef,
+}
+
+/// `status` of a scaling adapter (the shape upstream reports; rbg's
+/// operator reads adapters and does not write it yet).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingAdapterStatus {
+    /// Current replicas of the role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+    /// Ready replicas of the role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<u32>,
+    /// Label selector of the role's Pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Phase of the adapter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// When the role was last scaled (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<String>,
 }
 
 /// `scaleTargetRef` of a scaling adapter.
