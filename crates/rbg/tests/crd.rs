@@ -280,3 +280,15 @@ fn the_comparison_notices_a_difference() {
     let r = std::panic::catch_unwind(|| compare(&ours, &theirs, "v1alpha2"));
     assert!(r.is_err());
 }
+
+/// deploy/operator/crds.yaml is what `rbg crd` prints today.
+#[test]
+fn shipped_crds_are_current() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/operator/crds.yaml");
+    let shipped = std::fs::read_to_string(&path).expect("deploy/operator/crds.yaml");
+    let now = rbg::operator::crd_yaml().expect("crd yaml");
+    assert!(
+        shipped == now,
+        "deploy/operator/crds.yaml is stale: regenerate it with `rbg crd > deploy/operator/crds.yaml`"
+    );
+}
