@@ -43,8 +43,15 @@ fn every_example_group_validates() {
         let b = load_all(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         assert!(!b.groups.is_empty(), "{}: no group", f.display());
         groups += b.groups.len();
-        docs += text.matches("\nkind: RoleBasedGroup").count()
-            + usize::from(text.starts_with("kind: RoleBasedGroup"));
+        docs += text
+            .lines()
+            .filter(|l| {
+                matches!(
+                    l.trim_end(),
+                    "kind: RoleBasedGroup" | "kind: RoleBasedGroupSet"
+                )
+            })
+            .count();
     }
     println!(
         "{} files, {docs} RoleBasedGroup/RoleBasedGroupSet documents, {groups} groups: all valid",
