@@ -214,7 +214,9 @@ pub async fn run(namespace: Option<String>) -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let client = Client::try_default().await?;
+    let client = Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!("no Kubernetes API to talk to (in-cluster config or a kubeconfig): {e}")
+    })?;
     let (groups, pods): (Api<RoleBasedGroupResource>, Api<Pod>) = match &namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
