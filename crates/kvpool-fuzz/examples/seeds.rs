@@ -549,6 +549,25 @@ fn rbg_specs(w: &mut Writer, root: &Path) {
         let text = std::fs::read_to_string(&path).expect("deploy example");
         specs.push((name.into(), text));
     }
+    // Upstream-style multi-document files of both API versions.
+    for version in ["v1alpha1", "v1alpha2"] {
+        let dir = root.join("deploy/examples").join(version);
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("deploy/examples")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        for path in files {
+            let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            let text = std::fs::read_to_string(&path).expect("example");
+            let name = format!("{version}-{}", stem.unwrap_or_default());
+            match rbg::spec::load_all(&text) {
+                Ok(_) => w.put("rbg_spec", &name, text.as_bytes()),
+                Err(e) => panic!("seed file {name} does not load: {e}"),
+            }
+        }
+    }
     for (name, text) in &specs {
         match rbg::spec::load(text) {
             Ok(_) => w.put("rbg_spec", name, text.as_bytes()),
