@@ -34,9 +34,9 @@ pub const HEADER_LEN: usize = 32;
 /// Magic at the start of every frame.
 pub const MAGIC: [u8; 4] = *b"KVPL";
 /// Version spoken by this build; bumped on any incompatible wire change.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Oldest peer version this build still talks to.
-pub const MIN_PROTOCOL_VERSION: u32 = 3;
+pub const MIN_PROTOCOL_VERSION: u32 = 4;
 
 /// Whether a frame asks or answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +80,8 @@ opcodes! {
     Read = 11,
     /// Data plane: destroy freed objects so a restart cannot find them.
     Invalidate = 12,
+    /// Data plane: copy objects between a store's segments (tiering).
+    TierMove = 16,
     /// Control: a client or store announces itself to the master.
     RegisterClient = 20,
     /// Control: liveness ping from a registered client.

@@ -100,6 +100,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 name: None,
                 shutdown_grace: std::time::Duration::ZERO,
                 security: mcfg_security,
+                disk_dir: u.disk.disk_dir()?,
+                disk_size: u.disk.disk_size,
             };
             let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
             println!(

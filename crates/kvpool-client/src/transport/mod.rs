@@ -10,6 +10,7 @@
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use kvpool_proto::msg::SegmentId;
@@ -40,6 +41,9 @@ impl Transports {
 /// The routes to the segments of one batch.
 pub(crate) struct Routes {
     maps: ShmMaps,
+    /// Disk-tier segments among them: TCP whatever the protocol (their
+    /// store reads them from its SSD).
+    disks: HashSet<SegmentId>,
     protocol: Protocol,
 }
 
@@ -47,6 +51,9 @@ impl Routes {
     /// The route to `segment` (which must be one the routes were made for,
     /// or it is reached by TCP).
     pub(crate) fn to(&self, segment: SegmentId) -> Route<Arc<ShmMap>> {
+        if self.disks.contains(&segment) {
+            return Route::Tcp;
+        }
         route(
             self.maps.get(&segment).and_then(|m| m.as_ref()),
             self.protocol,
@@ -71,6 +78,7 @@ impl Client {
         if protocol == Protocol::Tcp {
             return Routes {
                 maps: ShmMaps::new(),
+                disks: HashSet::new(),
                 protocol,
             };
         }
@@ -84,6 +92,7 @@ impl Client {
             shm.map_new(&segments, &infos);
         }
         Routes {
+            disks: shm.disks(&segments),
             maps: shm.get(segments),
             protocol,
         }
