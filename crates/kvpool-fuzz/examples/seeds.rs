@@ -65,6 +65,7 @@ fn replica() -> Replica {
         offset: 4096,
         len: 4224,
         cap: Some(CAP),
+        tier: Default::default(),
     }
 }
 

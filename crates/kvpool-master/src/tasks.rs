@@ -138,9 +138,9 @@ pub(crate) async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
 }
 
 /// Moves per `TierMove` request; a store copies them in parallel.
-const MOVES_PER_REQUEST: usize = 64;
+const MOVES_PER_REQUEST: usize = 32;
 /// `TierMove` requests in flight per store.
-const MOVE_REQUESTS_IN_FLIGHT: usize = 4;
+const MOVE_REQUESTS_IN_FLIGHT: usize = 8;
 
 /// Keeps the memory of stores with a disk tier below the demotion
 /// watermark and promotes objects read again from disk: plans a round of
@@ -152,11 +152,19 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
     let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A round that moved something is followed by the next at once: puts
+    // may be filling memory as fast as the disk takes it.
+    let mut busy = false;
     loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+        if !busy {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+        } else if shutdown.is_cancelled() {
+            return;
         }
+        busy = false;
         if !matches!(master.role(Instant::now()), crate::Role::Leader)
             || !master.state.has_disk_tier()
         {
@@ -172,6 +180,7 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
         if plan.is_empty() {
             continue;
         }
+        busy = true;
         let mut stores = Vec::new();
         for (endpoint, tickets) in plan {
             let pool = pools

@@ -52,6 +52,7 @@ fn config() -> StateConfig {
         high_watermark: 0.95,
         eviction_ratio: 0.01,
         demote_watermark: 0.9,
+        promote: true,
         client_ttl: Duration::from_secs(3600),
         store_grace: Duration::ZERO,
         pending_ttl: Duration::from_secs(3600),
@@ -1066,6 +1067,7 @@ impl Sim {
             high_watermark: 0.9,
             eviction_ratio: RATIO,
             demote_watermark: 0.9,
+            promote: true,
             client_ttl: Duration::from_secs(24 * 3600),
             store_grace: Duration::ZERO,
             pending_ttl: PENDING_TTL,
@@ -1604,6 +1606,7 @@ fn region_at(offset: u64, len: u64) -> Replica {
         offset,
         len,
         cap: None,
+        tier: Default::default(),
     }
 }
 

@@ -80,8 +80,6 @@ opcodes! {
     Read = 11,
     /// Data plane: destroy freed objects so a restart cannot find them.
     Invalidate = 12,
-    /// Data plane: copy objects between a store's segments (tiering).
-    TierMove = 16,
     /// Control: a client or store announces itself to the master.
     RegisterClient = 20,
     /// Control: liveness ping from a registered client.
@@ -114,6 +112,9 @@ opcodes! {
     RemoveAll = 37,
     /// Control: cluster status for `kvpool status` and tools.
     Status = 40,
+    /// Data plane: copy objects between a store's segments (tiering).
+    /// Last in the list: fuzz corpora index messages by position here.
+    TierMove = 16,
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes

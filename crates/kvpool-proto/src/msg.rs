@@ -540,6 +540,9 @@ pub struct Replica {
     /// Permission to read it (in a location) or write it (in a put
     /// grant); `None` from a master without a secret.
     pub cap: Option<Capability>,
+    /// The segment's tier: a disk replica is read over TCP whatever the
+    /// protocol.
+    pub tier: Tier,
 }
 
 impl Replica {
@@ -856,6 +859,7 @@ mod tests {
                         access: Capability::READ | Capability::WRITE,
                         mac: [7; 16],
                     }),
+                    tier: Tier::Memory,
                 }],
             }),
             Err(Code::NoAvailableHandle.as_i32()),

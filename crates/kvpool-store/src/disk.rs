@@ -44,9 +44,10 @@ pub struct DiskSegment {
 
 impl DiskSegment {
     /// Opens (or creates) the disk segment of `size` bytes (rounded down to
-    /// whole blocks) in `dir`. An existing one of the same size keeps its
-    /// id and objects; anything else is re-initialized.
-    pub fn open(dir: &Path, size: u64) -> Result<DiskSegment, StoreError> {
+    /// whole blocks) in `dir`, keeping at most `queue_depth` requests in
+    /// flight to it. An existing one of the same size keeps its id and
+    /// objects; anything else is re-initialized.
+    pub fn open(dir: &Path, size: u64, queue_depth: usize) -> Result<DiskSegment, StoreError> {
         let size = size / DISK_BLOCK * DISK_BLOCK;
         if size <= DATA_BASE * 2 {
             return Err(StoreError::Config(format!(
@@ -68,7 +69,7 @@ impl DiskSegment {
             ))
         })?;
         let path = dir.join(DISK_FILE);
-        let file = DiskFile::open(&path, size).map_err(io(&path))?;
+        let file = DiskFile::open(&path, size, queue_depth).map_err(io(&path))?;
         let mut sb = AlignedBuf::new(DATA_BASE as usize);
         file.read_blocks(0, &mut sb, DATA_BASE as usize)
             .map_err(io(&path))?;
@@ -189,10 +190,10 @@ mod tests {
     fn id_survives_reopen_and_objects_are_found_again() {
         let dir = disk_dir();
         let size = 12 << 20;
-        let seg = DiskSegment::open(dir.path(), size).unwrap();
+        let seg = DiskSegment::open(dir.path(), size, 4).unwrap();
         let id = seg.id;
         assert!(
-            DiskSegment::open(dir.path(), size).is_err(),
+            DiskSegment::open(dir.path(), size, 4).is_err(),
             "the directory is locked"
         );
         // Objects across the scan's chunk boundaries, one with a long key.
@@ -215,7 +216,7 @@ mod tests {
         // "a" is destroyed.
         assert!(seg.file.invalidate(DATA_BASE, 1).unwrap());
         drop(seg);
-        let seg = DiskSegment::open(dir.path(), size).unwrap();
+        let seg = DiskSegment::open(dir.path(), size, 4).unwrap();
         assert_eq!(seg.id, id);
         let (found, stats) = scan_disk(&seg.file, DATA_BASE).unwrap();
         let keys: Vec<(&str, u64)> = found.iter().map(|f| (&f.key[..1], f.offset)).collect();
@@ -234,8 +235,8 @@ mod tests {
     #[test]
     fn a_smaller_file_is_a_new_segment() {
         let dir = disk_dir();
-        let id = DiskSegment::open(dir.path(), 1 << 20).unwrap().id;
-        assert_ne!(DiskSegment::open(dir.path(), 2 << 20).unwrap().id, id);
-        assert!(DiskSegment::open(dir.path(), 4096).is_err());
+        let id = DiskSegment::open(dir.path(), 1 << 20, 4).unwrap().id;
+        assert_ne!(DiskSegment::open(dir.path(), 2 << 20, 4).unwrap().id, id);
+        assert!(DiskSegment::open(dir.path(), 4096, 4).is_err());
     }
 }

@@ -59,6 +59,8 @@ pub struct StoreConfig {
     pub disk_dir: Option<PathBuf>,
     /// Bytes of disk tier to lend.
     pub disk_size: u64,
+    /// I/O requests the disk tier keeps in flight to the device at most.
+    pub disk_queue_depth: usize,
 }
 
 /// Runs a storage node until `shutdown`: opens (or recovers) the segment,
@@ -69,7 +71,11 @@ pub struct StoreConfig {
 pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), StoreError> {
     let seg = SegmentFile::open(&cfg.data_dir, cfg.segment_size)?;
     let disk = match &cfg.disk_dir {
-        Some(dir) => Some(disk::DiskSegment::open(dir, cfg.disk_size)?),
+        Some(dir) => Some(disk::DiskSegment::open(
+            dir,
+            cfg.disk_size,
+            cfg.disk_queue_depth,
+        )?),
         None => None,
     };
     // The data plane outlives the shutdown signal by the grace period.

@@ -155,10 +155,15 @@ async fn read_for(
         }
         Backing::Disk(file, base) => {
             in_object_area(offset, len, base, file.len())?;
-            let read = tokio::task::spawn_blocking(move || file.read(offset, len))
-                .await
-                .map_err(|e| KvError::new(Code::InternalError, e.to_string()))?
-                .map_err(disk_error)?;
+            let slot = file.slot().await;
+            let read = tokio::task::spawn_blocking(move || {
+                let r = file.read(offset, len);
+                drop(slot);
+                r
+            })
+            .await
+            .map_err(|e| KvError::new(Code::InternalError, e.to_string()))?
+            .map_err(disk_error)?;
             Ok(Reply::Disk(read))
         }
     }
@@ -338,11 +343,15 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                 Reply::Message(msg::encode(&n))
             }
             Backing::Disk(file, _) => Reply::Pending(Box::pin(async move {
+                let slot = file.slot().await;
                 let n = tokio::task::spawn_blocking(move || {
-                    req.regions
+                    let n = req
+                        .regions
                         .iter()
                         .filter(|(off, gen)| file.invalidate(*off, *gen).unwrap_or(false))
-                        .count() as u64
+                        .count() as u64;
+                    drop(slot);
+                    n
                 })
                 .await
                 .unwrap_or(0);
@@ -352,29 +361,44 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
     )
 }
 
-/// Runs a batch of copies between this store's segments, in parallel on
-/// the blocking pool; one code per move (0: copied).
+/// Copies of one request run at once on the blocking pool: the master
+/// keeps a few requests in flight, which keeps the device busy without a
+/// thread per copy.
+const MOVES_AT_ONCE: usize = 8;
+
+/// Runs a batch of copies between this store's segments, several at a
+/// time on the blocking pool; one code per move (0: copied).
 async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
-    let jobs: Vec<_> = req
-        .moves
-        .into_iter()
-        .map(|m| {
-            let from = table.backing(m.from);
-            let to = table.backing(m.to);
-            tokio::task::spawn_blocking(move || tier_move(from, to, &m))
-        })
-        .collect();
-    let mut out = Vec::with_capacity(jobs.len());
-    for j in jobs {
-        let code = match j.await {
-            Ok(Ok(())) => 0,
-            Ok(Err(e)) => {
-                debug!(error = %e, "tier move failed");
-                e.code.as_i32()
-            }
-            Err(_) => Code::InternalError.as_i32(),
-        };
-        out.push(code);
+    let mut out = Vec::with_capacity(req.moves.len());
+    for group in req.moves.chunks(MOVES_AT_ONCE) {
+        let mut jobs = Vec::with_capacity(group.len());
+        for &m in group {
+            let (from, to) = (table.backing(m.from), table.backing(m.to));
+            // The disk side's queue depth bounds copies too.
+            let disk = [&from, &to].into_iter().find_map(|b| match b {
+                Some(Backing::Disk(f, _)) => Some(f.clone()),
+                _ => None,
+            });
+            let slot = match disk {
+                Some(f) => Some(f.slot().await),
+                None => None,
+            };
+            jobs.push(tokio::task::spawn_blocking(move || {
+                let r = tier_move(from, to, &m);
+                drop(slot);
+                r
+            }));
+        }
+        for j in jobs {
+            out.push(match j.await {
+                Ok(Ok(())) => 0,
+                Ok(Err(e)) => {
+                    debug!(error = %e, "tier move failed");
+                    e.code.as_i32()
+                }
+                Err(_) => Code::InternalError.as_i32(),
+            });
+        }
     }
     out
 }

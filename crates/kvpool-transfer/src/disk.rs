@@ -125,9 +125,14 @@ struct Counters {
     errors: AtomicU64,
 }
 
+/// Default I/O requests a store keeps in flight to one disk tier.
+pub const QUEUE_DEPTH: usize = 32;
+
 /// An open disk-tier segment file.
 pub struct DiskFile {
     file: File,
+    /// Requests in flight to the device at most (reads, copies, invalidations).
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
     path: PathBuf,
     size: u64,
     direct: bool,
@@ -139,8 +144,9 @@ pub struct DiskFile {
 impl DiskFile {
     /// Opens (creating, sparse) the file at `path` with `size` bytes, with
     /// O_DIRECT where the file system has it (tmpfs does not: then the page
-    /// cache is used, which is what tmpfs is anyway).
-    pub fn open(path: &Path, size: u64) -> io::Result<DiskFile> {
+    /// cache is used, which is what tmpfs is anyway), keeping at most
+    /// `queue_depth` requests in flight to it.
+    pub fn open(path: &Path, size: u64, queue_depth: usize) -> io::Result<DiskFile> {
         if !size.is_multiple_of(DISK_BLOCK) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -170,6 +176,7 @@ impl DiskFile {
         }
         Ok(DiskFile {
             file,
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(queue_depth.max(1))),
             path: path.to_path_buf(),
             size,
             direct,
@@ -177,6 +184,17 @@ impl DiskFile {
             counters: Counters::default(),
             pool: Default::default(),
         })
+    }
+
+    /// Waits for a slot of the queue depth; I/O goes to the device while
+    /// the permit is held.
+    pub async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        // Never closed: acquire cannot fail.
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("disk slots are never closed")
     }
 
     /// The file's path.
@@ -403,7 +421,7 @@ mod tests {
             .prefix("kvpool-disk-test")
             .tempdir_in(std::env::temp_dir())
             .unwrap();
-        let f = DiskFile::open(&dir.path().join("disk.kvp"), size).unwrap();
+        let f = DiskFile::open(&dir.path().join("disk.kvp"), size, QUEUE_DEPTH).unwrap();
         (dir, f)
     }
 
@@ -442,6 +460,6 @@ mod tests {
             "nothing was written"
         );
         assert!(!f.failed(), "refusals are not I/O errors");
-        assert!(DiskFile::open(&f.path().with_extension("odd"), 1000).is_err());
+        assert!(DiskFile::open(&f.path().with_extension("odd"), 1000, 1).is_err());
     }
 }

@@ -51,6 +51,9 @@ pub enum Command {
     /// Fill the master's metadata in this process (no stores, no data) and
     /// print memory per object and latency as the key count grows.
     BenchMeta(crate::bench_meta::BenchMetaArgs),
+    /// Run a KV-cache reuse workload (Zipf or multi-turn) and print the hit
+    /// rate and read latency by tier.
+    BenchReuse(crate::bench_reuse::BenchReuseArgs),
     /// Make a cluster secret, or derive a role's key from one.
     #[command(subcommand)]
     Secret(SecretCommand),
@@ -228,6 +231,10 @@ pub struct MasterArgs {
     /// capacity by moving least recently used objects to disk.
     #[arg(long, env = "KVPOOL_DEMOTE_WATERMARK", default_value_t = 0.9)]
     pub demote_watermark: f64,
+    /// Move an object read twice while on a disk tier back to memory.
+    #[arg(long, env = "KVPOOL_PROMOTE_ON_READ", num_args = 0..=1, default_missing_value = "true",
+          default_value_t = true, action = ArgAction::Set)]
+    pub promote_on_read: bool,
     /// Silence after which a client is dropped and a store becomes suspect
     /// (bare number: seconds).
     #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = parse_duration)]
@@ -341,6 +348,7 @@ impl MasterArgs {
                 high_watermark: self.eviction_high_watermark_ratio,
                 eviction_ratio: self.eviction_ratio,
                 demote_watermark: self.demote_watermark,
+                promote: self.promote_on_read,
                 client_ttl: self.client_ttl,
                 store_grace: self.store_grace,
                 pending_ttl: self.put_timeout,
@@ -402,6 +410,7 @@ impl StoreArgs {
             shutdown_grace: self.shutdown_grace,
             disk_dir: self.disk.disk_dir()?,
             disk_size: self.disk.disk_size,
+            disk_queue_depth: self.disk.disk_queue_depth,
         })
     }
 }
@@ -416,6 +425,9 @@ pub struct DiskArgs {
     /// Bytes of disk tier, e.g. 100GiB.
     #[arg(long, env = "KVPOOL_DISK_SIZE", default_value = "0", value_parser = parse_size)]
     pub disk_size: u64,
+    /// I/O requests kept in flight to the disk tier at most (reads, copies).
+    #[arg(long, env = "KVPOOL_DISK_QUEUE_DEPTH", default_value_t = kvpool_transfer::disk::QUEUE_DEPTH)]
+    pub disk_queue_depth: usize,
 }
 
 impl DiskArgs {
@@ -425,6 +437,9 @@ impl DiskArgs {
             (None, 0) => Ok(None),
             (None, _) => anyhow::bail!("--disk-size needs --disk-dir"),
             (Some(_), 0) => anyhow::bail!("--disk-dir needs --disk-size (e.g. 100GiB)"),
+            (Some(_), _) if self.disk_queue_depth == 0 => {
+                anyhow::bail!("--disk-queue-depth must be at least 1")
+            }
             (Some(d), _) => Ok(Some(d.clone())),
         }
     }

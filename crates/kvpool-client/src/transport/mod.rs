@@ -10,7 +10,6 @@
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use kvpool_proto::msg::SegmentId;
@@ -41,9 +40,6 @@ impl Transports {
 /// The routes to the segments of one batch.
 pub(crate) struct Routes {
     maps: ShmMaps,
-    /// Disk-tier segments among them: TCP whatever the protocol (their
-    /// store reads them from its SSD).
-    disks: HashSet<SegmentId>,
     protocol: Protocol,
 }
 
@@ -51,9 +47,6 @@ impl Routes {
     /// The route to `segment` (which must be one the routes were made for,
     /// or it is reached by TCP).
     pub(crate) fn to(&self, segment: SegmentId) -> Route<Arc<ShmMap>> {
-        if self.disks.contains(&segment) {
-            return Route::Tcp;
-        }
         route(
             self.maps.get(&segment).and_then(|m| m.as_ref()),
             self.protocol,
@@ -78,7 +71,6 @@ impl Client {
         if protocol == Protocol::Tcp {
             return Routes {
                 maps: ShmMaps::new(),
-                disks: HashSet::new(),
                 protocol,
             };
         }
@@ -92,7 +84,6 @@ impl Client {
             shm.map_new(&segments, &infos);
         }
         Routes {
-            disks: shm.disks(&segments),
             maps: shm.get(segments),
             protocol,
         }

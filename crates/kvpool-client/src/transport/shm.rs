@@ -8,11 +8,11 @@
 //! alone; reads are verified by header and checksum afterwards, which is
 //! what makes the unsynchronised copies safe to report.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use kvpool_proto::msg::{SegmentId, SegmentInfo, Tier};
+use kvpool_proto::msg::{SegmentId, SegmentInfo};
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::MappedRegion;
 use parking_lot::Mutex;
@@ -68,10 +68,9 @@ impl ShmMap {
 /// Segments and their mapping here (`None`: not mappable, use TCP).
 pub(crate) type ShmMaps = HashMap<SegmentId, Option<Arc<ShmMap>>>;
 
-/// Every segment this client has tried to map, and the result; and the
-/// disk-tier segments, which are read over TCP whatever the protocol.
+/// Every segment this client has tried to map, and the result.
 #[derive(Default)]
-pub(crate) struct Mappings(Mutex<ShmMaps>, Mutex<HashSet<SegmentId>>);
+pub(crate) struct Mappings(Mutex<ShmMaps>);
 
 impl Mappings {
     /// Whether any of `wanted` has not been tried yet.
@@ -92,23 +91,8 @@ impl Mappings {
             let Some(info) = infos.iter().find(|s| s.id == *id) else {
                 continue;
             };
-            if info.tier == Tier::Disk {
-                self.1.lock().insert(*id);
-                known.insert(*id, None);
-                continue;
-            }
             known.insert(*id, map(info));
         }
-    }
-
-    /// Which of `wanted` are disk-tier segments.
-    pub(crate) fn disks(&self, wanted: &[SegmentId]) -> HashSet<SegmentId> {
-        let disks = self.1.lock();
-        wanted
-            .iter()
-            .filter(|s| disks.contains(s))
-            .copied()
-            .collect()
     }
 
     /// The mappings of `wanted` as known now.

@@ -73,6 +73,8 @@ pub struct StateConfig {
     /// ratio by moving their least recently used objects to disk (in rounds
     /// of `eviction_ratio` of their capacity).
     pub demote_watermark: f64,
+    /// Move an object read twice while on disk back to memory.
+    pub promote: bool,
     /// Silence after which a client is dropped, and a store (a client that
     /// lends segments) becomes suspect: its segments take no new objects,
     /// but its objects stay indexed and readable.
@@ -125,6 +127,7 @@ impl Default for StateConfig {
             high_watermark: 0.95,
             eviction_ratio: 0.05,
             demote_watermark: 0.9,
+            promote: true,
             client_ttl: Duration::from_secs(10),
             store_grace: Duration::from_secs(30),
             pending_ttl: Duration::from_secs(60),

@@ -663,6 +663,7 @@ impl MasterState {
                     offset: r.offset,
                     len: r.len,
                     cap: None,
+                    tier: s.info.tier,
                 })
             })
             .collect()

@@ -279,7 +279,7 @@ impl MasterState {
     /// Notes a read of an object that is on disk only (`i` in a locked
     /// shard); the second such read queues its promotion.
     pub(super) fn read_on_disk(&self, objects: &mut ObjectTable, i: u32) {
-        if !self.disk_tier.load(Ordering::Relaxed) {
+        if !self.cfg.promote || !self.disk_tier.load(Ordering::Relaxed) {
             return;
         }
         let all_disk = {
