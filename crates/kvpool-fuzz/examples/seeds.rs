@@ -54,6 +54,7 @@ fn info() -> SegmentInfo {
         base: DATA_BASE,
         size: 64 << 20,
         path: Some("/dev/shm/kvpool/seg-1".into()),
+        tier: Default::default(),
     }
 }
 
@@ -64,6 +65,7 @@ fn replica() -> Replica {
         offset: 4096,
         len: 4224,
         cap: Some(CAP),
+        tier: Default::default(),
     }
 }
 
@@ -141,6 +143,19 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             },
             2,
         ),
+        Opcode::TierMove => both(
+            TierMoveReq {
+                moves: vec![TierMove {
+                    from: SEG,
+                    from_offset: 4096,
+                    len: 5000,
+                    to: SegmentId(2),
+                    to_offset: 8192,
+                    generation: 7,
+                }],
+            },
+            vec![0, -704],
+        ),
         Opcode::RegisterClient => both(
             RegisterClient {
                 client_id: ID,
@@ -151,7 +166,13 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 client_ttl_ms: 10_000,
             },
         ),
-        Opcode::Heartbeat => both(Heartbeat { client_id: ID }, HeartbeatReply { known: true }),
+        Opcode::Heartbeat => both(
+            Heartbeat {
+                client_id: ID,
+                io: vec![io()],
+            },
+            HeartbeatReply { known: true },
+        ),
         Opcode::MountSegment => both(
             MountSegment {
                 client_id: ID,
@@ -294,6 +315,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                     used: 1 << 20,
                     regions: 12,
                     state: "live".into(),
+                    io: Some(io()),
                 }],
                 keys: 12,
                 pending: 1,
@@ -301,8 +323,24 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 used: 1 << 20,
                 clients: 2,
                 evictions: 0,
+                demotions: 3,
+                promotions: 1,
             },
         ),
+    }
+}
+
+/// A disk segment's I/O as a store reports it.
+fn io() -> SegmentIo {
+    SegmentIo {
+        segment: SEG,
+        read_ops: 10,
+        read_bytes: 40960,
+        read_us: 900,
+        write_ops: 2,
+        write_bytes: 8192,
+        write_us: 300,
+        errors: 0,
     }
 }
 
