@@ -119,8 +119,9 @@ async fn page(State(m): State<Arc<Master>>) -> Html<String> {
     let mut rows = String::new();
     for seg in &s.segments {
         rows.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             html_escape(&seg.info.name),
+            seg.info.tier.name(),
             html_escape(&seg.info.endpoint),
             seg.info.size,
             seg.used,
@@ -131,8 +132,9 @@ async fn page(State(m): State<Arc<Master>>) -> Html<String> {
     Html(format!(
         "<!doctype html><title>kvpool master</title><h1>kvpool master</h1>\
          <p>segments: {} &middot; capacity: {} B &middot; used: {} B &middot; keys: {} &middot; \
-         puts in flight: {} &middot; clients: {} &middot; evictions: {}</p>\
-         <table border=1><tr><th>name</th><th>endpoint</th><th>size</th><th>used</th><th>regions</th><th>state</th></tr>{rows}</table>\
+         puts in flight: {} &middot; clients: {} &middot; evictions: {} &middot; \
+         demotions: {} &middot; promotions: {}</p>\
+         <table border=1><tr><th>name</th><th>tier</th><th>endpoint</th><th>size</th><th>used</th><th>regions</th><th>state</th></tr>{rows}</table>\
          <p><a href=/metrics>metrics</a> &middot; <a href=/api/status>status JSON</a></p>",
         s.segments.len(),
         s.capacity,
@@ -140,7 +142,9 @@ async fn page(State(m): State<Arc<Master>>) -> Html<String> {
         s.keys,
         s.pending,
         s.clients,
-        s.evictions
+        s.evictions,
+        s.demotions,
+        s.promotions
     ))
 }
 

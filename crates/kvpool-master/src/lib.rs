@@ -347,7 +347,11 @@ impl Master {
             Opcode::Hello | Opcode::Auth => {
                 Err(KvError::new(Code::InvalidParams, "handshake already done"))
             }
-            Opcode::Write | Opcode::Read | Opcode::Invalidate | Opcode::StoreAbout => {
+            Opcode::Write
+            | Opcode::Read
+            | Opcode::Invalidate
+            | Opcode::StoreAbout
+            | Opcode::TierMove => {
                 Err(KvError::new(
                     Code::NotSupported,
                     "the master does not serve data; write to the segment's endpoint",
@@ -435,6 +439,12 @@ pub async fn start(
         return Err(MasterError::Config(format!(
             "eviction ratio {} not in (0, 1]",
             st.eviction_ratio
+        )));
+    }
+    if !(st.demote_watermark > 0.0 && st.demote_watermark <= 1.0) {
+        return Err(MasterError::Config(format!(
+            "demote watermark {} not in (0, 1]",
+            st.demote_watermark
         )));
     }
     if st.client_ttl.is_zero() || st.lease_ttl.is_zero() {
@@ -572,9 +582,10 @@ pub async fn start(
     };
     tasks.spawn(tasks::invalidator(
         master.clone(),
-        as_store,
+        as_store.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(tasks::tierer(master.clone(), as_store, shutdown.clone()));
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
     Ok(MasterHandle {
@@ -608,6 +619,7 @@ mod tests {
             base: 4096,
             size: 1 << 20,
             path: None,
+            tier: Default::default(),
         }
     }
 

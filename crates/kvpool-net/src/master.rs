@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_proto::frame::Limits;
-use kvpool_proto::msg::{ClientId, Heartbeat, RegisterClient, RegisterReply, Rpc};
+use kvpool_proto::msg::{ClientId, Heartbeat, RegisterClient, RegisterReply, Rpc, SegmentIo};
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -83,6 +83,9 @@ where
 /// resolves to whether every segment was mounted.
 pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// What a store reports of its disk segments' I/O with every heartbeat.
+pub type IoSource = Arc<dyn Fn() -> Vec<SegmentIo> + Send + Sync>;
+
 /// A registered client's connection to the master, following the leader
 /// when the address is `etcd://...`.
 pub struct MasterLink {
@@ -94,6 +97,7 @@ pub struct MasterLink {
     client_id: ClientId,
     hostname: String,
     policy: CallPolicy,
+    io: Mutex<Option<IoSource>>,
 }
 
 /// Pools to the master currently believed to lead.
@@ -130,6 +134,7 @@ impl MasterLink {
             client_id,
             hostname: hostname.to_string(),
             policy,
+            io: Mutex::new(None),
         };
         if let MasterAddr::Static(a) = &link.target {
             *link.conns.lock() = Some(link.pools_for(a));
@@ -246,6 +251,12 @@ impl MasterLink {
             })
     }
 
+    /// Reports what `source` says with every heartbeat from now on (a
+    /// store's disk I/O, for the master's status and metrics).
+    pub fn report_io(&self, source: IoSource) {
+        *self.io.lock() = Some(source);
+    }
+
     /// Registers with the master; returns the heartbeat timing it expects.
     pub async fn register(&self) -> KvResult<RegisterReply> {
         self.call(&RegisterClient {
@@ -284,8 +295,10 @@ impl MasterLink {
                         must_mount = !t.await.unwrap_or(false);
                     }
                 }
+                let io = link.io.lock().clone();
                 let hb = Heartbeat {
                     client_id: link.client_id,
+                    io: io.map(|f| f()).unwrap_or_default(),
                 };
                 // The whole policy timeout: a beat that finds the leader moved
                 // looks it up in etcd within the attempt, and cutting that

@@ -53,6 +53,8 @@ class Cluster:
     master_proc: Optional[subprocess.Popen] = None
     #: Key files by role ("admin", "store", "client") when the cluster is secured.
     keys: dict = field(default_factory=dict)
+    #: Disk-tier directories (on disk, not under /dev/shm), removed at stop.
+    disk_dirs: List[str] = field(default_factory=list)
     #: The TLS directory (``ca.pem``, ``master.pem``/``.key``, ``store.pem``/``.key``) with TLS on.
     tls_dir: Optional[str] = None
 
@@ -104,14 +106,20 @@ class Cluster:
         self.procs.append(p)
         self.master_proc = p
 
-    def start_store(self, size: str = "256MiB") -> subprocess.Popen:
-        """Starts one storage node lending ``size``."""
+    def start_store(self, size: str = "256MiB", disk: Optional[str] = None) -> subprocess.Popen:
+        """Starts one storage node lending ``size`` of memory and, with
+        ``disk``, that much of a disk tier (in a directory on disk)."""
         data = tempfile.mkdtemp(prefix="store-", dir=self.workdir)
+        disk_flags: list = []
+        if disk:
+            disk_dir = tempfile.mkdtemp(prefix="kvpool-pytest-disk-")
+            self.disk_dirs.append(disk_dir)
+            disk_flags = ["--disk-dir", disk_dir, "--disk-size", disk]
         log = open(os.path.join(self.workdir, f"store-{len(self.procs)}.log"), "ab")
         p = subprocess.Popen(
             [self.bin, "store", "--master", self.master, "--segment-size", size,
              "--data-dir", data, "--address", "127.0.0.1", *self.key_flags("store"),
-             *self.tls_flags("store")],
+             *self.tls_flags("store"), *disk_flags],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
         )
         self.procs.append(p)
@@ -158,6 +166,8 @@ class Cluster:
                 p.kill()
                 p.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        for d in self.disk_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
     def logs(self) -> str:
         """Tail of every log, for failure messages."""
@@ -214,6 +224,28 @@ def secured_cluster() -> Iterator[Cluster]:
 def tls_cluster() -> Iterator[Cluster]:
     """A master and a storage node that require a key and speak TLS only."""
     c = new_cluster(store_size="64MiB", secured=True, tls=True)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def disk_cluster() -> Iterator[Cluster]:
+    """A store with 1 MiB of memory (kept under half full) and 64 MiB of
+    disk tier: nearly everything written lives on disk."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    c = Cluster(
+        bin=kvpool_bin(),
+        master=f"127.0.0.1:{free_port()}",
+        metrics_port=free_port(),
+        workdir=tempfile.mkdtemp(prefix="kvpool-pytest-", dir=base),
+    )
+    try:
+        c.start_master("--demote-watermark", "0.5")
+        c.start_store("1MiB", disk="64MiB")
+        c.wait_segments(2)
+    except Exception:
+        c.stop()
+        raise
     yield c
     c.stop()
 

@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_meta;
+mod bench_reuse;
 mod cli;
 mod tls_cmd;
 
@@ -100,6 +101,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 name: None,
                 shutdown_grace: std::time::Duration::ZERO,
                 security: mcfg_security,
+                disk_dir: u.disk.disk_dir()?,
+                disk_size: u.disk.disk_size,
+                disk_queue_depth: u.disk.disk_queue_depth,
             };
             let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
             println!(
@@ -142,6 +146,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::BenchMeta(b) => tokio::task::block_in_place(|| bench_meta::run(b))?,
+        Command::BenchReuse(b) => {
+            if !bench_reuse::run(b).await? {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Secret(cli::SecretCommand::New { out }) => {
             let secret = kvpool_net::auth::new_cluster_secret();
             match out {

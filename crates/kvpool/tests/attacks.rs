@@ -318,6 +318,7 @@ async fn each_role_does_only_what_it_may() {
             base: 4096,
             size: 64 << 30,
             path: None,
+            tier: Default::default(),
         },
         objects: 0,
         scan_age_ms: 0,

@@ -438,6 +438,7 @@ async fn regex_removals_are_bounded_and_never_hold_up_heartbeats() {
                 let t = Instant::now();
                 let beat = Heartbeat {
                     client_id: watcher.client_id(),
+                    io: Vec::new(),
                 };
                 let reply = watcher.call_once(&beat).await.expect("heartbeat");
                 assert!(reply.known, "the watcher expired");
@@ -545,6 +546,7 @@ async fn registrations_beyond_the_client_limit_are_refused_and_registered_client
             base: 4096,
             size: 1 << 20,
             path: None,
+            tier: Default::default(),
         },
         objects: 0,
         scan_age_ms: 0,

@@ -180,6 +180,7 @@ async fn store_and_admin_roles_need_a_client_certificate() {
             base: 4096,
             size: 64 << 30,
             path: None,
+            tier: Default::default(),
         },
         objects: 0,
         scan_age_ms: 0,

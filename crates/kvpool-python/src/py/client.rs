@@ -953,6 +953,7 @@ impl Client {
             sd.set_item("used", seg.used)?;
             sd.set_item("regions", seg.regions)?;
             sd.set_item("state", &seg.state)?;
+            sd.set_item("tier", seg.info.tier.name())?;
             segs.append(sd)?;
         }
         d.set_item("segments", segs)?;
@@ -962,6 +963,8 @@ impl Client {
         d.set_item("used", s.used)?;
         d.set_item("clients", s.clients)?;
         d.set_item("evictions", s.evictions)?;
+        d.set_item("demotions", s.demotions)?;
+        d.set_item("promotions", s.promotions)?;
         Ok(d)
     }
 
