@@ -169,6 +169,9 @@ pub struct MasterState {
     /// above it was issued here, so an inventory cannot claim a newer one.
     first_generation: AtomicU64,
     evictions: AtomicU64,
+    /// Placements so far: each draws its segment order from the next value
+    /// (a counter, not an OS random source, so a replay places alike).
+    placements: AtomicU64,
     /// Clients marked suspect, so reads skip the suspect check when none is.
     suspect_count: std::sync::atomic::AtomicUsize,
     /// Time zero of the [`Tick`]s objects carry.
@@ -217,6 +220,7 @@ impl MasterState {
             next_generation: AtomicU64::new(start),
             first_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
+            placements: AtomicU64::new(0),
             suspect_count: Default::default(),
             epoch: Instant::now(),
             shard_hasher: Default::default(),

@@ -574,7 +574,10 @@ impl MasterState {
             .collect();
         // `replica_num` is the caller's: never reserve room beyond the segments.
         let mut got = Vec::with_capacity(replica_num.min(views.len()));
-        for id in placement::order(&views, region_len, preferred) {
+        let seed = self
+            .placements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for id in placement::order(&views, region_len, preferred, seed) {
             if got.len() == replica_num {
                 break;
             }
