@@ -58,7 +58,7 @@ pub async fn run(
         }
     };
     info!(%key, %advertise, grace = ?recovery_grace, "elected master leader; rebuilding from the stores");
-    master.state.begin_term();
+    master.state.begin_term(Instant::now());
     master.set_role(Role::Recovering(Instant::now() + recovery_grace));
     let every = (ha.lease_ttl / 3).max(Duration::from_millis(100));
     let mut renewed = Instant::now();

@@ -214,19 +214,27 @@ impl Master {
 }
 
 impl Master {
-    /// Waits (at most [`FENCE_WAIT`]) until invalidations through `seq` were sent.
-    fn wait_invalidated(&self, seq: u64) -> ReplyWait {
+    /// Waits until the invalidations `w` names were delivered, or its time
+    /// is up (see [`MasterState::fence`]).
+    fn wait_fence(&self, w: state::FenceWait) -> ReplyWait {
         let mut sent = self.invalidated.subscribe();
         self.invalidate_now.notify_one();
+        let me = self.me.upgrade();
         Box::pin(async move {
-            let _ = tokio::time::timeout(FENCE_WAIT, sent.wait_for(|&s| s >= seq)).await;
+            let Some(me) = me else { return };
+            loop {
+                if me.state.fence_done(&w, Instant::now()) {
+                    return;
+                }
+                // Every invalidator pass sends on `invalidated`.
+                tokio::select! {
+                    r = sent.changed() => if r.is_err() { return },
+                    _ = tokio::time::sleep_until(w.until) => return,
+                }
+            }
         })
     }
 }
-
-/// Longest a reply waits for old versions to be destroyed; a store that
-/// slow is unreachable, and the master retries it in the background.
-const FENCE_WAIT: Duration = Duration::from_secs(2);
 
 impl ControlHandler for Master {
     /// A commit or a removal is reported once the key's old versions are
@@ -242,7 +250,7 @@ impl ControlHandler for Master {
             self.metrics.record(op, 1, 1);
             return (Err(e), None);
         }
-        let mut fence = None;
+        let mut fence: Option<state::FenceWait> = None;
         let start = std::time::Instant::now();
         let r = if self.may_take_long(op) {
             off_the_runtime(|| self.answer(op, meta, &mut fence))
@@ -250,9 +258,7 @@ impl ControlHandler for Master {
             self.answer(op, meta, &mut fence)
         };
         self.metrics.observe_handling(op, start.elapsed());
-        let wait = fence
-            .filter(|_| r.is_ok())
-            .map(|seq| self.wait_invalidated(seq));
+        let wait = fence.filter(|_| r.is_ok()).map(|w| self.wait_fence(w));
         (r, wait)
     }
 }
@@ -312,7 +318,12 @@ impl Master {
 
     /// Handles one request; sets `fence` to the invalidation sequence number
     /// the reply must wait for, if any.
-    fn answer(&self, op: Opcode, meta: &[u8], fence: &mut Option<u64>) -> KvResult<Vec<u8>> {
+    fn answer(
+        &self,
+        op: Opcode,
+        meta: &[u8],
+        fence: &mut Option<state::FenceWait>,
+    ) -> KvResult<Vec<u8>> {
         let now = Instant::now();
         self.admit(op, now)?;
         let mut cx = Ctx {
@@ -346,7 +357,7 @@ impl Master {
                 "the master does not serve data; write to the segment's endpoint",
             )),
         };
-        *fence = cx.fence;
+        *fence = cx.fence.take();
         if r.is_err() {
             self.metrics.record(op, 1, 1);
         }

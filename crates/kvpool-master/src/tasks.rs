@@ -105,16 +105,23 @@ pub(crate) async fn invalidator(
                             .flatten()
                             .copied()
                             .collect();
-                        return Some((id, rest));
+                        return (id, Some(rest));
                     }
                 }
-                None
+                (id, None)
             });
         }
-        for (segment, regions) in futures::future::join_all(sends).await.into_iter().flatten() {
-            tracing::debug!(%segment, "invalidation not delivered; will retry");
-            master.state.requeue_invalidations(segment, regions);
-            backoff.insert(segment, now + Duration::from_secs(1));
+        for (segment, undelivered) in futures::future::join_all(sends).await {
+            match undelivered {
+                // Fenced replies wait on this segment until it is
+                // delivered, or no cached read can use the old versions.
+                Some(regions) => {
+                    tracing::debug!(%segment, "invalidation not delivered; will retry");
+                    master.state.requeue_invalidations(segment, regions);
+                    backoff.insert(segment, now + Duration::from_secs(1));
+                }
+                None => master.state.invalidations_delivered(segment),
+            }
         }
         master.state.invalidations_sent(through);
         let _ = master.invalidated.send(through);

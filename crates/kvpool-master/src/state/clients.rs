@@ -231,6 +231,7 @@ impl MasterState {
             }
         }
         self.free_expired_deferred(now);
+        self.expire_fences(now);
         dead
     }
 }

@@ -43,7 +43,7 @@ mod table;
 use clients::ClientEntry;
 pub use evict::Evicted;
 use invalidation::InvalidationQueue;
-pub use invalidation::Invalidations;
+pub use invalidation::{FenceWait, Invalidations, FENCE_WAIT};
 use ledger::Ledger;
 use objects::{Shard, Tick, Version};
 use segments::SegmentSlot;
@@ -176,6 +176,9 @@ pub struct MasterState {
     suspect_count: std::sync::atomic::AtomicUsize,
     /// Time zero of the [`Tick`]s objects carry.
     epoch: Instant,
+    /// When this master began to lead (its start, without HA): read leases
+    /// granted by an earlier leader may be in use until half a lease later.
+    term_start: Mutex<Instant>,
     /// Picks a key's shard.
     shard_hasher: foldhash::fast::RandomState,
     /// Puts in flight and hard pins per client, against their limits.
@@ -189,9 +192,10 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl MasterState {
-    /// Starts a term as leader: generations issued from now on are above
-    /// every one issued before (by this process or a previous leader).
-    pub fn begin_term(&self) {
+    /// Starts a term as leader at `now`: generations issued from now on are
+    /// above every one issued before (by this process or a previous leader).
+    pub fn begin_term(&self, now: Instant) {
+        *self.term_start.lock() = now;
         let now = wall_nanos();
         use std::sync::atomic::Ordering::Relaxed;
         self.next_generation.fetch_max(now, Relaxed);
@@ -223,6 +227,7 @@ impl MasterState {
             placements: AtomicU64::new(0),
             suspect_count: Default::default(),
             epoch: Instant::now(),
+            term_start: Mutex::new(Instant::now()),
             shard_hasher: Default::default(),
             ledger,
             refusals: Refusals::default(),
