@@ -41,14 +41,16 @@ pub async fn run(
 ) -> Result<(), MasterError> {
     let etcd = Etcd::new(&ha.etcd_endpoints).map_err(|e| MasterError::Config(e.to_string()))?;
     let key = leader_key(&ha.cluster_id);
-    let lease = loop {
+    let (lease, granted) = loop {
+        // The lease runs from before the request that made it, at the latest.
+        let asked = Instant::now();
         let attempt = campaign(&etcd, &key, &advertise, ha.lease_ttl);
         let won = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             r = attempt => r,
         };
         match won {
-            Ok(Some(lease)) => break lease,
+            Ok(Some(lease)) => break (lease, asked),
             Ok(None) => {}
             Err(e) => warn!(error = %e, "etcd unreachable while campaigning"),
         }
@@ -57,29 +59,42 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_millis(300)) => {}
         }
     };
+    // Serve only while the lease surely holds: etcd can let it expire no
+    // sooner than a TTL after the last renewal was sent, and a standby can
+    // lead from then on. A margin covers clocks that tick a little apart.
+    let margin = ha.lease_ttl / 10;
+    let mut valid_until = granted + ha.lease_ttl - margin;
+    master.lead_until(Some(valid_until));
     info!(%key, %advertise, grace = ?recovery_grace, "elected master leader; rebuilding from the stores");
     master.state.begin_term(Instant::now());
     master.set_role(Role::Recovering(Instant::now() + recovery_grace));
     let every = (ha.lease_ttl / 3).max(Duration::from_millis(100));
-    let mut renewed = Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
                 // Hand over at once instead of making the standbys wait a TTL.
+                master.lead_until(Some(Instant::now()));
                 let _ = etcd.revoke(lease).await;
                 return Ok(());
             }
             _ = tokio::time::sleep(every) => {}
         }
-        match etcd.keep_alive(lease).await {
-            Ok(true) => renewed = Instant::now(),
-            Ok(false) => return Err(lost("the lease expired")),
-            Err(e) => {
+        let sent = Instant::now();
+        // A renewal that has not answered when the lease may lapse is as
+        // good as lost: etcd's client waits for seconds on a dead endpoint.
+        match tokio::time::timeout_at(valid_until, etcd.keep_alive(lease)).await {
+            Ok(Ok(true)) => {
+                valid_until = sent + ha.lease_ttl - margin;
+                master.lead_until(Some(valid_until));
+            }
+            Ok(Ok(false)) => return Err(lost("the lease expired")),
+            Ok(Err(e)) => {
                 warn!(error = %e, "cannot renew the leadership lease");
-                if renewed.elapsed() + every >= ha.lease_ttl {
+                if Instant::now() + every >= valid_until {
                     return Err(lost("etcd unreachable for a whole lease"));
                 }
             }
+            Err(_) => return Err(lost("etcd did not renew the lease before it could lapse")),
         }
     }
 }

@@ -134,6 +134,9 @@ pub struct Master {
     /// The invalidation sequence number sent through, for waiting replies.
     invalidated: tokio::sync::watch::Sender<u64>,
     role: parking_lot::Mutex<Role>,
+    /// With HA: the instant the leadership lease may lapse, after which
+    /// another master may lead; nothing but `Status` is served past it.
+    lead_until: parking_lot::Mutex<Option<Instant>>,
     /// Itself, for timers that outlive a request (delayed unmounts).
     me: std::sync::Weak<Master>,
     /// Timers started by requests; waited for when the master stops.
@@ -165,6 +168,7 @@ impl Master {
             invalidate_now: Notify::new(),
             invalidated: tokio::sync::watch::Sender::new(0),
             role: parking_lot::Mutex::new(Role::Leader),
+            lead_until: parking_lot::Mutex::new(None),
             me: me.clone(),
             background: TaskTracker::new(),
             shutdown,
@@ -174,6 +178,11 @@ impl Master {
     /// Changes what this master serves.
     pub fn set_role(&self, role: Role) {
         *self.role.lock() = role;
+    }
+
+    /// Sets how long this master may be sure it leads (`None`: no HA, always).
+    pub fn lead_until(&self, until: Option<Instant>) {
+        *self.lead_until.lock() = until;
     }
 
     /// What this master serves at `now` (a finished recovery reads as leader).
@@ -197,6 +206,15 @@ impl Master {
                 | Opcode::ReportObjects
                 | Opcode::UnmountSegment
         );
+        // A leader cut off from etcd, or paused past its lease, must not
+        // serve beside the master that took over: not even membership,
+        // which would pull stores away from the real leader.
+        if op != Opcode::Status && (*self.lead_until.lock()).is_some_and(|until| now >= until) {
+            return Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                "this master's leadership lease may have lapsed; the leader is published in etcd",
+            ));
+        }
         match self.role(now) {
             Role::Leader => Ok(()),
             Role::Recovering(_) if membership => Ok(()),
@@ -751,6 +769,31 @@ mod tests {
             .0
             .unwrap_err();
         assert!(e.message.contains("exceeds the limit"), "{e}");
+    }
+
+    /// A leader whose etcd lease may have lapsed (etcd unreachable, or the
+    /// leader paused) serves nothing but status, even before it notices and
+    /// steps down: another master may lead by then. The chaos harness saw a
+    /// leader cut off from etcd keep committing puts after a standby could
+    /// have taken over.
+    #[test]
+    fn a_leader_past_its_lease_serves_only_status() {
+        let master = Master::new(StateConfig::default());
+        let exist = msg::encode(&msg::Exist {
+            keys: vec!["k".into()],
+        });
+        let answer = |m: &Master, op, meta: &[u8]| m.handle(PeerRole::Admin, op, meta).0;
+        master.lead_until(Some(Instant::now() + Duration::from_secs(60)));
+        assert!(answer(&master, Opcode::Exist, &exist).is_ok());
+        master.lead_until(Some(Instant::now()));
+        let e = answer(&master, Opcode::Exist, &exist).unwrap_err();
+        assert_eq!(e.code, Code::UnavailableInCurrentStatus);
+        assert!(e.message.contains("lease"), "{e}");
+        let status = msg::encode(&msg::Status {});
+        assert!(answer(&master, Opcode::Status, &status).is_ok());
+        // Without HA there is no lease to lapse.
+        master.lead_until(None);
+        assert!(answer(&master, Opcode::Exist, &exist).is_ok());
     }
 
     /// A lease granted under paused time blocks remove until it runs out.
