@@ -104,6 +104,9 @@ pub(crate) async fn invalidator(
                         regions: part.to_vec(),
                     };
                     let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
+                    if let Ok(Ok(destroyed)) = &sent {
+                        tracing::debug!(segment = %id, regions = part.len(), destroyed, "invalidations delivered");
+                    }
                     if !matches!(sent, Ok(Ok(_))) {
                         let rest: Vec<(u64, u64)> = std::iter::once(part)
                             .chain(parts)

@@ -1834,6 +1834,80 @@ fn an_undelivered_invalidation_fences_until_no_young_lease_can_read_the_old_vers
     assert!(p.st.fence_done(&w, t(12_100)));
 }
 
+/// A removal whose store cannot be told answers only once it is, for as
+/// long as that store may come back (TTL + grace), however old the read
+/// leases: the chaos harness saw a removed key come back when its store
+/// re-mounted with a new leader, which knew nothing of the removal.
+#[test]
+fn a_removal_waits_until_every_copy_is_destroyed() {
+    let cfg = StateConfig {
+        client_ttl: Duration::from_secs(2),
+        store_grace: Duration::from_secs(30),
+        ..config()
+    };
+    let (p, c) = Pool::with_segment(cfg, MIB);
+    let t = |ms| p.at(ms);
+    p.commit(c, "k", OBJ, t(0));
+    p.remove("k", false, t(10_000)).unwrap();
+    let w = p.st.fence(["k"], t(10_000)).expect("fenced");
+    assert_eq!(w.until, t(42_000));
+    let (inv, through) = p.st.take_invalidations();
+    for (id, _, regions) in inv {
+        p.st.requeue_invalidations(id, regions);
+    }
+    p.st.invalidations_sent(through);
+    assert!(!p.st.fence_done(&w, t(20_000)), "no lease, but a copy survives");
+    let (inv, through) = p.st.take_invalidations();
+    p.st.invalidations_delivered(inv[0].0);
+    p.st.invalidations_sent(through);
+    assert!(p.st.fence_done(&w, t(20_000)));
+}
+
+/// Two upserts in a row, the first one's old version still undelivered
+/// when the second replaces the first: the second's reply waits for both.
+/// The chaos harness read the oldest version through a cached location
+/// after the second upsert answered, because its fence had replaced the
+/// first one's.
+#[test]
+fn a_second_upsert_waits_for_the_first_ones_undelivered_old_version() {
+    let cfg = StateConfig {
+        lease_ttl: Duration::from_secs(10),
+        ..config()
+    };
+    let p = Pool::new(cfg);
+    let (a, b) = (p.client(1), p.client(2));
+    p.mount(a, 1, "a", MIB);
+    p.mount(b, 2, "b", MIB);
+    let t = |ms| p.at(ms);
+    p.commit_with(a, "k", OBJ, &preferring(&["a"], 1), t(6_000));
+    p.get("k", t(6_000)).unwrap();
+    // The first upsert (on b) replaces the version on a; a is unreachable.
+    p.start_with(a, "k", OBJ, &preferring(&["b"], 1), true, t(6_100));
+    p.end(a, "k", t(6_100)).unwrap();
+    let (inv, through) = p.st.take_invalidations();
+    for (id, _, regions) in inv {
+        p.st.requeue_invalidations(id, regions);
+    }
+    p.st.invalidations_sent(through);
+    // The second upsert replaces the first; b is reachable.
+    p.start_with(b, "k", OBJ, &preferring(&["b"], 1), true, t(6_200));
+    p.end(b, "k", t(6_200)).unwrap();
+    let w = p.st.fence(["k"], t(6_200)).expect("fenced");
+    let (inv, through) = p.st.take_invalidations();
+    for (id, _, regions) in inv {
+        if id == SegmentId(1) {
+            p.st.requeue_invalidations(id, regions);
+        } else {
+            p.st.invalidations_delivered(id);
+        }
+    }
+    p.st.invalidations_sent(through);
+    assert!(
+        !p.st.fence_done(&w, t(6_300)),
+        "the version on a is still readable through a young cached location"
+    );
+}
+
 /// A segment that cannot take objects right now (its owner is late on
 /// heartbeats) is no reason to evict: the put is refused with a retryable
 /// code and nothing is lost.

@@ -93,23 +93,62 @@ impl MasterState {
     }
 
     /// Fences `key` until the invalidation batch `seq` of `v`'s regions is
-    /// delivered (or `v` can no longer be read without asking).
-    fn fence_key(&self, inv: &mut InvalidationQueue, key: &str, v: &Version, seq: u64) {
-        let fence = KeyFence {
-            seq,
-            segments: v.replicas.iter().map(|(s, _)| *s).collect(),
-            young_until: self.young_until(v),
-        };
-        inv.fences.insert(key.to_string(), fence);
+    /// delivered, or until `young_until` if it cannot be. A fence the key
+    /// already has is widened, not replaced: an older version may still be
+    /// undelivered when a newer one is replaced in turn.
+    fn fence_key(
+        &self,
+        inv: &mut InvalidationQueue,
+        key: &str,
+        v: &Version,
+        seq: u64,
+        young_until: Instant,
+    ) {
+        let segments = v.replicas.iter().map(|(s, _)| *s);
+        match inv.fences.get_mut(key) {
+            Some(f) => {
+                f.seq = f.seq.max(seq);
+                for s in segments {
+                    if !f.segments.contains(&s) {
+                        f.segments.push(s);
+                    }
+                }
+                f.young_until = f.young_until.max(young_until);
+            }
+            None => {
+                let fence = KeyFence {
+                    seq,
+                    segments: segments.collect(),
+                    young_until,
+                };
+                inv.fences.insert(key.to_string(), fence);
+            }
+        }
     }
 
-    /// Frees the regions of `key`'s version `v`, which was removed or
-    /// evicted, and fences the key until its headers are destroyed.
+    /// Frees the regions of `key`'s version `v`, which was evicted or
+    /// replaced without a live lease, and fences the key until its headers
+    /// are destroyed.
     pub(super) fn retire(&self, key: &str, v: &Version) {
         self.free_now(&v.replicas, Some(v.generation));
         let mut inv = self.invalidations.lock();
         let seq = inv.seq;
-        self.fence_key(&mut inv, key, v, seq);
+        let young = self.young_until(v);
+        self.fence_key(&mut inv, key, v, seq, young);
+    }
+
+    /// Frees the regions of `key`'s version `v`, removed by a client, and
+    /// fences the key until its headers are destroyed on every store, for
+    /// as long as a store holding one may come back (the client TTL plus
+    /// the store grace). A removal must not be reported done while a copy
+    /// survives on an unreachable store: a new leader, which knows nothing
+    /// of the removal, would take the key back from that store's inventory.
+    pub(super) fn retire_removed(&self, key: &str, v: &Version, now: Instant) {
+        self.free_now(&v.replicas, Some(v.generation));
+        let mut inv = self.invalidations.lock();
+        let seq = inv.seq;
+        let until = now + self.cfg.client_ttl + self.cfg.store_grace;
+        self.fence_key(&mut inv, key, v, seq, until);
     }
 
     /// Retires `key`'s version `v`, replaced by a newer one: its headers are
@@ -127,7 +166,8 @@ impl MasterState {
             }
             inv.seq += 1;
             let seq = inv.seq;
-            self.fence_key(&mut inv, key, &v, seq);
+            let young = self.young_until(&v);
+            self.fence_key(&mut inv, key, &v, seq, young);
             drop(inv);
             let until = self.instant(v.lease_until);
             self.deferred

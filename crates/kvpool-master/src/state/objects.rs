@@ -571,7 +571,7 @@ impl MasterState {
                 // A forced remove frees at once, as the caller asked; a reader still
                 // in flight on it fails its header or checksum check, never returns
                 // the new bytes.
-                self.retire(k, &v);
+                self.retire_removed(k, &v, now);
                 Ok(())
             })
             .collect()
@@ -604,7 +604,7 @@ impl MasterState {
             drop(sh);
             removed += versions.len() as u64;
             for (k, v) in versions {
-                self.retire(&k, &v);
+                self.retire_removed(&k, &v, now);
             }
         }
         removed
