@@ -137,6 +137,8 @@ pub struct Master {
     /// With HA: the instant the leadership lease may lapse, after which
     /// another master may lead; nothing but `Status` is served past it.
     lead_until: parking_lot::Mutex<Option<Instant>>,
+    /// A recovery past its grace waits for missing segments (said once).
+    recovery_held: std::sync::atomic::AtomicBool,
     /// Itself, for timers that outlive a request (delayed unmounts).
     me: std::sync::Weak<Master>,
     /// Timers started by requests; waited for when the master stops.
@@ -169,6 +171,7 @@ impl Master {
             invalidated: tokio::sync::watch::Sender::new(0),
             role: parking_lot::Mutex::new(Role::Leader),
             lead_until: parking_lot::Mutex::new(None),
+            recovery_held: Default::default(),
             me: me.clone(),
             background: TaskTracker::new(),
             shutdown,
@@ -178,6 +181,8 @@ impl Master {
     /// Changes what this master serves.
     pub fn set_role(&self, role: Role) {
         *self.role.lock() = role;
+        self.recovery_held
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Sets how long this master may be sure it leads (`None`: no HA, always).
@@ -185,24 +190,39 @@ impl Master {
         *self.lead_until.lock() = until;
     }
 
-    /// What this master serves now. A recovery ends only in
-    /// [`Master::recovery_tick`], which knows whether this master ran.
+    /// What this master serves now. A recovery ends as soon as every
+    /// segment the previous leader listed is back, or when its grace is
+    /// over in [`Master::recovery_tick`], which knows whether this master ran.
     pub fn role(&self, _now: Instant) -> Role {
-        *self.role.lock()
+        let mut role = self.role.lock();
+        if matches!(*role, Role::Recovering(_)) && self.state.recovered() {
+            info!("every segment mounted before the failover is back; serving objects");
+            *role = Role::Leader;
+        }
+        *role
     }
 
     /// Ends a recovery whose grace is over. Time in which this master did
     /// not run (`stalled`: paused, starved of CPU) extends the grace: the
     /// stores could not re-mount with a master that did not answer, and
     /// serving before they did would answer "not found" for what they hold.
+    ///
+    /// Nor does it end while segments the previous leader listed are not
+    /// back (see `state/membership.rs`); they are given up after the client
+    /// TTL and the store grace, as silent stores are.
     pub(crate) fn recovery_tick(&self, now: Instant, stalled: Duration) {
         let mut role = self.role.lock();
         if let Role::Recovering(until) = *role {
             let until = until + stalled;
-            if now >= until {
+            let missing = self.state.expecting();
+            if now >= until && missing == 0 {
                 info!("recovery grace over; serving objects");
                 *role = Role::Leader;
             } else {
+                let held = now >= until;
+                if held && !self.recovery_held.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(missing, "recovery grace over, but segments mounted before the failover are not back; object calls wait for them (at most the client TTL and the store grace)");
+                }
                 *role = Role::Recovering(until);
             }
         }
@@ -811,6 +831,49 @@ mod tests {
         master.recovery_tick(t0 + s(3), Duration::ZERO);
         assert_eq!(master.role(t0), Role::Leader);
         assert!(!refused(&master));
+    }
+
+    /// A new leader's recovery lasts until every segment its predecessor
+    /// listed in etcd is back (and then ends at once, grace or not), or has
+    /// been given up after the client TTL and the store grace. The chaos
+    /// harness saw a new leader serve while a store was cut off: "not
+    /// found" for its keys, old versions of keys whose new one it held, and
+    /// removed keys back when it re-mounted with their second replica.
+    #[test]
+    fn recovery_waits_for_the_segments_the_previous_leader_listed() {
+        let cfg = StateConfig {
+            client_ttl: Duration::from_secs(2),
+            store_grace: Duration::from_secs(30),
+            ..StateConfig::default()
+        };
+        let master = Master::new(cfg);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let st = &master.state;
+        st.expect_segments(Some(vec![SegmentId(1), SegmentId(2)]), t0);
+        master.set_role(Role::Recovering(t0 + s(1)));
+        master.recovery_tick(t0 + s(2), Duration::ZERO);
+        assert!(matches!(master.role(t0), Role::Recovering(_)), "grace over, segments missing");
+        let c = ClientId(1);
+        st.register_client(c, "store", t0).unwrap();
+        st.mount(c, segment(1), 0, t0).unwrap();
+        assert!(matches!(master.role(t0), Role::Recovering(_)));
+        st.mount(c, segment(2), 0, t0).unwrap();
+        assert_eq!(master.role(t0), Role::Leader, "every segment back: serving at once");
+
+        // Given up after TTL + grace.
+        let master = Master::new(StateConfig {
+            client_ttl: Duration::from_secs(2),
+            store_grace: Duration::from_secs(30),
+            ..StateConfig::default()
+        });
+        master.state.expect_segments(Some(vec![SegmentId(9)]), t0);
+        master.set_role(Role::Recovering(t0 + s(1)));
+        master.recovery_tick(t0 + s(31), Duration::ZERO);
+        assert!(matches!(master.role(t0), Role::Recovering(_)));
+        master.state.sweep(t0 + s(32));
+        master.recovery_tick(t0 + s(32), Duration::ZERO);
+        assert_eq!(master.role(t0), Role::Leader);
     }
 
     /// A leader whose etcd lease may have lapsed (etcd unreachable, or the

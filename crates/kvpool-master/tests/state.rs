@@ -2121,3 +2121,66 @@ fn caller_chosen_numbers_are_bounded() {
         .is_some_and(|ms| ms > 100 * 365 * 24 * 3600 * 1000));
     assert_eq!(p.st.held_by(c), (1, 0));
 }
+
+// ------------------------------------------------------------ membership across failovers
+
+/// A new leader expects back the segments its predecessor listed in etcd;
+/// each counts as back once it has re-mounted with its whole inventory
+/// (an empty one at once). The master's recovery lasts until then.
+#[test]
+fn a_new_leader_expects_back_every_segment_its_predecessor_listed() {
+    let cfg = StateConfig {
+        client_ttl: Duration::from_secs(2),
+        store_grace: Duration::from_secs(30),
+        ..config()
+    };
+    let p = Pool::new(cfg);
+    let (s1, s2) = (p.client(1), p.client(2));
+    let now = p.at(0);
+    p.st.expect_segments(Some(vec![SegmentId(1), SegmentId(2)]), now);
+    assert_eq!((p.st.expecting(), p.st.recovered()), (2, false));
+    p.mount(s1, 1, "a", MIB);
+    assert_eq!((p.st.expecting(), p.st.recovered()), (1, false));
+    assert_eq!(p.st.membership(), vec![SegmentId(1), SegmentId(2)]);
+    p.st.mount(s2, segment(2, "b", MIB), 1, now).unwrap();
+    assert_eq!(p.st.expecting(), 1, "back only once its inventory is in");
+    let items = vec![inventory("on-b", 2, &region_at(BASE, OBJ))];
+    p.st.report_objects(s2, SegmentId(2), items, true, now).unwrap();
+    assert_eq!((p.st.expecting(), p.st.recovered()), (0, true));
+    assert!(p.get("on-b", now).is_ok());
+}
+
+/// A listed segment that stays away past the client TTL and the store
+/// grace is given up, as a silent store is, and left off the next list.
+#[test]
+fn an_expected_segment_that_never_returns_is_given_up_after_ttl_and_grace() {
+    let cfg = StateConfig {
+        client_ttl: Duration::from_secs(2),
+        store_grace: Duration::from_secs(30),
+        ..config()
+    };
+    let p = Pool::new(cfg);
+    p.st.expect_segments(Some(vec![SegmentId(7)]), p.at(0));
+    p.st.sweep(p.at(31 * SEC));
+    assert_eq!(p.st.expecting(), 1);
+    p.st.sweep(p.at(32 * SEC));
+    assert_eq!((p.st.expecting(), p.st.recovered()), (0, true));
+    assert!(p.st.membership().is_empty());
+    // Without a list (a pool's first leader) nothing is expected, and the
+    // recovery is not known to be complete: it runs its grace.
+    p.st.expect_segments(None, p.at(40 * SEC));
+    assert_eq!((p.st.expecting(), p.st.recovered()), (0, false));
+}
+
+/// With HA, a segment takes objects only once the list in etcd names it,
+/// so the next leader always expects every segment that holds objects.
+#[test]
+fn a_segment_takes_objects_only_once_the_list_names_it() {
+    let p = Pool::new(config());
+    let c = p.client(1);
+    p.st.expect_segments(Some(vec![]), p.at(0));
+    p.mount(c, 1, "a", MIB);
+    assert_eq!(code(p.put(c, "k", OBJ, p.at(0))), UNAVAILABLE);
+    p.st.membership_written(&[SegmentId(1)]);
+    assert!(p.put(c, "k", OBJ, p.at(0)).is_ok());
+}

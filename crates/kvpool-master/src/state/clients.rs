@@ -232,6 +232,7 @@ impl MasterState {
         }
         self.free_expired_deferred(now);
         self.expire_fences(now);
+        self.expire_expected(now);
         dead
     }
 }

@@ -11,8 +11,9 @@
 //! One file per concern: `clients` (liveness, the suspect state, expiry),
 //! `segments` (mounts, inventories, placement), `objects` (puts, reads,
 //! removals), `evict` (LRU eviction), `invalidation` (freed regions
-//! and the destruction of their headers on the stores) and `ledger` (what
-//! each client holds against its limits).
+//! and the destruction of their headers on the stores), `ledger` (what
+//! each client holds against its limits) and `membership` (the segments a
+//! new leader expects back after a failover).
 //!
 //! Limits on what one client may hold (registrations, segments, puts in
 //! flight, hard-pinned bytes) are checked before anything is reserved, and
@@ -36,6 +37,7 @@ mod clients;
 mod evict;
 mod invalidation;
 mod ledger;
+mod membership;
 mod objects;
 mod segments;
 mod table;
@@ -169,6 +171,10 @@ pub struct MasterState {
     /// above it was issued here, so an inventory cannot claim a newer one.
     first_generation: AtomicU64,
     evictions: AtomicU64,
+    /// Segments earlier leaders had, and which of them the list in etcd names.
+    membership: Mutex<membership::Membership>,
+    /// Segments expected back after a failover (a lock-free fast path).
+    expecting: std::sync::atomic::AtomicUsize,
     /// Placements so far: each draws its segment order from the next value
     /// (a counter, not an OS random source, so a replay places alike).
     placements: AtomicU64,
@@ -225,6 +231,8 @@ impl MasterState {
             first_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
             placements: AtomicU64::new(0),
+            membership: Default::default(),
+            expecting: Default::default(),
             suspect_count: Default::default(),
             epoch: Instant::now(),
             term_start: Mutex::new(Instant::now()),

@@ -142,10 +142,15 @@ impl MasterState {
             if objects == 0 {
                 // Nothing survived: every replica the master placed there is gone.
                 self.reconcile_known(info.id, &[]);
+                self.arrived(info.id);
             }
             return Ok(());
         }
         tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, objects, "segment mounted");
+        if objects == 0 {
+            // Empty: nothing to wait for.
+            self.arrived(info.id);
+        }
         segs.insert(
             info.id,
             SegmentSlot {
@@ -444,6 +449,7 @@ impl MasterState {
         if let Some(s) = self.segments.write().get_mut(&id) {
             s.recovering = None;
         }
+        self.arrived(id);
     }
 
     /// Stops placing objects on the segments named `name` (or with that id in
@@ -533,7 +539,8 @@ impl MasterState {
     }
 
     /// Segments that may take new objects now: not recovering an inventory,
-    /// not draining, and with an owner that heartbeats.
+    /// not draining, with an owner that heartbeats, and (with HA) named by
+    /// the segment list in etcd.
     pub(super) fn placeable(&self, now: Instant) -> HashSet<SegmentId> {
         let owners: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
         let late = self.late_owners(owners, now);
@@ -542,6 +549,7 @@ impl MasterState {
             .values()
             .filter(|s| s.recovering.is_none() && !s.draining && !late.contains(&s.owner))
             .map(|s| s.info.id)
+            .filter(|id| self.listed(id))
             .collect()
     }
 
