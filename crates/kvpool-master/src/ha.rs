@@ -105,7 +105,12 @@ pub async fn run(
         let ids = master.state.membership();
         if written.as_ref() != Some(&ids) {
             let value = segments_value(&ids);
-            match tokio::time::timeout_at(valid_until, etcd.put_if_held(&segments, &value, &key, lease)).await {
+            match tokio::time::timeout_at(
+                valid_until,
+                etcd.put_if_held(&segments, &value, &key, lease),
+            )
+            .await
+            {
                 Ok(Ok(true)) => {
                     master.state.membership_written(&ids);
                     written = Some(ids);
@@ -155,7 +160,10 @@ fn parse_segments(v: &str) -> Vec<SegmentId> {
         .and_then(|j| j.get("segments").cloned())
         .and_then(|s| serde_json::from_value::<Vec<String>>(s).ok());
     let Some(ids) = ids else {
-        warn!(value = v, "the segment list in etcd does not parse; expecting none");
+        warn!(
+            value = v,
+            "the segment list in etcd does not parse; expecting none"
+        );
         return Vec::new();
     };
     ids.iter()

@@ -1801,18 +1801,28 @@ fn an_undelivered_invalidation_fences_until_no_young_lease_can_read_the_old_vers
     p.upsert(c, "k", OBJ, t(6_100));
     p.end(c, "k", t(6_100)).unwrap();
     let w = p.st.fence(["k"], t(6_100)).expect("fenced");
-    assert_eq!(w.until, t(11_000), "the lease's first half, past FENCE_WAIT");
+    assert_eq!(
+        w.until,
+        t(11_000),
+        "the lease's first half, past FENCE_WAIT"
+    );
     // The store is unreachable: requeued, and the pass is over.
     let (inv, through) = p.st.take_invalidations();
     for (id, _, regions) in inv {
         p.st.requeue_invalidations(id, regions);
     }
     p.st.invalidations_sent(through);
-    assert!(!p.st.fence_done(&w, t(6_200)), "undelivered: the reply waits");
+    assert!(
+        !p.st.fence_done(&w, t(6_200)),
+        "undelivered: the reply waits"
+    );
     assert!(!p.st.fence_done(&w, t(10_999)));
     // A later removal of the key waits as well.
     assert!(p.st.fence(["k"], t(7_000)).is_some());
-    assert!(p.st.fence_done(&w, t(11_000)), "no young lease can read it any more");
+    assert!(
+        p.st.fence_done(&w, t(11_000)),
+        "no young lease can read it any more"
+    );
     p.st.sweep(t(11_000));
     assert!(p.st.fence(["k"], t(11_000)).is_none());
 
@@ -1856,7 +1866,10 @@ fn a_removal_waits_until_every_copy_is_destroyed() {
         p.st.requeue_invalidations(id, regions);
     }
     p.st.invalidations_sent(through);
-    assert!(!p.st.fence_done(&w, t(20_000)), "no lease, but a copy survives");
+    assert!(
+        !p.st.fence_done(&w, t(20_000)),
+        "no lease, but a copy survives"
+    );
     let (inv, through) = p.st.take_invalidations();
     p.st.invalidations_delivered(inv[0].0);
     p.st.invalidations_sent(through);
@@ -2145,7 +2158,8 @@ fn a_new_leader_expects_back_every_segment_its_predecessor_listed() {
     p.st.mount(s2, segment(2, "b", MIB), 1, now).unwrap();
     assert_eq!(p.st.expecting(), 1, "back only once its inventory is in");
     let items = vec![inventory("on-b", 2, &region_at(BASE, OBJ))];
-    p.st.report_objects(s2, SegmentId(2), items, true, now).unwrap();
+    p.st.report_objects(s2, SegmentId(2), items, true, now)
+        .unwrap();
     assert_eq!((p.st.expecting(), p.st.recovered()), (0, true));
     assert!(p.get("on-b", now).is_ok());
 }

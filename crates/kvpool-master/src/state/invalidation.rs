@@ -182,7 +182,11 @@ impl MasterState {
     /// versions destroyed on the stores. It waits at most [`FENCE_WAIT`]
     /// for a delivery, and where one fails, until no client can read the
     /// old version through a young cached location (at most half a lease).
-    pub fn fence<'a>(&self, keys: impl IntoIterator<Item = &'a str>, now: Instant) -> Option<FenceWait> {
+    pub fn fence<'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a str>,
+        now: Instant,
+    ) -> Option<FenceWait> {
         let inv = self.invalidations.lock();
         if inv.fences.is_empty() {
             return None;

@@ -62,7 +62,10 @@ impl MasterState {
             .map(|id| (id, deadline))
             .collect();
         if !m.expected.is_empty() {
-            tracing::info!(expected = m.expected.len(), "segments mounted before the failover are expected back");
+            tracing::info!(
+                expected = m.expected.len(),
+                "segments mounted before the failover are expected back"
+            );
         }
         self.expecting.store(m.expected.len(), Ordering::Release);
     }
