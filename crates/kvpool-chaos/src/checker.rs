@@ -338,19 +338,21 @@ pub fn check(events: &[Event], cfg: CheckConfig) -> Report {
                         ok_done: done,
                         op: i,
                     }),
-                    // Definite no-ops: nothing to remove, or a read lease.
+                    // Not found, or under a read lease: no removal by this
+                    // attempt, but the client retries transient failures,
+                    // and an earlier attempt whose answer was lost may have
+                    // removed the key: a removal that may have happened
+                    // within the call.
                     Some(Outcome::Err { code, .. })
                         if *code == Code::ObjectNotFound.as_i32()
                             || *code == Code::ObjectHasLease.as_i32() =>
                     {
-                        if *code == Code::ObjectNotFound.as_i32() {
-                            h.reads.push(KRead {
-                                inv: o.inv,
-                                done: done.unwrap_or(INF),
-                                obs: Obs::Absent,
-                                op: i,
-                            });
-                        }
+                        h.removes.push(KRemove {
+                            inv: o.inv,
+                            end: done.unwrap_or(INF),
+                            ok_done: None,
+                            op: i,
+                        })
                     }
                     _ => h.removes.push(KRemove {
                         inv: o.inv,
@@ -946,6 +948,24 @@ mod tests {
         h.get(31, 32, "j", err(NF));
         let r = h.check();
         assert_eq!(r.total(), 0, "{}", render(&r, 10));
+    }
+
+    #[test]
+    fn a_removal_answered_not_found_may_have_removed_on_an_earlier_attempt() {
+        let mut h = H::default();
+        h.upsert(0, Some(10), "k", 1, Outcome::Ok);
+        // Its first attempt removed the key; the retry found nothing.
+        h.remove(20, Some(30), "k", err(NF));
+        h.get(40, 41, "k", err(NF));
+        let r = h.check();
+        assert_eq!(r.total(), 0, "{}", render(&r, 10));
+        // But not after the call: a miss later still needs a removal.
+        let mut h = H::default();
+        h.upsert(0, Some(10), "k", 1, Outcome::Ok);
+        h.remove(20, Some(30), "k", err(NF));
+        h.upsert(31, Some(35), "k", 2, Outcome::Ok);
+        h.get(40, 41, "k", err(NF));
+        assert_eq!(counts(&h.check()), [1, 0, 0, 0]);
     }
 
     #[test]
