@@ -13,7 +13,7 @@ use std::time::Duration;
 use kvpool_net::auth::Security;
 use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
-use kvpool_proto::KvError;
+use kvpool_proto::{Code, KvError};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -94,7 +94,9 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         let reply = loop {
             match link.register().await {
                 Ok(r) => break r,
-                Err(e) if e.code.is_transient() => {
+                // etcd unreachable (cut off, restarting): where the master
+                // is will be known later, so wait as for the master itself.
+                Err(e) if e.code.is_transient() || e.code == Code::EtcdOperationError => {
                     warn!(master = %cfg.master, error = %e, "master not reachable yet; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
