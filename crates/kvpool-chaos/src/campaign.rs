@@ -79,6 +79,9 @@ pub struct CampaignConfig {
     pub plan: PlanOptions,
     /// `KVPOOL_LOG` of the pool's processes.
     pub log_level: String,
+    /// A bug to plant in the masters (`KVPOOL_PLANTED_BUG`); the binary
+    /// must be built with `--features kvpool-master/planted-bugs`.
+    pub planted_bug: Option<String>,
 }
 
 impl CampaignConfig {
@@ -114,6 +117,7 @@ impl CampaignConfig {
             store_grace: "30s".into(),
             plan: PlanOptions::default(),
             log_level: "info".into(),
+            planted_bug: None,
         }
     }
 }
@@ -162,6 +166,8 @@ pub struct CampaignResult {
     pub dir: PathBuf,
     /// Wall clock at the campaign's first event (time 0 of the report).
     pub started_at: String,
+    /// The bug planted in the masters, if any.
+    pub planted_bug: Option<String>,
 }
 
 impl CampaignResult {
@@ -199,12 +205,25 @@ impl CampaignResult {
             "times below are seconds after {} (logs are in UTC)",
             self.started_at
         );
+        if let Some(bug) = &self.planted_bug {
+            let caught = if self.report.total() > 0 {
+                "caught"
+            } else {
+                "NOT caught"
+            };
+            let _ = writeln!(s, "PLANTED BUG {bug}: {caught}");
+        }
         let kinds: Vec<String> = self
             .faults
             .iter()
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
-        let _ = writeln!(s, "faults: {} (skipped {})", kinds.join(", "), self.skipped);
+        let kinds = if kinds.is_empty() {
+            "none".to_string()
+        } else {
+            kinds.join(", ")
+        };
+        let _ = writeln!(s, "faults: {kinds} (skipped {})", self.skipped);
         if !self.failovers.is_empty() {
             let _ = writeln!(s, "leader kills: {}", self.failovers.len());
             if let Some((p50, p99, max)) = self.failover_stats() {
@@ -348,6 +367,8 @@ struct Pool {
     crashes: Vec<String>,
     step_downs: u32,
     status: Arc<Mutex<StatusSamples>>,
+    /// The wall clock at the setup mark, time 0 of every report.
+    started_at: String,
     _lock: RunLock,
 }
 
@@ -387,7 +408,7 @@ impl Pool {
         let mounts = Mounts(cfg.dir.join("data"));
         // etcd's and the stores' files live in RAM: an fsync on a disk
         // shared with compilers would stall etcd's elections.
-        net::mount_tmpfs(&cfg.dir.join("data"), 256 << 20)?;
+        net::mount_tmpfs(&cfg.dir.join("data"), 1 << 30)?;
         let keys = write_keys(&cfg.dir)?;
         let bins = [cfg.dir.join("bin/kvpool-a"), cfg.dir.join("bin/kvpool-b")];
         for b in &bins {
@@ -426,10 +447,11 @@ impl Pool {
             crashes: Vec::new(),
             step_downs: 0,
             status: Arc::default(),
+            started_at: history::wall_clock(),
             _lock: lock,
             cfg,
         };
-        pool.mark(format!("setup; wall clock {}", history::wall_clock()));
+        pool.mark(format!("setup; wall clock {}", pool.started_at));
         for h in hosts {
             if h.role == Role::Client {
                 continue;
@@ -549,6 +571,9 @@ impl Pool {
         self.on_bin.insert(h, bin);
         let mut p = Proc::new(&h.to_string(), &net::ns(h), argv, &log);
         p.env("KVPOOL_LOG", &self.cfg.log_level);
+        if let (Role::Master, Some(bug)) = (h.role, &self.cfg.planted_bug) {
+            p.env("KVPOOL_PLANTED_BUG", bug);
+        }
         p
     }
 
@@ -1042,9 +1067,27 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
         cfg.dir.join("schedule.json"),
         serde_json::to_string_pretty(&plan)?,
     )?;
-    let started_at = history::wall_clock();
     let mut pool = Pool::create(cfg.clone(), &[])?;
+    let started_at = pool.started_at.clone();
     bring_up(&mut pool).await?;
+    if let Some(bug) = &cfg.planted_bug {
+        for idx in 0..cfg.topo.masters {
+            let p = pool.proc(Host {
+                role: Role::Master,
+                idx,
+            });
+            if !std::fs::read_to_string(p.log_path())
+                .unwrap_or_default()
+                .contains("PLANTED BUG")
+            {
+                bail!(
+                    "{} does not plant {bug}: build it with `cargo build -p kvpool --features kvpool-master/planted-bugs`",
+                    cfg.kvpool.display()
+                );
+            }
+        }
+        pool.mark(format!("planted bug: {bug}"));
+    }
     pool.start_role(Role::Client)?;
     let sampler = tokio_util_stop::Stop::default();
     pool.spawn_sampler(sampler.clone()).await?;
@@ -1203,6 +1246,7 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
         report,
         dir: dir.clone(),
         started_at,
+        planted_bug: cfg.planted_bug.clone(),
     };
     std::fs::write(dir.join("report.txt"), result.render())?;
     std::fs::write(

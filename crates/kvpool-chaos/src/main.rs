@@ -95,6 +95,14 @@ struct RunArgs {
     /// join: fill the pool to this fraction before the store joins.
     #[arg(long, default_value_t = 0.85)]
     fill_to: f64,
+    /// Plant this bug in the masters (a binary built with
+    /// `--features kvpool-master/planted-bugs`); the run passes if the
+    /// checker catches it.
+    #[arg(long)]
+    plant_bug: Option<String>,
+    /// `KVPOOL_LOG` of the pool's processes.
+    #[arg(long, default_value = "info")]
+    log_level: String,
 }
 
 fn main() -> ExitCode {
@@ -216,6 +224,8 @@ async fn run_campaigns(a: RunArgs) -> anyhow::Result<ExitCode> {
         cfg.plan.max_concurrent = a.max_concurrent;
         cfg.plan.failover_every = a.failover_every;
         cfg.store_grace = a.store_grace.clone();
+        cfg.planted_bug = a.plant_bug.clone();
+        cfg.log_level = a.log_level.clone();
         println!("== {} seed {seed}: {}", a.scenario, cfg.dir.display());
         if join {
             let r = campaign::run_join(cfg, a.fill_to).await?;
@@ -224,7 +234,11 @@ async fn run_campaigns(a: RunArgs) -> anyhow::Result<ExitCode> {
         } else {
             let r = campaign::run(cfg).await?;
             print!("{}", r.render());
-            failed |= r.problems() > 0;
+            failed |= if a.plant_bug.is_some() {
+                r.report.total() == 0
+            } else {
+                r.problems() > 0
+            };
         }
     }
     Ok(if failed {

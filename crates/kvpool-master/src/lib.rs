@@ -18,6 +18,8 @@ pub mod state;
 
 mod handlers;
 mod http_auth;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -220,7 +222,11 @@ impl Master {
                 *role = Role::Leader;
             } else {
                 let held = now >= until;
-                if held && !self.recovery_held.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                if held
+                    && !self
+                        .recovery_held
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
                     tracing::warn!(missing, "recovery grace over, but segments mounted before the failover are not back; object calls wait for them (at most the client TTL and the store grace)");
                 }
                 *role = Role::Recovering(until);
@@ -613,6 +619,8 @@ pub async fn start(
     ));
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
+    #[cfg(feature = "planted-bugs")]
+    planted::announce();
     Ok(MasterHandle {
         rpc_addr,
         admin_addr,
@@ -853,13 +861,20 @@ mod tests {
         st.expect_segments(Some(vec![SegmentId(1), SegmentId(2)]), t0);
         master.set_role(Role::Recovering(t0 + s(1)));
         master.recovery_tick(t0 + s(2), Duration::ZERO);
-        assert!(matches!(master.role(t0), Role::Recovering(_)), "grace over, segments missing");
+        assert!(
+            matches!(master.role(t0), Role::Recovering(_)),
+            "grace over, segments missing"
+        );
         let c = ClientId(1);
         st.register_client(c, "store", t0).unwrap();
         st.mount(c, segment(1), 0, t0).unwrap();
         assert!(matches!(master.role(t0), Role::Recovering(_)));
         st.mount(c, segment(2), 0, t0).unwrap();
-        assert_eq!(master.role(t0), Role::Leader, "every segment back: serving at once");
+        assert_eq!(
+            master.role(t0),
+            Role::Leader,
+            "every segment back: serving at once"
+        );
 
         // Given up after TTL + grace.
         let master = Master::new(StateConfig {
