@@ -1269,6 +1269,9 @@ pub struct JoinResult {
     pub fair: f64,
     /// Seconds measured.
     pub window_s: u64,
+    /// Objects the pool evicted in the window (placements are counted as
+    /// regions gained, which evictions would blur).
+    pub evictions: u64,
     /// Violations the checker found meanwhile.
     pub violations: usize,
     /// Where logs and histories are.
@@ -1290,6 +1293,15 @@ impl JoinResult {
         for (name, n) in &self.placed {
             s.push_str(&format!("  {name}: {n} objects\n"));
         }
+        s.push_str(&format!(
+            "evictions in the window: {}{}\n",
+            self.evictions,
+            if self.evictions > 0 {
+                " (regions freed blur the count: write less per window)"
+            } else {
+                ""
+            }
+        ));
         s.push_str(&format!("checker violations: {}\n", self.violations));
         s
     }
@@ -1308,13 +1320,11 @@ pub async fn run_join(mut cfg: CampaignConfig, fill_to: f64) -> anyhow::Result<J
     let mut pool = Pool::create(cfg.clone(), &[joiner])?;
     bring_up(&mut pool).await?;
     pool.mark("fill");
-    let big = [
-        "--fill-to".to_string(),
-        fill_to.to_string(),
-        "--value-max".to_string(),
-        (256 << 10).to_string(),
-    ];
-    run_worker(&mut pool, 0, "fill", &big, Duration::from_secs(600)).await?;
+    // Big objects fill the pool fast.
+    pool.cfg.value_max = 256 << 10;
+    let fill = ["--fill-to".to_string(), fill_to.to_string()];
+    run_worker(&mut pool, 0, "fill", &fill, Duration::from_secs(600)).await?;
+    pool.cfg.value_max = cfg.value_max;
     let filled = pool.status().await?;
     let fill = filled.used as f64 / filled.capacity as f64;
     pool.mark(format!("{joiner} joins at {:.1}% full", fill * 100.0));
@@ -1327,7 +1337,8 @@ pub async fn run_join(mut cfg: CampaignConfig, fill_to: f64) -> anyhow::Result<J
             .map(|s| (s.info.name.clone(), s.regions))
             .collect()
     };
-    let before = regions(&pool.status().await?);
+    let first = pool.status().await?;
+    let before = regions(&first);
     for idx in 0..cfg.topo.clients {
         let mut p = pool.worker(idx, "fresh", &[]);
         p.start()?;
@@ -1347,7 +1358,9 @@ pub async fn run_join(mut cfg: CampaignConfig, fill_to: f64) -> anyhow::Result<J
         pool.supervise();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let after = regions(&pool.status().await?);
+    let last = pool.status().await?;
+    let after = regions(&last);
+    let evictions = last.evictions.saturating_sub(first.evictions);
     let window_s = t0.elapsed().as_secs();
     stop_workers(&mut pool).await;
     let placed: BTreeMap<String, u64> = after
@@ -1370,6 +1383,7 @@ pub async fn run_join(mut cfg: CampaignConfig, fill_to: f64) -> anyhow::Result<J
         placed,
         share,
         window_s,
+        evictions,
         violations: report.total(),
         dir: dir.clone(),
     };

@@ -80,6 +80,9 @@ struct RunArgs {
     /// Pause between a task's calls, in ms.
     #[arg(long, default_value_t = 10)]
     think_ms: u64,
+    /// Largest value a client writes, in bytes.
+    #[arg(long, default_value = "16KiB", value_parser = parse_size)]
+    value_max: u64,
     /// Segment each store lends.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     segment_size: u64,
@@ -220,6 +223,7 @@ async fn run_campaigns(a: RunArgs) -> anyhow::Result<ExitCode> {
         cfg.readers = a.readers;
         cfg.keys = a.keys;
         cfg.think_ms = a.think_ms;
+        cfg.value_max = u32::try_from(a.value_max)?;
         cfg.segment_size = a.segment_size;
         cfg.plan.max_concurrent = a.max_concurrent;
         cfg.plan.failover_every = a.failover_every;
