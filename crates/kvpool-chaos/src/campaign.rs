@@ -332,6 +332,15 @@ impl RunLock {
     }
 }
 
+/// Removes what a campaign killed outright left behind (processes,
+/// namespaces, links, mounts), unless a campaign is running now.
+pub fn cleanup() -> anyhow::Result<()> {
+    let _lock = RunLock::take()?;
+    net::cleanup_stale()?;
+    net::unmount_stale();
+    Ok(())
+}
+
 /// What was left mounted: unmounted when the pool is dropped (after its processes).
 struct Mounts(PathBuf);
 
@@ -399,9 +408,7 @@ impl Pool {
         net::preflight()?;
         let lock = RunLock::take()?;
         net::cleanup_stale()?;
-        if let Some(parent) = cfg.dir.parent() {
-            net::unmount_stale(parent);
-        }
+        net::unmount_stale();
         for d in ["logs", "history", "bin", "data"] {
             std::fs::create_dir_all(cfg.dir.join(d))?;
         }

@@ -131,8 +131,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Worker(_) => unreachable!("handled before the runtime starts"),
         Command::Cleanup => {
-            net::cleanup_stale()?;
-            net::unmount_stale(std::path::Path::new("/tmp/kvchaos"));
+            campaign::cleanup()?;
             println!("removed what earlier campaigns left");
             Ok(ExitCode::SUCCESS)
         }

@@ -247,9 +247,22 @@ impl Drop for Net {
     }
 }
 
-/// Mounts a tmpfs of `bytes` on `dir` (created if missing).
+/// Where a campaign notes the directories it mounts, so that whatever a
+/// killed campaign left mounted can be found and unmounted later.
+const MOUNTS_FILE: &str = "/run/lock/kvpool-chaos.mounts";
+
+/// Mounts a tmpfs of `bytes` on `dir` (created if missing), noting it in
+/// the mounts file.
 pub fn mount_tmpfs(dir: &Path, bytes: u64) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(MOUNTS_FILE)?;
+        writeln!(f, "{}", dir.display())?;
+    }
     sh(
         "mount",
         &[
@@ -281,22 +294,20 @@ pub fn unmount_below(dir: &Path) {
     }
 }
 
-/// Unmounts what earlier runs left mounted under any `kvchaos-*` directory
-/// of `parent` (their runs died before cleaning up).
-pub fn unmount_stale(parent: &Path) {
-    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+/// Unmounts what earlier campaigns noted in the mounts file and left
+/// mounted (they died before cleaning up), and empties the file. Call it
+/// only while holding the campaign lock.
+pub fn unmount_stale() {
+    let Ok(noted) = std::fs::read_to_string(MOUNTS_FILE) else {
         return;
     };
-    let prefix = format!("{}/kvchaos-", parent.to_string_lossy());
-    let mut stale: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
-    stale.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for m in stale {
-        let _ = sh("umount", &["-l", m]);
+    let mut dirs: Vec<&str> = noted.lines().filter(|l| !l.is_empty()).collect();
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.len()));
+    dirs.dedup();
+    for d in dirs {
+        unmount_below(Path::new(d));
     }
+    let _ = std::fs::write(MOUNTS_FILE, "");
 }
 
 /// Fills the filesystem of `dir` with a file named `name`; returns its size.
