@@ -65,20 +65,29 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     let seg = SegmentFile::open(&cfg.data_dir, cfg.segment_size)?;
     // The data plane outlives the shutdown signal by the grace period.
     let data_plane = CancellationToken::new();
-    let node = DataNode::bind(&cfg.address, cfg.port, &cfg.security, data_plane.clone())
-        .await
-        .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
-    let name = cfg
-        .name
-        .clone()
-        .unwrap_or_else(|| node.endpoint().to_string());
-    node.add_segment(
-        seg.id,
-        seg.possession,
-        &name,
-        seg.region.clone(),
-        kvpool_format::DATA_BASE,
-    );
+    // The segment is served from the first connection on.
+    let mut name = String::new();
+    let node = DataNode::bind_with(
+        &cfg.address,
+        cfg.port,
+        &cfg.security,
+        data_plane.clone(),
+        |node| {
+            name = cfg
+                .name
+                .clone()
+                .unwrap_or_else(|| node.endpoint().to_string());
+            node.add_segment(
+                seg.id,
+                seg.possession,
+                &name,
+                seg.region.clone(),
+                kvpool_format::DATA_BASE,
+            );
+        },
+    )
+    .await
+    .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
     info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
 
     let link = MasterLink::new(
