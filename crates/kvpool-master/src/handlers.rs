@@ -260,7 +260,10 @@ impl Handle for msg::PutEnd {
 impl Handle for msg::PutRevoke {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<()>>> {
         cx.count_bad_keys("PutRevoke", self.keys.iter().map(String::as_str));
-        let v = cx.master.state.put_revoke(self.client_id, &self.keys);
+        let v = cx
+            .master
+            .state
+            .put_revoke(self.client_id, &self.keys, cx.now);
         Ok(counted::<Self, _>(cx, v))
     }
 }

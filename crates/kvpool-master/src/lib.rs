@@ -699,8 +699,22 @@ mod tests {
         assert_eq!(st.segments.len(), 1, "silent client's segment must be gone");
         assert_eq!(st.segments[0].info.id, SegmentId(2));
         assert_eq!(st.pending, 0, "silent client's put must be revoked");
-        assert_eq!(st.used, 0, "revoked put's region must be freed");
+        // Its region is reused only once its write grant has expired: a
+        // write of the silent client may still be on its way.
+        assert_eq!(
+            st.used, 128,
+            "revoked put's region (rounded up) held for the pending TTL"
+        );
         assert!(!s.heartbeat(silent, Instant::now()));
+        for _ in 0..61 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(s.heartbeat(alive, Instant::now()));
+        }
+        assert_eq!(
+            s.status().used,
+            0,
+            "revoked put's region freed after the pending TTL"
+        );
         shutdown.cancel();
     }
 

@@ -227,7 +227,7 @@ impl MasterState {
             });
             drop(sh);
             for (replicas, generation) in freed {
-                self.free_now(&replicas, Some(generation));
+                self.abandon(&replicas, generation, now);
             }
         }
         self.free_expired_deferred(now);

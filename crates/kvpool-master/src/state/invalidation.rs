@@ -126,6 +126,31 @@ impl MasterState {
         }
     }
 
+    /// Gives back the regions of a put in flight that will never commit
+    /// (revoked, expired, or its writer dropped). Their headers are
+    /// destroyed now, but the regions are reused only once every write
+    /// grant on them could have expired (a pending TTL from `now`): a write
+    /// may still be on its way (a writer cut off from the pool has its TCP
+    /// frames retransmitted when its link comes back), and it would land on
+    /// whatever object was placed there meanwhile. The chaos harness lost
+    /// acknowledged objects that way.
+    pub(super) fn abandon(&self, replicas: &[(SegmentId, Region)], generation: u64, now: Instant) {
+        {
+            let mut inv = self.invalidations.lock();
+            for (s, r) in replicas {
+                inv.regions
+                    .entry(*s)
+                    .or_default()
+                    .push((r.offset, generation));
+            }
+            inv.seq += 1;
+        }
+        let until = now + self.cfg.pending_ttl;
+        self.deferred
+            .lock()
+            .extend(replicas.iter().map(|(s, r)| (until, *s, *r)));
+    }
+
     /// Frees the regions of `key`'s version `v`, which was evicted or
     /// replaced without a live lease, and fences the key until its headers
     /// are destroyed.
@@ -306,7 +331,7 @@ impl MasterState {
             *d = keep;
             due
         };
-        // Their headers were destroyed when they were replaced.
+        // Their headers were destroyed when they were replaced or abandoned.
         for (_, s, r) in due {
             self.free_now(&[(s, r)], None);
         }

@@ -451,14 +451,14 @@ impl MasterState {
     }
 
     /// Abandons puts in flight; one result per key.
-    pub fn put_revoke(&self, client: ClientId, keys: &[String]) -> Vec<KvResult<()>> {
+    pub fn put_revoke(&self, client: ClientId, keys: &[String], now: Instant) -> Vec<KvResult<()>> {
         keys.iter()
             .map(|k| {
                 validate_key(k)?;
                 let mut shard = self.shard(k).lock();
                 let p = self.take_pending(&mut shard, client, k)?;
                 drop(shard);
-                self.free_now(&p.version.replicas, Some(p.version.generation));
+                self.abandon(&p.version.replicas, p.version.generation, now);
                 Ok(())
             })
             .collect()
