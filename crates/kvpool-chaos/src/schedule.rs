@@ -262,6 +262,8 @@ pub enum Scenario {
     Mixed,
     /// Only kills of the leading master, evenly spaced, for failover times.
     Failover,
+    /// Only pauses of the leading master (past its lease), evenly spaced.
+    PauseLeader,
     /// Store partitions (link down, one-way loss, splits) and restarts.
     Partition,
 }
@@ -274,8 +276,9 @@ impl std::str::FromStr for Scenario {
             "mixed" => Ok(Scenario::Mixed),
             "failover" => Ok(Scenario::Failover),
             "partition" => Ok(Scenario::Partition),
+            "pause-leader" => Ok(Scenario::PauseLeader),
             other => Err(format!(
-                "unknown scenario {other:?} (mixed, failover, partition)"
+                "unknown scenario {other:?} (mixed, failover, pause-leader, partition)"
             )),
         }
     }
@@ -323,6 +326,7 @@ fn draw(rng: &mut Rng, topo: &Topology, scenario: Scenario) -> (Fault, Duration)
     };
     match scenario {
         Scenario::Failover => (Fault::Kill(Target::Leader), ms(500)),
+        Scenario::PauseLeader => (Fault::Pause(Target::Leader), rng.duration(secs(1), secs(5))),
         Scenario::Partition => {
             let store = Target::Host(host(rng, topo, Role::Store));
             match rng.below(6) {
@@ -439,7 +443,7 @@ pub fn plan(
             });
         }
         at += match scenario {
-            Scenario::Failover => opts.failover_every,
+            Scenario::Failover | Scenario::PauseLeader => opts.failover_every,
             _ => rng.duration(Duration::from_millis(500), secs(4)),
         };
     }
