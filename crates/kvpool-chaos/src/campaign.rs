@@ -437,7 +437,7 @@ impl Pool {
             })
             .collect();
         let etcd_addr = format!("etcd://{}/{CLUSTER}", etcd_eps.join(";"));
-        let etcd = Etcd::new(&etcd_eps.join(",")).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let etcd = Etcd::new(&etcd_eps.join(","), None).map_err(|e| anyhow::anyhow!("{e}"))?;
         let faults = Recorder::create(&cfg.dir.join("history/faults.jsonl"))?;
         let mut pool = Pool {
             procs: BTreeMap::new(),

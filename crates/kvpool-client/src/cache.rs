@@ -211,6 +211,7 @@ mod tests {
                 offset: 0,
                 len: 1,
                 cap: None,
+                tier: Default::default(),
             }],
         }
     }

@@ -51,6 +51,15 @@ impl Located {
     pub fn value_len(&self) -> usize {
         self.found.location.value_len as usize
     }
+
+    /// The tier of the replica a read tries first.
+    pub fn tier(&self) -> kvpool_proto::msg::Tier {
+        self.found
+            .location
+            .replicas
+            .first()
+            .map_or(Default::default(), |r| r.tier)
+    }
 }
 
 /// A location to read from.

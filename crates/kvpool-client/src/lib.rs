@@ -39,6 +39,7 @@ pub use cache::CacheStats;
 pub use config::{ClientConfig, Protocol};
 pub use get::{GetInto, Located};
 pub use kvpool_net::auth;
+pub use kvpool_net::tls;
 pub use kvpool_proto::msg::ReplicateConfig;
 
 use cache::LocationCache;
@@ -89,7 +90,7 @@ impl Client {
             &cfg.hostname,
             "client",
             policy,
-            cfg.security.credentials.clone(),
+            cfg.security.clone(),
         )?;
         let reply = link.register().await?;
         let shutdown = CancellationToken::new();

@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use kvpool_format::{header_len, value_checksum, ObjectHeader};
-use kvpool_proto::msg::{ObjectLocation, ReadReq};
+use kvpool_proto::msg::{ObjectLocation, ReadReq, Tier};
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::ReadOp;
 use tokio::time::Instant;
@@ -73,12 +73,15 @@ impl Client {
             .iter()
             .map(|l| l.as_ref().map_or(0, |l| l.replicas.len()))
             .collect();
+        // Disk replicas go over TCP whatever the protocol: no mapping to find.
         let routes = self
             .routes(
                 locations
                     .iter()
                     .flatten()
-                    .flat_map(|l| l.replicas.iter().map(|r| r.segment))
+                    .flat_map(|l| l.replicas.iter())
+                    .filter(|r| r.tier == Tier::Memory)
+                    .map(|r| r.segment)
                     .collect(),
             )
             .await;
@@ -122,7 +125,11 @@ impl Client {
                     dst.push(&mut d[..n]);
                     left -= n as u64;
                 }
-                match routes.to(rep.segment) {
+                let route = match rep.tier {
+                    Tier::Disk => Route::Tcp,
+                    Tier::Memory => routes.to(rep.segment),
+                };
+                match route {
                     Route::Shm(map) => {
                         local_bytes += hl + l.value_len;
                         local.push((i, map, rep.offset, dst, check));
@@ -266,6 +273,7 @@ mod tests {
                     offset: 4096,
                     len: 4096,
                     cap: None,
+                    tier: Default::default(),
                 })
                 .collect(),
         }

@@ -110,6 +110,29 @@ pub fn scan(segment: &[u8], base: u64) -> (Vec<Found>, ScanStats) {
     (found, stats)
 }
 
+/// Whether `bytes` hold exactly an intact object of `generation`: its
+/// header decodes, names that generation, and its value (which must end
+/// within `bytes`) matches its checksum. A copy is checked so before it is
+/// made durable elsewhere (a demotion to disk).
+pub fn intact(bytes: &[u8], generation: u64) -> bool {
+    matches!(object_at(bytes, 0), Ok(Some(f)) if f.generation == generation)
+}
+
+/// The header at the start of `block` and the object's total length
+/// (header and value), if one decodes there; the value is not read. A
+/// disk-tier scan uses it: disk copies are verified before they are
+/// written, header last, so a header found there vouches for its value.
+pub fn header_at(block: &[u8]) -> Option<(ObjectHeader, u64)> {
+    let fixed = block.get(..FIXED_LEN)?;
+    if fixed[..4] != OBJECT_MAGIC {
+        return None;
+    }
+    let key_len = u16::from_le_bytes([fixed[6], fixed[7]]) as usize;
+    let h = ObjectHeader::decode(block.get(..header_len(key_len))?).ok()?;
+    let total = (header_len(key_len) as u64).checked_add(h.value_len)?;
+    Some((h, total))
+}
+
 /// Destroys the object whose header starts at `object[0]` if that header
 /// still carries `generation`, so a freed region can never be found again by
 /// a scan. A region already reused by a newer object (another generation),
@@ -203,6 +226,24 @@ mod tests {
         }
         let (found, _) = scan(&bytes, 0);
         assert!(found.is_empty());
+    }
+
+    #[test]
+    fn intact_copies_and_headers_alone() {
+        let mut r = vec![0u8; 8192];
+        let len = write(&mut r, 0, "k", 7, &[5; 3000]);
+        let total = header_len(1) + 3000;
+        assert!(intact(&r[..total], 7));
+        assert!(!intact(&r[..total], 8), "another generation");
+        assert!(!intact(&r[..total - 1], 7), "cut short");
+        let (h, t) = header_at(&r).unwrap();
+        assert_eq!((h.key.as_str(), t), ("k", total as u64));
+        assert!(len >= t);
+        r[100] ^= 1;
+        assert!(!intact(&r[..total], 7), "a damaged value");
+        assert!(header_at(&r).is_some(), "the header alone still decodes");
+        assert!(header_at(&r[..FIXED_LEN]).is_none(), "the key is cut off");
+        assert!(header_at(&[0; 64]).is_none());
     }
 
     #[test]

@@ -54,6 +54,7 @@ fn info() -> SegmentInfo {
         base: DATA_BASE,
         size: 64 << 20,
         path: Some("/dev/shm/kvpool/seg-1".into()),
+        tier: Default::default(),
     }
 }
 
@@ -64,6 +65,7 @@ fn replica() -> Replica {
         offset: 4096,
         len: 4224,
         cap: Some(CAP),
+        tier: Default::default(),
     }
 }
 
@@ -141,6 +143,19 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             },
             2,
         ),
+        Opcode::TierMove => both(
+            TierMoveReq {
+                moves: vec![TierMove {
+                    from: SEG,
+                    from_offset: 4096,
+                    len: 5000,
+                    to: SegmentId(2),
+                    to_offset: 8192,
+                    generation: 7,
+                }],
+            },
+            vec![0, -704],
+        ),
         Opcode::RegisterClient => both(
             RegisterClient {
                 client_id: ID,
@@ -151,7 +166,13 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 client_ttl_ms: 10_000,
             },
         ),
-        Opcode::Heartbeat => both(Heartbeat { client_id: ID }, HeartbeatReply { known: true }),
+        Opcode::Heartbeat => both(
+            Heartbeat {
+                client_id: ID,
+                io: vec![io()],
+            },
+            HeartbeatReply { known: true },
+        ),
         Opcode::MountSegment => both(
             MountSegment {
                 client_id: ID,
@@ -294,6 +315,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                     used: 1 << 20,
                     regions: 12,
                     state: "live".into(),
+                    io: Some(io()),
                 }],
                 keys: 12,
                 pending: 1,
@@ -301,8 +323,24 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 used: 1 << 20,
                 clients: 2,
                 evictions: 0,
+                demotions: 3,
+                promotions: 1,
             },
         ),
+    }
+}
+
+/// A disk segment's I/O as a store reports it.
+fn io() -> SegmentIo {
+    SegmentIo {
+        segment: SEG,
+        read_ops: 10,
+        read_bytes: 40960,
+        read_us: 900,
+        write_ops: 2,
+        write_bytes: 8192,
+        write_us: 300,
+        errors: 0,
     }
 }
 
@@ -548,6 +586,25 @@ fn rbg_specs(w: &mut Writer, root: &Path) {
         let path = root.join(format!("deploy/{name}.yaml"));
         let text = std::fs::read_to_string(&path).expect("deploy example");
         specs.push((name.into(), text));
+    }
+    // Upstream-style multi-document files of both API versions.
+    for version in ["v1alpha1", "v1alpha2"] {
+        let dir = root.join("deploy/examples").join(version);
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("deploy/examples")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        for path in files {
+            let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            let text = std::fs::read_to_string(&path).expect("example");
+            let name = format!("{version}-{}", stem.unwrap_or_default());
+            match rbg::spec::load_all(&text) {
+                Ok(_) => w.put("rbg_spec", &name, text.as_bytes()),
+                Err(e) => panic!("seed file {name} does not load: {e}"),
+            }
+        }
     }
     for (name, text) in &specs {
         match rbg::spec::load(text) {

@@ -26,10 +26,17 @@ pub fn rbg_spec(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(loaded) = rbg::spec::load(text) else {
+    // Files hold several documents (groups, policies, ConfigMaps, ...).
+    let Ok(bundle) = rbg::spec::load_all(text) else {
         return;
     };
-    let g = &loaded.group;
+    for loaded in &bundle.groups {
+        group(&loaded.group);
+    }
+}
+
+/// One loaded group through levels, discovery, launch and the planner.
+fn group(g: &Group) {
     if check_local_limits(g).is_err() {
         return;
     }
@@ -47,7 +54,7 @@ pub fn rbg_spec(data: &[u8]) {
 /// Builds the command line and environment of instance 0 of every
 /// container, as the runtime does before starting it.
 fn launch_all(g: &Group) {
-    let hosts = host_table(g, &|_, i| local_address(9, 0, i));
+    let hosts = host_table(g, &|_, i, p| local_address(9, p as u32, i));
     if hosts.len() > MAX_HOSTS {
         return;
     }
@@ -64,6 +71,9 @@ fn launch_all(g: &Group) {
             node_name: "node".into(),
             config_path: "/tmp/rbg/config.yaml".into(),
             mounts: vec![("/data".into(), "/tmp/rbg/data".into())],
+            pod_suffix: String::new(),
+            pattern_env: rbg::discovery::pattern_env(g, &r.name, 0, 0),
+            objects: g.objects.clone(),
         };
         for c in &r.template.spec.containers {
             let _ = launch(c, &facts, &hosts);

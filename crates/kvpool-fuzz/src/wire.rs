@@ -94,6 +94,7 @@ fn meta(op: Opcode, response: bool, bytes: &[u8]) {
         Opcode::Write => rpc::<WriteReq>(r, bytes, |_| None),
         Opcode::Read => rpc::<ReadReq>(r, bytes, |_| None),
         Opcode::Invalidate => rpc::<InvalidateReq>(r, bytes, |m| Some(m.regions.len())),
+        Opcode::TierMove => rpc::<TierMoveReq>(r, bytes, |m| Some(m.moves.len())),
         Opcode::RegisterClient => rpc::<RegisterClient>(r, bytes, |_| None),
         Opcode::Heartbeat => rpc::<Heartbeat>(r, bytes, |_| None),
         Opcode::MountSegment => rpc::<MountSegment>(r, bytes, |_| None),

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::etcd::{leader_key, segments_key, Etcd};
+use kvpool_net::tls::TlsClientConfig;
 use kvpool_proto::msg::SegmentId;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -40,11 +41,13 @@ pub struct HaConfig {
 pub async fn run(
     master: Arc<Master>,
     ha: HaConfig,
+    etcd_tls: Option<Arc<TlsClientConfig>>,
     advertise: String,
     recovery_grace: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), MasterError> {
-    let etcd = Etcd::new(&ha.etcd_endpoints).map_err(|e| MasterError::Config(e.to_string()))?;
+    let etcd =
+        Etcd::new(&ha.etcd_endpoints, etcd_tls).map_err(|e| MasterError::Config(e.to_string()))?;
     let key = leader_key(&ha.cluster_id);
     let (lease, granted) = loop {
         // The lease runs from before the request that made it, at the latest.

@@ -119,6 +119,9 @@ impl Handle for msg::RegisterClient {
 impl Handle for msg::Heartbeat {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::HeartbeatReply> {
         let known = cx.master.state.heartbeat(self.client_id, cx.now);
+        if known {
+            cx.master.state.record_io(self.client_id, &self.io);
+        }
         Ok(msg::HeartbeatReply { known })
     }
 }

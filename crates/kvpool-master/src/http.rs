@@ -24,6 +24,7 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use kvpool_net::tls::TlsAcceptor;
 use kvpool_proto::MAX_KEY_LEN;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -118,8 +119,9 @@ async fn page(State(m): State<Arc<Master>>) -> Html<String> {
     let mut rows = String::new();
     for seg in &s.segments {
         rows.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             html_escape(&seg.info.name),
+            seg.info.tier.name(),
             html_escape(&seg.info.endpoint),
             seg.info.size,
             seg.used,
@@ -130,8 +132,9 @@ async fn page(State(m): State<Arc<Master>>) -> Html<String> {
     Html(format!(
         "<!doctype html><title>kvpool master</title><h1>kvpool master</h1>\
          <p>segments: {} &middot; capacity: {} B &middot; used: {} B &middot; keys: {} &middot; \
-         puts in flight: {} &middot; clients: {} &middot; evictions: {}</p>\
-         <table border=1><tr><th>name</th><th>endpoint</th><th>size</th><th>used</th><th>regions</th><th>state</th></tr>{rows}</table>\
+         puts in flight: {} &middot; clients: {} &middot; evictions: {} &middot; \
+         demotions: {} &middot; promotions: {}</p>\
+         <table border=1><tr><th>name</th><th>tier</th><th>endpoint</th><th>size</th><th>used</th><th>regions</th><th>state</th></tr>{rows}</table>\
          <p><a href=/metrics>metrics</a> &middot; <a href=/api/status>status JSON</a></p>",
         s.segments.len(),
         s.capacity,
@@ -139,7 +142,9 @@ async fn page(State(m): State<Arc<Master>>) -> Html<String> {
         s.keys,
         s.pending,
         s.clients,
-        s.evictions
+        s.evictions,
+        s.demotions,
+        s.promotions
     ))
 }
 
@@ -278,18 +283,19 @@ async fn within(limit: Duration, req: Request, next: Next) -> Response {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown`, within `limits`;
-/// connections refused at the cap count in `master`'s metrics. Returns once
-/// every connection has finished (in-flight requests complete).
+/// Serves `router` on `listener` until `shutdown`, within `limits`, over
+/// TLS when `tls` is set (https); connections refused at the cap count in
+/// `master`'s metrics. Returns once every connection has finished
+/// (in-flight requests complete).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: &HttpLimits,
+    tls: Option<TlsAcceptor>,
     master: Arc<Master>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
+    use hyper_util::rt::TokioTimer;
 
     let timeout = limits.request_timeout;
     let router = router.layer(axum::middleware::from_fn(move |req, next| {
@@ -324,19 +330,19 @@ pub async fn serve(
                 .record(Refusal::HttpConnections, 1, &why);
             continue;
         };
-        let conn = http.serve_connection(
-            TokioIo::new(stream),
-            TowerToHyperService::new(router.clone()),
-        );
-        let stop = shutdown.clone();
+        let (http, router, stop, tls) =
+            (http.clone(), router.clone(), shutdown.clone(), tls.clone());
+        let handshake_limit = limits.header_read_timeout;
         tracker.spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            let r = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = stop.cancelled() => {
-                    // Finish the request in flight, take no more.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            let r = match tls {
+                None => serve_one(&http, stream, router, stop).await,
+                Some(acceptor) => {
+                    // The TLS handshake counts against the header timeout.
+                    match tokio::time::timeout(handshake_limit, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_one(&http, stream, router, stop).await,
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err("TLS handshake timed out".to_string()),
+                    }
                 }
             };
             if let Err(e) = r {
@@ -348,4 +354,31 @@ pub async fn serve(
     tracker.close();
     tracker.wait().await;
     Ok(())
+}
+
+/// Serves HTTP/1 on one connection until it closes or `stop` fires (the
+/// request in flight is finished first).
+async fn serve_one<S>(
+    http: &hyper::server::conn::http1::Builder,
+    stream: S,
+    router: Router,
+    stop: CancellationToken,
+) -> Result<(), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+
+    let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    let mut conn = std::pin::pin!(conn);
+    let r = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stop.cancelled() => {
+            // Finish the request in flight, take no more.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    r.map_err(|e| e.to_string())
 }

@@ -409,10 +409,12 @@ impl Master {
             Opcode::Hello | Opcode::Auth => {
                 Err(KvError::new(Code::InvalidParams, "handshake already done"))
             }
-            Opcode::Write | Opcode::Read | Opcode::Invalidate => Err(KvError::new(
-                Code::NotSupported,
-                "the master does not serve data; write to the segment's endpoint",
-            )),
+            Opcode::Write | Opcode::Read | Opcode::Invalidate | Opcode::TierMove => {
+                Err(KvError::new(
+                    Code::NotSupported,
+                    "the master does not serve data; write to the segment's endpoint",
+                ))
+            }
         };
         *fence = cx.fence.take();
         if r.is_err() {
@@ -497,6 +499,12 @@ pub async fn start(
             st.eviction_ratio
         )));
     }
+    if !(st.demote_watermark > 0.0 && st.demote_watermark <= 1.0) {
+        return Err(MasterError::Config(format!(
+            "demote watermark {} not in (0, 1]",
+            st.demote_watermark
+        )));
+    }
     if st.client_ttl.is_zero() || st.lease_ttl.is_zero() {
         return Err(MasterError::Config(
             "client TTL and lease TTL must be positive".into(),
@@ -559,6 +567,7 @@ pub async fn start(
             }
             master.set_role(Role::Standby);
             let (m, token) = (master.clone(), shutdown.clone());
+            let etcd_tls = cfg.security.etcd_tls.clone();
             let grace = if cfg.recovery_grace.is_zero() {
                 // Two heartbeats: every live store has re-mounted by then.
                 cfg.state.client_ttl / 2
@@ -566,7 +575,15 @@ pub async fn start(
                 cfg.recovery_grace
             };
             Some(tokio::spawn(async move {
-                let r = ha::run(m, ha_cfg, rpc_addr.to_string(), grace, token.clone()).await;
+                let r = ha::run(
+                    m,
+                    ha_cfg,
+                    etcd_tls,
+                    rpc_addr.to_string(),
+                    grace,
+                    token.clone(),
+                )
+                .await;
                 if r.is_err() {
                     token.cancel();
                 }
@@ -580,7 +597,7 @@ pub async fn start(
         master.clone(),
         "master",
         Limits::default(),
-        cfg.security.credentials.clone(),
+        cfg.security.clone(),
         shutdown.clone(),
     ));
     let keyring = cfg.security.credentials.as_ref();
@@ -589,9 +606,15 @@ pub async fn start(
         keyring,
         http_auth::admin_needs,
     );
-    let (token, m, limits) = (shutdown.clone(), master.clone(), cfg.http.clone());
+    let https = (cfg.security.tls.as_ref()).and_then(|t| t.acceptor().cloned());
+    let (token, m, limits, tls) = (
+        shutdown.clone(),
+        master.clone(),
+        cfg.http.clone(),
+        https.clone(),
+    );
     tasks.spawn(async move {
-        if let Err(e) = http::serve(admin, router, &limits, m, token).await {
+        if let Err(e) = http::serve(admin, router, &limits, tls, m, token).await {
             tracing::error!(error = %e, "admin HTTP server failed");
         }
     });
@@ -603,7 +626,7 @@ pub async fn start(
             http_auth::metadata_needs,
         );
         tasks.spawn(async move {
-            if let Err(e) = http::serve(l, router, &limits, m, token).await {
+            if let Err(e) = http::serve(l, router, &limits, https, m, token).await {
                 tracing::error!(error = %e, "metadata HTTP server failed");
             }
         });
@@ -611,12 +634,16 @@ pub async fn start(
     tasks.spawn(tasks::sweeper(master.clone(), shutdown.clone()));
     tasks.spawn(tasks::evictor(master.clone(), shutdown.clone()));
     // Stores verify the store role at most: the master proves that one.
-    let store_key = (cfg.security.credentials.as_ref()).and_then(|c| c.derive(PeerRole::Store));
+    let as_store = Security {
+        credentials: (cfg.security.credentials.as_ref()).and_then(|c| c.derive(PeerRole::Store)),
+        ..cfg.security.clone()
+    };
     tasks.spawn(tasks::invalidator(
         master.clone(),
-        store_key,
+        as_store.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(tasks::tierer(master.clone(), as_store, shutdown.clone()));
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
     #[cfg(feature = "planted-bugs")]
@@ -652,6 +679,7 @@ mod tests {
             base: 4096,
             size: 1 << 20,
             path: None,
+            tier: Default::default(),
         }
     }
 

@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvpool_proto::msg::ClusterStatus;
+use kvpool_proto::msg::{ClusterStatus, Tier};
 
 use crate::refusals::Refusals;
 
@@ -21,6 +21,32 @@ use crate::refusals::Refusals;
 pub struct OpLabel {
     /// Operation name (opcode).
     pub op: &'static str,
+}
+
+/// Label of per-tier gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    /// `memory` or `disk`.
+    pub tier: &'static str,
+}
+
+/// Label of per-segment gauges: the segment's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SegmentLabel {
+    /// The segment's name (`<store>/disk` for a disk tier).
+    pub segment: String,
+}
+
+/// Disk I/O of one segment, as its store last reported it.
+#[derive(Default)]
+struct DiskIo {
+    read_ops: Family<SegmentLabel, Gauge>,
+    read_bytes: Family<SegmentLabel, Gauge>,
+    read_seconds: Family<SegmentLabel, Gauge<f64, AtomicU64>>,
+    write_ops: Family<SegmentLabel, Gauge>,
+    write_bytes: Family<SegmentLabel, Gauge>,
+    write_seconds: Family<SegmentLabel, Gauge<f64, AtomicU64>>,
+    errors: Family<SegmentLabel, Gauge>,
 }
 
 /// Counters and gauges of one master process.
@@ -44,6 +70,12 @@ pub struct Metrics {
     segments: Gauge,
     clients: Gauge,
     evictions: Gauge,
+    demotions: Gauge,
+    promotions: Gauge,
+    tier_capacity: Family<TierLabel, Gauge>,
+    tier_used: Family<TierLabel, Gauge>,
+    tier_objects: Family<TierLabel, Gauge>,
+    disk: DiskIo,
 }
 
 impl Metrics {
@@ -79,6 +111,12 @@ impl Default for Metrics {
             segments: Gauge::default(),
             clients: Gauge::default(),
             evictions: Gauge::default(),
+            demotions: Gauge::default(),
+            promotions: Gauge::default(),
+            tier_capacity: Family::default(),
+            tier_used: Family::default(),
+            tier_objects: Family::default(),
+            disk: DiskIo::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -125,6 +163,67 @@ impl Default for Metrics {
             "Objects evicted since start",
             m.evictions.clone(),
         );
+        registry.register(
+            "demotions",
+            "Objects moved from memory to a disk tier since start",
+            m.demotions.clone(),
+        );
+        registry.register(
+            "promotions",
+            "Objects moved from a disk tier back to memory since start",
+            m.promotions.clone(),
+        );
+        registry.register(
+            "tier_capacity_bytes",
+            "Bytes lent by mounted segments, per tier",
+            m.tier_capacity.clone(),
+        );
+        registry.register(
+            "tier_used_bytes",
+            "Bytes reserved by objects, per tier",
+            m.tier_used.clone(),
+        );
+        registry.register(
+            "tier_objects",
+            "Object replicas held, per tier",
+            m.tier_objects.clone(),
+        );
+        let d = &m.disk;
+        registry.register(
+            "disk_read_ops",
+            "Reads a store made from its disk tier since it started",
+            d.read_ops.clone(),
+        );
+        registry.register(
+            "disk_read_bytes",
+            "Bytes a store read from its disk tier since it started",
+            d.read_bytes.clone(),
+        );
+        registry.register(
+            "disk_read_seconds",
+            "Time a store spent in disk-tier reads since it started",
+            d.read_seconds.clone(),
+        );
+        registry.register(
+            "disk_write_ops",
+            "Writes a store made to its disk tier since it started",
+            d.write_ops.clone(),
+        );
+        registry.register(
+            "disk_write_bytes",
+            "Bytes a store wrote to its disk tier since it started",
+            d.write_bytes.clone(),
+        );
+        registry.register(
+            "disk_write_seconds",
+            "Time a store spent in disk-tier writes since it started",
+            d.write_seconds.clone(),
+        );
+        registry.register(
+            "disk_errors",
+            "I/O errors of a disk tier (the first takes it offline)",
+            d.errors.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -161,6 +260,39 @@ impl Metrics {
         self.segments.set(s.segments.len() as i64);
         self.clients.set(g(s.clients));
         self.evictions.set(g(s.evictions));
+        self.demotions.set(g(s.demotions));
+        self.promotions.set(g(s.promotions));
+        for tier in [Tier::Memory, Tier::Disk] {
+            let of = || s.segments.iter().filter(move |x| x.info.tier == tier);
+            let l = TierLabel { tier: tier.name() };
+            self.tier_capacity
+                .get_or_create(&l)
+                .set(g(of().map(|x| x.info.size).sum()));
+            self.tier_used
+                .get_or_create(&l)
+                .set(g(of().map(|x| x.used).sum()));
+            self.tier_objects
+                .get_or_create(&l)
+                .set(g(of().map(|x| x.regions).sum()));
+        }
+        let d = &self.disk;
+        for seg in &s.segments {
+            let Some(io) = seg.io else { continue };
+            let l = SegmentLabel {
+                segment: seg.info.name.clone(),
+            };
+            d.read_ops.get_or_create(&l).set(g(io.read_ops));
+            d.read_bytes.get_or_create(&l).set(g(io.read_bytes));
+            d.read_seconds
+                .get_or_create(&l)
+                .set(io.read_us as f64 / 1e6);
+            d.write_ops.get_or_create(&l).set(g(io.write_ops));
+            d.write_bytes.get_or_create(&l).set(g(io.write_bytes));
+            d.write_seconds
+                .get_or_create(&l)
+                .set(io.write_us as f64 / 1e6);
+            d.errors.get_or_create(&l).set(g(io.errors));
+        }
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out

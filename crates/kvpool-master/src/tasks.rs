@@ -1,12 +1,13 @@
 //! The master's background tasks, owned by [`crate::start`] and stopped with
-//! it: the sweeper (expiry), the evictor (LRU at the high watermark) and the
-//! invalidator (destroying freed objects on their stores).
+//! it: the sweeper (expiry), the evictor (LRU at the high watermark), the
+//! invalidator (destroying freed objects on their stores) and the tierer
+//! (moving objects between a store's memory and disk).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_net::auth::Credentials;
+use kvpool_net::auth::Security;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg;
 use tokio::time::Instant;
@@ -57,7 +58,7 @@ pub(crate) async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
 /// remount).
 pub(crate) async fn invalidator(
     master: Arc<Master>,
-    credentials: Option<Credentials>,
+    security: Security,
     shutdown: CancellationToken,
 ) {
     let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
@@ -90,7 +91,7 @@ pub(crate) async fn invalidator(
                             Duration::from_secs(2),
                             2,
                         )
-                        .with_credentials(credentials.clone()),
+                        .with_security(security.clone()),
                     )
                 })
                 .clone();
@@ -148,5 +149,122 @@ pub(crate) async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
             let m = master.clone();
             let _ = tokio::task::spawn_blocking(move || m.state.evict(Instant::now(), 0)).await;
         }
+    }
+}
+
+/// Moves per `TierMove` request; a store copies them in parallel.
+const MOVES_PER_REQUEST: usize = 32;
+/// `TierMove` requests in flight per store.
+const MOVE_REQUESTS_IN_FLIGHT: usize = 8;
+
+/// Keeps the memory of stores with a disk tier below the demotion
+/// watermark and promotes objects read again from disk: plans a round of
+/// moves, has each store carry out its own, and finishes them with what the
+/// stores answered. A store that cannot be reached fails its moves (their
+/// copies are destroyed; the objects stay where they were).
+pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: CancellationToken) {
+    use futures::StreamExt;
+    let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A round that moved something is followed by the next at once: puts
+    // may be filling memory as fast as the disk takes it.
+    let mut busy = false;
+    loop {
+        if !busy {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+        } else if shutdown.is_cancelled() {
+            return;
+        }
+        busy = false;
+        if !matches!(master.role(Instant::now()), crate::Role::Leader)
+            || !master.state.has_disk_tier()
+        {
+            continue;
+        }
+        let m = master.clone();
+        // Planning scans the object map: off the event loop.
+        let Ok(plan) =
+            tokio::task::spawn_blocking(move || m.state.plan_tier_moves(Instant::now())).await
+        else {
+            continue;
+        };
+        if plan.is_empty() {
+            continue;
+        }
+        busy = true;
+        let mut stores = Vec::new();
+        for (endpoint, tickets) in plan {
+            let pool = pools
+                .entry(endpoint.clone())
+                .or_insert_with(|| {
+                    Arc::new(
+                        kvpool_net::ConnPool::new(
+                            &endpoint,
+                            "master",
+                            Limits::default(),
+                            Duration::from_secs(2),
+                            MOVE_REQUESTS_IN_FLIGHT,
+                        )
+                        .with_security(security.clone()),
+                    )
+                })
+                .clone();
+            stores.push(async move {
+                let parts: Vec<Vec<crate::state::MoveTicket>> = tickets
+                    .chunks(MOVES_PER_REQUEST)
+                    .map(<[_]>::to_vec)
+                    .collect();
+                futures::stream::iter(parts)
+                    .map(|part| {
+                        let pool = pool.clone();
+                        async move {
+                            let req = msg::TierMoveReq {
+                                moves: part.iter().map(|t| t.mv).collect(),
+                            };
+                            let sent =
+                                tokio::time::timeout(Duration::from_secs(60), pool.call(&req))
+                                    .await;
+                            let codes = match sent {
+                                Ok(Ok(codes)) if codes.len() == part.len() => codes,
+                                other => {
+                                    tracing::debug!(result = ?other.map(|r| r.map(|c| c.len())), "tier moves not done");
+                                    vec![kvpool_proto::Code::TransferFail.as_i32(); part.len()]
+                                }
+                            };
+                            part.into_iter()
+                                .zip(codes)
+                                .map(|(t, c)| {
+                                    let r = match c {
+                                        0 => Ok(()),
+                                        c => Err(kvpool_proto::KvError::from(
+                                            kvpool_proto::Code::from_i32(c),
+                                        )),
+                                    };
+                                    (t, r)
+                                })
+                                .collect::<Vec<_>>()
+                        }
+                    })
+                    .buffer_unordered(MOVE_REQUESTS_IN_FLIGHT)
+                    .collect::<Vec<_>>()
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+            });
+        }
+        let done: Vec<_> = futures::future::join_all(stores)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let m = master.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || m.state.finish_tier_moves(done, Instant::now()))
+                .await;
     }
 }

@@ -51,6 +51,8 @@ fn config() -> StateConfig {
         soft_pin_ttl: Duration::from_secs(60),
         high_watermark: 0.95,
         eviction_ratio: 0.01,
+        demote_watermark: 0.9,
+        promote: true,
         client_ttl: Duration::from_secs(3600),
         store_grace: Duration::ZERO,
         pending_ttl: Duration::from_secs(3600),
@@ -109,6 +111,7 @@ fn segment(id: u128, name: &str, size: u64) -> SegmentInfo {
         base: BASE,
         size,
         path: None,
+        tier: Default::default(),
     }
 }
 
@@ -1096,6 +1099,8 @@ impl Sim {
             soft_pin_ttl: Duration::from_secs(3),
             high_watermark: 0.9,
             eviction_ratio: RATIO,
+            demote_watermark: 0.9,
+            promote: true,
             client_ttl: Duration::from_secs(24 * 3600),
             store_grace: Duration::ZERO,
             pending_ttl: PENDING_TTL,
@@ -1649,6 +1654,7 @@ fn region_at(offset: u64, len: u64) -> Replica {
         offset,
         len,
         cap: None,
+        tier: Default::default(),
     }
 }
 

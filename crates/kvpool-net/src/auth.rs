@@ -11,10 +11,13 @@
 
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
 use kvpool_proto::{Code, KvError, KvResult};
 use sha2::{Digest, Sha256};
+
+use crate::tls::{Tls, TlsFiles, CERT_ENV, KEY_ENV};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -252,32 +255,82 @@ impl Credentials {
     }
 }
 
-/// How a server authenticates its peers: the key it verifies them with, and
-/// whether it may run without one off loopback.
+/// How a process authenticates itself and its peers: the key it proves and
+/// verifies them with, whether it may serve without one off loopback, and
+/// TLS. Cheap to clone: every connection pool holds one.
 #[derive(Debug, Clone, Default)]
 pub struct Security {
-    /// This process's key; `None` serves every peer as admin.
+    /// This process's key; `None` serves every peer as admin (or as what
+    /// its TLS certificate allows).
     pub credentials: Option<Credentials>,
     /// Listen on non-loopback addresses without a secret anyway.
     pub insecure: bool,
+    /// TLS to and from kvpool peers; `None` speaks plaintext.
+    pub tls: Option<Tls>,
+    /// TLS for `https://` etcd endpoints.
+    pub etcd_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Security {
-    /// The secret named by the environment (see [`Credentials::from_env`]),
-    /// insecure when `KVPOOL_INSECURE` is `1` or `true`.
+    /// The secret and TLS files named by the environment (see
+    /// [`Credentials::from_env`], [`TlsFiles::from_env`]), insecure when
+    /// `KVPOOL_INSECURE` is `1` or `true`.
     pub fn from_env() -> KvResult<Security> {
         let insecure = std::env::var(INSECURE_ENV)
             .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+        Security::new(Credentials::from_env()?, insecure, &TlsFiles::from_env())
+    }
+
+    /// Plaintext, proving `credentials` (when set) and nothing else.
+    pub fn with_key(credentials: Option<Credentials>) -> Security {
+        Security {
+            credentials,
+            ..Security::default()
+        }
+    }
+
+    /// The security of `credentials` and the TLS `files` (loaded and
+    /// checked now), with etcd's TLS from `KVPOOL_ETCD_*` or else `files`.
+    pub fn new(
+        credentials: Option<Credentials>,
+        insecure: bool,
+        files: &TlsFiles,
+    ) -> KvResult<Security> {
+        let tls = files.load()?;
+        let etcd_files = files.etcd_from_env();
+        let etcd_tls = match &tls {
+            // Most pools: etcd shares the pool's CA and certificates.
+            Some(t) if etcd_files.ca == files.ca && etcd_files.cert == files.cert => {
+                Some(t.client_config())
+            }
+            _ if etcd_files.ca.is_some() => etcd_files.load()?.map(|t| t.client_config()),
+            _ => None,
+        };
         Ok(Security {
-            credentials: Credentials::from_env()?,
+            credentials,
             insecure,
+            tls,
+            etcd_tls,
         })
     }
 
     /// Refuses to serve on `ip` without a secret when anyone but this host
-    /// could connect: every peer would be trusted with everything.
+    /// could connect: every peer would be trusted with everything. With
+    /// TLS, serving needs a certificate.
     pub fn check_listen(&self, ip: std::net::IpAddr, what: &str) -> KvResult<()> {
-        if self.credentials.is_some() || self.insecure || ip.is_loopback() {
+        if self.tls.as_ref().is_some_and(|t| !t.has_cert()) {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!(
+                    "serving {what} with TLS needs a certificate: set --tls-cert and \
+                     --tls-key ({CERT_ENV}, {KEY_ENV}) as well as --tls-ca"
+                ),
+            ));
+        }
+        // Certificates required of every peer authenticate them too.
+        let authenticated =
+            self.credentials.is_some() || self.tls.as_ref().is_some_and(Tls::requires_client_cert);
+        if authenticated || self.insecure || ip.is_loopback() {
             return Ok(());
         }
         Err(KvError::new(

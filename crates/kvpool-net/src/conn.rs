@@ -17,9 +17,9 @@ use kvpool_proto::msg::{self, Auth, AuthReply, Challenge, Hello, HelloReply, Rpc
 use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
 
-use crate::auth::{Credentials, Role, SECRET_FILE_ENV};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use crate::auth::{Credentials, Role, Security, SECRET_FILE_ENV};
+use crate::tls::{Tls, TLS_HANDSHAKE_BYTE};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 
 /// Socket buffer size asked of the kernel; large so bulk transfers are not
@@ -51,10 +51,15 @@ pub fn io_error(context: &str, e: io::Error) -> KvError {
     KvError::new(Code::RpcFail, format!("{context}: {e}"))
 }
 
-/// One TCP connection speaking kvpool frames.
+/// The read side of a connection: a TCP half, or a TLS stream's.
+type ReadSide = Box<dyn AsyncRead + Send + Unpin>;
+/// The write side of a connection.
+type WriteSide = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// One TCP (or TLS over TCP) connection speaking kvpool frames.
 pub struct FramedConn {
-    reader: BufReader<OwnedReadHalf>,
-    writer: BufWriter<OwnedWriteHalf>,
+    reader: BufReader<ReadSide>,
+    writer: BufWriter<WriteSide>,
     next_id: u64,
     limits: Limits,
     meta_buf: Vec<u8>,
@@ -63,30 +68,42 @@ pub struct FramedConn {
     peer: String,
     /// What the peer proved in the handshake (servers only).
     peer_role: Role,
+    /// The most the peer may prove: the client role over TLS without a
+    /// client certificate (servers only).
+    ceiling: Role,
 }
 
 impl FramedConn {
     /// Connects to `addr` and performs the version handshake as `role`,
     /// holding no secret: for servers that do not authenticate.
     pub async fn connect(addr: &str, role: &str, limits: Limits) -> KvResult<Self> {
-        FramedConn::connect_with(addr, role, limits, None).await
+        FramedConn::connect_with(addr, role, limits, &Security::default()).await
     }
 
-    /// Connects to `addr` and performs the handshake as `role` (a name for
-    /// logs), proving `credentials` when the server asks. A process that
-    /// holds a secret refuses a server that does not ask, or that cannot
-    /// prove the same secret: it would be talking to an impostor.
+    /// Connects to `addr` (over TLS when `security` has it) and performs
+    /// the handshake as `role` (a name for logs), proving its credentials
+    /// when the server asks. A process that holds a secret refuses a server
+    /// that does not ask, or that cannot prove the same secret: it would be
+    /// talking to an impostor.
     pub async fn connect_with(
         addr: &str,
         role: &str,
         limits: Limits,
-        credentials: Option<&Credentials>,
+        security: &Security,
     ) -> KvResult<Self> {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| io_error(&format!("connect {addr}"), e))?;
-        let mut conn = FramedConn::from_stream(stream, limits)?;
+        let mut conn = match &security.tls {
+            None => FramedConn::from_stream(stream, limits)?,
+            Some(tls) => {
+                tune_socket(&stream);
+                let (r, w) = tokio::io::split(tls.connect(addr, stream).await?);
+                FramedConn::from_halves(Box::new(r), Box::new(w), String::new(), limits)
+            }
+        };
         conn.peer = addr.to_string();
+        let credentials = security.credentials.as_ref();
         let nonce: [u8; 16] = rand::random();
         let reply = conn
             .call(&Hello {
@@ -128,6 +145,14 @@ impl FramedConn {
             }
             (Some(challenge), Some(own)) => {
                 let most = Role::from_u8(challenge.max_role).unwrap_or(Role::Client);
+                if most < own.role() && security.tls.as_ref().is_some_and(|t| !t.has_cert()) {
+                    tracing::warn!(
+                        server = %addr,
+                        "acting as {most}, not {}: over TLS that role needs a client \
+                         certificate (--tls-cert, --tls-key)",
+                        own.role()
+                    );
+                }
                 let key = own.derive(own.role().min(most)).ok_or_else(|| {
                     KvError::new(Code::Unauthorized, format!("{addr}: no usable role"))
                 })?;
@@ -148,15 +173,21 @@ impl FramedConn {
         Ok(conn)
     }
 
-    /// Wraps an accepted or connected stream (no handshake).
+    /// Wraps an accepted or connected plaintext stream (no handshake).
     pub fn from_stream(stream: TcpStream, limits: Limits) -> KvResult<Self> {
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into());
+        let peer = peer_of(&stream);
         tune_socket(&stream);
         let (r, w) = stream.into_split();
-        Ok(FramedConn {
+        Ok(FramedConn::from_halves(
+            Box::new(r),
+            Box::new(w),
+            peer,
+            limits,
+        ))
+    }
+
+    fn from_halves(r: ReadSide, w: WriteSide, peer: String, limits: Limits) -> Self {
+        FramedConn {
             reader: BufReader::with_capacity(IO_BUFFER, r),
             writer: BufWriter::with_capacity(IO_BUFFER, w),
             next_id: 1,
@@ -165,7 +196,40 @@ impl FramedConn {
             out_buf: Vec::new(),
             peer,
             peer_role: Role::Client,
-        })
+            ceiling: Role::Admin,
+        }
+    }
+
+    /// Wraps a connection a server accepted, completing TLS first when
+    /// `tls` is set (a plaintext peer is told that TLS is required, then
+    /// dropped). `None` when the peer must be disconnected. The caller
+    /// bounds the time this takes.
+    pub async fn accept(stream: TcpStream, limits: Limits, tls: Option<&Tls>) -> Option<Self> {
+        let Some(tls) = tls else {
+            return FramedConn::from_stream(stream, limits).ok();
+        };
+        let mut first = [0u8; 1];
+        if stream.peek(&mut first).await.ok()? == 0 {
+            return None;
+        }
+        if first[0] != TLS_HANDSHAKE_BYTE {
+            let mut conn = FramedConn::from_stream(stream, limits).ok()?;
+            refuse_plaintext(&mut conn).await;
+            return None;
+        }
+        let peer = peer_of(&stream);
+        tune_socket(&stream);
+        let accepted = match tls.accept(stream).await {
+            Ok(a) => a,
+            Err(e) => {
+                refused_auth(&peer, &e.message);
+                return None;
+            }
+        };
+        let (r, w) = tokio::io::split(accepted.stream);
+        let mut conn = FramedConn::from_halves(Box::new(r), Box::new(w), peer, limits);
+        conn.ceiling = accepted.ceiling;
+        Some(conn)
     }
 
     /// The peer's address, for errors and logs.
@@ -413,7 +477,7 @@ impl FramedConn {
 }
 
 async fn write_frame(
-    w: &mut BufWriter<OwnedWriteHalf>,
+    w: &mut BufWriter<WriteSide>,
     header: &FrameHeader,
     meta: &[u8],
     payload: &[&[u8]],
@@ -450,6 +514,13 @@ async fn write_frame(
     Ok(())
 }
 
+fn peer_of(stream: &TcpStream) -> String {
+    stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 fn tune_socket(stream: &TcpStream) {
     let _ = stream.set_nodelay(true);
     let sock = socket2::SockRef::from(stream);
@@ -461,7 +532,7 @@ fn tune_socket(stream: &TcpStream) {
 pub struct ConnPool {
     addr: String,
     role: String,
-    credentials: Option<Credentials>,
+    security: Security,
     limits: Limits,
     connect_timeout: Duration,
     max_idle: usize,
@@ -480,7 +551,7 @@ impl ConnPool {
         ConnPool {
             addr: addr.to_string(),
             role: role.to_string(),
-            credentials: None,
+            security: Security::default(),
             limits,
             connect_timeout,
             max_idle,
@@ -488,9 +559,9 @@ impl ConnPool {
         }
     }
 
-    /// Proves `credentials` to the peer on every new connection.
-    pub fn with_credentials(mut self, credentials: Option<Credentials>) -> Self {
-        self.credentials = credentials;
+    /// Connects with `security` (its TLS, proving its key) from now on.
+    pub fn with_security(mut self, security: Security) -> Self {
+        self.security = security;
         self
     }
 
@@ -506,12 +577,7 @@ impl ConnPool {
         }
         tokio::time::timeout(
             self.connect_timeout,
-            FramedConn::connect_with(
-                &self.addr,
-                &self.role,
-                self.limits,
-                self.credentials.as_ref(),
-            ),
+            FramedConn::connect_with(&self.addr, &self.role, self.limits, &self.security),
         )
         .await
         .map_err(|_| KvError::new(Code::RpcTimeout, format!("connect {} timed out", self.addr)))?
@@ -542,24 +608,36 @@ impl ConnPool {
     }
 }
 
-/// Answers the handshake on an accepted connection, as `server`, asking for
-/// proof of a key when `keyring` is set. Returns false (after answering)
-/// when the peer must be disconnected; on success the proved role is in
+/// Completes TLS (when `security` has it) and the handshake on an accepted
+/// connection, as `server`, asking for proof of a key when `security` has
+/// one, all within [`HANDSHAKE_TIMEOUT`]. `None` (after answering) when the
+/// peer must be disconnected; on success the proved role is in
 /// [`FramedConn::peer_role`].
-pub async fn accept_handshake(
-    conn: &mut FramedConn,
+pub async fn accept(
+    stream: TcpStream,
     server: &str,
-    keyring: Option<&Credentials>,
-) -> bool {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(conn, server, keyring))
+    limits: Limits,
+    security: &Security,
+) -> Option<FramedConn> {
+    let accepted = async {
+        let mut conn = FramedConn::accept(stream, limits, security.tls.as_ref()).await?;
+        handshake(&mut conn, server, security.credentials.as_ref())
+            .await
+            .then_some(conn)
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, accepted)
         .await
-        .unwrap_or(false)
+        .ok()
+        .flatten()
 }
 
 async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credentials>) -> bool {
+    // A peer that may not prove a role is not offered it: an engine holding
+    // a store key but no client certificate proceeds as a client.
+    let ceiling = conn.ceiling;
     let challenge = keyring.map(|k| Challenge {
         nonce: rand::random(),
-        max_role: k.role().as_u8(),
+        max_role: k.role().min(ceiling).as_u8(),
     });
     let Some(hello) = handshake_step(conn, Opcode::Hello, |meta| {
         let hello: Hello = msg::decode(meta)?;
@@ -585,14 +663,16 @@ async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credent
     };
     let (Some(keyring), Some(challenge)) = (keyring, challenge) else {
         // No secret here: every peer may do everything (loopback or an
-        // explicitly insecure deployment).
-        conn.peer_role = Role::Admin;
+        // explicitly insecure deployment), within what TLS allows.
+        conn.peer_role = ceiling;
         return true;
     };
     let peer = conn.peer.clone();
     let role = handshake_step(conn, Opcode::Auth, |meta| {
         let auth: Auth = msg::decode(meta)?;
-        let key = Role::from_u8(auth.role).and_then(|r| keyring.derive(r));
+        let key = Role::from_u8(auth.role)
+            .filter(|r| *r <= ceiling)
+            .and_then(|r| keyring.derive(r));
         match key {
             Some(key) if key.verify(false, &hello.nonce, &challenge.nonce, &auth.proof) => {
                 let reply = AuthReply {
@@ -601,7 +681,10 @@ async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credent
                 Ok((key.role(), msg::encode(&reply)))
             }
             _ => {
-                refused_auth(&peer, &hello.role);
+                refused_auth(
+                    &peer,
+                    &format!("not a key of this cluster ({})", hello.role),
+                );
                 Err(KvError::new(
                     Code::Unauthorized,
                     "authentication failed: not a key of this cluster",
@@ -663,14 +746,30 @@ async fn handshake_step<T>(
     value.filter(|_| flushed)
 }
 
+/// Answers a plaintext peer of a TLS server with a plaintext error to its
+/// first request (so it learns why), then the caller drops it.
+async fn refuse_plaintext(conn: &mut FramedConn) {
+    refused_auth(conn.peer(), "plaintext connection to a TLS server");
+    handshake_step(conn, Opcode::Hello, |_| -> KvResult<((), Vec<u8>)> {
+        Err(KvError::new(
+            Code::Unauthorized,
+            format!(
+                "this server accepts TLS only: set --tls-ca ({}) to its cluster's CA bundle",
+                crate::tls::CA_ENV
+            ),
+        ))
+    })
+    .await;
+}
+
 /// Logs a failed authentication, at most once a second per process: an
 /// attacker's flood must not flood the log.
-fn refused_auth(peer: &str, name: &str) {
+fn refused_auth(peer: &str, why: &str) {
     static LAST: AtomicU64 = AtomicU64::new(0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     if LAST.swap(now, Ordering::Relaxed) != now {
-        tracing::warn!(%peer, role = name, "authentication failed; closing (logged once a second)");
+        tracing::warn!(%peer, why, "authentication failed; closing (logged once a second)");
     }
 }

@@ -8,6 +8,7 @@
 //! are resolved here: the leader publishes its RPC address under
 //! [`leader_key`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -15,6 +16,8 @@ use base64::Engine;
 use kvpool_proto::{Code, KvError, KvResult};
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+use crate::auth::Security;
 
 /// Cluster id used when an `etcd://` address names none.
 pub const DEFAULT_CLUSTER: &str = "kvpool";
@@ -82,28 +85,46 @@ fn etcd_error(msg: impl Into<String>) -> KvError {
 }
 
 impl Etcd {
-    /// Endpoints as `host:port` separated by `;` or `,` (a `http://` prefix is accepted).
-    pub fn new(endpoints: &str) -> KvResult<Etcd> {
+    /// Endpoints as `host:port` separated by `;` or `,`, plaintext unless
+    /// written `https://host:port`; `tls` verifies `https://` endpoints
+    /// (and gives the client certificate etcd may ask for).
+    pub fn new(endpoints: &str, tls: Option<Arc<rustls::ClientConfig>>) -> KvResult<Etcd> {
         let endpoints: Vec<String> = endpoints
             .split([';', ','])
             .map(str::trim)
             .filter(|e| !e.is_empty())
             .map(|e| {
-                if e.starts_with("http://") {
-                    e.trim_end_matches('/').to_string()
+                let e = e.trim_end_matches('/');
+                if e.starts_with("http://") || e.starts_with("https://") {
+                    e.to_string()
                 } else {
-                    format!("http://{}", e.trim_end_matches('/'))
+                    format!("http://{e}")
                 }
             })
             .collect();
         if endpoints.is_empty() {
             return Err(KvError::new(Code::InvalidParams, "no etcd endpoints given"));
         }
-        let agent = ureq::AgentBuilder::new()
+        let mut agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(1))
-            .timeout(Duration::from_secs(3))
-            .build();
-        Ok(Etcd { endpoints, agent })
+            .timeout(Duration::from_secs(3));
+        if endpoints.iter().any(|e| e.starts_with("https://")) {
+            let tls = tls.ok_or_else(|| {
+                KvError::new(
+                    Code::InvalidParams,
+                    format!(
+                        "https:// etcd endpoints need a CA bundle: set KVPOOL_ETCD_CA (or \
+                         --tls-ca) [{}]",
+                        endpoints.join(", ")
+                    ),
+                )
+            })?;
+            agent = agent.tls_config(tls);
+        }
+        Ok(Etcd {
+            endpoints,
+            agent: agent.build(),
+        })
     }
 
     /// POSTs `body` to `path` on the first endpoint that answers.
@@ -232,10 +253,16 @@ pub enum MasterAddr {
 }
 
 impl MasterAddr {
-    /// Parses `host:port` or `etcd://h:p[;h:p...][/cluster]`; without a
-    /// cluster in the address, `KVPOOL_CLUSTER_ID` or [`DEFAULT_CLUSTER`].
-    pub fn parse(addr: &str) -> KvResult<MasterAddr> {
-        let Some(rest) = addr.strip_prefix("etcd://") else {
+    /// Parses `host:port` or `etcd://h:p[;h:p...][/cluster]` (or
+    /// `etcds://...` for etcd over TLS, verified with `security`'s etcd
+    /// TLS); without a cluster in the address, `KVPOOL_CLUSTER_ID` or
+    /// [`DEFAULT_CLUSTER`].
+    pub fn parse(addr: &str, security: &Security) -> KvResult<MasterAddr> {
+        let (rest, scheme) = if let Some(rest) = addr.strip_prefix("etcd://") {
+            (rest, "http://")
+        } else if let Some(rest) = addr.strip_prefix("etcds://") {
+            (rest, "https://")
+        } else {
             return Ok(MasterAddr::Static(addr.to_string()));
         };
         let (endpoints, cluster) = match rest.split_once('/') {
@@ -243,8 +270,13 @@ impl MasterAddr {
             Some((e, _)) => (e, default_cluster()),
             None => (rest, default_cluster()),
         };
+        let endpoints: Vec<String> = endpoints
+            .split([';', ','])
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| format!("{scheme}{}", e.trim()))
+            .collect();
         Ok(MasterAddr::Etcd {
-            etcd: Etcd::new(endpoints)?,
+            etcd: Etcd::new(&endpoints.join(";"), security.etcd_tls.clone())?,
             key: leader_key(&cluster),
         })
     }
@@ -274,11 +306,13 @@ mod tests {
     #[test]
     fn addresses_parse() {
         assert!(
-            matches!(MasterAddr::parse("10.0.0.1:50051").unwrap(), MasterAddr::Static(a) if a == "10.0.0.1:50051")
+            matches!(MasterAddr::parse("10.0.0.1:50051", &Security::default()).unwrap(), MasterAddr::Static(a) if a == "10.0.0.1:50051")
         );
-        let MasterAddr::Etcd { etcd, key } =
-            MasterAddr::parse("etcd://127.0.0.1:2379;127.0.0.2:2379/prod").unwrap()
-        else {
+        let MasterAddr::Etcd { etcd, key } = MasterAddr::parse(
+            "etcd://127.0.0.1:2379;127.0.0.2:2379/prod",
+            &Security::default(),
+        )
+        .unwrap() else {
             panic!("not etcd")
         };
         assert_eq!(
@@ -286,6 +320,10 @@ mod tests {
             ["http://127.0.0.1:2379", "http://127.0.0.2:2379"]
         );
         assert_eq!(key, "/kvpool/prod/master");
-        assert!(MasterAddr::parse("etcd://").is_err());
+        assert!(MasterAddr::parse("etcd://", &Security::default()).is_err());
+        let e = MasterAddr::parse("etcds://127.0.0.1:2379", &Security::default())
+            .err()
+            .unwrap();
+        assert!(e.message.contains("KVPOOL_ETCD_CA"), "{e}");
     }
 }

@@ -1,6 +1,6 @@
 //! kvpool's networking: framed connections with handshake and pooling
 //! ([`conn`]), the server loops that speak the frame protocol ([`server`]),
-//! data-plane capabilities ([`capability`]),
+//! data-plane capabilities ([`capability`]), TLS ([`tls`]),
 //! the link every client and store keeps to the master ([`master`]), and the
 //! etcd client behind `etcd://` master addresses and leader election
 //! ([`etcd`]).
@@ -14,6 +14,7 @@ pub mod conn;
 pub mod etcd;
 pub mod master;
 pub mod server;
+pub mod tls;
 
 pub use conn::{ConnPool, FramedConn};
 pub use master::{CallPolicy, MasterLink};

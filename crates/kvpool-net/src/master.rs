@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_proto::frame::Limits;
-use kvpool_proto::msg::{ClientId, Heartbeat, RegisterClient, RegisterReply, Rpc};
+use kvpool_proto::msg::{ClientId, Heartbeat, RegisterClient, RegisterReply, Rpc, SegmentIo};
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::auth::Credentials;
+use crate::auth::Security;
 use crate::conn::ConnPool;
 use crate::etcd::MasterAddr;
 use parking_lot::Mutex;
@@ -83,17 +83,21 @@ where
 /// resolves to whether every segment was mounted.
 pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// What a store reports of its disk segments' I/O with every heartbeat.
+pub type IoSource = Arc<dyn Fn() -> Vec<SegmentIo> + Send + Sync>;
+
 /// A registered client's connection to the master, following the leader
 /// when the address is `etcd://...`.
 pub struct MasterLink {
     target: MasterAddr,
     role: String,
-    credentials: Option<Credentials>,
+    security: Security,
     conns: Mutex<Option<Conns>>,
     resolved_at: Mutex<Option<tokio::time::Instant>>,
     client_id: ClientId,
     hostname: String,
     policy: CallPolicy,
+    io: Mutex<Option<IoSource>>,
 }
 
 /// Pools to the master currently believed to lead.
@@ -110,25 +114,27 @@ const RETRY_BEAT: Duration = Duration::from_millis(100);
 
 impl MasterLink {
     /// A link to `addr` (`host:port` or `etcd://...`) for `client_id` (not
-    /// yet registered), proving `credentials` to the master when it asks.
+    /// yet registered), connecting with `security` (TLS, and the key it
+    /// proves when the master asks).
     pub fn new(
         addr: &str,
         client_id: ClientId,
         hostname: &str,
         role: &str,
         policy: CallPolicy,
-        credentials: Option<Credentials>,
+        security: Security,
     ) -> KvResult<Arc<Self>> {
-        let target = MasterAddr::parse(addr)?;
+        let target = MasterAddr::parse(addr, &security)?;
         let link = MasterLink {
             target,
             role: role.to_string(),
-            credentials,
+            security,
             conns: Mutex::new(None),
             resolved_at: Mutex::new(None),
             client_id,
             hostname: hostname.to_string(),
             policy,
+            io: Mutex::new(None),
         };
         if let MasterAddr::Static(a) = &link.target {
             *link.conns.lock() = Some(link.pools_for(a));
@@ -141,12 +147,12 @@ impl MasterLink {
         Conns {
             calls: Arc::new(
                 ConnPool::new(addr, &self.role, limits, self.policy.timeout, 16)
-                    .with_credentials(self.credentials.clone()),
+                    .with_security(self.security.clone()),
             ),
             // Heartbeats get their own connection so they never queue behind bulk metadata.
             heartbeats: Arc::new(
                 ConnPool::new(addr, &self.role, limits, self.policy.timeout, 1)
-                    .with_credentials(self.credentials.clone()),
+                    .with_security(self.security.clone()),
             ),
         }
     }
@@ -245,6 +251,12 @@ impl MasterLink {
             })
     }
 
+    /// Reports what `source` says with every heartbeat from now on (a
+    /// store's disk I/O, for the master's status and metrics).
+    pub fn report_io(&self, source: IoSource) {
+        *self.io.lock() = Some(source);
+    }
+
     /// Registers with the master; returns the heartbeat timing it expects.
     pub async fn register(&self) -> KvResult<RegisterReply> {
         self.call(&RegisterClient {
@@ -283,8 +295,10 @@ impl MasterLink {
                         must_mount = !t.await.unwrap_or(false);
                     }
                 }
+                let io = link.io.lock().clone();
                 let hb = Heartbeat {
                     client_id: link.client_id,
+                    io: io.map(|f| f()).unwrap_or_default(),
                 };
                 // The whole policy timeout: a beat that finds the leader moved
                 // looks it up in etcd within the attempt, and cutting that

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use crate::auth::{Credentials, Role};
-use crate::conn::{accept_handshake, FramedConn};
+use crate::auth::{Role, Security};
+use crate::conn::{accept, FramedConn};
 
 /// A wait that must end before a reply is sent.
 pub type ReplyWait = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -147,14 +147,14 @@ where
 }
 
 /// Accepts framed connections until `shutdown` (see [`accept_loop`]): each
-/// one that completes the handshake, answering as `name` and asking for a
-/// key of `keyring` when set, goes to `serve` with a clone of the shutdown
-/// token, which the connection must watch.
+/// one that completes TLS and the handshake under `security`, answering as
+/// `name`, goes to `serve` with a clone of the shutdown token, which the
+/// connection must watch.
 pub async fn serve_framed<F, Fut>(
     listener: TcpListener,
     name: &'static str,
     limits: Limits,
-    keyring: Option<Credentials>,
+    security: Security,
     shutdown: CancellationToken,
     serve: F,
 ) where
@@ -163,39 +163,35 @@ pub async fn serve_framed<F, Fut>(
 {
     let token = shutdown.clone();
     let serve = Arc::new(serve);
-    let keyring = Arc::new(keyring);
+    let security = Arc::new(security);
     accept_loop(listener, shutdown, move |stream| {
         let serve = serve.clone();
         let token = token.clone();
-        let keyring = keyring.clone();
+        let security = security.clone();
         async move {
-            let Ok(mut conn) = FramedConn::from_stream(stream, limits) else {
-                return;
-            };
-            if !accept_handshake(&mut conn, name, keyring.as_ref().as_ref()).await {
-                return;
+            if let Some(conn) = accept(stream, name, limits, &security).await {
+                serve(conn, token).await;
             }
-            serve(conn, token).await;
         }
     })
     .await;
 }
 
 /// Serves the control protocol on `listener` with `handler` until
-/// `shutdown`, asking peers for a key of `keyring` when set.
+/// `shutdown`, authenticating peers under `security`.
 pub async fn serve_control<H: ControlHandler>(
     listener: TcpListener,
     handler: Arc<H>,
     name: &'static str,
     limits: Limits,
-    keyring: Option<Credentials>,
+    security: Security,
     shutdown: CancellationToken,
 ) {
     serve_framed(
         listener,
         name,
         limits,
-        keyring,
+        security,
         shutdown,
         move |mut conn, token| {
             let handler = handler.clone();

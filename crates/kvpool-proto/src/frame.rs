@@ -34,9 +34,9 @@ pub const HEADER_LEN: usize = 32;
 /// Magic at the start of every frame.
 pub const MAGIC: [u8; 4] = *b"KVPL";
 /// Version spoken by this build; bumped on any incompatible wire change.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Oldest peer version this build still talks to.
-pub const MIN_PROTOCOL_VERSION: u32 = 3;
+pub const MIN_PROTOCOL_VERSION: u32 = 4;
 
 /// Whether a frame asks or answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +112,9 @@ opcodes! {
     RemoveAll = 37,
     /// Control: cluster status for `kvpool status` and tools.
     Status = 40,
+    /// Data plane: copy objects between a store's segments (tiering).
+    /// Last in the list: fuzz corpora index messages by position here.
+    TierMove = 16,
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes

@@ -241,6 +241,43 @@ impl Rpc for InvalidateReq {
     }
 }
 
+/// One object copied by its store between two of its own segments (a
+/// demotion from memory to disk, or a promotion back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierMove {
+    /// Segment the object is in now.
+    pub from: SegmentId,
+    /// Its region there.
+    pub from_offset: u64,
+    /// Region bytes to copy (header and value, as written).
+    pub len: u64,
+    /// Segment to copy to.
+    pub to: SegmentId,
+    /// The region reserved there.
+    pub to_offset: u64,
+    /// The object's generation: the copy is refused unless the source
+    /// header still carries it.
+    pub generation: u64,
+}
+
+/// Master → store: copy objects between the store's segments. The copy's
+/// header is written last, so a copy cut short by a crash is never found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierMoveReq {
+    /// The copies, done in parallel.
+    pub moves: Vec<TierMove>,
+}
+
+impl Rpc for TierMoveReq {
+    const OPCODE: Opcode = Opcode::TierMove;
+    /// Per move: 0, or the error code it failed with.
+    type Response = Vec<i32>;
+
+    fn batch_len(meta: &[u8]) -> Option<u64> {
+        seq_len_after::<()>(meta)
+    }
+}
+
 // ---------------------------------------------------------------- liveness
 
 /// A client or store announces itself; repeated after the master forgot it.
@@ -271,6 +308,31 @@ impl Rpc for RegisterClient {
 pub struct Heartbeat {
     /// The pinging client.
     pub client_id: ClientId,
+    /// I/O of the disk segments a store lends, since it started (empty for
+    /// engines and memory-only stores): the master shows it in its status
+    /// and metrics.
+    pub io: Vec<SegmentIo>,
+}
+
+/// Cumulative I/O one store did on one of its segments since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentIo {
+    /// The segment.
+    pub segment: SegmentId,
+    /// Reads from the device (client reads, promotions, scans).
+    pub read_ops: u64,
+    /// Bytes read from the device.
+    pub read_bytes: u64,
+    /// Time spent in those reads, in microseconds.
+    pub read_us: u64,
+    /// Writes to the device (demotions, invalidations).
+    pub write_ops: u64,
+    /// Bytes written to the device.
+    pub write_bytes: u64,
+    /// Time spent in those writes, in microseconds.
+    pub write_us: u64,
+    /// I/O errors; the first takes the disk tier offline.
+    pub errors: u64,
 }
 
 /// Answer to [`Heartbeat`].
@@ -300,8 +362,36 @@ pub struct SegmentInfo {
     /// Usable bytes from `base`.
     pub size: u64,
     /// Absolute path of the segment file, for clients on the same host to
-    /// map it (shared-memory transport); `None` for in-process memory.
+    /// map it (shared-memory transport); `None` for in-process memory and
+    /// for disk segments.
     pub path: Option<String>,
+    /// The medium: memory segments take new objects, disk segments the
+    /// objects memory had to make room for.
+    pub tier: Tier,
+}
+
+/// Disk-tier regions start at multiples of this and span whole blocks of
+/// it, as O_DIRECT requires.
+pub const DISK_BLOCK: u64 = 4096;
+
+/// Where a segment's bytes live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Tier {
+    /// RAM (a tmpfs file or process memory): placement puts new objects here.
+    #[default]
+    Memory,
+    /// A file on a local SSD: objects demoted from memory, read with O_DIRECT.
+    Disk,
+}
+
+impl Tier {
+    /// Lower-case name, for status and metrics labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Memory => "memory",
+            Tier::Disk => "disk",
+        }
+    }
 }
 
 /// Lend a segment.
@@ -450,6 +540,9 @@ pub struct Replica {
     /// Permission to read it (in a location) or write it (in a put
     /// grant); `None` from a master without a secret.
     pub cap: Option<Capability>,
+    /// The segment's tier: a disk replica is read over TCP whatever the
+    /// protocol.
+    pub tier: Tier,
 }
 
 impl Replica {
@@ -697,6 +790,8 @@ pub struct SegmentStatus {
     /// objects stay readable until the grace period ends), `draining`, or
     /// `recovering` (its inventory is being reported).
     pub state: String,
+    /// The store's I/O on it (disk segments), as of its last heartbeat.
+    pub io: Option<SegmentIo>,
 }
 
 /// The cluster as the master sees it.
@@ -719,6 +814,10 @@ pub struct ClusterStatus {
     pub clients: u64,
     /// Objects evicted since start.
     pub evictions: u64,
+    /// Objects moved from memory to disk since start.
+    pub demotions: u64,
+    /// Objects moved from disk back to memory since start.
+    pub promotions: u64,
 }
 
 impl Rpc for Status {
@@ -760,6 +859,7 @@ mod tests {
                         access: Capability::READ | Capability::WRITE,
                         mac: [7; 16],
                     }),
+                    tier: Tier::Memory,
                 }],
             }),
             Err(Code::NoAvailableHandle.as_i32()),

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvpool_client::auth::{Credentials, Security};
+use kvpool_client::tls::TlsFiles;
 use kvpool_client::ClientConfig;
 use kvpool_proto::units::{parse_duration, parse_size};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -123,13 +124,16 @@ pub struct Settings {
     pub credentials: Option<Credentials>,
     /// Let the embedded segment serve off loopback without a secret.
     pub insecure: bool,
+    /// TLS files (`tls_ca`, `tls_cert`, `tls_key`); none: plaintext.
+    pub tls: TlsFiles,
     /// Names of inputs that were accepted but have no effect (for a warning).
     pub ignored: Vec<String>,
 }
 
 impl Settings {
-    /// The Rust client configuration these settings describe.
-    pub fn client_config(&self) -> ClientConfig {
+    /// The Rust client configuration these settings describe (TLS files
+    /// are read and checked here).
+    pub fn client_config(&self) -> KvResult<ClientConfig> {
         let mut c = ClientConfig::new(&self.master_server_addr);
         c.hostname = self.local_hostname.clone();
         if let Some(t) = self.timeout {
@@ -146,12 +150,9 @@ impl Settings {
         }
         c.segment_size = self.global_segment_size;
         c.segment_address = self.segment_address.clone();
-        c.security = Security {
-            credentials: self.credentials.clone(),
-            insecure: self.insecure,
-        };
+        c.security = Security::new(self.credentials.clone(), self.insecure, &self.tls)?;
         apply_protocol(&mut c, self.protocol);
-        c
+        Ok(c)
     }
 }
 
@@ -262,6 +263,24 @@ const KEYS: &[Key] = &[
         name: "insecure",
         aliases: &[],
         kvpool_env: "KVPOOL_INSECURE",
+        mooncake_env: None,
+    },
+    Key {
+        name: "tls_ca",
+        aliases: &[],
+        kvpool_env: "KVPOOL_TLS_CA",
+        mooncake_env: None,
+    },
+    Key {
+        name: "tls_cert",
+        aliases: &[],
+        kvpool_env: "KVPOOL_TLS_CERT",
+        mooncake_env: None,
+    },
+    Key {
+        name: "tls_key",
+        aliases: &[],
+        kvpool_env: "KVPOOL_TLS_KEY",
         mooncake_env: None,
     },
 ];
@@ -457,6 +476,13 @@ pub fn resolve(
             .as_str(),
         "1" | "true" | "yes"
     );
+    let path = |name: &str| Some(text(name, "").trim().to_string()).filter(|p| !p.is_empty());
+    let tls = TlsFiles {
+        ca: path("tls_ca").map(Into::into),
+        cert: path("tls_cert").map(Into::into),
+        key: path("tls_key").map(Into::into),
+        require_client_cert: false,
+    };
     let device_name = text("device_name", "");
     if !device_name.is_empty() {
         ignored.push("device_name".into());
@@ -476,20 +502,24 @@ pub fn resolve(
         local_hostname,
         credentials,
         insecure,
+        tls,
         ignored,
     })
 }
 
 /// Checks a master address: `host:port` (empty means `127.0.0.1:50051`, a
-/// missing port means 50051), or `etcd://host:port[;...][/cluster-id]` to
-/// follow the HA leader (passed on as is); other schemes are not supported.
+/// missing port means 50051), or `etcd://host:port[;...][/cluster-id]`
+/// (`etcds://` over TLS) to follow the HA leader (passed on as is); other
+/// schemes are not supported.
 pub fn normalize_master(addr: &str) -> KvResult<String> {
     let a = addr.trim();
     if a.is_empty() {
         return Ok(format!("127.0.0.1:{DEFAULT_MASTER_PORT}"));
     }
     if let Some((scheme, rest)) = a.split_once("://") {
-        if scheme.eq_ignore_ascii_case("etcd") && !rest.is_empty() {
+        if (scheme.eq_ignore_ascii_case("etcd") || scheme.eq_ignore_ascii_case("etcds"))
+            && !rest.is_empty()
+        {
             return Ok(a.to_string());
         }
         return Err(KvError::new(
@@ -597,14 +627,37 @@ mod tests {
         assert_eq!(s.protocol, Protocol::Tcp);
         assert_eq!(s.timeout, None);
         assert_eq!(s.retries, None);
-        let c = s.client_config();
+        let c = s.client_config().unwrap();
         assert_eq!(c.timeout, ClientConfig::new("x").timeout);
         assert_eq!(c.location_cache, ClientConfig::new("x").location_cache);
-        assert_eq!(s.client_config().segment_size, DEFAULT_SIZE);
+        assert_eq!(s.client_config().unwrap().segment_size, DEFAULT_SIZE);
         // The location cache can be sized, or turned off, from the environment.
         let env = |k: &str| (k == "KVPOOL_LOCATION_CACHE").then(|| "0".to_string());
         let s = resolve(&BTreeMap::new(), &env, None).unwrap();
-        assert_eq!(s.client_config().location_cache, 0);
+        assert_eq!(s.client_config().unwrap().location_cache, 0);
+    }
+
+    #[test]
+    fn tls_files_come_from_arguments_env_or_file() {
+        let env = |k: &str| (k == "KVPOOL_TLS_CA").then(|| "/env/ca.pem".to_string());
+        let file = args(&[("tls_cert", Raw::Str("/file/c.pem".into()))]);
+        let s = resolve(
+            &args(&[("tls_key", Raw::Str(" /arg/k.pem ".into()))]),
+            &env,
+            Some(&file),
+        )
+        .unwrap();
+        assert_eq!(s.tls.ca.as_deref(), Some(Path::new("/env/ca.pem")));
+        assert_eq!(s.tls.cert.as_deref(), Some(Path::new("/file/c.pem")));
+        assert_eq!(s.tls.key.as_deref(), Some(Path::new("/arg/k.pem")));
+        // The files are read when the client is made: a missing one is an
+        // error naming it.
+        let e = s.client_config().unwrap_err();
+        assert!(e.message.contains("/env/ca.pem"), "{e}");
+        assert_eq!(
+            normalize_master("etcds://10.0.0.1:2379/prod").unwrap(),
+            "etcds://10.0.0.1:2379/prod"
+        );
     }
 
     #[test]

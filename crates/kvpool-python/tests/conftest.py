@@ -53,6 +53,26 @@ class Cluster:
     master_proc: Optional[subprocess.Popen] = None
     #: Key files by role ("admin", "store", "client") when the cluster is secured.
     keys: dict = field(default_factory=dict)
+    #: Disk-tier directories (on disk, not under /dev/shm), removed at stop.
+    disk_dirs: List[str] = field(default_factory=list)
+    #: The TLS directory (``ca.pem``, ``master.pem``/``.key``, ``store.pem``/``.key``) with TLS on.
+    tls_dir: Optional[str] = None
+
+    def use_tls(self) -> None:
+        """Makes a CA and certificates; servers started after this serve TLS only."""
+        self.tls_dir = os.path.join(self.workdir, "tls")
+        subprocess.run([self.bin, "tls", "new", "--out", self.tls_dir, "--cert", "master", "--cert", "store"],
+                       check=True, capture_output=True, env=clean_env())
+
+    def tls_flags(self, name: Optional[str]) -> list:
+        """``--tls-*`` flags: the CA, and ``name``'s certificate if given."""
+        if self.tls_dir is None:
+            return []
+        flags = ["--tls-ca", os.path.join(self.tls_dir, "ca.pem")]
+        if name:
+            flags += ["--tls-cert", os.path.join(self.tls_dir, f"{name}.pem"),
+                      "--tls-key", os.path.join(self.tls_dir, f"{name}.key")]
+        return flags
 
     def secure(self) -> None:
         """Makes a cluster secret and its role keys; servers started after
@@ -80,19 +100,26 @@ class Cluster:
         p = subprocess.Popen(
             [self.bin, "master", "--rpc-address", host, "--rpc-port", port,
              "--metrics-address", host, "--metrics-port", str(self.metrics_port),
-             *self.key_flags("admin"), *extra],
+             *self.key_flags("admin"), *self.tls_flags("master"), *extra],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
         )
         self.procs.append(p)
         self.master_proc = p
 
-    def start_store(self, size: str = "256MiB") -> subprocess.Popen:
-        """Starts one storage node lending ``size``."""
+    def start_store(self, size: str = "256MiB", disk: Optional[str] = None) -> subprocess.Popen:
+        """Starts one storage node lending ``size`` of memory and, with
+        ``disk``, that much of a disk tier (in a directory on disk)."""
         data = tempfile.mkdtemp(prefix="store-", dir=self.workdir)
+        disk_flags: list = []
+        if disk:
+            disk_dir = tempfile.mkdtemp(prefix="kvpool-pytest-disk-")
+            self.disk_dirs.append(disk_dir)
+            disk_flags = ["--disk-dir", disk_dir, "--disk-size", disk]
         log = open(os.path.join(self.workdir, f"store-{len(self.procs)}.log"), "ab")
         p = subprocess.Popen(
             [self.bin, "store", "--master", self.master, "--segment-size", size,
-             "--data-dir", data, "--address", "127.0.0.1", *self.key_flags("store")],
+             "--data-dir", data, "--address", "127.0.0.1", *self.key_flags("store"),
+             *self.tls_flags("store"), *disk_flags],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
         )
         self.procs.append(p)
@@ -100,7 +127,8 @@ class Cluster:
 
     def status(self) -> str:
         """``kvpool status`` output ("" if the master does not answer)."""
-        r = subprocess.run([self.bin, "status", "--master", self.master, *self.key_flags("client")],
+        r = subprocess.run([self.bin, "status", "--master", self.master, *self.key_flags("client"),
+                            *self.tls_flags(None)],
                            capture_output=True, text=True, env=clean_env())
         return r.stdout if r.returncode == 0 else ""
 
@@ -138,6 +166,8 @@ class Cluster:
                 p.kill()
                 p.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        for d in self.disk_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
     def logs(self) -> str:
         """Tail of every log, for failure messages."""
@@ -149,9 +179,9 @@ class Cluster:
         return "\n".join(out)
 
 
-def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = False) -> Cluster:
+def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = False, tls: bool = False) -> Cluster:
     """Starts a master and ``stores`` storage nodes (with a cluster secret
-    when ``secured``); waits until they mount."""
+    when ``secured``, serving TLS only with ``tls``); waits until they mount."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     c = Cluster(
         bin=kvpool_bin(),
@@ -162,6 +192,8 @@ def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = Fal
     try:
         if secured:
             c.secure()
+        if tls:
+            c.use_tls()
         c.start_master()
         for _ in range(stores):
             c.start_store(store_size)
@@ -184,6 +216,36 @@ def cluster() -> Iterator[Cluster]:
 def secured_cluster() -> Iterator[Cluster]:
     """A master and a storage node that require a key of their cluster."""
     c = new_cluster(store_size="64MiB", secured=True)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_cluster() -> Iterator[Cluster]:
+    """A master and a storage node that require a key and speak TLS only."""
+    c = new_cluster(store_size="64MiB", secured=True, tls=True)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def disk_cluster() -> Iterator[Cluster]:
+    """A store with 1 MiB of memory (kept under half full) and 64 MiB of
+    disk tier: nearly everything written lives on disk."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    c = Cluster(
+        bin=kvpool_bin(),
+        master=f"127.0.0.1:{free_port()}",
+        metrics_port=free_port(),
+        workdir=tempfile.mkdtemp(prefix="kvpool-pytest-", dir=base),
+    )
+    try:
+        c.start_master("--demote-watermark", "0.5")
+        c.start_store("1MiB", disk="64MiB")
+        c.wait_segments(2)
+    except Exception:
+        c.stop()
+        raise
     yield c
     c.stop()
 

@@ -530,3 +530,41 @@ def test_full_pool_reports_no_space_per_key(own_cluster):
     assert s.remove_all(True) == len(stored)
     assert s.put_from("after-clear", buf.ctypes.data, size) == 0
     s.close()
+
+
+# ---------------------------------------------------------------- disk tier
+
+
+def test_objects_beyond_memory_are_served_from_the_disk_tier(disk_cluster, prefix):
+    """The store's memory holds half a MiB; 8 MiB go in and all come back,
+    most of them read from its disk tier, with no code change."""
+    import kvpool
+
+    s = MooncakeDistributedStore()
+    assert setup7(s, disk_cluster.master, protocol="auto") == 0
+    try:
+        keys = [f"{prefix}disk-{i}" for i in range(128)]
+        values = [np.random.default_rng(i).bytes(64 << 10) for i in range(128)]
+        with kvpool.Client(disk_cluster.master) as c:
+            for at in range(0, 128, 4):
+                assert s.put_batch(keys[at:at + 4], values[at:at + 4]) == 0
+                # A writer the disk keeps up with: memory is not made to evict.
+                deadline = time.time() + 20
+                while time.time() < deadline:
+                    mem = [x for x in c.status()["segments"] if x["tier"] == "memory"][0]
+                    if mem["used"] <= 0.6 * mem["size"]:
+                        break
+                    time.sleep(0.02)
+            st = c.status()
+            assert st["evictions"] == 0
+            assert st["demotions"] >= 100
+            assert {x["tier"] for x in st["segments"]} == {"memory", "disk"}
+        assert s.get_batch(keys) == values
+        for k, v in zip(keys[:8], values[:8]):
+            assert s.get(k) == v
+            assert s.get_size(k) == len(v)
+            assert s.is_exist(k) == 1
+        assert s.remove(keys[0], force=True) == 0
+        assert s.is_exist(keys[0]) == 0
+    finally:
+        s.close()

@@ -1,12 +1,16 @@
 """The Python drop-in against a pool that requires a key of its cluster:
 configured by environment only (``KVPOOL_SECRET_FILE``) or a ``setup``
 dict key, with no code change; refused with ``UNAUTHORIZED`` (-1100)
-without a key, and a client key cannot drop what others stored."""
+without a key, and a client key cannot drop what others stored. The same
+with TLS on every plane: the CA in ``KVPOOL_TLS_CA`` is the whole change."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+import kvpool
 from kvpool.mooncake import MooncakeDistributedStore
 
 UNAUTHORIZED = -1100
@@ -70,3 +74,49 @@ def test_the_admin_key_in_a_setup_dict_may_drop_everything(secured_cluster, monk
         assert s.is_exist(prefix + "gone") == 0
     finally:
         s.close()
+
+
+def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch, prefix):
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", tls_cluster.keys["client"])
+    monkeypatch.delenv("KVPOOL_TLS_CA", raising=False)
+    # Plaintext to a TLS-only pool: refused, with the code users branch on.
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", tls_cluster.master) == UNAUTHORIZED
+    monkeypatch.setenv("KVPOOL_TLS_CA", os.path.join(tls_cluster.tls_dir, "ca.pem"))
+    s = connect(tls_cluster.master)
+    try:
+        value = os.urandom(300_000)
+        assert s.put(prefix + "tls", value) == 0
+        assert s.get(prefix + "tls") == value
+        keys = [prefix + f"tls-{i}" for i in range(16)]
+        values = [os.urandom(4096 + i) for i in range(16)]
+        assert s.put_batch(keys, values) == 0
+        assert s.get_batch(keys) == values
+    finally:
+        s.close()
+
+
+def test_tls_files_in_a_setup_dict_and_the_client(tls_cluster, monkeypatch, prefix):
+    for var in ("KVPOOL_TLS_CA", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY", "KVPOOL_SECRET_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    ca = os.path.join(tls_cluster.tls_dir, "ca.pem")
+    s = MooncakeDistributedStore()
+    assert s.setup({
+        "local_hostname": "127.0.0.1",
+        "metadata_server": "P2PHANDSHAKE",
+        "global_segment_size": 0,
+        "master_server_address": tls_cluster.master,
+        "protocol": "tcp",
+        "secret_file": tls_cluster.keys["client"],
+        "tls_ca": ca,
+    }) == 0
+    try:
+        assert s.put(prefix + "dict", b"d" * 5000) == 0
+    finally:
+        s.close()
+    with kvpool.Client(tls_cluster.master, secret_file=tls_cluster.keys["client"], tls_ca=ca) as c:
+        assert c.get(prefix + "dict") == b"d" * 5000
+    # A CA file that does not exist is a clear error, not a hang.
+    with pytest.raises(kvpool.KvpoolError) as e:
+        kvpool.Client(tls_cluster.master, secret_file=tls_cluster.keys["client"], tls_ca=ca + ".missing")
+    assert "ca.pem.missing" in str(e.value)

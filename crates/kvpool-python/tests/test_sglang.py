@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 
 import pytest
@@ -250,3 +251,47 @@ def test_a_secured_pool_needs_only_the_environment(secured_cluster, monkeypatch)
     assert writer.batch_set_v1(keys, src_idx) == [True] * 3
     assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
     assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+
+
+def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
+    """SGLang's own factory against a pool with a key and TLS on every
+    plane: the key file and the CA in the environment are the whole change."""
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", tls_cluster.keys["client"])
+    monkeypatch.setenv("KVPOOL_TLS_CA", os.path.join(tls_cluster.tls_dir, "ca.pem"))
+    src_pool, dst_pool = mha_pool(), mha_pool()
+    torch.manual_seed(12)
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    writer = backend(storage_config(tls_cluster.master, mla=False), src_pool)
+    reader = backend(storage_config(tls_cluster.master, mla=False), dst_pool)
+    keys = page_keys(3)
+    src_idx, dst_idx = pages(1, 3), pages(8, 3)
+    assert writer.batch_set_v1(keys, src_idx) == [True] * 3
+    assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
+    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+
+
+def test_pages_on_the_disk_tier_round_trip(disk_cluster):
+    """SGLang's own factory against a store whose memory holds a small
+    fraction of what is written: the rest is read back from its disk tier."""
+    src_pool, dst_pool = mha_pool(), mha_pool()
+    torch.manual_seed(13)
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    writer = backend(storage_config(disk_cluster.master, mla=False), src_pool)
+    reader = backend(storage_config(disk_cluster.master, mla=False), dst_pool)
+    rounds = 64
+    keys = page_keys(rounds * 4)
+    src_idx = pages(0, 4)
+    with kvpool.Client(disk_cluster.master) as c:
+        for r in range(rounds):
+            assert writer.batch_set_v1(keys[r * 4:(r + 1) * 4], src_idx) == [True] * 4
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                mem = [x for x in c.status()["segments"] if x["tier"] == "memory"][0]
+                if mem["used"] <= 0.6 * mem["size"]:
+                    break
+                time.sleep(0.02)
+        assert c.status()["demotions"] > 0
+    for r in range(rounds):
+        dst_idx = pages(8, 4)
+        assert reader.batch_get_v1(keys[r * 4:(r + 1) * 4], dst_idx) == [True] * 4
+        assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))

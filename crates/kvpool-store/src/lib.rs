@@ -4,6 +4,7 @@
 //! superblocks are `kvpool_format`'s. `run` is what `kvpool store` does;
 //! clients embed a [`node::DataNode`] to lend memory.
 
+pub mod disk;
 pub mod node;
 pub mod segment;
 
@@ -54,6 +55,12 @@ pub struct StoreConfig {
     pub shutdown_grace: Duration,
     /// The key proved to the master and asked of data-plane peers.
     pub security: Security,
+    /// Directory of the disk tier (a local SSD), if the store has one.
+    pub disk_dir: Option<PathBuf>,
+    /// Bytes of disk tier to lend.
+    pub disk_size: u64,
+    /// I/O requests the disk tier keeps in flight to the device at most.
+    pub disk_queue_depth: usize,
 }
 
 /// Runs a storage node until `shutdown`: opens (or recovers) the segment,
@@ -63,9 +70,17 @@ pub struct StoreConfig {
 /// when the store comes back.
 pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), StoreError> {
     let seg = SegmentFile::open(&cfg.data_dir, cfg.segment_size)?;
+    let disk = match &cfg.disk_dir {
+        Some(dir) => Some(disk::DiskSegment::open(
+            dir,
+            cfg.disk_size,
+            cfg.disk_queue_depth,
+        )?),
+        None => None,
+    };
     // The data plane outlives the shutdown signal by the grace period.
     let data_plane = CancellationToken::new();
-    // The segment is served from the first connection on.
+    // The segments are served from the first connection on.
     let mut name = String::new();
     let node = DataNode::bind_with(
         &cfg.address,
@@ -84,10 +99,22 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
                 seg.region.clone(),
                 kvpool_format::DATA_BASE,
             );
+            if let Some(d) = &disk {
+                node.add_disk_segment(
+                    d.id,
+                    d.possession,
+                    &name,
+                    d.file.clone(),
+                    kvpool_format::DATA_BASE,
+                );
+            }
         },
     )
     .await
     .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
+    if let Some(d) = &disk {
+        info!(segment = %d.id, size = d.file.len(), direct = d.file.direct(), path = %d.file.path().display(), "disk tier serving");
+    }
     info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
 
     let link = MasterLink::new(
@@ -96,9 +123,26 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         &name,
         "store",
         CallPolicy::default(),
-        cfg.security.credentials.clone(),
+        cfg.security.clone(),
     )?;
+    let io_node = node.clone();
+    link.report_io(std::sync::Arc::new(move || io_node.io()));
     let heartbeat = CancellationToken::new();
+    if disk.is_some() {
+        // An I/O error takes the disk tier offline; withdraw it from the
+        // pool so nothing is placed or read there again.
+        let (node, link, stop) = (node.clone(), link.clone(), heartbeat.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                node.withdraw_failed_disks(&link).await;
+            }
+        });
+    }
     let mounted = async {
         let reply = loop {
             match link.register().await {

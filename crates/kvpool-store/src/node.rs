@@ -13,11 +13,11 @@ use kvpool_proto::frame::Limits;
 use kvpool_proto::limits::{batch_chunks, ITEM_OVERHEAD};
 use kvpool_proto::msg::{
     InventoryItem, InventoryVerdict, MountSegment, ReportObjects, SegmentId, SegmentInfo,
-    UnmountSegment,
+    SegmentIo, Tier, UnmountSegment,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::{invalidate_object, serve_data, SegmentTable};
-use kvpool_transfer::MappedRegion;
+use kvpool_transfer::{DiskFile, MappedRegion};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -26,13 +26,20 @@ use tokio_util::task::TaskTracker;
 /// Inventory parts sent before the first is answered.
 const REPORTS_IN_FLIGHT: usize = 4;
 
+/// Where a lent segment's bytes are.
+#[derive(Clone)]
+enum Media {
+    Memory(Arc<MappedRegion>),
+    Disk(Arc<DiskFile>),
+}
+
 /// A segment this node lends: what the master is told, its proof of
-/// possession, and its memory.
+/// possession, and its bytes.
 #[derive(Clone)]
 struct Lent {
     info: SegmentInfo,
     possession: [u8; 16],
-    region: Arc<MappedRegion>,
+    media: Media,
 }
 
 /// A running data-plane server and the segments it lends.
@@ -84,7 +91,7 @@ impl DataNode {
             listener,
             node.table.clone(),
             Limits::default(),
-            security.credentials.clone(),
+            security.clone(),
             shutdown,
         ));
         node.tasks.close();
@@ -116,14 +123,83 @@ impl DataNode {
                 .path()
                 .and_then(|p| std::fs::canonicalize(p).ok())
                 .map(|p| p.to_string_lossy().into_owned()),
+            tier: Tier::Memory,
         };
         self.table.insert(id, region.clone(), base);
         self.segments.lock().push(Lent {
             info: info.clone(),
             possession,
-            region,
+            media: Media::Memory(region),
         });
         info
+    }
+
+    /// Serves the disk-tier file `file` as segment `id` (object area from
+    /// `base`), proving `possession` when mounting it. Clients read it over
+    /// TCP; only the master's tier moves write to it.
+    pub fn add_disk_segment(
+        &self,
+        id: SegmentId,
+        possession: [u8; 16],
+        name: &str,
+        file: Arc<DiskFile>,
+        base: u64,
+    ) -> SegmentInfo {
+        let info = SegmentInfo {
+            id,
+            name: format!("{name}/disk"),
+            endpoint: self.endpoint.clone(),
+            base,
+            size: file.len().saturating_sub(base),
+            path: None,
+            tier: Tier::Disk,
+        };
+        self.table.insert_disk(id, file.clone(), base);
+        self.segments.lock().push(Lent {
+            info: info.clone(),
+            possession,
+            media: Media::Disk(file),
+        });
+        info
+    }
+
+    /// The I/O of this node's disk segments since they opened.
+    pub fn io(&self) -> Vec<SegmentIo> {
+        self.segments
+            .lock()
+            .iter()
+            .filter_map(|l| match &l.media {
+                Media::Disk(f) => Some(f.io(l.info.id)),
+                Media::Memory(_) => None,
+            })
+            .collect()
+    }
+
+    /// Withdraws the disk segments an I/O error took offline: the master
+    /// forgets their objects (they cannot be read any more) and this node
+    /// stops serving them; memory segments keep serving. Returns how many.
+    pub async fn withdraw_failed_disks(&self, link: &MasterLink) -> usize {
+        let failed: Vec<SegmentId> = {
+            let mut lent = self.segments.lock();
+            let ids = lent
+                .iter()
+                .filter(|l| matches!(&l.media, Media::Disk(f) if f.failed()))
+                .map(|l| l.info.id)
+                .collect::<Vec<_>>();
+            lent.retain(|l| !ids.contains(&l.info.id));
+            ids
+        };
+        for &segment in &failed {
+            tracing::error!(%segment, "withdrawing the failed disk tier from the pool");
+            let _ = link
+                .call_once(&UnmountSegment {
+                    client_id: link.client_id(),
+                    segment,
+                })
+                .await;
+            self.table.remove_disk(segment);
+        }
+        failed.len()
     }
 
     /// Serves an anonymous in-process segment of `size` bytes (embedded store).
@@ -219,20 +295,28 @@ async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
     let Lent {
         info,
         possession,
-        region,
+        media,
     } = lent;
     let t0 = std::time::Instant::now();
     // A scan of a big segment takes seconds: off the runtime's workers.
     let (found, stats) = {
-        let (region, base) = (region.clone(), info.base);
-        tokio::task::spawn_blocking(move || {
-            // SAFETY: the whole region is in bounds. Bytes another connection
-            // writes meanwhile may be seen torn; the scan checks every header
-            // and value checksum, so it only ever takes intact objects.
-            kvpool_format::scan::scan(unsafe { region.slice(0, region.len()) }, base)
+        let (media, base) = (media.clone(), info.base);
+        tokio::task::spawn_blocking(move || match media {
+            Media::Memory(region) => {
+                // SAFETY: the whole region is in bounds. Bytes another
+                // connection writes meanwhile may be seen torn; the scan
+                // checks every header and value checksum, so it only ever
+                // takes intact objects.
+                Ok(kvpool_format::scan::scan(
+                    unsafe { region.slice(0, region.len()) },
+                    base,
+                ))
+            }
+            Media::Disk(file) => crate::disk::scan_disk(&file, base),
         })
         .await
         .map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))?
+        .map_err(|e| KvError::new(Code::TransferFail, format!("disk tier scan failed: {e}")))?
     };
     let scanned = t0.elapsed();
     let id = info.id;
@@ -277,10 +361,20 @@ async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
     }
     let last = items[last].to_vec();
     let InventoryVerdict { accepted, rejected } = report(link, id, last, true).await?;
-    let invalidated = rejected
-        .iter()
-        .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
-        .count();
+    let invalidated = match media {
+        Media::Memory(region) => rejected
+            .iter()
+            .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
+            .count(),
+        Media::Disk(file) => tokio::task::spawn_blocking(move || {
+            rejected
+                .iter()
+                .filter(|(off, gen)| file.invalidate(*off, *gen).unwrap_or(false))
+                .count()
+        })
+        .await
+        .unwrap_or(0),
+    };
     tracing::info!(
         segment = %id,
         found = stats.objects,

@@ -11,14 +11,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use kvpool_format::FIXED_LEN;
-use kvpool_net::auth::{Credentials, Role};
+use kvpool_net::auth::{Role, Security};
 use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameKind, Limits, Opcode};
 use kvpool_proto::limits::check_batch;
 use kvpool_proto::msg::{
-    self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, WriteReq,
+    self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, TierMove, TierMoveReq,
+    WriteReq,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
@@ -26,19 +27,46 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::disk::{DiskFile, DiskRead};
 use crate::mapped::MappedRegion;
 
 /// Requests kept in flight per connection before waiting for a response;
 /// bounds what either side must buffer so pipelining can never deadlock.
 const WINDOW: usize = 64;
 
-/// The segments a data server serves, by id.
+/// The segments a data server serves, by id: memory segments, and the
+/// disk-tier segments behind them.
 #[derive(Default)]
 pub struct SegmentTable {
     map: RwLock<HashMap<SegmentId, (Arc<MappedRegion>, u64)>>,
+    disks: RwLock<HashMap<SegmentId, (Arc<DiskFile>, u64)>>,
 }
 
 impl SegmentTable {
+    /// Starts serving the disk segment `file` as `id` (object area from
+    /// `base`); it takes no writes over the wire, only its store's copies.
+    pub fn insert_disk(&self, id: SegmentId, file: Arc<DiskFile>, base: u64) {
+        self.disks.write().insert(id, (file, base));
+    }
+
+    /// Stops serving the disk segment `id`.
+    pub fn remove_disk(&self, id: SegmentId) -> Option<Arc<DiskFile>> {
+        self.disks.write().remove(&id).map(|(f, _)| f)
+    }
+
+    /// The disk segment `id`, if served here.
+    pub fn get_disk(&self, id: SegmentId) -> Option<(Arc<DiskFile>, u64)> {
+        self.disks.read().get(&id).cloned()
+    }
+
+    /// Where segment `id`'s bytes are, if it is served here.
+    fn backing(&self, id: SegmentId) -> Option<Backing> {
+        if let Some((r, base)) = self.get(id) {
+            return Some(Backing::Memory(r, base));
+        }
+        self.get_disk(id).map(|(f, base)| Backing::Disk(f, base))
+    }
+
     /// Starts serving `region` as `id`; bytes below `base` (the segment's own
     /// superblock) are never written over the wire.
     pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>, base: u64) {
@@ -56,6 +84,42 @@ impl SegmentTable {
     }
 }
 
+/// A served segment's bytes, and the start of its object area.
+enum Backing {
+    Memory(Arc<MappedRegion>, u64),
+    Disk(Arc<DiskFile>, u64),
+}
+
+fn not_served(segment: SegmentId) -> KvError {
+    KvError::new(
+        Code::SegmentNotFound,
+        format!("segment {segment} not served here"),
+    )
+}
+
+/// Checks that `offset+len` lies in the object area `[base, size)`.
+fn in_object_area(offset: u64, len: u64, base: u64, size: u64) -> KvResult<()> {
+    if offset < base {
+        return Err(KvError::new(
+            Code::InvalidParams,
+            format!("offset {offset} is below the object area at {base}"),
+        ));
+    }
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(KvError::new(
+            Code::InvalidParams,
+            format!("range {offset}+{len} outside segment of {size} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Turns a disk error into the code callers see (a transfer failure: try
+/// another replica).
+fn disk_error(e: std::io::Error) -> KvError {
+    KvError::new(Code::TransferFail, format!("disk tier: {e}"))
+}
+
 fn region_for(
     table: &SegmentTable,
     segment: SegmentId,
@@ -63,46 +127,67 @@ fn region_for(
     len: u64,
 ) -> KvResult<Arc<MappedRegion>> {
     let (region, base) = table.get(segment).ok_or_else(|| {
-        KvError::new(
-            Code::SegmentNotFound,
-            format!("segment {segment} not served here"),
-        )
+        if table.get_disk(segment).is_some() {
+            KvError::new(
+                Code::InvalidParams,
+                format!("segment {segment} is a disk-tier segment: it takes no writes"),
+            )
+        } else {
+            not_served(segment)
+        }
     })?;
-    if offset < base {
-        return Err(KvError::new(
-            Code::InvalidParams,
-            format!("offset {offset} is below the object area at {base}"),
-        ));
-    }
-    if !region.contains(offset, len) {
-        return Err(KvError::new(
-            Code::InvalidParams,
-            format!(
-                "range {offset}+{len} outside segment of {} bytes",
-                region.len()
-            ),
-        ));
-    }
+    in_object_area(offset, len, base, region.len())?;
     Ok(region)
 }
 
-/// Serves reads and writes of `table`'s segments until `shutdown`, asking
-/// peers for a key of `keyring` when set; a client's read or write must
-/// then carry the master's grant for it. A request being served when the
-/// token fires is finished first.
+/// Reads `len` bytes at `offset` of `segment`: a region of mapped memory,
+/// or bytes read from a disk segment on the blocking pool.
+async fn read_for(
+    table: &SegmentTable,
+    segment: SegmentId,
+    offset: u64,
+    len: u64,
+) -> KvResult<Reply> {
+    match table.backing(segment).ok_or_else(|| not_served(segment))? {
+        Backing::Memory(region, base) => {
+            in_object_area(offset, len, base, region.len())?;
+            Ok(Reply::Region(region, offset, len))
+        }
+        Backing::Disk(file, base) => {
+            in_object_area(offset, len, base, file.len())?;
+            let slot = file.slot().await;
+            let read = tokio::task::spawn_blocking(move || {
+                let r = file.read(offset, len);
+                drop(slot);
+                r
+            })
+            .await
+            .map_err(|e| KvError::new(Code::InternalError, e.to_string()))?
+            .map_err(disk_error)?;
+            Ok(Reply::Disk(read))
+        }
+    }
+}
+
+/// Serves reads and writes of `table`'s segments until `shutdown`,
+/// authenticating peers under `security`; with a key, a client's read or
+/// write must carry the master's grant for it. A request being served when
+/// the token fires is finished first.
 pub async fn serve_data(
     listener: TcpListener,
     table: Arc<SegmentTable>,
     limits: Limits,
-    keyring: Option<Credentials>,
+    security: Security,
     shutdown: CancellationToken,
 ) {
-    let grants = keyring.as_ref().and_then(CapabilityKey::new).map(Arc::new);
+    let grants = (security.credentials.as_ref())
+        .and_then(CapabilityKey::new)
+        .map(Arc::new);
     serve_framed(
         listener,
         "store",
         limits,
-        keyring,
+        security,
         shutdown,
         move |mut conn, token| {
             let table = table.clone();
@@ -166,11 +251,30 @@ async fn data_conn(
                 Code::InvalidParams,
                 "only writes carry a payload",
             )),
-            (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
-                let range = (req.offset, req.len);
-                check(Capability::READ, req.segment, req.grant.as_ref(), range)?;
-                region_for(table, req.segment, req.offset, req.len).map(|r| Reply::Region(r, req))
-            }),
+            (FrameKind::Request, Opcode::Read) => match msg::decode::<ReadReq>(meta) {
+                Ok(req) => {
+                    let range = (req.offset, req.len);
+                    match check(Capability::READ, req.segment, req.grant.as_ref(), range) {
+                        Ok(()) => read_for(table, req.segment, req.offset, req.len).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            },
+            // Copies between a store's own segments are the master's.
+            (FrameKind::Request, Opcode::TierMove) if peer_role < Role::Store => Err(KvError::new(
+                Code::Unauthorized,
+                "only the master may move objects between tiers",
+            )),
+            (FrameKind::Request, Opcode::TierMove) => {
+                let req = TierMoveReq::batch_len(meta)
+                    .map_or(Ok(()), |n| check_batch("TierMove", n))
+                    .and_then(|()| msg::decode::<TierMoveReq>(meta));
+                match req {
+                    Ok(req) => Ok(Reply::Message(msg::encode(&tier_moves(table, req).await))),
+                    Err(e) => Err(e),
+                }
+            }
             // Destroying objects is the master's (which proves the store role).
             (FrameKind::Request, Opcode::Invalidate) if peer_role < Role::Store => Err(
                 KvError::new(Code::Unauthorized, "only the master may invalidate objects"),
@@ -179,8 +283,7 @@ async fn data_conn(
             (FrameKind::Request, Opcode::Invalidate) => InvalidateReq::batch_len(meta)
                 .map_or(Ok(()), |n| check_batch("Invalidate", n))
                 .and_then(|()| msg::decode::<InvalidateReq>(meta))
-                .and_then(|req| invalidate(table, &req))
-                .map(|n| Reply::Message(msg::encode(&n))),
+                .and_then(|req| invalidate(table, req)),
             _ => Err(KvError::new(
                 Code::NotSupported,
                 format!("{} is not served on the data plane", h.opcode.name()),
@@ -188,10 +291,15 @@ async fn data_conn(
         };
         match reply {
             Ok(Reply::Ack) => conn.send_response(&h, &[], &[]).await?,
-            Ok(Reply::Region(region, req)) => {
-                // SAFETY: range checked by region_for.
-                let src = unsafe { region.slice(req.offset, req.len) };
+            Ok(Reply::Region(region, offset, len)) => {
+                // SAFETY: range checked by read_for.
+                let src = unsafe { region.slice(offset, len) };
                 conn.send_response(&h, &[], &[src]).await?;
+            }
+            Ok(Reply::Disk(read)) => conn.send_response(&h, &[], &[read.bytes()]).await?,
+            Ok(Reply::Pending(answer)) => {
+                let m = answer.await;
+                conn.send_response(&h, &m, &[]).await?;
             }
             Ok(Reply::Message(m)) => conn.send_response(&h, &m, &[]).await?,
             Err(e) => {
@@ -208,24 +316,146 @@ async fn data_conn(
 enum Reply {
     /// A write landed: an empty response.
     Ack,
-    /// The bytes of a region, sent straight from segment memory.
-    Region(Arc<MappedRegion>, ReadReq),
+    /// The bytes of a region (offset, length), sent straight from segment memory.
+    Region(Arc<MappedRegion>, u64, u64),
+    /// Bytes read from a disk segment.
+    Disk(DiskRead),
     /// An encoded response message.
     Message(Vec<u8>),
+    /// An encoded response message still being worked out (disk I/O).
+    Pending(std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>>),
 }
 
-fn invalidate(table: &SegmentTable, req: &InvalidateReq) -> KvResult<u64> {
-    let (region, _) = table.get(req.segment).ok_or_else(|| {
+/// Destroys the objects `req` names, on memory at once or on disk on the
+/// blocking pool; answers how many were destroyed.
+fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
+    Ok(
+        match table
+            .backing(req.segment)
+            .ok_or_else(|| not_served(req.segment))?
+        {
+            Backing::Memory(region, _) => {
+                let n = req
+                    .regions
+                    .iter()
+                    .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
+                    .count() as u64;
+                Reply::Message(msg::encode(&n))
+            }
+            Backing::Disk(file, _) => Reply::Pending(Box::pin(async move {
+                let slot = file.slot().await;
+                let n = tokio::task::spawn_blocking(move || {
+                    let n = req
+                        .regions
+                        .iter()
+                        .filter(|(off, gen)| file.invalidate(*off, *gen).unwrap_or(false))
+                        .count() as u64;
+                    drop(slot);
+                    n
+                })
+                .await
+                .unwrap_or(0);
+                msg::encode(&n)
+            })),
+        },
+    )
+}
+
+/// Copies of one request run at once on the blocking pool: the master
+/// keeps a few requests in flight, which keeps the device busy without a
+/// thread per copy.
+const MOVES_AT_ONCE: usize = 8;
+
+/// Runs a batch of copies between this store's segments, several at a
+/// time on the blocking pool; one code per move (0: copied).
+async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
+    let mut out = Vec::with_capacity(req.moves.len());
+    for group in req.moves.chunks(MOVES_AT_ONCE) {
+        let mut jobs = Vec::with_capacity(group.len());
+        for &m in group {
+            let (from, to) = (table.backing(m.from), table.backing(m.to));
+            // The disk side's queue depth bounds copies too.
+            let disk = [&from, &to].into_iter().find_map(|b| match b {
+                Some(Backing::Disk(f, _)) => Some(f.clone()),
+                _ => None,
+            });
+            let slot = match disk {
+                Some(f) => Some(f.slot().await),
+                None => None,
+            };
+            jobs.push(tokio::task::spawn_blocking(move || {
+                let r = tier_move(from, to, &m);
+                drop(slot);
+                r
+            }));
+        }
+        for j in jobs {
+            out.push(match j.await {
+                Ok(Ok(())) => 0,
+                Ok(Err(e)) => {
+                    debug!(error = %e, "tier move failed");
+                    e.code.as_i32()
+                }
+                Err(_) => Code::InternalError.as_i32(),
+            });
+        }
+    }
+    out
+}
+
+/// Copies one object between a memory and a disk segment of this store,
+/// checking first that the source still holds that generation. The copy's
+/// header is written last on either side.
+fn tier_move(from: Option<Backing>, to: Option<Backing>, m: &TierMove) -> KvResult<()> {
+    let gone = || KvError::new(Code::SegmentNotFound, "segment not served here");
+    let (from, to) = (from.ok_or_else(gone)?, to.ok_or_else(gone)?);
+    let stale = || {
         KvError::new(
-            Code::SegmentNotFound,
-            format!("segment {} not served here", req.segment),
+            Code::ObjectNotFound,
+            format!(
+                "no object of generation {} at {}",
+                m.generation, m.from_offset
+            ),
         )
-    })?;
-    Ok(req
-        .regions
-        .iter()
-        .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
-        .count() as u64)
+    };
+    // The whole copy is verified (header, generation, checksum) before it is
+    // made durable: an object rewritten during the copy is refused, never torn.
+    let holds = |bytes: &[u8]| kvpool_format::scan::intact(bytes, m.generation);
+    match (from, to) {
+        (Backing::Memory(src, sb), Backing::Disk(dst, db)) => {
+            in_object_area(m.from_offset, m.len, sb, src.len())?;
+            in_object_area(m.to_offset, m.len, db, dst.len())?;
+            // SAFETY: in range (checked above); the master froze this object
+            // for the move (no writer owns its region).
+            let bytes = unsafe { src.slice(m.from_offset, m.len) };
+            match dst.write_object(m.to_offset, bytes, holds) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(stale()),
+                Err(e) => Err(disk_error(e)),
+            }
+        }
+        (Backing::Disk(src, sb), Backing::Memory(dst, db)) => {
+            in_object_area(m.from_offset, m.len, sb, src.len())?;
+            in_object_area(m.to_offset, m.len, db, dst.len())?;
+            let read = src.read(m.from_offset, m.len).map_err(disk_error)?;
+            let bytes = read.bytes();
+            if !holds(bytes) {
+                return Err(stale());
+            }
+            // SAFETY: in range (checked above); the master reserved this
+            // region for the move alone.
+            let out = unsafe { dst.slice_mut(m.to_offset, m.len) };
+            // Header last: a torn copy fails its header check on a scan.
+            let split = FIXED_LEN.min(bytes.len());
+            out[split..].copy_from_slice(&bytes[split..]);
+            out[..split].copy_from_slice(&bytes[..split]);
+            Ok(())
+        }
+        _ => Err(KvError::new(
+            Code::InvalidParams,
+            "a tier move goes between a memory and a disk segment",
+        )),
+    }
 }
 
 /// Destroys the object at `offset` of `region` if its header still carries
@@ -384,7 +614,7 @@ pub async fn read_regions_shared<'a, T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvpool_net::conn::accept_handshake;
+    use kvpool_net::conn::accept;
 
     async fn server() -> (String, Arc<SegmentTable>, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -400,7 +630,7 @@ mod tests {
             listener,
             table.clone(),
             Limits::default(),
-            None,
+            Security::default(),
             token.clone(),
         ));
         (addr, table, token)
@@ -498,8 +728,7 @@ mod tests {
         let hangs_up = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             let (stream, _) = listener.accept().await.unwrap();
-            let mut conn = FramedConn::from_stream(stream, Limits::default()).unwrap();
-            accept_handshake(&mut conn, "test", None).await;
+            accept(stream, "test", Limits::default(), &Security::default()).await;
         });
         let mut c = FramedConn::connect(&hangs_up, "test", Limits::default())
             .await

@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// Transport for object bytes: tcp, shm (same host), or auto.
     #[arg(long, default_value = "auto")]
     pub protocol: String,
+    /// Calls per second over all workers, evenly paced (0: as fast as they
+    /// go), to measure latency at a load the pool sustains.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
     #[command(flatten)]
     pub security: crate::cli::SecurityArgs,
 }
@@ -164,6 +168,10 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
         "the pool has no segments mounted"
     );
     anyhow::ensure!(a.keys != Some(0), "--keys must be at least 1");
+    anyhow::ensure!(
+        a.rate.is_finite() && a.rate >= 0.0,
+        "--rate must be a number of calls per second, or 0"
+    );
     // A fixed keyspace is shared across runs; a moving one is this run's own.
     let run = match a.keys {
         Some(_) => a.prefix.clone(),
@@ -278,11 +286,21 @@ async fn phase(
         let space = space.clone();
         let rc = rc.clone();
         let batch = a.batch;
+        // Each worker's share of the rate, staggered so calls spread evenly.
+        let pace = (a.rate > 0.0).then(|| Duration::from_secs_f64(a.concurrency as f64 / a.rate));
+        let mut next = tokio::time::Instant::now()
+            + pace.map_or(Duration::ZERO, |p| {
+                p.mul_f64(w as f64 / a.concurrency as f64)
+            });
         workers.push(tokio::spawn(async move {
             let value: Vec<u8> = (0..size).map(|i| (i as u8) ^ (w as u8)).collect();
             let mut bufs: Vec<Vec<u8>> = (0..batch).map(|_| vec![0u8; size as usize]).collect();
             let mut local = Histogram::<u64>::new(3).expect("valid histogram precision");
             while Instant::now() < deadline {
+                if let Some(pace) = pace {
+                    tokio::time::sleep_until(next).await;
+                    next += pace;
+                }
                 let t = Instant::now();
                 match op {
                     Op::Put => {

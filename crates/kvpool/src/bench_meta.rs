@@ -181,6 +181,7 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
             base: 4096,
             size,
             path: None,
+            tier: Default::default(),
         };
         st.mount(client, info, 0, now)
             .map_err(|e| anyhow::anyhow!("mount: {e}"))?;

@@ -9,7 +9,8 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use kvpool_master::http::HttpLimits;
 use kvpool_master::{ClientLimits, MasterConfig, StateConfig};
 use kvpool_net::auth::{Credentials, Security};
-use kvpool_proto::msg::ClusterStatus;
+use kvpool_net::tls::TlsFiles;
+use kvpool_proto::msg::{ClusterStatus, Tier};
 use kvpool_proto::units::{parse_duration, parse_size};
 
 /// kvpool: a distributed KV-cache pool for LLM inference.
@@ -50,9 +51,34 @@ pub enum Command {
     /// Fill the master's metadata in this process (no stores, no data) and
     /// print memory per object and latency as the key count grows.
     BenchMeta(crate::bench_meta::BenchMetaArgs),
+    /// Run a KV-cache reuse workload (Zipf or multi-turn) and print the hit
+    /// rate and read latency by tier.
+    BenchReuse(crate::bench_reuse::BenchReuseArgs),
     /// Make a cluster secret, or derive a role's key from one.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// Make TLS certificates for a pool.
+    #[command(subcommand)]
+    Tls(TlsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TlsCommand {
+    /// Write a new private CA (`ca.pem`, `ca.key`) and a certificate and
+    /// key per `--cert` (`NAME.pem`, `NAME.key`) into a directory; keys
+    /// are 0600, nothing is overwritten. Each certificate serves and
+    /// authenticates as a client. For trying TLS and for tests: production
+    /// usually brings its own PKI.
+    New {
+        /// Directory to write into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// A certificate to issue: `NAME=SAN,SAN,...` (IP addresses or DNS
+        /// names its host is reached by), or `NAME` alone for 127.0.0.1,
+        /// ::1 and localhost. Repeat for each host.
+        #[arg(long = "cert", default_value = "node")]
+        certs: Vec<crate::tls_cmd::CertSpec>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -81,7 +107,8 @@ pub enum SecretCommand {
     },
 }
 
-/// Authentication flags, shared by every command that serves or connects.
+/// Authentication and TLS flags, shared by every command that serves or
+/// connects.
 #[derive(Args, Debug, Clone, Default)]
 pub struct SecurityArgs {
     /// File holding the cluster secret or a role key (`kvpool secret new`,
@@ -94,19 +121,38 @@ pub struct SecurityArgs {
     #[arg(long, env = "KVPOOL_INSECURE", num_args = 0..=1, default_missing_value = "true",
           default_value_t = false, action = ArgAction::Set)]
     pub insecure: bool,
+    /// CA bundle (PEM) that peers' certificates must chain to; turns TLS
+    /// on for every connection this process makes and serves.
+    #[arg(long, env = "KVPOOL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This process's certificate chain (PEM): served to peers, and shown
+    /// as a client certificate (stores and admins need one over TLS).
+    #[arg(long, env = "KVPOOL_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "KVPOOL_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Serving: turn away every peer without a client certificate.
+    #[arg(long, env = "KVPOOL_TLS_REQUIRE_CLIENT_CERT", num_args = 0..=1,
+          default_missing_value = "true", default_value_t = false, action = ArgAction::Set)]
+    pub tls_require_client_cert: bool,
 }
 
 impl SecurityArgs {
-    /// The security these flags (or KVPOOL_SECRET) describe.
+    /// The security these flags (or KVPOOL_SECRET) describe, with TLS
+    /// files read and checked.
     pub fn to_security(&self) -> anyhow::Result<Security> {
         let credentials = match &self.secret_file {
             Some(path) => Some(Credentials::load(path)?),
             None => Credentials::from_env()?,
         };
-        Ok(Security {
-            credentials,
-            insecure: self.insecure,
-        })
+        let tls = TlsFiles {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            require_client_cert: self.tls_require_client_cert,
+        };
+        Ok(Security::new(credentials, self.insecure, &tls)?)
     }
 }
 
@@ -181,6 +227,14 @@ pub struct MasterArgs {
         default_value_t = 0.05
     )]
     pub eviction_ratio: f64,
+    /// Memory of stores with a disk tier is kept below this fraction of
+    /// capacity by moving least recently used objects to disk.
+    #[arg(long, env = "KVPOOL_DEMOTE_WATERMARK", default_value_t = 0.9)]
+    pub demote_watermark: f64,
+    /// Move an object read twice while on a disk tier back to memory.
+    #[arg(long, env = "KVPOOL_PROMOTE_ON_READ", num_args = 0..=1, default_missing_value = "true",
+          default_value_t = true, action = ArgAction::Set)]
+    pub promote_on_read: bool,
     /// Silence after which a client is dropped and a store becomes suspect
     /// (bare number: seconds).
     #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = parse_duration)]
@@ -293,6 +347,8 @@ impl MasterArgs {
                 soft_pin_ttl: self.default_kv_soft_pin_ttl,
                 high_watermark: self.eviction_high_watermark_ratio,
                 eviction_ratio: self.eviction_ratio,
+                demote_watermark: self.demote_watermark,
+                promote: self.promote_on_read,
                 client_ttl: self.client_ttl,
                 store_grace: self.store_grace,
                 pending_ttl: self.put_timeout,
@@ -331,6 +387,8 @@ pub struct StoreArgs {
     #[arg(long, env = "KVPOOL_SHUTDOWN_GRACE", default_value = "1s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
     #[command(flatten)]
+    pub disk: DiskArgs,
+    #[command(flatten)]
     pub security: SecurityArgs,
     /// Connections one peer IP address may hold on the data port (0: no
     /// per-address cap; the port takes 8192 in all).
@@ -350,7 +408,40 @@ impl StoreArgs {
             port: self.port,
             name: self.name.clone(),
             shutdown_grace: self.shutdown_grace,
+            disk_dir: self.disk.disk_dir()?,
+            disk_size: self.disk.disk_size,
+            disk_queue_depth: self.disk.disk_queue_depth,
         })
+    }
+}
+
+/// The disk tier of a storage node.
+#[derive(Args, Debug, Clone)]
+pub struct DiskArgs {
+    /// Directory on a local SSD for the disk tier: objects memory must make
+    /// room for move there instead of being dropped (needs --disk-size).
+    #[arg(long, env = "KVPOOL_DISK_DIR")]
+    pub disk_dir: Option<PathBuf>,
+    /// Bytes of disk tier, e.g. 100GiB.
+    #[arg(long, env = "KVPOOL_DISK_SIZE", default_value = "0", value_parser = parse_size)]
+    pub disk_size: u64,
+    /// I/O requests kept in flight to the disk tier at most (reads, copies).
+    #[arg(long, env = "KVPOOL_DISK_QUEUE_DEPTH", default_value_t = kvpool_transfer::disk::QUEUE_DEPTH)]
+    pub disk_queue_depth: usize,
+}
+
+impl DiskArgs {
+    /// The disk directory, checked against the size.
+    pub fn disk_dir(&self) -> anyhow::Result<Option<PathBuf>> {
+        match (&self.disk_dir, self.disk_size) {
+            (None, 0) => Ok(None),
+            (None, _) => anyhow::bail!("--disk-size needs --disk-dir"),
+            (Some(_), 0) => anyhow::bail!("--disk-dir needs --disk-size (e.g. 100GiB)"),
+            (Some(_), _) if self.disk_queue_depth == 0 => {
+                anyhow::bail!("--disk-queue-depth must be at least 1")
+            }
+            (Some(d), _) => Ok(Some(d.clone())),
+        }
     }
 }
 
@@ -364,6 +455,8 @@ pub struct UpArgs {
     /// Directory of the built-in storage node's segment file.
     #[arg(long, env = "KVPOOL_DATA_DIR", default_value = "/dev/shm/kvpool-up")]
     pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub disk: DiskArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -398,7 +491,8 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
     security: &SecurityArgs,
     req: &R,
 ) -> anyhow::Result<R::Response> {
-    let addr = kvpool_net::etcd::MasterAddr::parse(master)?
+    let security = security.to_security()?;
+    let addr = kvpool_net::etcd::MasterAddr::parse(master, &security)?
         .resolve()
         .await?;
     let pool = kvpool_net::ConnPool::new(
@@ -408,7 +502,7 @@ pub async fn call_master<R: kvpool_proto::msg::Rpc>(
         Duration::from_secs(5),
         1,
     )
-    .with_credentials(security.to_security()?.credentials);
+    .with_security(security);
     Ok(tokio::time::timeout(Duration::from_secs(5), pool.call(req))
         .await
         .map_err(|_| anyhow::anyhow!("master {master} did not answer within 5s"))??)
@@ -463,20 +557,76 @@ pub fn format_status(master: &str, s: &ClusterStatus) -> String {
         s.clients,
         s.evictions
     );
+    let disks: Vec<_> = s
+        .segments
+        .iter()
+        .filter(|x| x.info.tier == Tier::Disk)
+        .collect();
+    if !disks.is_empty() {
+        for tier in [Tier::Memory, Tier::Disk] {
+            let of = || s.segments.iter().filter(|x| x.info.tier == tier);
+            let (cap, used): (u64, u64) =
+                (of().map(|x| x.info.size).sum(), of().map(|x| x.used).sum());
+            let objects: u64 = of().map(|x| x.regions).sum();
+            let pct = if cap > 0 {
+                100.0 * used as f64 / cap as f64
+            } else {
+                0.0
+            };
+            out.push_str(&format!(
+                "{} tier: {} of {} ({pct:.1}%), {objects} objects\n",
+                tier.name(),
+                human(used),
+                human(cap)
+            ));
+        }
+        out.push_str(&format!(
+            "demotions: {}\npromotions: {}\n",
+            s.demotions, s.promotions
+        ));
+    }
     if !s.segments.is_empty() {
         out.push_str(&format!(
-            "\n{:<24} {:<22} {:>10} {:>10} {:>8} {:<10}\n",
-            "SEGMENT", "ENDPOINT", "SIZE", "USED", "REGIONS", "STATE"
+            "\n{:<24} {:<6} {:<22} {:>10} {:>10} {:>8} {:<10}\n",
+            "SEGMENT", "TIER", "ENDPOINT", "SIZE", "USED", "REGIONS", "STATE"
         ));
         for seg in &s.segments {
             out.push_str(&format!(
-                "{:<24} {:<22} {:>10} {:>10} {:>8} {:<10}\n",
+                "{:<24} {:<6} {:<22} {:>10} {:>10} {:>8} {:<10}\n",
                 seg.info.name,
+                seg.info.tier.name(),
                 seg.info.endpoint,
                 human(seg.info.size),
                 human(seg.used),
                 seg.regions,
                 seg.state
+            ));
+        }
+    }
+    let io: Vec<_> = disks
+        .iter()
+        .filter_map(|d| d.io.map(|io| (d, io)))
+        .collect();
+    if !io.is_empty() {
+        out.push_str(&format!(
+            "\n{:<24} {:>10} {:>10} {:>9} {:>10} {:>10} {:>9} {:>6}\n",
+            "DISK I/O", "READS", "READ", "AVG READ", "WRITES", "WRITTEN", "AVG WRITE", "ERRORS"
+        ));
+        let avg = |us: u64, ops: u64| match ops {
+            0 => "-".to_string(),
+            n => format!("{} us", us / n),
+        };
+        for (d, io) in io {
+            out.push_str(&format!(
+                "{:<24} {:>10} {:>10} {:>9} {:>10} {:>10} {:>9} {:>6}\n",
+                d.info.name,
+                io.read_ops,
+                human(io.read_bytes),
+                avg(io.read_us, io.read_ops),
+                io.write_ops,
+                human(io.write_bytes),
+                avg(io.write_us, io.write_ops),
+                io.errors
             ));
         }
     }

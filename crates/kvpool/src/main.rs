@@ -4,7 +4,9 @@
 
 mod bench;
 mod bench_meta;
+mod bench_reuse;
 mod cli;
+mod tls_cmd;
 
 use std::process::ExitCode;
 
@@ -86,7 +88,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mcfg_security = kvpool_net::auth::Security {
                 credentials: (mcfg.security.credentials.as_ref())
                     .and_then(|c| c.derive(kvpool_net::auth::Role::Store)),
-                insecure: mcfg.security.insecure,
+                ..mcfg.security.clone()
             };
             mcfg.metrics_address = mcfg.rpc_address.clone();
             let master = kvpool_master::start(mcfg, shutdown.clone()).await?;
@@ -99,6 +101,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 name: None,
                 shutdown_grace: std::time::Duration::ZERO,
                 security: mcfg_security,
+                disk_dir: u.disk.disk_dir()?,
+                disk_size: u.disk.disk_size,
+                disk_queue_depth: u.disk.disk_queue_depth,
             };
             let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
             println!(
@@ -141,6 +146,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::BenchMeta(b) => tokio::task::block_in_place(|| bench_meta::run(b))?,
+        Command::BenchReuse(b) => {
+            if !bench_reuse::run(b).await? {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Secret(cli::SecretCommand::New { out }) => {
             let secret = kvpool_net::auth::new_cluster_secret();
             match out {
@@ -150,6 +160,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("cluster secret written to {}", path.display());
                 }
             }
+        }
+        Command::Tls(cli::TlsCommand::New { out, certs }) => {
+            tls_cmd::new_pki(&out, &certs)?;
+            let names: Vec<String> = certs.iter().map(|c| format!("{c}")).collect();
+            println!(
+                "CA and certificates for {} written to {}",
+                names.join(", "),
+                out.display()
+            );
         }
         Command::Secret(cli::SecretCommand::Token { security }) => {
             let own = security.to_security()?.credentials.ok_or_else(|| {

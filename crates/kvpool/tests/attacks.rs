@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, run_kvpool, Cluster, Process};
 use kvpool_client::ReplicateConfig;
-use kvpool_net::auth::{Credentials, Role};
+use kvpool_net::auth::{Credentials, Role, Security};
 use kvpool_net::conn::{HANDSHAKE_TIMEOUT, MAX_HELLO, PROGRESS_TIMEOUT};
 use kvpool_net::{CallPolicy, FramedConn, MasterLink};
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode, MIN_PROTOCOL_VERSION};
@@ -205,7 +205,7 @@ fn link_as(cluster: &Cluster, key: Option<Credentials>) -> std::sync::Arc<Master
         "attacker",
         "attacker",
         CallPolicy::default(),
-        key,
+        Security::with_key(key),
     )
     .expect("link")
 }
@@ -236,10 +236,15 @@ async fn without_a_key_of_the_cluster_nothing_is_answered() {
         // Another cluster's key, at every role: refused.
         for role in Role::ALL {
             let key = stranger.derive(role).expect("derive");
-            let e = FramedConn::connect_with(addr, "attacker", Limits::default(), Some(&key))
-                .await
-                .err()
-                .unwrap_or_else(|| panic!("{name}: connected with a stranger's {role} key"));
+            let e = FramedConn::connect_with(
+                addr,
+                "attacker",
+                Limits::default(),
+                &Security::with_key(Some(key.clone())),
+            )
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{name}: connected with a stranger's {role} key"));
             assert_eq!(e.code, Code::Unauthorized, "{name} {role}: {e}");
         }
         // Skipping the proof: the first request after Hello is refused and
@@ -313,6 +318,7 @@ async fn each_role_does_only_what_it_may() {
             base: 4096,
             size: 64 << 30,
             path: None,
+            tier: Default::default(),
         },
         objects: 0,
         scan_age_ms: 0,
@@ -330,7 +336,7 @@ async fn each_role_does_only_what_it_may() {
         &seg.endpoint,
         "attacker",
         Limits::default(),
-        Some(&client_key),
+        &Security::with_key(Some(client_key.clone())),
     )
     .await
     .expect("a client key opens the data plane");
@@ -463,10 +469,15 @@ async fn no_secret_means_loopback_only_and_a_keyed_client_refuses_it() {
     .await;
     // A process holding a key does not trust a server that proves none.
     let key = Credentials::parse("our cluster secret, long enough").expect("secret");
-    let e = FramedConn::connect_with(&addr, "client", Limits::default(), Some(&key))
-        .await
-        .err()
-        .expect("a keyed client talked to an unauthenticated server");
+    let e = FramedConn::connect_with(
+        &addr,
+        "client",
+        Limits::default(),
+        &Security::with_key(Some(key.clone())),
+    )
+    .await
+    .err()
+    .expect("a keyed client talked to an unauthenticated server");
     assert_eq!(e.code, Code::Unauthorized, "{e}");
 }
 
@@ -653,7 +664,7 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
         &rep.endpoint,
         "attacker",
         Limits::default(),
-        Some(&client_key),
+        &Security::with_key(Some(client_key.clone())),
     )
     .await
     .expect("a client key opens the data plane");

@@ -20,7 +20,7 @@ use xxhash_rust::xxh3::xxh3_64;
 pub use crate::field_path::check_field_path;
 use crate::field_path::subscript;
 pub use crate::naming::{instance_host, instance_name, service_name};
-use crate::spec::{Container, Group, LABEL_GROUP, LABEL_ROLE};
+use crate::spec::{Container, Group, Objects, Pattern, LABEL_GROUP, LABEL_ROLE};
 
 /// Largest instance index the local address scheme can give an address.
 pub const MAX_LOCAL_INDEX: u32 = 254;
@@ -72,12 +72,55 @@ pub struct InstanceFacts {
     pub config_path: String,
     /// Host directory of each volume mount path, for path rewriting.
     pub mounts: Vec<(String, String)>,
+    /// The Pod's suffix after `g-r-i` (`""`, `-1`, `-<component>-0`).
+    pub pod_suffix: String,
+    /// Variables the pattern injects (leader address, worker index, ...),
+    /// before the container's own env; group host names are rewritten.
+    pub pattern_env: Vec<(String, String)>,
+    /// ConfigMaps and Secrets env entries can read.
+    pub objects: Objects,
 }
 
 impl InstanceFacts {
-    /// Instance name `g-r-i`.
+    /// Pod name `g-r-i` (plus the Pod's suffix in a multi-Pod instance).
     pub fn name(&self) -> String {
-        instance_name(&self.group, &self.role, self.index)
+        format!(
+            "{}{}",
+            instance_name(&self.group, &self.role, self.index),
+            self.pod_suffix
+        )
+    }
+}
+
+/// The variables a Pod of a multi-Pod instance gets, as upstream sets them:
+/// `LWS_LEADER_ADDRESS` (`g-r-i.s-g-r.ns`), `LWS_GROUP_SIZE`,
+/// `LWS_WORKER_INDEX` for leader-worker roles; `RBG_COMPONENT_NAME` and
+/// `RBG_COMPONENT_INDEX` for custom components.
+pub fn pattern_env(group: &Group, role: &str, index: u32, pod: usize) -> Vec<(String, String)> {
+    let Some(r) = group.role(role) else {
+        return Vec::new();
+    };
+    let Some(slot) = r.pods.get(pod) else {
+        return Vec::new();
+    };
+    match r.pattern {
+        Pattern::Standalone => Vec::new(),
+        Pattern::LeaderWorker { size } => vec![
+            (
+                "LWS_LEADER_ADDRESS".into(),
+                format!(
+                    "{}.{}",
+                    instance_host(&group.name, role, index),
+                    group.namespace
+                ),
+            ),
+            ("LWS_GROUP_SIZE".into(), size.to_string()),
+            ("LWS_WORKER_INDEX".into(), slot.ordinal.to_string()),
+        ],
+        Pattern::CustomComponents => vec![
+            ("RBG_COMPONENT_NAME".into(), slot.component.clone()),
+            ("RBG_COMPONENT_INDEX".into(), slot.ordinal.to_string()),
+        ],
     }
 }
 
@@ -247,11 +290,14 @@ pub fn rewrite_paths(s: &str, mounts: &[(String, String)]) -> String {
 }
 
 /// Every host name of the group that resolves locally, with its address:
-/// `g-r-i.s-g-r` (also with `.ns`, `.ns.svc`, `.ns.svc.cluster.local`) and
-/// `s-g-r` (instance 0's address). `address(role, index)` gives addresses.
+/// `g-r-i.s-g-r` and, for the other Pods of a multi-Pod instance,
+/// `g-r-i<suffix>.s-g-r` (each also with `.ns`, `.ns.svc`,
+/// `.ns.svc.cluster.local`); `s-g-r` and the Services of the file that
+/// select the role (instance 0's leader address). `address(role, index,
+/// pod)` gives addresses.
 pub fn host_table(
     group: &Group,
-    address: &dyn Fn(&str, u32) -> Option<Ipv4Addr>,
+    address: &dyn Fn(&str, u32, usize) -> Option<Ipv4Addr>,
 ) -> Vec<(String, String)> {
     let ns = &group.namespace;
     let suffixes = [
@@ -264,16 +310,29 @@ pub fn host_table(
     for r in &group.roles {
         let svc = service_name(&group.name, &r.name);
         for i in 0..r.replicas.max(1) {
-            let Some(ip) = address(&r.name, i) else {
-                continue;
-            };
-            let host = instance_host(&group.name, &r.name, i);
-            for s in &suffixes {
-                out.push((format!("{host}{s}"), ip.to_string()));
-            }
-            if i == 0 {
+            for (p, slot) in r.pods.iter().enumerate() {
+                let Some(ip) = address(&r.name, i, p) else {
+                    continue;
+                };
+                let host = format!(
+                    "{}{}.{svc}",
+                    instance_name(&group.name, &r.name, i),
+                    slot.suffix
+                );
                 for s in &suffixes {
-                    out.push((format!("{svc}{s}"), ip.to_string()));
+                    out.push((format!("{host}{s}"), ip.to_string()));
+                }
+                if i == 0 && p == 0 {
+                    for s in &suffixes {
+                        out.push((format!("{svc}{s}"), ip.to_string()));
+                    }
+                    for (name, role) in &group.objects.services {
+                        if role == &r.name {
+                            for s in &suffixes {
+                                out.push((format!("{name}{s}"), ip.to_string()));
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -312,6 +371,34 @@ pub fn launch(
         ("RBG_ROLE_INDEX".into(), index),
         ("RBG_CONFIG".into(), f.config_path.clone()),
     ];
+    for (k, v) in &f.pattern_env {
+        env.push((k.clone(), rewrite_hosts(v, hosts)));
+    }
+    // envFrom first: the container's own env entries override it.
+    for src in &c.env_from {
+        let prefix = src.prefix.clone().unwrap_or_default();
+        let (what, r, data) = match (&src.config_map_ref, &src.secret_ref) {
+            (Some(r), _) => ("ConfigMap", r, f.objects.config_maps.get(&r.name)),
+            (None, Some(r)) => ("Secret", r, f.objects.secrets.get(&r.name)),
+            (None, None) => continue,
+        };
+        match data {
+            Some(data) => {
+                for (k, v) in data {
+                    let name = format!("{prefix}{k}");
+                    env.retain(|(x, _)| x != &name);
+                    env.push((name, v.clone()));
+                }
+            }
+            None if r.optional == Some(true) => {}
+            None => {
+                return Err(format!(
+                    "container {:?}: envFrom: {what} {:?} is not in the file",
+                    c.name, r.name
+                ))
+            }
+        }
+    }
     for e in &c.env {
         let value = if let Some(v) = &e.value {
             let known = env.clone();
@@ -326,12 +413,29 @@ pub fn launch(
         } else if let Some(fr) = e.value_from.as_ref().and_then(|s| s.field_ref.as_ref()) {
             resolve_field(&fr.field_path, f)
                 .map_err(|m| format!("container {:?}: env {:?}: {m}", c.name, e.name))?
-        } else if e.value_from.is_some() {
-            // configMapKeyRef, secretKeyRef, ...: reported at load time.
-            return Err(format!(
-                "container {:?}: env {:?}: only valueFrom.fieldRef is supported",
-                c.name, e.name
-            ));
+        } else if let Some(src) = &e.value_from {
+            let (what, k, data) = match (&src.config_map_key_ref, &src.secret_key_ref) {
+                (Some(k), _) => ("ConfigMap", k, &f.objects.config_maps),
+                (None, Some(k)) => ("Secret", k, &f.objects.secrets),
+                (None, None) => {
+                    // resourceFieldRef, fileKeyRef: reported at load time.
+                    return Err(format!(
+                        "container {:?}: env {:?}: only fieldRef, configMapKeyRef and secretKeyRef are supported",
+                        c.name, e.name
+                    ));
+                }
+            };
+            match data.get(&k.name).and_then(|d| d.get(&k.key)) {
+                Some(v) => v.clone(),
+                // Kubernetes leaves an optional variable unset.
+                None if k.optional == Some(true) => continue,
+                None => {
+                    return Err(format!(
+                        "container {:?}: env {:?}: {what} {:?} has no key {:?} in the file",
+                        c.name, e.name, k.name, k.key
+                    ))
+                }
+            }
         } else {
             String::new()
         };
@@ -519,6 +623,9 @@ mod tests {
             node_name: "n".into(),
             config_path: "/c".into(),
             mounts: vec![],
+            pod_suffix: String::new(),
+            pattern_env: vec![],
+            objects: Objects::default(),
         };
         assert_eq!(
             resolve_field("status.podIP", &f).as_deref(),

@@ -12,7 +12,8 @@ use rbg::runtime::control::{self, Request, Response};
 use rbg::runtime::images::ImageMap;
 use rbg::runtime::state::{default_state_dir, GroupDir, GroupStatus};
 
-/// rbg: run a RoleBasedGroup (workloads.x-k8s.io/v1alpha1) on this machine.
+/// rbg: run RoleBasedGroups (workloads.x-k8s.io v1alpha1/v1alpha2) on this
+/// machine, or reconcile them on Kubernetes (`rbg operator`).
 #[derive(Parser, Debug)]
 #[command(name = "rbg", version, about)]
 struct Cli {
@@ -42,6 +43,19 @@ enum Command {
     Down(GroupArg),
     /// Check a spec file: errors, unimplemented fields, levels, revisions.
     Validate(FileArg),
+    /// Print a v1alpha1 file in v1alpha2 (groups plus CoordinatedPolicies).
+    Convert(FileArg),
+    /// Print the CustomResourceDefinitions of the operator.
+    Crd,
+    /// Run the Kubernetes controller (in a cluster or with a kubeconfig).
+    Operator(OperatorArgs),
+}
+
+#[derive(Args, Debug)]
+struct OperatorArgs {
+    /// Only watch this namespace (default: all).
+    #[arg(long)]
+    namespace: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -95,9 +109,13 @@ struct ApplyArgs {
 struct StatusArgs {
     #[command(flatten)]
     group: GroupArg,
-    /// Print JSON instead of a table.
+    /// Print JSON instead of a table (same as `-o json`).
     #[arg(long)]
     json: bool,
+    /// Output: `table`, `json` (rbg's full status) or `yaml` (the group
+    /// object with its status as upstream reports it).
+    #[arg(short = 'o', long, default_value = "table")]
+    output: String,
 }
 
 #[derive(Args, Debug)]
@@ -158,11 +176,17 @@ fn read_spec(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
-/// Loads a spec, naming the file in any error.
-fn load(path: &Path) -> Result<(String, rbg::spec::Loaded)> {
+/// Loads every group of a file, naming the file in any error.
+fn load(path: &Path) -> Result<(String, rbg::spec::Bundle)> {
     let text = read_spec(path)?;
-    let loaded = rbg::spec::load(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    Ok((text, loaded))
+    let bundle = rbg::spec::load_all(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    if bundle.groups.is_empty() {
+        bail!(
+            "{}: the file holds no RoleBasedGroup (kind RoleBasedGroup or RoleBasedGroupSet)",
+            path.display()
+        );
+    }
+    Ok((text, bundle))
 }
 
 async fn dispatch(cli: Cli) -> Result<()> {
@@ -175,6 +199,12 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Rollout { command } => rollout(&state, command).await,
         Command::Down(g) => down(&state, g).await,
         Command::Validate(f) => validate(&f.file),
+        Command::Convert(f) => convert(&f.file),
+        Command::Crd => {
+            print!("{}", rbg::operator::crd_yaml()?);
+            Ok(())
+        }
+        Command::Operator(a) => rbg::operator::run(a.namespace).await,
     }
 }
 
@@ -184,24 +214,52 @@ fn images(path: Option<&Path>) -> Result<Option<ImageMap>> {
 }
 
 async fn up(state: &Path, a: UpArgs) -> Result<()> {
-    let (text, loaded) = load(&a.file.file)?;
-    let mut opts = rbg::runtime::Options::new(state.to_path_buf());
-    if let Some(m) = images(a.images.as_deref())? {
-        opts.images = m;
-    }
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    opts.backoff = Backoff {
-        base_ms: ms(a.backoff_base),
-        max_ms: ms(a.backoff_max),
+    let (text, bundle) = load(&a.file.file)?;
+    let names: Vec<String> = bundle.groups.iter().map(|l| l.group.name.clone()).collect();
+    let image_map = images(a.images.as_deref())?;
+    let many = names.len() > 1;
+    let opts = |name: &str| {
+        let mut opts = rbg::runtime::Options::new(state.to_path_buf());
+        if let Some(m) = &image_map {
+            opts.images = m.clone();
+        }
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        opts.backoff = Backoff {
+            base_ms: ms(a.backoff_base),
+            max_ms: ms(a.backoff_max),
+        };
+        opts.max_grace = a.max_grace;
+        // Several groups share the terminal: prefix each line with its group.
+        let prefix = if many {
+            format!("{name}: ")
+        } else {
+            String::new()
+        };
+        opts.report = Box::new(move |line| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{prefix}{line}");
+            let _ = out.flush();
+        });
+        opts
     };
-    opts.max_grace = a.max_grace;
-    opts.report = Box::new(|line| {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{line}");
-        let _ = out.flush();
-    });
-    drop(loaded);
-    rbg::runtime::run(&text, opts).await?;
+    if !many {
+        rbg::runtime::run(&text, None, opts(&names[0])).await?;
+        return Ok(());
+    }
+    // Every group of the file (a RoleBasedGroupSet gives several) runs
+    // under its own supervisor and control socket, on this one thread.
+    let runs = names
+        .iter()
+        .map(|n| rbg::runtime::run(&text, Some(n.as_str()), opts(n)));
+    let mut failed = Vec::new();
+    for (n, r) in names.iter().zip(futures::future::join_all(runs).await) {
+        if let Err(e) = r {
+            failed.push(format!("group {n}: {e}"));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
     Ok(())
 }
 
@@ -252,10 +310,17 @@ async fn fetch_status(dir: &GroupDir) -> Result<GroupStatus> {
 }
 
 async fn apply(state: &Path, a: ApplyArgs) -> Result<()> {
-    let (text, loaded) = load(&a.file.file)?;
-    let dir = GroupDir::new(state, &loaded.group.name);
+    let (text, bundle) = load(&a.file.file)?;
+    for loaded in &bundle.groups {
+        apply_one(state, &a, &text, &loaded.group.name).await?;
+    }
+    Ok(())
+}
+
+async fn apply_one(state: &Path, a: &ApplyArgs, text: &str, name: &str) -> Result<()> {
+    let dir = GroupDir::new(state, name);
     let req = Request::Apply {
-        spec: text,
+        spec: text.to_string(),
         images: images(a.images.as_deref())?,
     };
     let Response::Applied {
@@ -391,10 +456,12 @@ fn format_status(s: &GroupStatus) -> String {
 async fn status(state: &Path, a: StatusArgs) -> Result<()> {
     let dir = pick_group(state, a.group.group.as_deref()).await?;
     let s = fetch_status(&dir).await?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-    } else {
-        print!("{}", format_status(&s));
+    let output = if a.json { "json" } else { a.output.as_str() };
+    match output {
+        "json" => println!("{}", serde_json::to_string_pretty(&s)?),
+        "yaml" => print!("{}", serde_yaml::to_string(&upstream_object(&s))?),
+        "table" | "wide" => print!("{}", format_status(&s)),
+        o => bail!("-o {o:?}: use table, json or yaml"),
     }
     Ok(())
 }
@@ -537,8 +604,47 @@ fn logs(state: &Path, a: LogsArgs) -> Result<()> {
     }
 }
 
+/// The group object as `kubectl get rbg -o yaml` shows it upstream:
+/// apiVersion, kind, metadata and the upstream-shaped status.
+fn upstream_object(s: &GroupStatus) -> serde_json::Value {
+    let api = if s.api_version.is_empty() {
+        rbg::spec::API_V1ALPHA2
+    } else {
+        s.api_version.as_str()
+    };
+    serde_json::json!({
+        "apiVersion": api,
+        "kind": rbg::spec::KIND,
+        "metadata": {
+            "name": s.name,
+            "namespace": if s.namespace.is_empty() { "default" } else { s.namespace.as_str() },
+            "generation": s.generation,
+        },
+        "status": s.upstream,
+    })
+}
+
+fn convert(path: &Path) -> Result<()> {
+    let text = read_spec(path)?;
+    print!(
+        "{}",
+        rbg::spec::convert::convert_file(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?
+    );
+    Ok(())
+}
+
 fn validate(path: &Path) -> Result<()> {
-    let (_, loaded) = load(path)?;
+    let (_, bundle) = load(path)?;
+    for n in &bundle.notes {
+        println!("note: {n}");
+    }
+    for loaded in &bundle.groups {
+        validate_one(loaded);
+    }
+    Ok(())
+}
+
+fn validate_one(loaded: &rbg::spec::Loaded) {
     if let Err(m) = rbg::runtime::supervisor::check_local_limits(&loaded.group) {
         println!("local runtime: {m}");
     }
@@ -546,17 +652,24 @@ fn validate(path: &Path) -> Result<()> {
         println!("warning: {u}");
     }
     let g = &loaded.group;
-    println!("group {} is valid", g.name);
+    println!("group {} ({}) is valid", g.name, loaded.api_version);
     for (i, level) in rbg::planner::group_levels(g).iter().enumerate() {
         println!("  level {i}: {}", level.join(", "));
     }
     for r in &g.roles {
+        let pattern = match r.pattern {
+            rbg::spec::Pattern::Standalone => "standalone".to_string(),
+            rbg::spec::Pattern::LeaderWorker { size } => format!("leader-worker x{size}"),
+            rbg::spec::Pattern::CustomComponents => format!("{} components Pods", r.pods.len()),
+        };
         println!(
-            "  role {:<12} replicas {:<3} revision {}",
+            "  role {:<12} replicas {:<3} revision {}  {pattern}",
             r.name,
             r.replicas,
-            rbg::revision::revision(&r.template)
+            rbg::revision::role_revision(r)
         );
     }
-    Ok(())
+    for c in &g.coordination {
+        println!("  coordination {} over {}", c.name, c.roles.join(", "));
+    }
 }

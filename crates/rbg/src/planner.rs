@@ -70,6 +70,11 @@ pub struct DesiredRole {
     pub update: UpdatePolicy,
     /// What a crash triggers.
     pub restart_policy: RestartPolicy,
+    /// `podManagementPolicy: OrderedReady`: instance `i` is created only
+    /// once `0..i` are ready.
+    pub ordered: bool,
+    /// The role's own crash backoff (`restartPolicyConfig`), if any.
+    pub backoff: Option<Backoff>,
 }
 
 impl DesiredRole {
@@ -79,11 +84,16 @@ impl DesiredRole {
             name: r.name.clone(),
             replicas: r.replicas,
             dependencies: r.dependencies.clone(),
-            revision: revision::revision(&r.template),
-            shape: revision::shape(&r.template),
+            revision: revision::role_revision(r),
+            shape: revision::role_shape(r),
             current_revision: None,
             update: r.update,
             restart_policy: r.restart_policy,
+            ordered: r.ordered,
+            backoff: r.restart_delays.map(|(base, max)| Backoff {
+                base_ms: u64::from(base) * 1000,
+                max_ms: u64::from(max) * 1000,
+            }),
         }
     }
 }
@@ -236,6 +246,20 @@ pub enum Wait {
         index: u32,
         /// When it will be restarted.
         until: Millis,
+    },
+    /// An `InPlaceOnly` role's instance needs more than an image change;
+    /// it stays at its revision until the spec goes back to one that can
+    /// be reached in place.
+    InPlaceImpossible {
+        /// Role name.
+        role: String,
+        /// Instance index.
+        index: u32,
+    },
+    /// The role's rollout is paused (`rollingUpdate.paused`).
+    Paused {
+        /// Role name.
+        role: String,
     },
 }
 
@@ -464,7 +488,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 continue;
             }
             handled.insert((r.name.clone(), i.index));
-            let until = c.at.saturating_add(backoff.delay(c.streak));
+            let until =
+                c.at.saturating_add(r.backoff.unwrap_or(backoff).delay(c.streak));
             if now < until {
                 out.waiting.push(Wait::Backoff {
                     role: r.name.clone(),
@@ -525,7 +550,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             rollout_caps.get(&r.name).copied(),
             scaling_caps.get(&r.name).copied(),
             &handled,
-            &mut out.actions,
+            &mut out,
         );
     }
     out
@@ -539,7 +564,7 @@ fn plan_role(
     rollout_cap: Option<u32>,
     scaling_cap: Option<u32>,
     handled: &BTreeSet<(String, u32)>,
-    actions: &mut Vec<Action>,
+    out: &mut Plan,
 ) {
     let insts = instances(observed, &r.name);
     let by_index: BTreeMap<u32, &ObservedInstance> = insts.iter().map(|i| (i.index, i)).collect();
@@ -561,7 +586,9 @@ fn plan_role(
         .count();
     // Surge instances exist while old ones remain, and stay until the
     // updated ones are all ready (so availability never dips at the end).
-    let surge = if outdated > 0 || (pending > 0 && insts.iter().any(|i| i.index >= r.replicas)) {
+    let surge = if u.paused {
+        0
+    } else if outdated > 0 || (pending > 0 && insts.iter().any(|i| i.index >= r.replicas)) {
         max_surge
     } else {
         0
@@ -573,7 +600,7 @@ fn plan_role(
             continue;
         }
         if i.index >= r.replicas + surge || i.revision != r.revision {
-            actions.push(Action::Delete {
+            out.actions.push(Action::Delete {
                 role: r.name.clone(),
                 index: i.index,
             });
@@ -584,7 +611,16 @@ fn plan_role(
     let existing =
         u32::try_from(insts.iter().filter(|i| i.index < r.replicas).count()).unwrap_or(u32::MAX);
     let mut may_create = scaling_cap.map_or(u32::MAX, |c| c.saturating_sub(existing));
+    // Instances created now at the new revision count as updated: on
+    // Kubernetes a recreated instance is deleted first and created on a
+    // later pass, and must not make room for another one under maxSkew.
+    let mut created_updated = 0u32;
     for ix in 0..r.replicas {
+        if r.ordered && (0..ix).any(|lower| by_index.get(&lower).is_none_or(|i| !i.ready || i.busy))
+        {
+            // OrderedReady: nothing past the first instance not yet ready.
+            break;
+        }
         if by_index.contains_key(&ix) || may_create == 0 {
             continue;
         }
@@ -593,7 +629,10 @@ fn plan_role(
             Some(cur) if ix < partition => cur.clone(),
             _ => r.revision.clone(),
         };
-        actions.push(Action::Create {
+        if revision == r.revision {
+            created_updated += 1;
+        }
+        out.actions.push(Action::Create {
             role: r.name.clone(),
             index: ix,
             revision,
@@ -601,7 +640,7 @@ fn plan_role(
     }
     for ix in r.replicas..r.replicas + surge {
         if !by_index.contains_key(&ix) {
-            actions.push(Action::Create {
+            out.actions.push(Action::Create {
                 role: r.name.clone(),
                 index: ix,
                 revision: r.revision.clone(),
@@ -610,6 +649,12 @@ fn plan_role(
     }
 
     if outdated == 0 {
+        return;
+    }
+    if u.paused {
+        out.waiting.push(Wait::Paused {
+            role: r.name.clone(),
+        });
         return;
     }
     // Rolling update. Availability counts every ready instance, surge ones
@@ -623,7 +668,7 @@ fn plan_role(
     .unwrap_or(i64::MAX);
     let floor = i64::from(r.replicas) - i64::from(max_unavailable);
     let mut budget = ready_now - floor;
-    let mut updated = updated_count(r, observed);
+    let mut updated = updated_count(r, observed) + created_updated;
     for ix in (partition..r.replicas).rev() {
         let Some(i) = by_index.get(&ix) else { continue };
         if i.revision == r.revision {
@@ -636,6 +681,13 @@ fn plan_role(
         if rollout_cap.is_some_and(|cap| updated >= cap) {
             break;
         }
+        if u.kind == UpdateType::InPlaceOnly && i.shape != r.shape {
+            out.waiting.push(Wait::InPlaceImpossible {
+                role: r.name.clone(),
+                index: ix,
+            });
+            break;
+        }
         if i.ready {
             if budget <= 0 {
                 break;
@@ -643,8 +695,8 @@ fn plan_role(
             budget -= 1;
         }
         updated += 1;
-        let in_place = u.kind == UpdateType::InPlaceIfPossible && i.shape == r.shape;
-        actions.push(if in_place {
+        let in_place = u.kind != UpdateType::Recreate && i.shape == r.shape;
+        out.actions.push(if in_place {
             Action::RestartInPlace {
                 role: r.name.clone(),
                 index: ix,

@@ -11,7 +11,7 @@
 use serde_yaml::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::spec::PodTemplateSpec;
+use crate::spec::{PodTemplateSpec, Role};
 
 /// Writes `v` with map keys sorted, so equal values give equal bytes.
 fn canonical(v: &Value, out: &mut String) {
@@ -82,6 +82,45 @@ pub fn shape(t: &PodTemplateSpec) -> String {
         c.image = None;
     }
     revision(&t)
+}
+
+/// The revision of a role's instance template: that of its one Pod for a
+/// standalone role (so revisions recorded before multi-Pod patterns keep
+/// their names), else of every Pod with its name suffix.
+pub fn role_revision(r: &Role) -> String {
+    match r.pods.as_slice() {
+        [only] if only.suffix.is_empty() => revision(&only.template),
+        pods => {
+            let mut t = PodTemplateSpec::default();
+            // Pack the Pods into one template value: the suffixes as
+            // annotations keep Pods apart, the containers keep order.
+            for p in pods {
+                let mut c = p.template.clone();
+                let meta = c.metadata.get_or_insert_with(Default::default);
+                meta.annotations
+                    .insert("rbg.pod-suffix".into(), p.suffix.clone());
+                let v = serde_yaml::to_value(&c).unwrap_or_default();
+                t.extra.insert(p.suffix.clone(), v);
+            }
+            revision(&t)
+        }
+    }
+}
+
+/// The revision of a role's instance template with every image blanked.
+pub fn role_shape(r: &Role) -> String {
+    let mut r = r.clone();
+    for p in &mut r.pods {
+        for c in &mut p.template.spec.containers {
+            c.image = None;
+        }
+    }
+    if let [only] = r.pods.as_slice() {
+        if only.suffix.is_empty() {
+            return shape(&only.template);
+        }
+    }
+    role_revision(&r)
 }
 
 #[cfg(test)]

@@ -29,6 +29,8 @@ fn role(name: &str, replicas: u32, deps: &[&str]) -> DesiredRole {
         current_revision: None,
         update: UpdatePolicy::default(),
         restart_policy: RestartPolicy::None,
+        ordered: false,
+        backoff: None,
     }
 }
 

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_net::auth::Credentials;
+use kvpool_net::auth::Security;
 use kvpool_net::{ConnPool, FramedConn};
 use kvpool_proto::frame::Limits;
 use kvpool_proto::{Code, KvError, KvResult};
@@ -27,17 +27,17 @@ const IDLE_CONNS_PER_STORE: usize = 64;
 pub(crate) struct Pools {
     stores: Mutex<HashMap<String, Arc<ConnPool>>>,
     timeout: Duration,
-    credentials: Option<Credentials>,
+    security: Security,
 }
 
 impl Pools {
     /// No pools yet; connections get `timeout` to connect and handshake,
-    /// and prove `credentials` to stores that ask.
-    pub(crate) fn new(timeout: Duration, credentials: Option<Credentials>) -> Self {
+    /// and connect with `security` (TLS, and the key stores ask for).
+    pub(crate) fn new(timeout: Duration, security: Security) -> Self {
         Pools {
             stores: Mutex::new(HashMap::new()),
             timeout,
-            credentials,
+            security,
         }
     }
 
@@ -55,7 +55,7 @@ impl Pools {
                         self.timeout,
                         IDLE_CONNS_PER_STORE,
                     )
-                    .with_credentials(self.credentials.clone()),
+                    .with_security(self.security.clone()),
                 )
             })
             .clone()

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
-use kvpool_proto::msg::SegmentId;
+use kvpool_proto::msg::{SegmentId, Tier};
 use tokio::time::Instant;
 
 use parking_lot::MutexGuard;
@@ -30,7 +30,9 @@ impl MasterState {
     /// Frees at least `need` bytes, and at least `eviction_ratio` of capacity,
     /// from the least recently used evictable objects.
     pub fn evict(&self, now: Instant, need: u64) -> Evicted {
-        self.evict_on(now, need, None)
+        // Memory is what runs full: objects only on disk free none of it.
+        let memory = self.tier_segments(Tier::Memory);
+        self.evict_on(now, need, Some(&memory))
     }
 
     /// [`Self::evict`] limited to objects with a replica on `on`: evicting
@@ -43,7 +45,17 @@ impl MasterState {
     ) -> Evicted {
         let _pass = self.evicting.lock();
         self.free_expired_deferred(now);
-        let (cap, _) = self.usage();
+        // A pass frees a share of what it evicts from.
+        let cap = match on {
+            None => self.usage().0,
+            Some(on) => {
+                let segs = self.segments.read();
+                on.iter()
+                    .filter_map(|id| segs.get(id))
+                    .map(|s| s.alloc.lock().capacity())
+                    .sum()
+            }
+        };
         let target = need.max((cap as f64 * self.cfg.eviction_ratio) as u64);
         let on: Option<HashSet<SegNo>> = on.map(|on| {
             let numbers = self.numbers.read();

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kvpool_proto::msg::SegmentId;
+use kvpool_proto::msg::{SegmentId, Tier};
 use tokio::time::Instant;
 
 use crate::alloc::Region;
@@ -65,20 +65,36 @@ pub const FENCE_WAIT: Duration = Duration::from_secs(2);
 
 impl MasterState {
     /// Returns regions to their allocators. With the generation of the
-    /// object written there, also queues its destruction on the store.
+    /// object written there, also queues its destruction on the store; a
+    /// disk-tier region then goes back only once that is done, because a
+    /// store destroys a header on disk by rewriting its whole block, which
+    /// must not race a new object's copy into the same block.
     pub(super) fn free_now(&self, replicas: &[(SegmentId, Region)], written: Option<u64>) {
         let segs = self.segments.read();
         let mut inv = written.map(|_| self.invalidations.lock());
+        let mut later = Vec::new();
         for (id, r) in replicas {
-            if let Some(s) = segs.get(id) {
-                s.alloc.lock().free(*r);
-                if let (Some(inv), Some(gen)) = (inv.as_mut(), written) {
+            let Some(s) = segs.get(id) else { continue };
+            match (inv.as_mut(), written) {
+                (Some(inv), Some(gen)) => {
                     inv.regions.entry(*id).or_default().push((r.offset, gen));
+                    if s.info.tier == Tier::Disk {
+                        later.push((*id, *r));
+                    } else {
+                        s.alloc.lock().free(*r);
+                    }
                 }
+                _ => s.alloc.lock().free(*r),
             }
         }
         if let Some(mut inv) = inv {
             inv.seq += 1;
+            let seq = inv.seq;
+            drop(inv);
+            if !later.is_empty() {
+                let mut waiting = self.after_invalidation.lock();
+                waiting.extend(later.into_iter().map(|(id, r)| (seq, id, r)));
+            }
         }
     }
 
@@ -148,7 +164,7 @@ impl MasterState {
         let until = now + self.cfg.pending_ttl;
         self.deferred
             .lock()
-            .extend(replicas.iter().map(|(s, r)| (until, *s, *r)));
+            .extend(replicas.iter().map(|(s, r)| (until, *s, *r, None)));
     }
 
     /// Frees the regions of `key`'s version `v`, which was evicted or
@@ -197,7 +213,7 @@ impl MasterState {
             let until = self.instant(v.lease_until);
             self.deferred
                 .lock()
-                .extend(v.replicas.into_iter().map(|(s, r)| (until, s, r)));
+                .extend(v.replicas.into_iter().map(|(s, r)| (until, s, r, None)));
         } else {
             self.retire(key, &v);
         }
@@ -293,11 +309,34 @@ impl MasterState {
         inv.fences
             .retain(|_, f| f.seq > seq || f.segments.iter().any(|s| owing.contains(s)));
         inv.owing = owing;
+        drop(inv);
+        let due: Vec<(SegmentId, Region)> = {
+            let mut waiting = self.after_invalidation.lock();
+            let (due, keep): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|(s, ..)| *s <= seq);
+            *waiting = keep;
+            due.into_iter().map(|(_, seg, r)| (seg, r)).collect()
+        };
+        self.free_now(&due, None);
     }
 
     /// Records that everything queued for segment `id` was delivered.
     pub fn invalidations_delivered(&self, id: SegmentId) {
         self.invalidations.lock().owing.remove(&id);
+    }
+
+    /// Destroys the copy of `generation` at `r` of `seg` on its store, and
+    /// frees the region once that has been sent (not before: the same
+    /// version may be copied there again, which the destruction would hit).
+    pub(super) fn free_after_invalidation(&self, seg: SegmentId, r: Region, generation: u64) {
+        let mut inv = self.invalidations.lock();
+        inv.regions
+            .entry(seg)
+            .or_default()
+            .push((r.offset, generation));
+        inv.seq += 1;
+        let seq = inv.seq;
+        drop(inv);
+        self.after_invalidation.lock().push((seq, seg, r));
     }
 
     /// Puts back invalidations that could not be delivered (store down),
@@ -306,11 +345,21 @@ impl MasterState {
     pub fn requeue_invalidations(&self, id: SegmentId, regions: Vec<(u64, u64)>) {
         let mounted = self.segments.read().contains_key(&id);
         let mut inv = self.invalidations.lock();
-        if mounted {
-            inv.regions.entry(id).or_default().extend(regions);
-            inv.owing.insert(id);
-        } else {
+        if !mounted {
             inv.owing.remove(&id);
+            return;
+        }
+        let offsets: HashSet<u64> = regions.iter().map(|(o, _)| *o).collect();
+        inv.regions.entry(id).or_default().extend(regions);
+        inv.owing.insert(id);
+        // Regions waiting for these invalidations wait for their next send.
+        inv.seq += 1;
+        let seq = inv.seq;
+        drop(inv);
+        for w in self.after_invalidation.lock().iter_mut() {
+            if w.1 == id && offsets.contains(&w.2.offset) {
+                w.0 = seq;
+            }
         }
     }
 
@@ -327,13 +376,17 @@ impl MasterState {
     pub(super) fn free_expired_deferred(&self, now: Instant) {
         let due: Vec<_> = {
             let mut d = self.deferred.lock();
-            let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _, _)| *t <= now);
+            let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, ..)| *t <= now);
             *d = keep;
             due
         };
-        // Their headers were destroyed when they were replaced or abandoned.
-        for (_, s, r) in due {
-            self.free_now(&[(s, r)], None);
+        // Replaced versions' headers were destroyed when they were replaced
+        // or abandoned; a moved object's old copy is destroyed now.
+        for (_, s, r, generation) in due {
+            match generation {
+                None => self.free_now(&[(s, r)], None),
+                Some(g) => self.free_after_invalidation(s, r, g),
+            }
         }
     }
 }

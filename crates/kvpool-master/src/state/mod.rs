@@ -5,15 +5,17 @@
 //! Every operation takes `now` from the caller, so leases, pins and client
 //! expiry are tested with synthetic or paused time. Lock order, everywhere:
 //! shard, then the segment map, then one segment's allocator; the client map
-//! and the deferred-free list are only ever taken alone; the ledger is taken
-//! last (under a shard, never the other way).
+//! and the deferred-free list are only ever taken alone; the ledger, the
+//! tier's move list and the regions waiting for their invalidation are
+//! taken last (under a shard, never the other way).
 //!
 //! One file per concern: `clients` (liveness, the suspect state, expiry),
 //! `segments` (mounts, inventories, placement), `objects` (puts, reads,
-//! removals), `evict` (LRU eviction), `invalidation` (freed regions
-//! and the destruction of their headers on the stores), `ledger` (what
-//! each client holds against its limits) and `membership` (the segments a
-//! new leader expects back after a failover).
+//! removals), `evict` (LRU eviction), `tiers` (moves between a store's
+//! memory and disk), `invalidation` (freed regions and the destruction of
+//! their headers on the stores), `ledger` (what each client holds against
+//! its limits) and `membership` (the segments a new leader expects back
+//! after a failover).
 //!
 //! Limits on what one client may hold (registrations, segments, puts in
 //! flight, hard-pinned bytes) are checked before anything is reserved, and
@@ -41,6 +43,7 @@ mod membership;
 mod objects;
 mod segments;
 mod table;
+mod tiers;
 
 use clients::ClientEntry;
 pub use evict::Evicted;
@@ -50,6 +53,8 @@ use ledger::Ledger;
 use objects::{Shard, Tick, Version};
 use segments::SegmentSlot;
 use table::{SegNo, SegNumbers};
+pub use tiers::MoveTicket;
+use tiers::TierState;
 
 /// Enough shards that one holds few keys even at 100M: growing a shard's
 /// table copies it under its lock, so its size bounds the longest wait.
@@ -66,6 +71,12 @@ pub struct StateConfig {
     pub high_watermark: f64,
     /// Fraction of capacity freed per eviction pass.
     pub eviction_ratio: f64,
+    /// Memory segments of a store with a disk tier are kept below this fill
+    /// ratio by moving their least recently used objects to disk (in rounds
+    /// of `eviction_ratio` of their capacity).
+    pub demote_watermark: f64,
+    /// Move an object read twice while on disk back to memory.
+    pub promote: bool,
     /// Silence after which a client is dropped, and a store (a client that
     /// lends segments) becomes suspect: its segments take no new objects,
     /// but its objects stay indexed and readable.
@@ -117,6 +128,8 @@ impl Default for StateConfig {
             soft_pin_ttl: Duration::from_secs(30 * 60),
             high_watermark: 0.95,
             eviction_ratio: 0.05,
+            demote_watermark: 0.9,
+            promote: true,
             client_ttl: Duration::from_secs(10),
             store_grace: Duration::from_secs(30),
             pending_ttl: Duration::from_secs(60),
@@ -156,7 +169,11 @@ pub struct MasterState {
     /// The numbers objects name segments by; taken alone, or last.
     numbers: RwLock<SegNumbers>,
     clients: Mutex<HashMap<ClientId, ClientEntry>>,
-    deferred: Mutex<Vec<(Instant, SegmentId, Region)>>,
+    deferred: Mutex<Vec<Deferred>>,
+    /// Regions reused only once the invalidation numbered with them is
+    /// sent: the same version may be copied there again (a tier move), and
+    /// a late invalidation would destroy that copy.
+    after_invalidation: Mutex<Vec<(u64, SegmentId, Region)>>,
     /// Object headers to destroy on their stores, and the keys waiting for it.
     invalidations: Mutex<InvalidationQueue>,
     /// Invalidations up to this sequence number have been sent to stores.
@@ -178,6 +195,12 @@ pub struct MasterState {
     /// Placements so far: each draws its segment order from the next value
     /// (a counter, not an OS random source, so a replay places alike).
     placements: AtomicU64,
+    /// Moves between tiers: planned, in flight, and waiting promotions.
+    tier: Mutex<TierState>,
+    /// A disk segment was ever mounted (reads then note disk-only objects).
+    disk_tier: std::sync::atomic::AtomicBool,
+    demotions: AtomicU64,
+    promotions: AtomicU64,
     /// Clients marked suspect, so reads skip the suspect check when none is.
     suspect_count: std::sync::atomic::AtomicUsize,
     /// Time zero of the [`Tick`]s objects carry.
@@ -192,6 +215,10 @@ pub struct MasterState {
     /// Requests refused by a limit.
     refusals: Refusals,
 }
+
+/// A region freed when a read lease ends (the instant), with the generation
+/// whose header is destroyed then (`None`: destroyed already).
+type Deferred = (Instant, SegmentId, Region, Option<u64>);
 
 fn ms(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
@@ -224,6 +251,7 @@ impl MasterState {
             numbers: Default::default(),
             clients: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
+            after_invalidation: Mutex::new(Vec::new()),
             invalidations: Mutex::new(InvalidationQueue::default()),
             invalidated_through: AtomicU64::new(0),
             evicting: Mutex::new(()),
@@ -233,6 +261,10 @@ impl MasterState {
             placements: AtomicU64::new(0),
             membership: Default::default(),
             expecting: Default::default(),
+            tier: Mutex::new(TierState::default()),
+            disk_tier: Default::default(),
+            demotions: AtomicU64::new(0),
+            promotions: AtomicU64::new(0),
             suspect_count: Default::default(),
             epoch: Instant::now(),
             term_start: Mutex::new(Instant::now()),
@@ -323,6 +355,7 @@ impl MasterState {
                         used: a.used(),
                         regions: a.live_regions() as u64,
                         state: state.into(),
+                        io: s.io,
                     }
                 })
                 .collect();
@@ -344,6 +377,8 @@ impl MasterState {
             pending,
             clients: self.clients.lock().len() as u64,
             evictions: self.evictions(),
+            demotions: self.demotions(),
+            promotions: self.promotions(),
         }
     }
 

@@ -479,6 +479,7 @@ impl MasterState {
                 v.lease_until = v.lease_until.max(self.tick(now + self.cfg.lease_ttl));
                 v.last_access = self.tick(now);
                 let (value_len, generation) = (v.value_len, v.generation);
+                self.read_on_disk(objects, i);
                 let mut replicas = self.describe_numbered(objects.replicas(i));
                 drop(shard);
                 if !suspect.is_empty() {
@@ -509,15 +510,17 @@ impl MasterState {
                     .checked_sub(Duration::from_micros(it.age_us))
                     .unwrap_or(now);
                 let mut shard = self.shard(&it.key).lock();
-                let Some(v) = shard
-                    .objects
-                    .get_mut(&it.key)
-                    .filter(|v| v.generation == it.generation)
+                let objects = &mut shard.objects;
+                let Some(i) = objects
+                    .find(&it.key)
+                    .filter(|&i| objects.at(i).generation == it.generation)
                 else {
                     return false;
                 };
+                let v = objects.at_mut(i);
                 v.last_access = v.last_access.max(self.tick(at));
                 v.lease_until = v.lease_until.max(self.tick(at + self.cfg.lease_ttl));
+                self.read_on_disk(objects, i);
                 true
             })
             .collect()

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kvpool_proto::msg::{
-    ClientId, InventoryItem, InventoryVerdict, Replica, SegmentId, SegmentInfo,
+    ClientId, InventoryItem, InventoryVerdict, Replica, SegmentId, SegmentInfo, SegmentIo, Tier,
+    DISK_BLOCK,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::Mutex;
@@ -31,6 +32,8 @@ pub(super) struct SegmentSlot {
     pub(super) announced: u64,
     /// Shutting down or being emptied: takes no new objects.
     pub(super) draining: bool,
+    /// Its store's I/O on it (disk segments), as of the last heartbeat.
+    pub(super) io: Option<SegmentIo>,
     /// Versions committed after this are not expected in the inventory.
     pub(super) scan_cutoff: Instant,
     /// The secret a re-mount of this id must prove.
@@ -75,6 +78,12 @@ impl MasterState {
                 "segment has no usable bytes",
             ));
         }
+        if info.tier == Tier::Disk && !info.base.is_multiple_of(DISK_BLOCK) {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!("a disk segment's object area must start at a multiple of {DISK_BLOCK}"),
+            ));
+        }
         // Every object takes at least one aligned region.
         if objects > info.size / ALIGN {
             return Err(self.refusals.refuse(
@@ -108,7 +117,10 @@ impl MasterState {
         }
         // Numbered only once it is admitted: numbers are never given back.
         drop(segs);
-        self.numbers.write().number(info.id);
+        self.numbers.write().number(info.id, info.tier);
+        if info.tier == Tier::Disk {
+            self.disk_tier.store(true, Ordering::Relaxed);
+        }
         let mut segs = self.segments.write();
         if let Some(s) = segs.get_mut(&info.id) {
             if !same_secret(&s.possession, &possession) {
@@ -120,7 +132,7 @@ impl MasterState {
                     ),
                 ));
             }
-            if (s.info.base, s.info.size) != (info.base, info.size) {
+            if (s.info.base, s.info.size, s.info.tier) != (info.base, info.size, info.tier) {
                 return Err(KvError::new(
                     Code::SegmentAlreadyExists,
                     format!("segment {} is mounted with another size", info.id),
@@ -160,6 +172,7 @@ impl MasterState {
                 recovering,
                 announced: objects,
                 draining: false,
+                io: None,
                 scan_cutoff: cutoff,
                 possession,
             },
@@ -499,7 +512,8 @@ impl MasterState {
             return;
         }
         tracing::info!(segment = %id, "segment unmounted");
-        self.deferred.lock().retain(|(_, s, _)| *s != id);
+        self.deferred.lock().retain(|(_, s, _, _)| *s != id);
+        self.after_invalidation.lock().retain(|(_, s, _)| *s != id);
         self.invalidations.lock().regions.remove(&id);
         let no = self.numbers.read().get(id);
         for shard in self.shards.iter() {
@@ -523,13 +537,44 @@ impl MasterState {
         }
     }
 
-    /// Total and used bytes over all mounted segments.
+    /// Total and used bytes over all mounted memory segments: what the
+    /// high watermark and eviction are about (the disk tier has its own).
     pub fn usage(&self) -> (u64, u64) {
+        self.tier_usage(Tier::Memory)
+    }
+
+    /// Total and used bytes over all mounted segments of `tier`.
+    pub fn tier_usage(&self, tier: Tier) -> (u64, u64) {
         let segs = self.segments.read();
-        segs.values().fold((0, 0), |(cap, used), s| {
-            let a = s.alloc.lock();
-            (cap + a.capacity(), used + a.used())
-        })
+        segs.values()
+            .filter(|s| s.info.tier == tier)
+            .fold((0, 0), |(cap, used), s| {
+                let a = s.alloc.lock();
+                (cap + a.capacity(), used + a.used())
+            })
+    }
+
+    /// The mounted segments of `tier`.
+    pub(super) fn tier_segments(&self, tier: Tier) -> HashSet<SegmentId> {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.info.tier == tier)
+            .map(|s| s.info.id)
+            .collect()
+    }
+
+    /// Records a store's report of its I/O on its segments.
+    pub fn record_io(&self, client: ClientId, io: &[SegmentIo]) {
+        if io.is_empty() {
+            return;
+        }
+        let mut segs = self.segments.write();
+        for r in io {
+            if let Some(s) = segs.get_mut(&r.segment).filter(|s| s.owner == client) {
+                s.io = Some(*r);
+            }
+        }
     }
 
     /// Whether used bytes have reached the high watermark.
@@ -538,16 +583,26 @@ impl MasterState {
         cap > 0 && used as f64 >= cap as f64 * self.cfg.high_watermark
     }
 
-    /// Segments that may take new objects now: not recovering an inventory,
-    /// not draining, with an owner that heartbeats, and (with HA) named by
-    /// the segment list in etcd.
+    /// Memory segments that may take new objects now: not recovering an
+    /// inventory, not draining, with an owner that heartbeats, and (with HA)
+    /// named by the segment list in etcd.
     pub(super) fn placeable(&self, now: Instant) -> HashSet<SegmentId> {
+        self.open_segments(now, Tier::Memory)
+    }
+
+    /// Segments of `tier` that may take new objects now (see [`Self::placeable`]).
+    pub(super) fn open_segments(&self, now: Instant, tier: Tier) -> HashSet<SegmentId> {
         let owners: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
         let late = self.late_owners(owners, now);
         self.segments
             .read()
             .values()
-            .filter(|s| s.recovering.is_none() && !s.draining && !late.contains(&s.owner))
+            .filter(|s| {
+                s.info.tier == tier
+                    && s.recovering.is_none()
+                    && !s.draining
+                    && !late.contains(&s.owner)
+            })
             .map(|s| s.info.id)
             .filter(|id| self.listed(id))
             .collect()
@@ -619,6 +674,7 @@ impl MasterState {
                     offset: r.offset,
                     len: r.len,
                     cap: None,
+                    tier: s.info.tier,
                 })
             })
             .collect()

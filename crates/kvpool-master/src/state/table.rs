@@ -15,7 +15,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use hashbrown::HashTable;
-use kvpool_proto::msg::SegmentId;
+use kvpool_proto::msg::{SegmentId, Tier};
 
 use super::ledger::{Ledger, Pin};
 use super::objects::{KeyHasher, Tick, Version};
@@ -27,25 +27,32 @@ use crate::alloc::Region;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct SegNo(u32);
 
-/// The segment ids the master has numbered, both ways. Append-only: a
-/// segment mounted again keeps its number.
+/// The segment ids the master has numbered, both ways, and each one's
+/// tier. Append-only: a segment mounted again keeps its number.
 #[derive(Default)]
 pub(super) struct SegNumbers {
     ids: Vec<SegmentId>,
+    disk: Vec<bool>,
     numbers: HashMap<SegmentId, SegNo>,
 }
 
 impl SegNumbers {
-    /// The number of `id`, given one now if it has none.
-    pub(super) fn number(&mut self, id: SegmentId) -> SegNo {
+    /// The number of `id` (a segment of `tier`), given one now if it has none.
+    pub(super) fn number(&mut self, id: SegmentId, tier: Tier) -> SegNo {
         if let Some(&no) = self.numbers.get(&id) {
             return no;
         }
         // Four billion mounts of distinct segments within one master's life.
         let no = SegNo(u32::try_from(self.ids.len()).expect("segment numbers exhausted"));
         self.ids.push(id);
+        self.disk.push(tier == Tier::Disk);
         self.numbers.insert(id, no);
         no
+    }
+
+    /// Whether segment `no` is a disk-tier segment.
+    pub(super) fn is_disk(&self, no: SegNo) -> bool {
+        self.disk.get(no.0 as usize).copied().unwrap_or(false)
     }
 
     /// The number of `id`, if it has one.
@@ -65,6 +72,8 @@ const SOFT_PIN: u8 = 2;
 const MORE: u8 = 4;
 /// Not an object: a free slot, chained through `key_at`.
 const VACANT: u8 = 8;
+/// Read once while only on disk: the next read promotes it.
+const DISK_READ: u8 = 16;
 
 /// Slots per chunk (4 KiB): growing never moves the slots a shard has.
 const CHUNK: usize = 64;
@@ -196,11 +205,6 @@ impl ObjectTable {
         self.find(key).map(|i| self.at(i))
     }
 
-    /// The object under `key`, to update its times.
-    pub(super) fn get_mut(&mut self, key: &str) -> Option<&mut Slot> {
-        self.find(key).map(|i| self.at_mut(i))
-    }
-
     /// Slot `i`, if it holds an object.
     pub(super) fn occupied(&self, i: u32) -> Option<&Slot> {
         (i < self.filled)
@@ -245,6 +249,34 @@ impl ObjectTable {
     /// Bytes slot `i` takes over all its replicas.
     pub(super) fn bytes(&self, i: u32) -> u64 {
         self.replicas(i).map(|(_, r)| r.len).sum()
+    }
+
+    /// Notes a read of slot `i` while it is on disk only; true when it had
+    /// been read so before (the promotion policy's second access).
+    pub(super) fn read_on_disk(&mut self, i: u32) -> bool {
+        let s = self.at_mut(i);
+        let before = s.flags & DISK_READ != 0;
+        s.flags |= DISK_READ;
+        before
+    }
+
+    /// Moves slot `i`'s replica at `from` (segment and offset) to `to`;
+    /// returns the region it left, or `None` when it has no such replica.
+    pub(super) fn move_replica(
+        &mut self,
+        i: u32,
+        from: (SegNo, u64),
+        to: (SegNo, Region),
+    ) -> Option<Region> {
+        let list: Vec<(SegNo, Region)> = self.replicas(i).collect();
+        let at = list.iter().position(|&(s, r)| (s, r.offset) == from)?;
+        let old = list[at].1;
+        let mut list = list;
+        list[at] = to;
+        self.set_replicas(i, &list);
+        // Its reads on disk counted towards a promotion; that starts over.
+        self.at_mut(i).flags &= !DISK_READ;
+        Some(old)
     }
 
     /// Adds a replica to slot `i`, unless it has one on `no` already.

@@ -52,6 +52,11 @@ class Client:
         conns_per_store: Optional[int] = None,
         protocol: str = "tcp",
         location_cache: Optional[int] = None,
+        secret: Optional[str] = None,
+        insecure: bool = False,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
     ) -> "Client": ...
     @property
     def master(self) -> str:

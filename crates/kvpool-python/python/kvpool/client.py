@@ -67,6 +67,9 @@ def _connect(s: Dict[str, Any]) -> "_native.Client":
         s["location_cache"],
         s["secret"],
         s["insecure"],
+        s["tls_ca"],
+        s["tls_cert"],
+        s["tls_key"],
     )
     _track(native)
     return native
@@ -100,6 +103,10 @@ class Client:
     (bytes or ``"4GiB"``) this process also lends that much memory to the
     pool until :meth:`close`. ``secret_file`` names a key of a cluster that
     requires one (default: ``KVPOOL_SECRET_FILE``, then ``KVPOOL_SECRET``).
+    ``tls_ca`` (default ``KVPOOL_TLS_CA``) turns TLS on, verifying the pool
+    against that CA bundle; ``tls_cert``/``tls_key`` (``KVPOOL_TLS_CERT``,
+    ``KVPOOL_TLS_KEY``) add a client certificate, which lending memory over
+    TLS needs.
     Safe to share between threads; every call
     releases the GIL while it waits. After ``os.fork()`` the child reconnects
     on first use as a pure client (the segment stays the parent's).
@@ -118,6 +125,9 @@ class Client:
         protocol: Optional[str] = None,
         location_cache: Optional[int] = None,
         secret_file: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
     ) -> None:
         s = _native.resolve_settings(
             {
@@ -131,6 +141,9 @@ class Client:
                 "protocol": protocol,
                 "location_cache": location_cache,
                 "secret_file": secret_file,
+                "tls_ca": tls_ca,
+                "tls_cert": tls_cert,
+                "tls_key": tls_key,
             }
         )
         self._native = _connect(s)

@@ -10,10 +10,12 @@
 //! that uses the object reconnects on first use as a pure client (it never
 //! lends the parent's segment, and never touches the parent's sockets).
 
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use kvpool_client::auth::Credentials;
+use kvpool_client::auth::{Credentials, Security};
+use kvpool_client::tls::TlsFiles;
 use kvpool_client::{ClientConfig, GetInto, ReplicateConfig};
 use kvpool_proto::{Code, KvError, KvResult};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -311,7 +313,7 @@ impl Client {
     /// with `segment_size` > 0 this process also lends that many bytes to the
     /// pool. `None` options keep the Rust client's defaults.
     #[new]
-    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None, secret = None, insecure = false))]
+    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None, secret = None, insecure = false, tls_ca = None, tls_cert = None, tls_key = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -326,6 +328,9 @@ impl Client {
         location_cache: Option<usize>,
         secret: Option<&str>,
         insecure: bool,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
     ) -> PyResult<Self> {
         if let Some(t) = timeout {
             if !(t.is_finite() && t > 0.0 && t < 1e9) {
@@ -355,11 +360,17 @@ impl Client {
             .map(str::to_string)
             .unwrap_or_else(|| crate::settings::host_part(hostname).to_string());
         crate::settings::apply_protocol(&mut cfg, protocol);
-        cfg.security.credentials = secret
+        let credentials = secret
             .map(Credentials::parse)
             .transpose()
             .map_err(|e| raise(py, e))?;
-        cfg.security.insecure = insecure;
+        let tls = TlsFiles {
+            ca: tls_ca,
+            cert: tls_cert,
+            key: tls_key,
+            require_client_cert: false,
+        };
+        cfg.security = Security::new(credentials, insecure, &tls).map_err(|e| raise(py, e))?;
         let c = wait(py, kvpool_client::Client::connect(cfg.clone()))?.map_err(|e| raise(py, e))?;
         Ok(Client {
             cfg,
@@ -732,6 +743,7 @@ impl Client {
             sd.set_item("used", seg.used)?;
             sd.set_item("regions", seg.regions)?;
             sd.set_item("state", &seg.state)?;
+            sd.set_item("tier", seg.info.tier.name())?;
             segs.append(sd)?;
         }
         d.set_item("segments", segs)?;
@@ -741,6 +753,8 @@ impl Client {
         d.set_item("used", s.used)?;
         d.set_item("clients", s.clients)?;
         d.set_item("evictions", s.evictions)?;
+        d.set_item("demotions", s.demotions)?;
+        d.set_item("promotions", s.promotions)?;
         Ok(d)
     }
 

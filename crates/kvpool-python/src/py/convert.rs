@@ -81,6 +81,9 @@ pub fn resolve_settings<'py>(
     // native client must not read files the caller did not name.
     d.set_item("secret", s.credentials.as_ref().map(|c| c.encode()))?;
     d.set_item("insecure", s.insecure)?;
+    d.set_item("tls_ca", s.tls.ca.as_deref())?;
+    d.set_item("tls_cert", s.tls.cert.as_deref())?;
+    d.set_item("tls_key", s.tls.key.as_deref())?;
     d.set_item("ignored", s.ignored)?;
     Ok(d)
 }

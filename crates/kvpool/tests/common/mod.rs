@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_client::{Client, ClientConfig};
-use kvpool_net::auth::{Credentials, Role};
+use kvpool_net::auth::{Credentials, Role, Security};
+use kvpool_net::tls::TlsFiles;
 use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
 use rand::rngs::StdRng;
@@ -478,7 +479,7 @@ pub fn master_link(master: &str, hostname: &str) -> Arc<MasterLink> {
         hostname,
         "test",
         CallPolicy::default(),
-        None,
+        Security::default(),
     )
     .expect("a valid master address")
 }
@@ -557,6 +558,65 @@ pub struct ClusterBuilder {
     segment_size: String,
     master_flags: Vec<(String, String)>,
     secured: bool,
+    tls: bool,
+}
+
+/// A cluster's TLS material, made by `kvpool tls new`: one CA, and a
+/// certificate (with its key) for 127.0.0.1 per name.
+pub struct Pki {
+    /// The directory holding `ca.pem` and `<name>.pem` / `<name>.key`.
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    /// Makes a CA and certificates named `names` in `dir`.
+    pub async fn create(dir: &Path, names: &[&str]) -> Pki {
+        let dir_arg = dir.to_string_lossy().into_owned();
+        let mut args = vec!["tls", "new", "--out", &dir_arg];
+        for n in names {
+            args.extend(["--cert", n]);
+        }
+        let out = run_kvpool(&args, Duration::from_secs(30)).await;
+        assert!(
+            out.status.success(),
+            "kvpool tls new failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Pki {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The CA bundle.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// Flags giving the CA and, with `name`, that certificate and key.
+    pub fn flags(&self, name: Option<&str>) -> Vec<String> {
+        let mut f = vec!["--tls-ca".to_string(), self.ca().to_string_lossy().into()];
+        if let Some(n) = name {
+            let path = |ext: &str| self.dir.join(format!("{n}.{ext}")).to_string_lossy().into();
+            f.extend([
+                "--tls-cert".into(),
+                path("pem"),
+                "--tls-key".into(),
+                path("key"),
+            ]);
+        }
+        f
+    }
+
+    /// TLS files for an in-process client: the CA and, with `name`, that
+    /// certificate.
+    pub fn files(&self, name: Option<&str>) -> TlsFiles {
+        TlsFiles {
+            ca: Some(self.ca()),
+            cert: name.map(|n| self.dir.join(format!("{n}.pem"))),
+            key: name.map(|n| self.dir.join(format!("{n}.key"))),
+            require_client_cert: false,
+        }
+    }
 }
 
 /// Where a secured cluster's keys are, and the keys themselves.
@@ -615,6 +675,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Turns TLS on for every plane: a fresh CA, a certificate for the
+    /// master and one the stores share; clients get the CA only.
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
     /// Sets a master flag, replacing an earlier value of the same flag.
     pub fn master_flag(mut self, flag: &str, value: &str) -> Self {
         self.master_flags.retain(|(f, _)| f != flag);
@@ -640,6 +707,16 @@ impl ClusterBuilder {
                 "--secret-file".to_string(),
                 s.store_file.to_string_lossy().into(),
             ];
+        }
+        let pki = match self.tls {
+            true => Some(Pki::create(&dir.path().join("pki"), &["master", "store"]).await),
+            false => None,
+        };
+        if let Some(pki) = &pki {
+            for pair in pki.flags(Some("master")).chunks(2) {
+                flags.push((pair[0].clone(), pair[1].clone()));
+            }
+            store_flags.extend(pki.flags(Some("store")));
         }
         let master = spawn_master("master", &logs, |rpc, metrics| {
             let mut args: Vec<String> = [
@@ -683,6 +760,7 @@ impl ClusterBuilder {
         wait_for_segments_as(&rpc, self.stores, &mut watch, &status_flags).await;
         Cluster {
             secrets,
+            pki,
             store_flags,
             master_addr: rpc,
             metrics_addr: metrics,
@@ -709,6 +787,8 @@ pub struct Cluster {
     restarts: usize,
     /// The keys, when the cluster was started [`ClusterBuilder::secured`].
     pub secrets: Option<Secrets>,
+    /// The TLS material, when the cluster was started [`ClusterBuilder::tls`].
+    pub pki: Option<Pki>,
     store_flags: Vec<String>,
     // Declared last: removed only after every process above is dead.
     dir: TempDir,
@@ -727,6 +807,7 @@ impl Cluster {
                 ("--store-grace".into(), "0s".into()),
             ],
             secured: false,
+            tls: false,
         }
     }
 
@@ -782,6 +863,11 @@ impl Cluster {
         &mut self.master
     }
 
+    /// The master's output so far.
+    pub fn master_process_logs(&self) -> String {
+        self.master.logs()
+    }
+
     /// SIGKILLs the master.
     pub fn kill9_master(&mut self) {
         self.master.kill9();
@@ -820,7 +906,9 @@ impl Cluster {
     /// key when the cluster is secured).
     pub async fn client_with(&self, tweak: impl FnOnce(&mut ClientConfig)) -> Client {
         let mut cfg = ClientConfig::new(&self.master_addr);
-        cfg.security.credentials = self.secrets.as_ref().map(|s| s.key(Role::Client));
+        let credentials = self.secrets.as_ref().map(|s| s.key(Role::Client));
+        let tls = self.pki.as_ref().map(|p| p.files(None)).unwrap_or_default();
+        cfg.security = Security::new(credentials, false, &tls).expect("client TLS files");
         tweak(&mut cfg);
         Client::connect(cfg)
             .await

@@ -18,15 +18,19 @@ use super::process::Spawn;
 use super::state::GroupDir;
 use crate::discovery::{self, InstanceFacts};
 use crate::planner::Millis;
-use crate::spec::{self, Container, Group, PodRestartPolicy, PodTemplateSpec, Probe, Role};
+use crate::spec::{
+    self, Container, Group, Objects, PodRestartPolicy, PodTemplateSpec, Probe, Role, Volume,
+};
 
 /// Checks what the local runtime cannot do with a valid group: every
 /// instance, surge ones included, needs a loopback address of its own.
 pub fn check_local_limits(g: &Group) -> Result<(), String> {
     let mut errs = Vec::new();
-    if g.roles.len() > (discovery::MAX_LOCAL_SLOT as usize) + 1 {
+    // One address slot per Pod of an instance, per role.
+    let slots: usize = g.roles.iter().map(|r| r.pods.len().max(1)).sum();
+    if slots > (discovery::MAX_LOCAL_SLOT as usize) + 1 {
         errs.push(format!(
-            "the local runtime supports at most {} roles",
+            "the local runtime supports at most {} Pods per instance summed over roles (this group has {slots})",
             discovery::MAX_LOCAL_SLOT + 1
         ));
     }
@@ -135,7 +139,62 @@ pub fn instance_facts(
             .iter()
             .map(|m| (m.path.clone(), m.host.display().to_string()))
             .collect(),
+        pod_suffix: String::new(),
+        pattern_env: Vec::new(),
+        objects: group.objects.clone(),
     }
+}
+
+/// Makes `facts` those of Pod `pod` of the instance: its name suffix, its
+/// template's labels and annotations, and the variables its pattern injects.
+pub fn pod_facts(facts: &mut InstanceFacts, group: &Group, pod: usize) {
+    let Some(slot) = group.role(&facts.role).and_then(|r| r.pods.get(pod)) else {
+        return;
+    };
+    facts.pod_suffix = slot.suffix.clone();
+    if let Some(m) = &slot.template.metadata {
+        for (k, v) in &m.labels {
+            facts.labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        facts.annotations = m.annotations.clone();
+    }
+    facts.pattern_env = discovery::pattern_env(group, &facts.role, facts.index, pod);
+}
+
+/// The files a `configMap` or `secret` volume holds: every key at its
+/// name, or the `items` at their paths. Any other volume holds none.
+pub fn object_files(v: &Volume, objects: &Objects) -> Result<Vec<(String, String)>, String> {
+    let (what, src, store) = match (&v.config_map, &v.secret) {
+        (Some(s), _) => ("ConfigMap", s, &objects.config_maps),
+        (None, Some(s)) => ("Secret", s, &objects.secrets),
+        (None, None) => return Ok(Vec::new()),
+    };
+    let name = src.object();
+    let Some(data) = store.get(name) else {
+        if src.optional == Some(true) {
+            return Ok(Vec::new());
+        }
+        return Err(format!("{what} {name:?} is not in the file"));
+    };
+    if src.items.is_empty() {
+        return Ok(data.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+    }
+    let mut out = Vec::new();
+    for item in &src.items {
+        // A path that climbs out of the volume is refused, as the API does.
+        if item.path.starts_with('/') || item.path.split('/').any(|p| p == "..") {
+            return Err(format!(
+                "items path {:?} must be relative, without ..",
+                item.path
+            ));
+        }
+        match data.get(&item.key) {
+            Some(text) => out.push((item.path.clone(), text.clone())),
+            None if src.optional == Some(true) => {}
+            None => return Err(format!("{what} {name:?} has no key {:?}", item.key)),
+        }
+    }
+    Ok(out)
 }
 
 /// What every container launch of a group draws on besides the instance.
@@ -414,7 +473,8 @@ spec:
         let vols = volumes(&g);
         let c = &g.roles[0].template.spec.containers[0];
         let f = facts(&g, &host_mounts(c, &vols));
-        let hosts = discovery::host_table(&g, &|_, i| Some(Ipv4Addr::new(127, 9, 1, i as u8 + 1)));
+        let hosts =
+            discovery::host_table(&g, &|_, i, _| Some(Ipv4Addr::new(127, 9, 1, i as u8 + 1)));
         let images = ImageMap::default();
         let ctx = LaunchContext {
             hosts: &hosts,

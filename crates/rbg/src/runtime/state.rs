@@ -115,7 +115,12 @@ pub struct InstanceStatus {
     pub state: String,
     /// Host directory of each volume, by name.
     pub volumes: BTreeMap<String, String>,
-    /// Process ids of its containers, by container name (0 when stopped).
+    /// Its Pods (one, or a leader and workers, or components) and their
+    /// addresses, by Pod name.
+    #[serde(default)]
+    pub pods: BTreeMap<String, String>,
+    /// Process ids of its containers, by container name (`<pod>/<name>`
+    /// past the first Pod; 0 when stopped).
     pub pids: BTreeMap<String, u32>,
     /// When its containers were last started (Unix epoch, milliseconds).
     pub started_ms: u64,
@@ -157,6 +162,15 @@ pub struct GroupStatus {
     pub instances: Vec<InstanceStatus>,
     /// Group restarts done under RecreateRBGOnPodRestart.
     pub group_restarts: u32,
+    /// Namespace of the group.
+    #[serde(default)]
+    pub namespace: String,
+    /// API version the group was written in.
+    #[serde(default)]
+    pub api_version: String,
+    /// The status as upstream reports it (`rbg status -o yaml`).
+    #[serde(default)]
+    pub upstream: crate::status::RbgStatus,
 }
 
 /// One entry of `rbg rollout history`.

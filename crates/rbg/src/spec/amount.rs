@@ -79,3 +79,22 @@ impl Amount {
         matches!(self, Amount::Count(0) | Amount::Percent(0))
     }
 }
+
+impl schemars::JsonSchema for IntOrString {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IntOrString".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    /// Kubernetes' own shape for int-or-string fields, so the API server
+    /// accepts `1` and `"10%"` alike.
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "x-kubernetes-int-or-string": true,
+            "anyOf": [{"type": "integer"}, {"type": "string"}]
+        })
+    }
+}

@@ -1,8 +1,11 @@
 //! The validated model the planner and runtimes consume: a [`Group`] with
 //! every template resolved and every count parsed, plus the load error.
 
+use std::collections::BTreeMap;
+
 use super::amount::Amount;
-use super::types::{PodTemplateSpec, Progression, RestartPolicy, ServicePort, UpdateType};
+use super::pod::PodTemplateSpec;
+use super::types::{Progression, RestartPolicy, ServicePort, UpdateType};
 
 /// Errors from loading a group.
 #[derive(Debug, thiserror::Error)]
@@ -37,8 +40,52 @@ pub struct Group {
     pub namespace: String,
     /// Roles, in the order written.
     pub roles: Vec<Role>,
-    /// Validated coordination entries.
+    /// Validated coordination entries (v1alpha1 `spec.coordination` and
+    /// the rules of CoordinatedPolicy documents bound to the group).
     pub coordination: Vec<CoordinationPolicy>,
+    /// ConfigMaps, Secrets and Services of the same file, for env, volumes
+    /// and host names.
+    pub objects: Objects,
+}
+
+/// The plain Kubernetes objects of a file a local runtime gives meaning to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Objects {
+    /// ConfigMap name -> key -> value (`data`, then decoded `binaryData`).
+    pub config_maps: BTreeMap<String, BTreeMap<String, String>>,
+    /// Secret name -> key -> value (`stringData` over decoded `data`).
+    pub secrets: BTreeMap<String, BTreeMap<String, String>>,
+    /// Service name -> the role its selector picks, for host names.
+    pub services: BTreeMap<String, String>,
+}
+
+/// How the Pods of one instance are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// One Pod per instance (`standalonePattern`, v1alpha1 `template`).
+    Standalone,
+    /// A leader and `size - 1` workers (`leaderWorkerPattern`).
+    LeaderWorker {
+        /// Pods per instance, the leader included.
+        size: u32,
+    },
+    /// Named components (`customComponentsPattern`).
+    CustomComponents,
+}
+
+/// One Pod of an instance: instance `g-r-i` has Pods `g-r-i{suffix}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSlot {
+    /// `""` for a standalone Pod or a leader, `-j` for worker `j`,
+    /// `-<component>-<j>` for a component's Pod.
+    pub suffix: String,
+    /// `""` (standalone), `leader`, `worker`, or the component name.
+    pub component: String,
+    /// Index within its component (worker index for leader-worker, the
+    /// leader being 0).
+    pub ordinal: u32,
+    /// The resolved template of this Pod.
+    pub template: PodTemplateSpec,
 }
 
 /// A validated role with its resolved template.
@@ -56,10 +103,21 @@ pub struct Role {
     pub update: UpdatePolicy,
     /// Named service ports.
     pub service_ports: Vec<ServicePort>,
-    /// The resolved Pod template (templateRef and templatePatch applied).
+    /// The first Pod's resolved template (the leader's, for leader-worker);
+    /// what per-role settings such as grace and labels are read from.
     pub template: PodTemplateSpec,
+    /// Every Pod of an instance, `pods[0].template == template`.
+    pub pods: Vec<PodSlot>,
+    /// The pattern the Pods come from.
+    pub pattern: Pattern,
     /// `workload.kind` (StatefulSet by default).
     pub workload_kind: String,
+    /// Seconds an instance must be ready before it counts as available.
+    pub min_ready_seconds: u32,
+    /// `podManagementPolicy: OrderedReady`: instance `i` waits for `0..i`.
+    pub ordered: bool,
+    /// `restartPolicyConfig` delays (base, max) in seconds, when given.
+    pub restart_delays: Option<(u32, u32)>,
 }
 
 impl Group {
@@ -80,6 +138,8 @@ pub struct UpdatePolicy {
     pub max_surge: Amount,
     /// Indexes below this keep their revision.
     pub partition: Amount,
+    /// No instance moves to a new revision while set.
+    pub paused: bool,
 }
 
 impl Default for UpdatePolicy {
@@ -89,6 +149,7 @@ impl Default for UpdatePolicy {
             max_unavailable: Amount::Count(1),
             max_surge: Amount::Count(0),
             partition: Amount::Count(0),
+            paused: false,
         }
     }
 }

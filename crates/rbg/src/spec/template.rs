@@ -4,20 +4,26 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde_yaml::Value;
+
 use super::amount::IntOrString;
-use super::types::{Container, PodSpec, PodTemplateSpec, Probe, RoleSpec, RoleTemplate};
+use super::pod::{Container, PodSpec, PodTemplateSpec, Probe};
+use super::types::RoleTemplate;
+use super::v2::TemplateRefV2;
 use crate::merge::strategic_merge;
 use crate::naming::dns_problem;
 
-/// Resolves a role's template: its own, or a roleTemplate with the patch
-/// strategically merged onto it.
+/// Resolves a pattern's base template: its own `template`, or a
+/// roleTemplate with the `templateRef.patch` strategically merged onto it.
+/// `at` names the role in messages.
 pub(super) fn resolve_template(
-    role: &RoleSpec,
+    at: &str,
+    template: Option<&PodTemplateSpec>,
+    template_ref: Option<&TemplateRefV2>,
     templates: &BTreeMap<&str, &RoleTemplate>,
     errs: &mut Vec<String>,
 ) -> Option<PodTemplateSpec> {
-    let at = format!("role {:?}", role.name);
-    match (&role.template, &role.template_ref) {
+    match (template, template_ref) {
         (Some(_), Some(_)) => {
             errs.push(format!(
                 "{at}: template and templateRef are both set; use one"
@@ -28,14 +34,7 @@ pub(super) fn resolve_template(
             errs.push(format!("{at}: neither template nor templateRef is set"));
             None
         }
-        (Some(t), None) => {
-            if role.template_patch.is_some() {
-                errs.push(format!(
-                    "{at}: templatePatch is only allowed together with templateRef"
-                ));
-            }
-            Some(t.clone())
-        }
+        (Some(t), None) => Some(t.clone()),
         (None, Some(r)) => {
             let Some(base) = templates.get(r.name.as_str()) else {
                 errs.push(format!(
@@ -44,29 +43,45 @@ pub(super) fn resolve_template(
                 ));
                 return None;
             };
-            let Some(patch) = &role.template_patch else {
-                return Some(base.template.clone());
-            };
-            let base_v = match serde_yaml::to_value(&base.template) {
-                Ok(v) => v,
-                Err(e) => {
-                    errs.push(format!("{at}: roleTemplate {:?}: {e}", r.name));
-                    return None;
-                }
-            };
-            let merged = strategic_merge(&base_v, patch);
-            match serde_path_to_error::deserialize::<_, PodTemplateSpec>(merged) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    errs.push(format!(
-                        "{at}: templatePatch on {:?} gives an invalid template at {}: {}",
-                        r.name,
-                        e.path(),
-                        e.inner()
-                    ));
-                    None
-                }
+            match &r.patch {
+                None => Some(base.template.clone()),
+                Some(patch) => patch_template(
+                    at,
+                    &format!("templatePatch on {:?}", r.name),
+                    &base.template,
+                    patch,
+                    errs,
+                ),
             }
+        }
+    }
+}
+
+/// `base` with a strategic-merge `patch` applied; `what` names the patch.
+pub(super) fn patch_template(
+    at: &str,
+    what: &str,
+    base: &PodTemplateSpec,
+    patch: &Value,
+    errs: &mut Vec<String>,
+) -> Option<PodTemplateSpec> {
+    let base_v = match serde_yaml::to_value(base) {
+        Ok(v) => v,
+        Err(e) => {
+            errs.push(format!("{at}: {what}: {e}"));
+            return None;
+        }
+    };
+    let merged = strategic_merge(&base_v, patch);
+    match serde_path_to_error::deserialize::<_, PodTemplateSpec>(merged) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            errs.push(format!(
+                "{at}: {what} gives an invalid template at {}: {}",
+                e.path(),
+                e.inner()
+            ));
+            None
         }
     }
 }
@@ -106,6 +121,15 @@ fn check_volumes(at: &str, spec: &PodSpec, errs: &mut Vec<String>) {
         if !seen.insert(v.name.as_str()) {
             errs.push(format!("{at}: volume {:?} is declared twice", v.name));
         }
+        let sources = usize::from(v.empty_dir.is_some())
+            + usize::from(v.config_map.is_some())
+            + usize::from(v.secret.is_some());
+        if sources > 1 {
+            errs.push(format!(
+                "{at}: volume {:?} has {sources} sources; use one",
+                v.name
+            ));
+        }
         if let Some(ed) = &v.empty_dir {
             match ed.medium.as_deref() {
                 None | Some("") | Some("Memory") => {}
@@ -135,9 +159,31 @@ fn check_env(cat: &str, c: &Container, errs: &mut Vec<String>) {
                 e.name
             )),
             (_, Some(src)) => {
+                let sources = usize::from(src.field_ref.is_some())
+                    + usize::from(src.config_map_key_ref.is_some())
+                    + usize::from(src.secret_key_ref.is_some());
+                if sources > 1 {
+                    errs.push(format!(
+                        "{cat}: env {:?}: valueFrom has {sources} sources; use one",
+                        e.name
+                    ));
+                }
                 if let Some(f) = &src.field_ref {
                     if let Err(m) = crate::field_path::check_field_path(&f.field_path) {
                         errs.push(format!("{cat}: env {:?}: {m}", e.name));
+                    }
+                }
+                for (what, k) in [
+                    ("configMapKeyRef", &src.config_map_key_ref),
+                    ("secretKeyRef", &src.secret_key_ref),
+                ] {
+                    if let Some(k) = k {
+                        if k.name.is_empty() || k.key.is_empty() {
+                            errs.push(format!(
+                                "{cat}: env {:?}: valueFrom.{what} needs name and key",
+                                e.name
+                            ));
+                        }
                     }
                 }
             }

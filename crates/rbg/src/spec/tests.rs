@@ -184,8 +184,8 @@ spec:
 fn unknown_fields_are_reported_by_path() {
     let text = BASE
         .replace(
-            "    replicas: 3\n",
-            "    replicas: 3\n    leaderWorkerSet: {size: 2}\n",
+            "spec:\n  roles:\n",
+            "spec:\n  podGroupPolicy: {kubeScheduling: {}}\n  roles:\n",
         )
         .replace(
             "command: [kvpool, store]}",
@@ -195,7 +195,7 @@ fn unknown_fields_are_reported_by_path() {
     assert!(l
         .unimplemented
         .iter()
-        .any(|u| u.starts_with("spec.roles[store].leaderWorkerSet")));
+        .any(|u| u.starts_with("spec.podGroupPolicy")));
     assert!(l
         .unimplemented
         .iter()

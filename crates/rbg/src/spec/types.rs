@@ -4,15 +4,25 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
 
 use super::amount::IntOrString;
+use super::pod::{Container, PodTemplateSpec};
+use super::schema::{pod_template, preserve_unknown};
 
-/// The only API version this crate accepts.
+/// The deprecated API version (still served upstream).
 pub const API_VERSION: &str = "workloads.x-k8s.io/v1alpha1";
-/// The only kind this crate accepts.
+/// The current API version (served and stored upstream).
+pub const API_V1ALPHA2: &str = "workloads.x-k8s.io/v1alpha2";
+/// The API group of every rbg kind.
+pub const API_GROUP: &str = "workloads.x-k8s.io";
+/// The kind of a group.
 pub const KIND: &str = "RoleBasedGroup";
+/// Annotation through which v1alpha2 names a role's workload type
+/// (`apps/v1/StatefulSet`, `workloads.x-k8s.io/v1alpha2/RoleInstanceSet`, ...).
+pub const ANNOTATION_WORKLOAD: &str = "rbg.workloads.x-k8s.io/role-workload-type";
 /// Label carrying the group name on everything a group creates.
 pub const LABEL_GROUP: &str = "rolebasedgroup.workloads.x-k8s.io/name";
 /// Label carrying the role name on everything a group creates.
@@ -62,8 +72,24 @@ pub struct ObjectMeta {
     pub extra: Extra,
 }
 
-/// `spec` of a group.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// `spec` of a v1alpha1 group; also that version of the operator's
+/// custom resource.
+#[derive(
+    kube::CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "workloads.x-k8s.io",
+    version = "v1alpha1",
+    kind = "RoleBasedGroup",
+    root = "RoleBasedGroupV1Resource",
+    storage = false,
+    namespaced,
+    status = "crate::status::RbgStatus",
+    shortname = "rbg",
+    deprecated = "workloads.x-k8s.io/v1alpha1 RoleBasedGroup is deprecated; use workloads.x-k8s.io/v1alpha2",
+    printcolumn = r#"{"name":"READY","type":"string","jsonPath":".status.conditions[?(@.type=='Ready')].status"}"#,
+    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
 #[serde(rename_all = "camelCase")]
 pub struct GroupSpec {
     /// The roles, in the order written.
@@ -77,11 +103,12 @@ pub struct GroupSpec {
     pub coordination: Vec<Coordination>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// One role as written.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RoleSpec {
     /// Role name; a DNS label, unique in the group.
@@ -89,10 +116,33 @@ pub struct RoleSpec {
     pub name: String,
     /// Instances wanted; 1 when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 1))]
     pub replicas: Option<u32>,
     /// Roles that must be fully ready before this one is created or updated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies: Vec<String>,
+    /// Labels added to every Pod of the role (the template's win).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to every Pod of the role (the template's win).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Seconds an instance must stay ready before it counts as available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 0))]
+    pub min_ready_seconds: Option<u32>,
+    /// Leader-worker instances (workload `LeaderWorkerSet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_worker_set: Option<LeaderWorkerSetV1>,
+    /// Custom components of an instance (workload `InstanceSet`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ComponentSpec>,
+    /// Engine runtime profiles injected into the Pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_runtimes: Vec<EngineRuntime>,
+    /// Whether a RoleBasedGroupScalingAdapter may set the role's replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling_adapter: Option<ScalingAdapterSwitch>,
     /// The Kubernetes workload kind backing the role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<Workload>,
@@ -107,20 +157,23 @@ pub struct RoleSpec {
     pub service_ports: Vec<ServicePort>,
     /// The Pod template of each instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pod_template")]
     pub template: Option<PodTemplateSpec>,
     /// Use `spec.roleTemplates[name]` as the template instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_ref: Option<TemplateRef>,
     /// A strategic-merge patch applied to the referenced template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
     pub template_patch: Option<Value>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// `workload` of a role.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Workload {
     /// For example `apps/v1`.
@@ -131,11 +184,12 @@ pub struct Workload {
     pub kind: String,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// What happens when an instance of the role restarts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum RestartPolicy {
     /// The instance's container is restarted in place (with backoff).
     #[default]
@@ -147,32 +201,37 @@ pub enum RestartPolicy {
 }
 
 /// `rolloutStrategy` of a role.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStrategy {
     /// Only `RollingUpdate` is defined.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "RollingUpdate", "enum" = ["RollingUpdate"]))]
     pub kind: Option<String>,
     /// Parameters of the rolling update.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolling_update: Option<RollingUpdate>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// How one instance moves to a new revision.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum UpdateType {
     /// Restart containers inside the instance when only images changed.
     #[default]
     InPlaceIfPossible,
     /// Always delete and recreate the instance.
     Recreate,
+    /// Only image changes are rolled out (in place); any other change is
+    /// refused, as upstream's admission webhook refuses it.
+    InPlaceOnly,
 }
 
 /// `rolloutStrategy.rollingUpdate`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RollingUpdate {
     /// In place when possible, or recreate.
@@ -180,20 +239,31 @@ pub struct RollingUpdate {
     pub kind: Option<UpdateType>,
     /// Instances that may be unready during the update (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 1))]
     pub max_unavailable: Option<IntOrString>,
     /// Extra instances allowed during the update (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 0))]
     pub max_surge: Option<IntOrString>,
     /// Instances with index below this keep their revision (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 0))]
     pub partition: Option<IntOrString>,
+    /// While true, no instance moves to a new revision (scaling goes on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// `gracePeriodSeconds` between marking an instance unready and
+    /// swapping its images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place_update_strategy: Option<InPlaceUpdateStrategy>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// A named port of a role's service.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePort {
     /// Port name (key in the discovery file).
@@ -209,11 +279,12 @@ pub struct ServicePort {
     pub protocol: Option<String>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// `templateRef` of a role.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateRef {
     /// Name of an entry of `spec.roleTemplates`.
@@ -221,25 +292,28 @@ pub struct TemplateRef {
     pub name: String,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// An entry of `spec.roleTemplates`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RoleTemplate {
     /// Name roles refer to.
     #[serde(default)]
     pub name: String,
     /// The shared Pod template.
+    #[schemars(schema_with = "pod_template")]
     pub template: PodTemplateSpec,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// An entry of `spec.coordination`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Coordination {
     /// Name, for messages.
@@ -253,11 +327,12 @@ pub struct Coordination {
     pub strategy: CoordinationStrategy,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// `coordination[].strategy`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CoordinationStrategy {
     /// Roles advance a rollout together.
@@ -268,11 +343,12 @@ pub struct CoordinationStrategy {
     pub scaling: Option<CoordinatedScaling>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// `coordination[].strategy.rollingUpdate`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CoordinatedRollingUpdate {
     /// Largest allowed difference of updated fractions (default 100%).
@@ -286,11 +362,12 @@ pub struct CoordinatedRollingUpdate {
     pub max_unavailable: Option<IntOrString>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
 /// What "progress" means for coordinated scaling.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Progression {
     /// An instance counts once it exists (is started).
     #[default]
@@ -300,7 +377,7 @@ pub enum Progression {
 }
 
 /// `coordination[].strategy.scaling`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CoordinatedScaling {
     /// Largest allowed lead of one role's progress over the slowest.
@@ -311,309 +388,101 @@ pub struct CoordinatedScaling {
     pub progression: Option<Progression>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
-/// A Pod template (the subset a local runtime can honour).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// `rollingUpdate.inPlaceUpdateStrategy`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct PodTemplateSpec {
-    /// Labels and annotations of each instance.
+pub struct InPlaceUpdateStrategy {
+    /// Seconds between marking the instance unready and swapping images.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<TemplateMeta>,
-    /// Containers and volumes.
-    #[serde(default)]
-    pub spec: PodSpec,
+    pub grace_period_seconds: Option<u32>,
+}
+
+/// v1alpha1 `leaderWorkerSet` of a role.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderWorkerSetV1 {
+    /// Pods per instance, the leader included (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
+    /// Strategic-merge patch making the leader's template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub patch_leader_template: Option<Value>,
+    /// Strategic-merge patch making the workers' template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub patch_worker_template: Option<Value>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
-/// `template.metadata`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// One component of a custom-components instance.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct TemplateMeta {
-    /// Labels, readable through `metadata.labels['...']` field refs.
+pub struct ComponentSpec {
+    /// Component name; its Pods are `g-r-i-<name>-<j>`.
+    #[serde(default)]
+    pub name: String,
+    /// Pods of this component per instance (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
+    /// Governing service name; informational locally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    /// Labels merged into the component's Pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// Annotations, readable through `metadata.annotations['...']`.
+    /// Annotations merged into the component's Pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// The component's Pod template.
+    #[serde(default)]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub template: PodTemplateSpec,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
-/// Container restart behaviour of a Pod.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PodRestartPolicy {
-    /// Restart every exited container.
-    #[default]
-    Always,
-    /// Restart containers that exited non-zero.
-    OnFailure,
-    /// Never restart.
-    Never,
-}
-
-/// `template.spec`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// An `engineRuntimes[]` entry: a runtime profile injected into the Pods.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct PodSpec {
-    /// The processes of an instance.
+pub struct EngineRuntime {
+    /// Name of a ClusterEngineRuntimeProfile.
     #[serde(default)]
+    pub profile_name: String,
+    /// Containers of the role the profile's env and volumes go into.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inject_containers: Vec<String>,
+    /// Command/args overrides of the profile's containers, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::schema::preserve_unknown_list")]
     pub containers: Vec<Container>,
-    /// Volumes (only `emptyDir` is implemented).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volumes: Vec<Volume>,
-    /// Which exited containers are restarted (default Always).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restart_policy: Option<PodRestartPolicy>,
-    /// Time between SIGTERM and SIGKILL on stop (default 30 s in
-    /// Kubernetes; the local runtime caps it, see the runtime docs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub termination_grace_period_seconds: Option<u64>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }
 
-/// One container.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// `scalingAdapter` of a role.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Container {
-    /// Name, unique in the Pod.
+pub struct ScalingAdapterSwitch {
+    /// When true a RoleBasedGroupScalingAdapter owns the replica count.
     #[serde(default)]
-    pub name: String,
-    /// Image; resolved through the image map locally.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    /// Entrypoint override.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub command: Vec<String>,
-    /// Arguments.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    /// Environment variables, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<EnvVar>,
-    /// Declared ports.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ports: Vec<ContainerPort>,
-    /// When the container counts as ready.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub readiness_probe: Option<Probe>,
-    /// Volumes mounted into the container.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volume_mounts: Vec<VolumeMount>,
-    /// Working directory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub working_dir: Option<String>,
+    pub enable: bool,
+    /// Labels of the auto-created adapter.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// One environment variable.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EnvVar {
-    /// Variable name.
-    #[serde(default)]
-    pub name: String,
-    /// Literal value; `$(VAR)` expands.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// Value read from the instance's own fields.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value_from: Option<EnvVarSource>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// `env[].valueFrom`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EnvVarSource {
-    /// A field of the instance (Downward API).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub field_ref: Option<FieldRef>,
-    /// Unmodelled keys (configMapKeyRef, secretKeyRef, ...).
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// `valueFrom.fieldRef`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FieldRef {
-    /// For example `status.podIP` or `metadata.labels['app']`.
-    #[serde(default)]
-    pub field_path: String,
-    /// Ignored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// A declared container port.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainerPort {
-    /// Name, usable by probes and published in the discovery file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Port number.
-    pub container_port: u16,
-    /// Ignored locally.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<String>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// A readiness probe.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Probe {
-    /// Ready when a TCP connection succeeds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_socket: Option<TcpSocketAction>,
-    /// Ready when an HTTP GET answers 200..=399.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http_get: Option<HttpGetAction>,
-    /// Ready when a command exits 0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec: Option<ExecAction>,
-    /// Seconds after start before the first probe (default 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial_delay_seconds: Option<u32>,
-    /// Seconds between probes (default 10).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub period_seconds: Option<u32>,
-    /// Seconds one probe may take (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_seconds: Option<u32>,
-    /// Consecutive successes to become ready (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub success_threshold: Option<u32>,
-    /// Consecutive failures to become unready (default 3).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_threshold: Option<u32>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// `tcpSocket` probe.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TcpSocketAction {
-    /// Port number or container port name.
-    pub port: IntOrString,
-    /// Host; the instance's address when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// `httpGet` probe.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HttpGetAction {
-    /// Path (default `/`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    /// Port number or container port name.
-    pub port: IntOrString,
-    /// Host; the instance's address when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// Only `HTTP` is implemented.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scheme: Option<String>,
-    /// Extra request headers.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub http_headers: Vec<HttpHeader>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// A header of an `httpGet` probe.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct HttpHeader {
-    /// Header name.
-    pub name: String,
-    /// Header value.
-    pub value: String,
-}
-
-/// `exec` probe.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecAction {
-    /// Command run with the container's environment.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// A volume mount.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeMount {
-    /// Volume name.
-    #[serde(default)]
-    pub name: String,
-    /// Path inside the container; rewritten to the host directory locally.
-    #[serde(default)]
-    pub mount_path: String,
-    /// Ignored locally.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_only: Option<bool>,
-    /// Sub-directory of the volume to mount.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sub_path: Option<String>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// A volume.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Volume {
-    /// Name mounts refer to.
-    #[serde(default)]
-    pub name: String,
-    /// A per-instance scratch directory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub empty_dir: Option<EmptyDir>,
-    /// Unmodelled keys (other volume sources).
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: Extra,
-}
-
-/// `emptyDir` volume source.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EmptyDir {
-    /// `Memory` for tmpfs; default disk.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub medium: Option<String>,
-    /// Not enforced locally.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size_limit: Option<Value>,
-    /// Unmodelled keys.
-    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
     pub extra: Extra,
 }

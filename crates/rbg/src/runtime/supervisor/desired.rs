@@ -24,13 +24,22 @@ impl Supervisor {
         let mut changed = Vec::new();
         let mut desired = Vec::new();
         for r in &group.roles {
-            if !self.slots.contains_key(&r.name) {
-                let next = self.slots.values().max().map_or(0, |m| m + 1);
+            // A role holds one slot per Pod of an instance; one that grows
+            // past its slots moves to fresh ones at the end.
+            let need = u32::try_from(r.pods.len()).unwrap_or(u32::MAX).max(1);
+            if self.slot_sizes.get(&r.name).is_none_or(|have| *have < need) {
+                let next = self
+                    .slots
+                    .iter()
+                    .map(|(n, s)| s + self.slot_sizes.get(n).copied().unwrap_or(1))
+                    .max()
+                    .unwrap_or(0);
                 self.slots.insert(r.name.clone(), next);
+                self.slot_sizes.insert(r.name.clone(), need);
             }
             let mut d = DesiredRole::from_role(r);
             self.templates
-                .insert((r.name.clone(), d.revision.clone()), r.template.clone());
+                .insert((r.name.clone(), d.revision.clone()), r.pods.clone());
             match self.desired.iter().find(|o| o.name == r.name) {
                 Some(old) if old.revision != d.revision => {
                     changed.push(format!("{}: {} -> {}", r.name, old.revision, d.revision));
@@ -51,7 +60,9 @@ impl Supervisor {
         self.levels = planner::group_levels(&group);
         self.group = group;
         self.desired = desired;
-        self.hosts = discovery::host_table(&self.group, &|role, index| self.address(role, index));
+        self.hosts = discovery::host_table(&self.group, &|role, index, pod| {
+            self.pod_address(role, index, pod)
+        });
         self.write_discovery()?;
         if !changed.is_empty() || self.history.is_empty() {
             let number = self.history.last().map_or(1, |h| h.number + 1);
@@ -127,25 +138,22 @@ impl Supervisor {
     }
 
     pub(super) fn apply(&mut self, text: &str, cause: &str) -> Response {
-        let loaded = match spec::load(text) {
+        // A file may hold several groups: this supervisor takes its own.
+        let loaded = match super::load_group(text, Some(&self.group.name)) {
             Ok(l) => l,
             Err(e) => {
                 return Response::Error {
-                    message: e.to_string(),
+                    message: format!("{e} (this is group {:?})", self.group.name),
                 }
             }
         };
-        if loaded.group.name != self.group.name {
-            return Response::Error {
-                message: format!(
-                    "this is group {:?}; the spec names {:?} (run `rbg up` for a new group)",
-                    self.group.name, loaded.group.name
-                ),
-            };
+        if let Some(m) = self.in_place_only_violation(&loaded.group) {
+            return Response::Error { message: m };
         }
         if let Err(m) = check_local_limits(&loaded.group) {
             return Response::Error { message: m };
         }
+        self.api_version = loaded.api_version.clone();
         match self.install(loaded.group, text, cause) {
             Ok(changed) => {
                 for c in &changed {
@@ -161,6 +169,27 @@ impl Supervisor {
                 message: e.to_string(),
             },
         }
+    }
+
+    /// An `InPlaceOnly` role whose new template differs from the current
+    /// one in more than images is refused, as upstream's webhook refuses it.
+    fn in_place_only_violation(&self, g: &Group) -> Option<String> {
+        for r in &g.roles {
+            if r.update.kind != spec::UpdateType::InPlaceOnly {
+                continue;
+            }
+            let Some(old) = self.desired.iter().find(|d| d.name == r.name) else {
+                continue;
+            };
+            let new = DesiredRole::from_role(r);
+            if new.revision != old.revision && new.shape != old.shape {
+                return Some(format!(
+                    "role {:?}: rolloutStrategy.rollingUpdate.type is InPlaceOnly and the change is not only container images; refused",
+                    r.name
+                ));
+            }
+        }
+        None
     }
 
     pub(super) fn status(&self) -> GroupStatus {
@@ -207,14 +236,29 @@ impl Supervisor {
                 age_secs: i.created.elapsed().as_secs(),
                 state: i.state().to_string(),
                 volumes: i
-                    .volumes
+                    .pods
                     .iter()
-                    .map(|(k, v)| (k.clone(), v.display().to_string()))
+                    .enumerate()
+                    .flat_map(|(p, pod)| {
+                        pod.volumes.iter().map(move |(k, v)| {
+                            let key = if p == 0 {
+                                k.clone()
+                            } else {
+                                format!("{}/{k}", pod.name)
+                            };
+                            (key, v.display().to_string())
+                        })
+                    })
                     .collect(),
                 pids: i
                     .ctrs
                     .iter()
-                    .map(|c| (c.spec.name.clone(), if c.alive() { c.pid } else { 0 }))
+                    .map(|c| (c.key.clone(), if c.alive() { c.pid } else { 0 }))
+                    .collect(),
+                pods: i
+                    .pods
+                    .iter()
+                    .map(|p| (p.name.clone(), p.ip.to_string()))
                     .collect(),
                 started_ms: i.started_ms,
                 ready_since_ms: if i.ready() { i.ready_since_ms } else { None },
@@ -227,17 +271,29 @@ impl Supervisor {
             roles,
             instances,
             group_restarts: self.group_restarts,
+            namespace: self.group.namespace.clone(),
+            api_version: self.api_version.clone(),
+            upstream: self.rbg_status.clone(),
         }
     }
 
     pub(super) fn observed(&self) -> planner::Observed {
         let mut o = planner::Observed::new();
+        let now = unix_ms();
         for i in self.instances.values() {
+            // minReadySeconds: ready counts once it has lasted that long.
+            let min_ready = self
+                .group
+                .role(&i.role)
+                .map_or(0, |r| u64::from(r.min_ready_seconds) * 1000);
+            let available = i.ready()
+                && i.ready_since_ms
+                    .is_some_and(|t| now.saturating_sub(t) >= min_ready);
             o.entry(i.role.clone()).or_default().push(ObservedInstance {
                 index: i.index,
                 revision: i.revision.clone(),
                 shape: i.shape.clone(),
-                ready: i.ready(),
+                ready: available,
                 running: i.running(),
                 restarts: i.restarts,
                 crash: if i.pending.is_none() { i.crash } else { None },

@@ -29,6 +29,11 @@ pub(super) enum CtrState {
 
 /// One container of an instance and its process, if started.
 pub(super) struct Ctr {
+    /// Which Pod of the instance it belongs to (index into `pods`).
+    pub(super) pod: usize,
+    /// `name` in the first Pod, `<pod suffix>/name` in the others: unique
+    /// in the instance, used for in-place restarts and `rbg status` pids.
+    pub(super) key: String,
     pub(super) spec: Container,
     pub(super) child: Option<Child>,
     pub(super) pid: u32,
@@ -52,19 +57,28 @@ impl Ctr {
 /// What an instance does once the containers being stopped are gone.
 #[derive(Debug, Clone)]
 pub(super) enum Pending {
-    /// Restart these containers at the instance's (new) revision.
+    /// Restart these containers (by key) at the instance's (new) revision.
     InPlace(BTreeSet<String>),
     /// Delete and start again at the instance's (new) revision.
     Recreate,
     Delete,
 }
 
+/// One Pod of an instance: its name, address and volumes.
+pub(super) struct PodRec {
+    pub(super) name: String,
+    pub(super) ip: Ipv4Addr,
+    pub(super) volumes: BTreeMap<String, PathBuf>,
+}
+
 /// One instance (`g-r-i`) of a role: identity, revision, crash streak,
-/// containers and volumes.
+/// its Pods (one, or a leader and workers, or components) and their
+/// containers. All of them start, stop and restart as one unit.
 pub(super) struct Instance {
     pub(super) role: String,
     pub(super) index: u32,
     pub(super) name: String,
+    /// The first Pod's address (the leader's).
     pub(super) ip: Ipv4Addr,
     pub(super) revision: String,
     pub(super) shape: String,
@@ -74,7 +88,7 @@ pub(super) struct Instance {
     pub(super) streak: u32,
     pub(super) ctrs: Vec<Ctr>,
     pub(super) pending: Option<Pending>,
-    pub(super) volumes: BTreeMap<String, PathBuf>,
+    pub(super) pods: Vec<PodRec>,
     pub(super) started_ms: u64,
     pub(super) ready_since_ms: Option<u64>,
 }
@@ -119,7 +133,7 @@ pub(super) fn stop_containers(
     deadline: Millis,
 ) {
     for c in &mut inst.ctrs {
-        if names.is_some_and(|n| !n.contains(&c.spec.name)) {
+        if names.is_some_and(|n| !n.contains(&c.key)) {
             continue;
         }
         match c.state {
@@ -135,7 +149,7 @@ pub(super) fn stop_containers(
 
 /// Deletes the instance's volume directories (emptyDir dies with the Pod).
 pub(super) fn remove_volumes(inst: &Instance) {
-    for p in inst.volumes.values() {
+    for p in inst.pods.iter().flat_map(|p| p.volumes.values()) {
         let _ = std::fs::remove_dir_all(p);
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::instance::{remove_volumes, stop_containers, Ctr, CtrState, Instance, Pending};
+use super::instance::{remove_volumes, stop_containers, Ctr, CtrState, Instance, Pending, PodRec};
 use super::{unix_ms, Supervisor};
 use crate::discovery;
 use crate::planner::{Action, Crash, Millis};
@@ -15,6 +15,7 @@ use crate::revision;
 use crate::runtime::launch;
 use crate::runtime::probe::{ProbeAction, ProbeState, ProbeTiming};
 use crate::runtime::process;
+use crate::spec::{Pattern, PodSlot, Role};
 
 impl Supervisor {
     /// Collects exits of container processes.
@@ -22,12 +23,12 @@ impl Supervisor {
         let reset = u64::try_from(self.opts.backoff_reset.as_millis()).unwrap_or(u64::MAX);
         let mut lines = Vec::new();
         for inst in self.instances.values_mut() {
-            let policy = self
-                .group
-                .role(&inst.role)
-                .and_then(|r| r.template.spec.restart_policy)
-                .unwrap_or_default();
+            let role = self.group.role(&inst.role);
             for c in &mut inst.ctrs {
+                let policy = role
+                    .and_then(|r| r.pods.get(c.pod))
+                    .and_then(|p| p.template.spec.restart_policy)
+                    .unwrap_or_default();
                 let Some(child) = c.child.as_mut() else {
                     continue;
                 };
@@ -101,7 +102,7 @@ impl Supervisor {
             let stopping = |names: Option<&BTreeSet<String>>| {
                 inst.ctrs
                     .iter()
-                    .filter(|c| names.is_none_or(|n| n.contains(&c.spec.name)))
+                    .filter(|c| names.is_none_or(|n| n.contains(&c.key)))
                     .any(Ctr::alive)
             };
             match pending {
@@ -141,7 +142,7 @@ impl Supervisor {
         names: &BTreeSet<String>,
         now: Millis,
     ) {
-        let Some(template) = self
+        let Some(pods) = self
             .instances
             .get(key)
             .and_then(|i| self.templates.get(&(i.role.clone(), i.revision.clone())))
@@ -156,11 +157,14 @@ impl Supervisor {
         inst.crash = None;
         let mut restarted = Vec::new();
         for i in 0..inst.ctrs.len() {
-            let name = inst.ctrs[i].spec.name.clone();
-            if !names.contains(&name) {
+            if !names.contains(&inst.ctrs[i].key) {
                 continue;
             }
-            if let Some(spec) = template.spec.containers.iter().find(|c| c.name == name) {
+            let (pod, name) = (inst.ctrs[i].pod, inst.ctrs[i].spec.name.clone());
+            if let Some(spec) = pods
+                .get(pod)
+                .and_then(|p| p.template.spec.containers.iter().find(|c| c.name == name))
+            {
                 inst.ctrs[i].spec = spec.clone();
             }
             inst.restarts += 1;
@@ -234,14 +238,27 @@ impl Supervisor {
                     return;
                 };
                 // Restart the containers whose spec changed, and any that is
-                // not running (a crash restart).
-                let names = launch::containers_to_restart(
-                    old.as_ref(),
-                    new.as_ref(),
-                    inst.ctrs
-                        .iter()
-                        .map(|c| (c.spec.name.as_str(), matches!(c.state, CtrState::Running))),
-                );
+                // not running (a crash restart), Pod by Pod.
+                let mut names = BTreeSet::new();
+                for p in 0..inst.pods.len() {
+                    let slot = |t: &Option<Vec<PodSlot>>| {
+                        t.as_ref()
+                            .and_then(|t| t.get(p))
+                            .map(|s| s.template.clone())
+                    };
+                    let ctrs: Vec<&Ctr> = inst.ctrs.iter().filter(|c| c.pod == p).collect();
+                    let restart = launch::containers_to_restart(
+                        slot(&old).as_ref(),
+                        slot(&new).as_ref(),
+                        ctrs.iter()
+                            .map(|c| (c.spec.name.as_str(), matches!(c.state, CtrState::Running))),
+                    );
+                    for c in ctrs {
+                        if restart.contains(&c.spec.name) {
+                            names.insert(c.key.clone());
+                        }
+                    }
+                }
                 let line = if inst.revision == revision {
                     format!("{}: restarting {}", inst.name, join(&names))
                 } else {
@@ -275,10 +292,26 @@ impl Supervisor {
     }
 
     pub(super) fn shape_of(&self, role: &str, rev: &str) -> String {
-        self.templates
-            .get(&(role.to_string(), rev.to_string()))
-            .map(revision::shape)
-            .unwrap_or_default()
+        let Some(pods) = self.templates.get(&(role.to_string(), rev.to_string())) else {
+            return String::new();
+        };
+        let mut r = self.group.role(role).cloned().unwrap_or_else(|| Role {
+            name: role.to_string(),
+            replicas: 0,
+            dependencies: Vec::new(),
+            restart_policy: Default::default(),
+            update: Default::default(),
+            service_ports: Vec::new(),
+            template: Default::default(),
+            pods: Vec::new(),
+            pattern: Pattern::Standalone,
+            workload_kind: String::new(),
+            min_ready_seconds: 0,
+            ordered: false,
+            restart_delays: None,
+        });
+        r.pods = pods.clone();
+        revision::role_shape(&r)
     }
 
     pub(super) fn grace(&self, role: &str) -> Millis {
@@ -299,7 +332,7 @@ impl Supervisor {
         streak: u32,
         now: Millis,
     ) {
-        let Some(template) = self
+        let Some(slots) = self
             .templates
             .get(&(role.to_string(), rev.to_string()))
             .cloned()
@@ -307,35 +340,55 @@ impl Supervisor {
             self.say(&format!("{role}-{index}: no template for revision {rev}"));
             return;
         };
-        let Some(ip) = self.address(role, index) else {
-            self.say(&format!("{role}-{index}: no local address"));
-            return;
-        };
         let name = discovery::instance_name(&self.group.name, role, index);
-        let mut volumes = BTreeMap::new();
         let shm = Path::new("/dev/shm").is_dir();
-        for (volume, path) in launch::volume_dirs(&self.dir, &name, &template, shm) {
-            if let Err(e) = std::fs::create_dir_all(&path) {
-                self.say(&format!("{name}: creating volume {}: {e}", path.display()));
+        let mut pods = Vec::new();
+        let mut ctrs = Vec::new();
+        for (p, slot) in slots.iter().enumerate() {
+            let Some(ip) = self.pod_address(role, index, p) else {
+                self.say(&format!("{name}: no local address"));
+                return;
+            };
+            let pod_name = format!("{name}{}", slot.suffix);
+            let mut volumes = BTreeMap::new();
+            for (volume, path) in launch::volume_dirs(&self.dir, &pod_name, &slot.template, shm) {
+                if let Err(e) = std::fs::create_dir_all(&path) {
+                    self.say(&format!(
+                        "{pod_name}: creating volume {}: {e}",
+                        path.display()
+                    ));
+                }
+                volumes.insert(volume, path);
             }
-            volumes.insert(volume, path);
-        }
-        let inst = Instance {
-            role: role.to_string(),
-            index,
-            name: name.clone(),
-            ip,
-            revision: rev.to_string(),
-            shape: revision::shape(&template),
-            created: Instant::now(),
-            restarts,
-            crash: None,
-            streak,
-            ctrs: template
-                .spec
-                .containers
-                .iter()
-                .map(|c| Ctr {
+            // ConfigMap and Secret volumes get their files now, as the
+            // kubelet writes them before the containers start.
+            for v in &slot.template.spec.volumes {
+                let Some(dir) = volumes.get(&v.name) else {
+                    continue;
+                };
+                match launch::object_files(v, &self.group.objects) {
+                    Ok(files) => {
+                        for (rel, text) in files {
+                            let path = dir.join(rel);
+                            if let Some(parent) = path.parent() {
+                                let _ = std::fs::create_dir_all(parent);
+                            }
+                            if let Err(e) = std::fs::write(&path, text) {
+                                self.say(&format!("{pod_name}: writing {}: {e}", path.display()));
+                            }
+                        }
+                    }
+                    Err(m) => self.say(&format!("{pod_name}: volume {:?}: {m}", v.name)),
+                }
+            }
+            for c in &slot.template.spec.containers {
+                ctrs.push(Ctr {
+                    pod: p,
+                    key: if slot.suffix.is_empty() {
+                        c.name.clone()
+                    } else {
+                        format!("{}/{}", slot.suffix.trim_start_matches('-'), c.name)
+                    },
                     spec: c.clone(),
                     child: None,
                     pid: 0,
@@ -343,10 +396,36 @@ impl Supervisor {
                     started: now,
                     state: CtrState::Stopped,
                     probe: None,
-                })
-                .collect(),
+                });
+            }
+            pods.push(PodRec {
+                name: pod_name,
+                ip,
+                volumes,
+            });
+        }
+        let Some(ip) = pods.first().map(|p| p.ip) else {
+            self.say(&format!("{name}: the role has no Pods"));
+            return;
+        };
+        let mut r = self.group.role(role).cloned();
+        if let Some(r) = r.as_mut() {
+            r.pods = slots;
+        }
+        let inst = Instance {
+            role: role.to_string(),
+            index,
+            name: name.clone(),
+            ip,
+            revision: rev.to_string(),
+            shape: r.as_ref().map(revision::role_shape).unwrap_or_default(),
+            created: Instant::now(),
+            restarts,
+            crash: None,
+            streak,
+            ctrs,
             pending: None,
-            volumes,
+            pods,
             started_ms: unix_ms(),
             ready_since_ms: None,
         };
@@ -369,25 +448,30 @@ impl Supervisor {
         let Some(c) = inst.ctrs.get_mut(ci) else {
             return;
         };
-        let mounts = launch::host_mounts(&c.spec, &inst.volumes);
+        let Some(pod) = inst.pods.get(c.pod) else {
+            return;
+        };
+        let pod_ip = pod.ip;
+        let mounts = launch::host_mounts(&c.spec, &pod.volumes);
         for m in mounts.iter().filter(|m| m.sub_path) {
             let _ = std::fs::create_dir_all(&m.host);
         }
-        let facts = launch::instance_facts(
+        let mut facts = launch::instance_facts(
             &self.group,
             &key.0,
             key.1,
-            inst.ip,
+            pod_ip,
             &self.node,
             &self.dir.config(),
             &mounts,
         );
+        launch::pod_facts(&mut facts, &self.group, c.pod);
         let ctx = launch::LaunchContext {
             hosts: &self.hosts,
             images: &self.opts.images,
             default_cwd: &self.opts.cwd,
         };
-        let log = self.dir.log(&inst.name, &c.spec.name);
+        let log = self.dir.log(&pod.name, &c.spec.name);
         let spawned = launch::container_spawn(
             &c.spec,
             &facts,
@@ -416,7 +500,7 @@ impl Supervisor {
                     match launch::probe_action(
                         p,
                         &c.spec,
-                        inst.ip,
+                        pod_ip,
                         &self.hosts,
                         &full_env,
                         cwd,

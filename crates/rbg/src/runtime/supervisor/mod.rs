@@ -33,7 +33,7 @@ use super::probe;
 use super::state::{GroupDir, HistoryEntry};
 use crate::discovery;
 use crate::planner::{self, Action, Backoff, DesiredRole, Millis, Wait};
-use crate::spec::{self, Group, PodTemplateSpec};
+use crate::spec::{self, Group, PodSlot};
 
 /// Settings of a local run.
 pub struct Options {
@@ -137,7 +137,10 @@ pub struct Supervisor {
     desired: Vec<DesiredRole>,
     levels: Vec<Vec<String>>,
     slots: BTreeMap<String, u32>,
-    templates: BTreeMap<(String, String), PodTemplateSpec>,
+    /// The Pods of an instance of each (role, revision) seen.
+    templates: BTreeMap<(String, String), Vec<PodSlot>>,
+    /// How many address slots each role holds (one per Pod of an instance).
+    slot_sizes: BTreeMap<String, u32>,
     current_revision: BTreeMap<String, String>,
     instances: BTreeMap<(String, u32), Instance>,
     history: Vec<HistoryEntry>,
@@ -154,12 +157,18 @@ pub struct Supervisor {
     /// Crash streaks of instances removed by a group restart, by identity,
     /// so a member that keeps crashing still backs off exponentially.
     saved_streaks: BTreeMap<(String, u32), u32>,
+    /// The upstream-shaped status of the last pass (keeps condition
+    /// transition times).
+    rbg_status: crate::status::RbgStatus,
+    /// API version of the applied spec.
+    api_version: String,
 }
 
-/// Runs `spec_text` in the foreground until `down`, SIGINT or SIGTERM.
-/// Caller must run this on a current-thread tokio runtime (see module docs).
-pub async fn run(spec_text: &str, opts: Options) -> Result<(), RuntimeError> {
-    let loaded = spec::load(spec_text).map_err(|e| RuntimeError::Spec(e.to_string()))?;
+/// Runs group `name` of `spec_text` (the only group when `None`) in the
+/// foreground until `down`, SIGINT or SIGTERM. Caller must run this on a
+/// current-thread tokio runtime (see module docs).
+pub async fn run(spec_text: &str, name: Option<&str>, opts: Options) -> Result<(), RuntimeError> {
+    let loaded = load_group(spec_text, name)?;
     check_local_limits(&loaded.group).map_err(RuntimeError::Spec)?;
     let dir = GroupDir::new(&opts.state_dir, &loaded.group.name);
     prepare_dirs(&opts.state_dir, &dir).await?;
@@ -181,6 +190,7 @@ pub async fn run(spec_text: &str, opts: Options) -> Result<(), RuntimeError> {
         levels: Vec::new(),
         slots: BTreeMap::new(),
         templates: BTreeMap::new(),
+        slot_sizes: BTreeMap::new(),
         current_revision: BTreeMap::new(),
         instances: BTreeMap::new(),
         history: Vec::new(),
@@ -195,6 +205,8 @@ pub async fn run(spec_text: &str, opts: Options) -> Result<(), RuntimeError> {
         was_ready: false,
         group_restarts: 0,
         saved_streaks: BTreeMap::new(),
+        rbg_status: Default::default(),
+        api_version: loaded.api_version.clone(),
     };
     for u in &loaded.unimplemented {
         sup.say(&format!("warning: {u}"));
@@ -245,6 +257,22 @@ pub async fn run(spec_text: &str, opts: Options) -> Result<(), RuntimeError> {
     }
     server.abort();
     Ok(())
+}
+
+/// Group `name` of a file (the only one when `None`), with the file's
+/// notes added to its report.
+pub(super) fn load_group(text: &str, name: Option<&str>) -> Result<spec::Loaded, RuntimeError> {
+    let spec_err = |e: spec::SpecError| RuntimeError::Spec(e.to_string());
+    let Some(name) = name else {
+        return spec::load(text).map_err(spec_err);
+    };
+    let bundle = spec::load_all(text).map_err(spec_err)?;
+    let notes = bundle.notes.clone();
+    let mut l = bundle
+        .take(name)
+        .ok_or_else(|| RuntimeError::Spec(format!("the file holds no group {name:?}")))?;
+    l.unimplemented.extend(notes);
+    Ok(l)
 }
 
 fn signal(
@@ -312,7 +340,13 @@ impl Supervisor {
     }
 
     fn address(&self, role: &str, index: u32) -> Option<Ipv4Addr> {
-        let slot = *self.slots.get(role)?;
+        self.pod_address(role, index, 0)
+    }
+
+    /// Address of Pod `pod` of instance `index`: each Pod position of a
+    /// role has its own slot, so leaders and workers can bind one port.
+    fn pod_address(&self, role: &str, index: u32, pod: usize) -> Option<Ipv4Addr> {
+        let slot = *self.slots.get(role)? + u32::try_from(pod).ok()?;
         discovery::local_address(self.octet, slot, index)
     }
 
@@ -395,6 +429,29 @@ impl Supervisor {
             self.last_progress = line.clone();
             self.say(&format!("ready {line}"));
         }
+        let waiting: Vec<(String, String)> = self
+            .waiting
+            .iter()
+            .filter_map(|w| match w {
+                Wait::Dependency { role, dependency } => Some((role.clone(), dependency.clone())),
+                _ => None,
+            })
+            .collect();
+        let restarting = self
+            .instances
+            .values()
+            .filter(|i| i.crash.is_some() || matches!(i.pending, Some(instance::Pending::Recreate)))
+            .count();
+        let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+        self.rbg_status = crate::status::compute(crate::status::StatusInput {
+            roles: &self.desired,
+            observed: &observed,
+            generation: i64::try_from(self.history.last().map_or(0, |h| h.number)).unwrap_or(0),
+            waiting: &waiting,
+            restarting: u32::try_from(restarting).unwrap_or(u32::MAX),
+            previous: Some(&self.rbg_status),
+            now: &now,
+        });
         let ready = planner::group_ready(&self.desired, &observed);
         if ready && !self.was_ready {
             let name = self.group.name.clone();

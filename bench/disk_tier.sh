@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The disk tier, measured in one run on this machine's disk:
+#  1. fio: O_DIRECT random reads of 512 KiB and 4 KiB at queue depth 4
+#     (4 threads doing pread, as the store does), on a file in DISK_DIR;
+#  2. disk-tier reads: a store with a small memory segment and a big disk
+#     tier (4 requests in flight to the device, `--disk-queue-depth 4`),
+#     filled at a pace the disk absorbs, then read at random by `kvpool
+#     bench` (16 workers keep the store's queue full), promotion off so
+#     only reads reach the disk; ratio to fio;
+#  3. puts with and without a disk tier behind the same memory, at a pace
+#     the disk keeps up with (`--rate`): what demotion costs a put;
+#  4. `kvpool bench-reuse` on a working set of 3x memory, Zipf and
+#     multi-turn, memory alone vs memory + disk: hit rate and read latency
+#     by tier.
+# Usage: bench/disk_tier.sh [OUTDIR]   (builds the release binary first)
+# Env: DISK_DIR (a directory on the disk to measure, default under /var/tmp),
+#      DURATION (per measurement, default 10s).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${1:-/tmp/kvpool-bench/disk}"; mkdir -p "$OUT"
+DURATION="${DURATION:-10s}"
+secs="${DURATION%s}"
+DISK_DIR="${DISK_DIR:-/var/tmp/kvpool-disk-bench}"
+command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
+cargo build --release -p kvpool --manifest-path "$ROOT/Cargo.toml" >/dev/null
+K="$ROOT/target/release/kvpool"
+MEM="$(mktemp -d /dev/shm/kvpool-disk-bench.XXXXXX)"
+mkdir -p "$DISK_DIR"
+PIDS=()
+STORE_FLAGS=()
+# Stops the pool and gives its memory and disk back (the disk files are big).
+stop_pool() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PIDS=()
+  rm -rf "${MEM:?}"/* "$DISK_DIR"/pool-*
+}
+cleanup() { stop_pool; rm -rf "$MEM" "$DISK_DIR"/pool-* "$DISK_DIR/fio.dat"; }
+trap cleanup EXIT
+
+# A free port pair (RPC, metrics) on 127.0.0.1.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# pool NAME MEMORY DISK [master flags...]: a master and one store; its RPC
+# port is left in $PORT.
+pool() {
+  local name=$1 mem=$2 disk=$3; shift 3
+  local port; port="$(free_port)"; PORT=$port
+  "$K" master --rpc-port "$port" --metrics-port "$(free_port)" "$@" >"$OUT/$name-master.log" 2>&1 & PIDS+=($!)
+  local dflags=()
+  [ "$disk" != 0 ] && dflags=(--disk-dir "$DISK_DIR/pool-$name" --disk-size "$disk" "${STORE_FLAGS[@]}")
+  "$K" store --master "127.0.0.1:$port" --segment-size "$mem" --data-dir "$MEM/$name" "${dflags[@]}" \
+    >"$OUT/$name-store.log" 2>&1 & PIDS+=($!)
+  local want=1; [ "$disk" != 0 ] && want=2
+  for _ in $(seq 1 100); do
+    "$K" status --master "127.0.0.1:$port" 2>/dev/null | grep -q "segments: $want" && return
+    sleep 0.2
+  done
+  echo "pool $name did not start; see $OUT/$name-*.log" >&2; exit 1
+}
+# settle PORT: waits until the memory tier is under its demotion watermark.
+settle() {
+  for _ in $(seq 1 300); do
+    local pct
+    pct="$("$K" status --master "127.0.0.1:$1" | awk '/^memory tier:/ { gsub(/[(%),]/, "", $8); print $8 }')"
+    awk -v p="${pct:-100}" 'BEGIN { exit !(p < 92) }' && return
+    sleep 0.2
+  done
+}
+bench() { "$K" bench --protocol tcp "$@" 2>/dev/null; }
+
+{
+echo "# disk tier, $(date -u +%Y-%m-%dT%H:%MZ), disk dir $DISK_DIR ($(df -h "$DISK_DIR" | awk 'NR==2 {print $1}'))"
+echo
+echo "## 1. fio, O_DIRECT random reads, 4 threads (queue depth 4)"
+for bs in 512k 4k; do
+  fio --name=randread-$bs --filename="$DISK_DIR/fio.dat" --size=2G --rw=randread --bs=$bs --direct=1 \
+    --ioengine=psync --numjobs=4 --group_reporting --runtime="$secs" --time_based --output-format=terse \
+    | awk -F';' -v bs=$bs '{ printf "fio %s: %.0f IOPS, %.1f MB/s\n", bs, $8, $7 * 1024 / 1e6 }'
+done
+rm -f "$DISK_DIR/fio.dat"
+
+echo
+echo "## 2. disk-tier reads (memory 256 MiB, disk 6 GiB; 512 KiB: 8192 objects, 4 GiB)"
+# The store keeps 4 reads in flight to the device, as fio's 4 threads do;
+# 16 workers keep it busy.
+STORE_FLAGS=(--disk-queue-depth 4)
+pool reads 256MiB 6GiB --promote-on-read false
+STORE_FLAGS=()
+bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 512KiB --keys 8192 --keep --batch 1 --rate 600 --duration 15s --prefix big | tail -n 3
+settle $PORT
+"$K" status --master 127.0.0.1:$PORT | grep -E "tier:|demotions"
+bench --master 127.0.0.1:$PORT --ops get --sizes 512KiB --keys 8192 --batch 8 --concurrency 16 --duration "$DURATION" --prefix big | tail -n 3
+echo "### 4 KiB: 196608 objects, 768 MiB"
+bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 4KiB --keys 196608 --keep --batch 32 --rate 600 --duration 12s --prefix small | tail -n 3
+settle $PORT
+"$K" status --master 127.0.0.1:$PORT | grep -E "tier:|demotions"
+bench --master 127.0.0.1:$PORT --ops get --sizes 4KiB --keys 196608 --batch 32 --concurrency 16 --duration "$DURATION" --prefix small | tail -n 3
+"$K" status --master 127.0.0.1:$PORT | sed -n '/DISK I\/O/,$p'
+stop_pool
+
+echo
+echo "## 3. puts of 512 KiB at 400/s for 20 s (8 GB into 1 GiB of memory): memory alone, then memory + disk"
+pool memput 1GiB 0
+bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 512KiB --batch 1 --rate 400 --duration 20s --keep | tail -n 2
+"$K" status --master 127.0.0.1:$PORT | grep -E "^evictions"
+stop_pool
+pool diskput 1GiB 12GiB
+bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 512KiB --batch 1 --rate 400 --duration 20s --keep | tail -n 2
+"$K" status --master 127.0.0.1:$PORT | grep -E "^evictions|tier:|demotions"
+stop_pool
+
+echo
+echo "## 4. reuse, working set 768 MiB = 3x memory (256 MiB), 64 KiB pages"
+for pattern in zipf turns; do
+  pool memonly 256MiB 0
+  echo "### $pattern, memory only"
+  "$K" bench-reuse --master 127.0.0.1:$PORT --pattern "$pattern" --working-set 768MiB --duration "$DURATION"
+  stop_pool
+  pool tiered 256MiB 2GiB
+  echo "### $pattern, memory + disk"
+  "$K" bench-reuse --master 127.0.0.1:$PORT --pattern "$pattern" --working-set 768MiB --duration "$DURATION"
+  "$K" status --master 127.0.0.1:$PORT | grep -E "tier:|demotions|promotions|^evictions"
+  stop_pool
+done
+} 2>&1 | tee "$OUT/disk_tier.md"

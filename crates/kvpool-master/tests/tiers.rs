@@ -1,0 +1,361 @@
+//! The disk tier in the master's state: demotions keep a store's memory
+//! below the watermark with its least recently used objects, a second read
+//! on disk promotes, a move of a version that changed meanwhile is undone,
+//! and a full disk tier evicts its own least recently used objects. The
+//! store's side of a move is stood in for by answering the tickets.
+
+use std::time::Duration;
+
+use kvpool_master::state::{MasterState, MoveTicket, StateConfig};
+use kvpool_proto::msg::{
+    ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo, Tier,
+    DISK_BLOCK,
+};
+use kvpool_proto::{Code, KvError};
+use tokio::time::Instant;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const MEMORY: u128 = 1;
+const DISK: u128 = 2;
+/// Region bytes of each object put here (the key is 5 bytes: "k-NNN").
+const OBJ: u64 = 64 * KIB;
+
+fn segment(id: u128, tier: Tier, size: u64) -> SegmentInfo {
+    SegmentInfo {
+        id: SegmentId(id),
+        name: format!("seg-{id}"),
+        endpoint: "10.0.0.1:7000".into(),
+        base: DISK_BLOCK,
+        size,
+        path: None,
+        tier,
+    }
+}
+
+struct Pool {
+    st: MasterState,
+    t0: Instant,
+    store: ClientId,
+}
+
+impl Pool {
+    /// One store lending `memory` bytes of memory and `disk` of disk.
+    fn new(memory: u64, disk: u64) -> Pool {
+        let st = MasterState::new(StateConfig {
+            lease_ttl: Duration::from_millis(100),
+            demote_watermark: 0.5,
+            eviction_ratio: 0.1,
+            client_ttl: Duration::from_secs(3600),
+            ..StateConfig::default()
+        });
+        let t0 = Instant::now();
+        let store = ClientId(1);
+        st.register_client(store, "store", t0).unwrap();
+        st.mount(store, segment(MEMORY, Tier::Memory, memory), 0, t0)
+            .unwrap();
+        st.mount(store, segment(DISK, Tier::Disk, disk), 0, t0)
+            .unwrap();
+        Pool { st, t0, store }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    /// Puts `key` (committed) at `ms`; its generation.
+    fn put(&self, key: &str, ms: u64, upsert: bool) -> u64 {
+        let item = PutItem {
+            key: key.into(),
+            value_len: OBJ - 64,
+            region_len: OBJ,
+        };
+        let g = self
+            .st
+            .put_start(
+                self.store,
+                &[item],
+                &ReplicateConfig::default(),
+                upsert,
+                self.at(ms),
+            )
+            .remove(0)
+            .unwrap();
+        let PutGrant::Write {
+            generation,
+            replicas,
+        } = g
+        else {
+            panic!("{key} exists");
+        };
+        assert_eq!(replicas[0].segment, SegmentId(MEMORY), "puts go to memory");
+        let end = PutEndItem {
+            key: key.into(),
+            generation,
+        };
+        self.st
+            .put_end(self.store, &[end], self.at(ms))
+            .remove(0)
+            .unwrap();
+        generation
+    }
+
+    /// Where `key` lives now, reading it at `ms` (a read lease, and a read
+    /// on disk counts towards a promotion).
+    fn where_is(&self, key: &str, ms: u64) -> Vec<(u128, u64)> {
+        self.st
+            .get_replica_list(&[key.to_string()], self.at(ms))
+            .remove(0)
+            .map(|l| l.replicas.iter().map(|r| (r.segment.0, r.offset)).collect())
+            .unwrap_or_default()
+    }
+
+    fn plan(&self, ms: u64) -> Vec<MoveTicket> {
+        self.st
+            .plan_tier_moves(self.at(ms))
+            .into_iter()
+            .flat_map(|(endpoint, t)| {
+                assert_eq!(endpoint, "10.0.0.1:7000");
+                t
+            })
+            .collect()
+    }
+
+    /// Answers every ticket as the store would have (all copied), and
+    /// sends the invalidations that queued, as the master's task would.
+    fn finish(&self, tickets: Vec<MoveTicket>, ms: u64) {
+        let done = tickets.into_iter().map(|t| (t, Ok(()))).collect();
+        self.st.finish_tier_moves(done, self.at(ms));
+        self.invalidate();
+    }
+
+    /// What the invalidator task does: takes what is queued and reports it sent.
+    fn invalidate(&self) -> Vec<(SegmentId, Vec<(u64, u64)>)> {
+        let (batches, through) = self.st.take_invalidations();
+        self.st.invalidations_sent(through);
+        batches.into_iter().map(|(s, _, r)| (s, r)).collect()
+    }
+}
+
+#[test]
+fn demotions_move_the_least_recently_used_and_keep_them_readable() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    // 40 objects of 64 KiB, one every 100 ms: 2.5 MiB of 4, above the 0.5
+    // watermark.
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i * 100, false);
+    }
+    // k-000..k-009 read again at 4.5 s: recent, they stay.
+    for i in 0..10 {
+        p.where_is(&format!("k-{i:03}"), 4500);
+    }
+    let tickets = p.plan(5000);
+    assert!(!tickets.is_empty());
+    let moved: Vec<&str> = tickets.iter().map(|t| t.key.as_str()).collect();
+    for t in &tickets {
+        assert!(!t.promote);
+        assert_eq!((t.mv.from, t.mv.to), (SegmentId(MEMORY), SegmentId(DISK)));
+        assert_eq!(
+            t.mv.to_offset % DISK_BLOCK,
+            0,
+            "disk regions are block-aligned"
+        );
+        assert_eq!(t.mv.len, 40 + 5 + OBJ - 64, "header and value are copied");
+    }
+    // Down to 0.4 of 4 MiB: 0.9 of the 2.5 MiB used (15 objects) must go,
+    // the oldest first (to within the 1/8 of an idle time LRU ranks by).
+    assert_eq!(tickets.len(), 15);
+    assert!(
+        moved.iter().all(|k| ("k-010".."k-030").contains(k)),
+        "{moved:?}"
+    );
+    assert!(
+        moved.contains(&"k-010") && moved.contains(&"k-015"),
+        "{moved:?}"
+    );
+    // Planned twice, nothing moves twice.
+    assert!(p
+        .plan(5001)
+        .iter()
+        .all(|t| !moved.contains(&t.key.as_str())));
+    let mem_used_before = p.st.tier_usage(Tier::Memory).1;
+    let first = tickets[0].clone();
+    let done = tickets.into_iter().map(|t| (t, Ok(()))).collect();
+    p.st.finish_tier_moves(done, p.at(5100));
+    assert_eq!(
+        p.where_is(&first.key, 5200),
+        vec![(DISK, first.mv.to_offset)]
+    );
+    assert_eq!(p.st.demotions(), 15);
+    // The memory copy left behind is destroyed on the store, and its room
+    // is free only once that was sent.
+    assert_eq!(p.st.tier_usage(Tier::Memory).1, mem_used_before);
+    let inv = p.invalidate();
+    assert!(inv.iter().any(|(seg, regions)| *seg == SegmentId(MEMORY)
+        && regions.contains(&(first.mv.from_offset, first.mv.generation))));
+    assert!(p.st.tier_usage(Tier::Memory).1 < mem_used_before);
+    assert!(p.st.tier_usage(Tier::Disk).1 > 0);
+    let st = p.st.status();
+    assert_eq!(st.demotions, p.st.demotions());
+}
+
+#[test]
+fn a_second_read_on_disk_promotes() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    let key = tickets[0].key.clone();
+    p.finish(tickets, 1100);
+    assert_eq!(
+        p.where_is(&key, 1200)[0].0,
+        DISK,
+        "first read: stays on disk"
+    );
+    assert!(p.plan(1300).iter().all(|t| !t.promote));
+    p.where_is(&key, 1400);
+    let promoted: Vec<MoveTicket> = p.plan(1500).into_iter().filter(|t| t.promote).collect();
+    assert_eq!(promoted.len(), 1, "second read: promoted");
+    let t = &promoted[0];
+    assert_eq!(
+        (t.key.as_str(), t.mv.from, t.mv.to),
+        (key.as_str(), SegmentId(DISK), SegmentId(MEMORY))
+    );
+    let to = t.mv.to_offset;
+    p.finish(promoted, 1600);
+    assert_eq!(p.where_is(&key, 1700), vec![(MEMORY, to)]);
+    assert_eq!(p.st.promotions(), 1);
+}
+
+#[test]
+fn a_move_of_a_version_replaced_meanwhile_is_undone() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    let (replaced_key, removed_key, failed_key) = (
+        tickets[0].key.clone(),
+        tickets[1].key.clone(),
+        tickets[2].key.clone(),
+    );
+    let failed_from = tickets[2].mv.from_offset;
+    let new_gen = p.put(&replaced_key, 1050, true);
+    p.st.remove(std::slice::from_ref(&removed_key), true, p.at(1050))
+        .remove(0)
+        .unwrap();
+    let copies: Vec<(u64, u64)> = tickets[..3]
+        .iter()
+        .map(|t| (t.mv.to_offset, t.mv.generation))
+        .collect();
+    p.invalidate();
+    let mut done: Vec<_> = tickets.into_iter().map(|t| (t, Ok(()))).collect();
+    done[2].1 = Err(KvError::from(Code::TransferFail));
+    p.st.finish_tier_moves(done, p.at(1100));
+    // The upserted key is its new version, in memory; the failed move left
+    // its object where it was; the removed key stays removed.
+    let l =
+        p.st.get_replica_list(std::slice::from_ref(&replaced_key), p.at(1200))
+            .remove(0)
+            .unwrap();
+    assert_eq!(
+        (l.generation, l.replicas[0].segment),
+        (new_gen, SegmentId(MEMORY))
+    );
+    assert_eq!(p.where_is(&failed_key, 1200), vec![(MEMORY, failed_from)]);
+    assert!(p.where_is(&removed_key, 1200).is_empty());
+    // All three copies on disk are destroyed.
+    let on_disk: Vec<(u64, u64)> = p
+        .invalidate()
+        .into_iter()
+        .filter(|(s, _)| *s == SegmentId(DISK))
+        .flat_map(|(_, r)| r)
+        .collect();
+    for c in copies {
+        assert!(on_disk.contains(&c), "{c:?} not destroyed: {on_disk:?}");
+    }
+}
+
+#[test]
+fn a_full_disk_tier_evicts_its_own_least_recently_used() {
+    // 1 MiB of disk holds 15 objects (each takes 17 blocks of 4 KiB).
+    let p = Pool::new(4 * MIB, MIB);
+    // The keys each planning round demoted (within a round, in scan order).
+    let mut rounds: Vec<Vec<String>> = Vec::new();
+    for round in 0..6u64 {
+        for i in 0..10 {
+            p.put(&format!("k-{round}{i:02}"), round * 1000 + i, false);
+        }
+        let t = p.plan(round * 1000 + 500);
+        rounds.push(t.iter().map(|t| t.key.clone()).collect());
+        p.finish(t, round * 1000 + 600);
+        // Disk regions the evictions freed come back once destroyed.
+        p.invalidate();
+    }
+    rounds.retain(|r| !r.is_empty());
+    let demoted: usize = rounds.iter().map(Vec::len).sum();
+    assert!(demoted > 15, "more demoted than the disk holds: {demoted}");
+    let (cap, used) = p.st.tier_usage(Tier::Disk);
+    assert!(used <= cap);
+    // Some demoted objects were evicted from disk: not found, never wrong.
+    let gone = |r: &Vec<String>| r.iter().filter(|k| p.where_is(k, 9000).is_empty()).count();
+    assert!(
+        gone(&rounds[0]) > 0,
+        "the oldest round lost objects: {rounds:?}"
+    );
+    assert!(p.st.evictions() > 0);
+    // The most recently demoted are all still on disk.
+    for k in rounds.last().unwrap() {
+        assert_eq!(p.where_is(k, 9000)[0].0, DISK, "{k}");
+    }
+}
+
+#[test]
+fn stores_without_a_disk_tier_plan_nothing() {
+    let st = MasterState::new(StateConfig {
+        demote_watermark: 0.1,
+        ..StateConfig::default()
+    });
+    let t0 = Instant::now();
+    st.register_client(ClientId(1), "s", t0).unwrap();
+    st.mount(ClientId(1), segment(MEMORY, Tier::Memory, 4 * MIB), 0, t0)
+        .unwrap();
+    // A disk segment of another store does not take this store's objects.
+    st.register_client(ClientId(2), "t", t0).unwrap();
+    st.mount(ClientId(2), segment(DISK, Tier::Disk, 4 * MIB), 0, t0)
+        .unwrap();
+    let item = PutItem {
+        key: "x".into(),
+        value_len: MIB,
+        region_len: MIB + 64,
+    };
+    let g = st
+        .put_start(ClientId(1), &[item], &ReplicateConfig::default(), false, t0)
+        .remove(0)
+        .unwrap();
+    let PutGrant::Write {
+        generation,
+        replicas,
+    } = g
+    else {
+        panic!()
+    };
+    assert_eq!(
+        replicas[0].segment,
+        SegmentId(MEMORY),
+        "never placed on disk"
+    );
+    st.put_end(
+        ClientId(1),
+        &[PutEndItem {
+            key: "x".into(),
+            generation,
+        }],
+        t0,
+    )
+    .remove(0)
+    .unwrap();
+    assert!(st.has_disk_tier());
+    assert!(st.plan_tier_moves(t0 + Duration::from_secs(1)).is_empty());
+}

@@ -1,0 +1,197 @@
+//! The group status the way upstream reports it: `observedGeneration`,
+//! `conditions` (`Ready`, `Progressing`, `RollingUpdateInProgress`,
+//! `RestartInProgress`) and `roleStatuses`. One pure function computes it
+//! from the planner's view, so `rbg status -o yaml` and the operator's
+//! status subresource say the same thing.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::planner::{self, DesiredRole, Observed};
+
+/// `status` of a RoleBasedGroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RbgStatus {
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions, one per type.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// One entry per role, in spec order.
+    #[serde(default)]
+    pub role_statuses: Vec<RoleStatusEntry>,
+}
+
+/// One condition (the shape of metav1.Condition).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Ready`, `Progressing`, `RollingUpdateInProgress`, `RestartInProgress`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable detail.
+    pub message: String,
+    /// RFC 3339 time the status last flipped.
+    pub last_transition_time: String,
+    /// Generation the condition was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// `roleStatuses[]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleStatusEntry {
+    /// Role name.
+    pub name: String,
+    /// Desired instances.
+    pub replicas: u32,
+    /// Ready (available) instances.
+    pub ready_replicas: u32,
+    /// Instances at the desired revision.
+    pub updated_replicas: u32,
+}
+
+/// What the status is computed from.
+pub struct StatusInput<'a> {
+    /// Desired roles.
+    pub roles: &'a [DesiredRole],
+    /// What the runtime observed.
+    pub observed: &'a Observed,
+    /// Spec generation.
+    pub generation: i64,
+    /// Roles frozen on a dependency: `(role, dependency)`.
+    pub waiting: &'a [(String, String)],
+    /// Instances restarting after a crash (restart policy at work).
+    pub restarting: u32,
+    /// The status reported last time (keeps transition times).
+    pub previous: Option<&'a RbgStatus>,
+    /// Now, RFC 3339.
+    pub now: &'a str,
+}
+
+/// Computes the upstream-shaped status.
+pub fn compute(input: StatusInput<'_>) -> RbgStatus {
+    let StatusInput {
+        roles,
+        observed,
+        generation,
+        waiting,
+        restarting,
+        previous,
+        now,
+    } = input;
+    let role_statuses: Vec<RoleStatusEntry> = roles
+        .iter()
+        .map(|r| RoleStatusEntry {
+            name: r.name.clone(),
+            replicas: r.replicas,
+            ready_replicas: planner::ready_count(r, observed),
+            updated_replicas: planner::updated_count(r, observed),
+        })
+        .collect();
+    let not_ready: Vec<String> = role_statuses
+        .iter()
+        .filter(|s| s.ready_replicas < s.replicas)
+        .map(|s| format!("{} {}/{}", s.name, s.ready_replicas, s.replicas))
+        .collect();
+    let rolling: Vec<String> = roles
+        .iter()
+        .filter(|r| {
+            observed
+                .get(&r.name)
+                .is_some_and(|l| l.iter().any(|i| i.revision != r.revision))
+        })
+        .map(|r| r.name.clone())
+        .collect();
+    let ready = not_ready.is_empty();
+    let mut conditions = Vec::new();
+    let mut add = |kind: &str, on: bool, reason: &str, message: String| {
+        let status = if on { "True" } else { "False" }.to_string();
+        let last = previous
+            .and_then(|p| p.conditions.iter().find(|c| c.kind == kind))
+            .filter(|c| c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.to_string());
+        conditions.push(Condition {
+            kind: kind.to_string(),
+            status,
+            reason: reason.to_string(),
+            message,
+            last_transition_time: last,
+            observed_generation: Some(generation),
+        });
+    };
+    if ready {
+        add(
+            "Ready",
+            true,
+            "AllRolesReady",
+            "every role has all replicas ready".into(),
+        );
+    } else {
+        add(
+            "Ready",
+            false,
+            "RolesNotReady",
+            format!("not ready: {}", not_ready.join(", ")),
+        );
+    }
+    let progressing = !ready || !rolling.is_empty();
+    let mut detail = not_ready.clone();
+    detail.extend(waiting.iter().map(|(r, d)| format!("{r} waits for {d}")));
+    add(
+        "Progressing",
+        progressing,
+        if progressing {
+            "Reconciling"
+        } else {
+            "Reconciled"
+        },
+        if progressing {
+            detail.join(", ")
+        } else {
+            "the group matches its spec".into()
+        },
+    );
+    add(
+        "RollingUpdateInProgress",
+        !rolling.is_empty(),
+        if rolling.is_empty() {
+            "RollingUpdateComplete"
+        } else {
+            "RollingUpdate"
+        },
+        if rolling.is_empty() {
+            "every instance runs its role's revision".into()
+        } else {
+            format!("updating {}", rolling.join(", "))
+        },
+    );
+    add(
+        "RestartInProgress",
+        restarting > 0,
+        if restarting > 0 {
+            "Restarting"
+        } else {
+            "NoRestart"
+        },
+        format!("{restarting} instance(s) restarting"),
+    );
+    RbgStatus {
+        observed_generation: Some(generation),
+        conditions,
+        role_statuses,
+    }
+}
+
+/// The condition of `kind`, if present.
+pub fn condition<'a>(s: &'a RbgStatus, kind: &str) -> Option<&'a Condition> {
+    s.conditions.iter().find(|c| c.kind == kind)
+}

@@ -1,0 +1,571 @@
+//! `rbg operator`'s reconcile against kube-rs's mocked API service
+//! (tower-test `mock::pair`, as in kube-rs's controller examples). No API
+//! server runs here: a small in-memory fake answers the requests the
+//! reconciler makes (Pods, Services, ConfigMaps, CoordinatedPolicies,
+//! scaling adapters, the status subresource, Events) and a "kubelet"
+//! helper marks Pods running and ready between passes. The tests assert
+//! on what ended up in the fake: which Pods exist, their images, uids,
+//! labels and env, and the status written.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response, StatusCode};
+use kube::client::Body;
+use kube::Client;
+use rbg::operator::{self, Context, Error};
+use rbg::spec::v2::{GroupSpecV2, RoleBasedGroupResource};
+use serde_json::{json, Value};
+
+/// What the fake API server holds.
+#[derive(Default)]
+struct Fake {
+    pods: BTreeMap<String, Value>,
+    services: BTreeMap<String, Value>,
+    config_maps: BTreeMap<String, Value>,
+    policy: Option<Value>,
+    status: Option<Value>,
+    events: Vec<String>,
+    created: Vec<String>,
+    deleted: Vec<String>,
+    patched: Vec<String>,
+    unexpected: Vec<String>,
+    uid: u64,
+}
+
+fn not_found() -> (StatusCode, Value) {
+    (
+        StatusCode::NOT_FOUND,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// Merges `patch` into `base` the way the reconciler's patches need:
+/// maps key by key, containers by name.
+fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                if k == "containers" {
+                    let list = b.entry(k.clone()).or_insert(json!([]));
+                    for c in v.as_array().cloned().unwrap_or_default() {
+                        let name = c["name"].clone();
+                        if let Some(t) = list
+                            .as_array_mut()
+                            .and_then(|l| l.iter_mut().find(|x| x["name"] == name))
+                        {
+                            merge(t, &c);
+                        }
+                    }
+                } else {
+                    merge(b.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+fn labels_match(pod: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|s| !s.is_empty()).all(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        pod["metadata"]["labels"][k].as_str() == Some(v)
+    })
+}
+
+impl Fake {
+    fn handle(&mut self, method: &str, uri: &http::Uri, body: &[u8]) -> (StatusCode, Value) {
+        let path = uri.path();
+        let query = uri.query().unwrap_or("");
+        let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let seg: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let last = seg.last().copied().unwrap_or("");
+        let ok = |v: Value| (StatusCode::OK, v);
+        match (method, path) {
+            ("GET", p) if p.contains("/coordinatedpolicies/") => {
+                self.policy.clone().map_or_else(not_found, ok)
+            }
+            ("GET", p) if p.ends_with("/rolebasedgroupscalingadapters") => ok(json!({
+                "apiVersion": "workloads.x-k8s.io/v1alpha2",
+                "kind": "RoleBasedGroupScalingAdapterList",
+                "metadata": {"resourceVersion": "1"}, "items": []})),
+            ("PATCH", p) if p.contains("/configmaps/") => {
+                self.config_maps.insert(last.to_string(), body.clone());
+                ok(body)
+            }
+            ("PATCH", p) if p.contains("/services/") => {
+                self.services.insert(last.to_string(), body.clone());
+                ok(body)
+            }
+            ("GET", p) if p.ends_with("/pods") => {
+                let selector = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("labelSelector="))
+                    .map(|s| {
+                        s.replace("%2F", "/")
+                            .replace("%3D", "=")
+                            .replace("%2C", ",")
+                    })
+                    .unwrap_or_default();
+                let items: Vec<Value> = self
+                    .pods
+                    .values()
+                    .filter(|p| labels_match(p, &selector))
+                    .cloned()
+                    .collect();
+                ok(json!({"apiVersion": "v1", "kind": "PodList",
+                          "metadata": {"resourceVersion": "1"}, "items": items}))
+            }
+            ("POST", p) if p.ends_with("/pods") => {
+                let name = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+                if self.pods.contains_key(&name) {
+                    return (
+                        StatusCode::CONFLICT,
+                        json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                               "status": "Failure", "reason": "AlreadyExists", "code": 409}),
+                    );
+                }
+                let mut pod = body;
+                self.uid += 1;
+                pod["metadata"]["uid"] = json!(format!("uid-{}", self.uid));
+                pod["status"] = json!({"phase": "Pending"});
+                self.created.push(name.clone());
+                self.pods.insert(name, pod.clone());
+                (StatusCode::CREATED, pod)
+            }
+            ("DELETE", p) if p.contains("/pods/") => match self.pods.remove(last) {
+                Some(pod) => {
+                    self.deleted.push(last.to_string());
+                    ok(pod)
+                }
+                None => not_found(),
+            },
+            ("PATCH", p) if p.contains("/pods/") => match self.pods.get_mut(last) {
+                Some(pod) => {
+                    merge(pod, &body);
+                    self.patched.push(last.to_string());
+                    ok(pod.clone())
+                }
+                None => not_found(),
+            },
+            ("PATCH", p) if p.ends_with("/status") => {
+                self.status = Some(body["status"].clone());
+                ok(
+                    json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+                          "metadata": {"name": seg[seg.len() - 2], "namespace": "default"},
+                          "spec": {"roles": []}, "status": body["status"]}),
+                )
+            }
+            (_, p) if p.contains("/events") => {
+                self.events
+                    .push(body["reason"].as_str().unwrap_or("").to_string());
+                (StatusCode::CREATED, body)
+            }
+            _ => {
+                self.unexpected.push(format!("{method} {uri}"));
+                not_found()
+            }
+        }
+    }
+
+    /// Marks every Pod running and ready on the images its spec names
+    /// (the kubelet restarting containers after an in-place patch).
+    fn kubelet(&mut self) {
+        for pod in self.pods.values_mut() {
+            let restarts: BTreeMap<String, i64> = pod["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| {
+                    (
+                        c["name"].as_str().unwrap_or("").to_string(),
+                        c["restartCount"].as_i64().unwrap_or(0),
+                    )
+                })
+                .collect();
+            let statuses: Vec<Value> = pod["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| {
+                    let name = c["name"].as_str().unwrap_or("");
+                    json!({"name": name, "image": c["image"].clone(), "imageID": "",
+                           "ready": true, "started": true,
+                           "restartCount": restarts.get(name).copied().unwrap_or(0)})
+                })
+                .collect();
+            pod["status"] = json!({
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True",
+                                "lastTransitionTime": "2024-01-01T00:00:00Z"}],
+                "containerStatuses": statuses,
+            });
+        }
+    }
+
+    fn image(&self, pod: &str) -> String {
+        self.pods[pod]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    fn label(&self, pod: &str, k: &str) -> String {
+        self.pods[pod]["metadata"]["labels"][k]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+}
+
+/// A client whose requests the fake answers, on a background task.
+fn fake_client() -> (Client, Arc<Mutex<Fake>>) {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let fake = Arc::new(Mutex::new(Fake::default()));
+    let f = fake.clone();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect_bytes().await.unwrap_or_default();
+            let (code, v) =
+                f.lock()
+                    .expect("fake")
+                    .handle(parts.method.as_str(), &parts.uri, &bytes);
+            let resp = Response::builder()
+                .status(code)
+                .body(Body::from(serde_json::to_vec(&v).unwrap_or_default()))
+                .expect("response");
+            send.send_response(resp);
+        }
+    });
+    (Client::new(svc, "default"), fake)
+}
+
+fn group(spec: &str, generation: i64) -> Arc<RoleBasedGroupResource> {
+    let spec: GroupSpecV2 = serde_yaml::from_str(spec).expect("spec");
+    let mut g = RoleBasedGroupResource::new("g", spec);
+    g.metadata.namespace = Some("default".into());
+    g.metadata.uid = Some("rbg-uid".into());
+    g.metadata.generation = Some(generation);
+    Arc::new(g)
+}
+
+fn spec(store_image: &str) -> String {
+    format!(
+        r#"
+roles:
+- name: master
+  standalonePattern:
+    template:
+      spec:
+        containers: [{{name: master, image: "kvpool:v1", command: [kvpool, master]}}]
+- name: store
+  replicas: 2
+  dependencies: [master]
+  servicePorts: [{{name: data, port: 7000}}]
+  rolloutStrategy:
+    rollingUpdate: {{type: InPlaceIfPossible, maxUnavailable: 1}}
+  standalonePattern:
+    template:
+      spec:
+        containers:
+        - name: store
+          image: "{store_image}"
+          command: [kvpool, store]
+          volumeMounts: [{{name: data, mountPath: /data}}]
+        volumes: [{{name: data, emptyDir: {{medium: Memory}}}}]
+"#
+    )
+}
+
+async fn pass(g: &Arc<RoleBasedGroupResource>, ctx: &Arc<Context>) {
+    operator::reconcile(g.clone(), ctx.clone())
+        .await
+        .expect("reconcile");
+}
+
+/// Dependencies gate creation: the stores come only once the master is
+/// ready; Services, the discovery ConfigMap, env and owner references are
+/// there; the status reaches Ready with roleStatuses.
+#[tokio::test]
+async fn creates_in_dependency_order_and_reports_status() {
+    let (client, fake) = fake_client();
+    let ctx = Context::new(client);
+    let g = group(&spec("kvpool:v1"), 3);
+    pass(&g, &ctx).await;
+    {
+        let f = fake.lock().expect("fake");
+        assert_eq!(f.created, ["g-master-0"]);
+        assert!(f.services.contains_key("s-g-master") && f.services.contains_key("s-g-store"));
+        assert_eq!(f.services["s-g-store"]["spec"]["clusterIP"], "None");
+        assert_eq!(
+            f.services["s-g-store"]["spec"]["publishNotReadyAddresses"],
+            true
+        );
+        let cm = f.config_maps["g-rbg-config"]["data"]["config.yaml"]
+            .as_str()
+            .unwrap_or("");
+        assert!(
+            cm.contains("g-store-1.s-g-store.default.svc.cluster.local"),
+            "{cm}"
+        );
+        let st = f.status.clone().expect("status");
+        assert_eq!(st["observedGeneration"], 3);
+        assert_eq!(st["conditions"][0]["type"], "Ready");
+        assert_eq!(st["conditions"][0]["status"], "False");
+        assert!(f.unexpected.is_empty(), "{:?}", f.unexpected);
+    }
+    pass(&g, &ctx).await;
+    assert_eq!(
+        fake.lock().expect("fake").created.len(),
+        1,
+        "store waits for master"
+    );
+    fake.lock().expect("fake").kubelet();
+    pass(&g, &ctx).await;
+    {
+        let f = fake.lock().expect("fake");
+        assert_eq!(f.created, ["g-master-0", "g-store-0", "g-store-1"]);
+        let pod = &f.pods["g-store-1"];
+        assert_eq!(pod["spec"]["hostname"], "g-store-1");
+        assert_eq!(pod["spec"]["subdomain"], "s-g-store");
+        assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "rbg-uid");
+        let env = pod["spec"]["containers"][0]["env"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let get = |k: &str| {
+            env.iter()
+                .find(|e| e["name"] == k)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(get("ROLE_INDEX"), Some(json!("1")));
+        assert_eq!(get("RBG_CONFIG"), Some(json!("/etc/rbg/config.yaml")));
+        assert!(pod["spec"]["volumes"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|v| v["configMap"]["name"] == "g-rbg-config")));
+        assert!(
+            f.events.iter().any(|e| e == "InstanceCreated"),
+            "{:?}",
+            f.events
+        );
+    }
+    fake.lock().expect("fake").kubelet();
+    pass(&g, &ctx).await;
+    let f = fake.lock().expect("fake");
+    let st = f.status.clone().expect("status");
+    assert_eq!(st["conditions"][0]["status"], "True", "{st}");
+    assert_eq!(
+        st["roleStatuses"][1],
+        json!({"name": "store", "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2})
+    );
+    assert!(f.deleted.is_empty());
+    assert!(f.unexpected.is_empty(), "{:?}", f.unexpected);
+}
+
+async fn ready_group(spec_text: &str) -> (Arc<Context>, Arc<Mutex<Fake>>) {
+    let (client, fake) = fake_client();
+    let ctx = Context::new(client);
+    let g = group(spec_text, 1);
+    for _ in 0..4 {
+        pass(&g, &ctx).await;
+        fake.lock().expect("fake").kubelet();
+    }
+    (ctx, fake)
+}
+
+/// An image-only change patches the running Pods (same uid: the Pod and
+/// its memory-backed emptyDir stay), one at a time in decreasing index
+/// order, each only once the kubelet reports the previous one restarted.
+#[tokio::test]
+async fn image_change_patches_pods_in_place_one_at_a_time() {
+    let (ctx, fake) = ready_group(&spec("kvpool:v1")).await;
+    let uids: BTreeMap<String, Value> = {
+        let f = fake.lock().expect("fake");
+        f.pods
+            .iter()
+            .map(|(k, p)| (k.clone(), p["metadata"]["uid"].clone()))
+            .collect()
+    };
+    let old_rev = fake
+        .lock()
+        .expect("fake")
+        .label("g-store-0", "rolebasedgroup.workloads.x-k8s.io/revision");
+    let g = group(&spec("kvpool:v2"), 2);
+    pass(&g, &ctx).await;
+    {
+        let f = fake.lock().expect("fake");
+        assert_eq!(
+            f.patched,
+            ["g-store-1"],
+            "highest index first, one at a time"
+        );
+        assert_eq!(f.image("g-store-1"), "kvpool:v2");
+        assert_eq!(f.image("g-store-0"), "kvpool:v1");
+        assert_ne!(
+            f.label("g-store-1", "rolebasedgroup.workloads.x-k8s.io/revision"),
+            old_rev
+        );
+    }
+    // The kubelet has not restarted the container yet: nothing more moves.
+    pass(&g, &ctx).await;
+    assert_eq!(fake.lock().expect("fake").patched.len(), 1);
+    fake.lock().expect("fake").kubelet();
+    pass(&g, &ctx).await;
+    fake.lock().expect("fake").kubelet();
+    pass(&g, &ctx).await;
+    let f = fake.lock().expect("fake");
+    assert_eq!(f.patched, ["g-store-1", "g-store-0"]);
+    assert_eq!(f.image("g-store-0"), "kvpool:v2");
+    assert!(
+        f.deleted.is_empty(),
+        "in place means no Pod is deleted: {:?}",
+        f.deleted
+    );
+    for (k, p) in &f.pods {
+        assert_eq!(p["metadata"]["uid"], uids[k], "{k} was replaced");
+    }
+    assert!(f.events.iter().any(|e| e == "InPlaceUpdate"));
+    assert_eq!(
+        f.status.clone().expect("status")["roleStatuses"][1]["updatedReplicas"],
+        2
+    );
+}
+
+/// A CoordinatedPolicy of the group's name holds prefill and decode within
+/// maxSkew at every pass of a rollout that needs recreating Pods.
+#[tokio::test]
+async fn coordinated_rollout_respects_the_policy() {
+    let spec_of = |image: &str| {
+        format!(
+            r#"
+roles:
+- name: prefill
+  replicas: 4
+  rolloutStrategy: {{rollingUpdate: {{type: Recreate, maxUnavailable: 4}}}}
+  standalonePattern: {{template: {{spec: {{containers: [{{name: e, image: "{image}", command: [x]}}]}}}}}}
+- name: decode
+  replicas: 2
+  rolloutStrategy: {{rollingUpdate: {{type: Recreate, maxUnavailable: 2}}}}
+  standalonePattern: {{template: {{spec: {{containers: [{{name: e, image: "{image}", command: [x]}}]}}}}}}
+"#
+        )
+    };
+    let (ctx, fake) = ready_group(&spec_of("e:v1")).await;
+    fake.lock().expect("fake").policy = Some(json!({
+        "apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "CoordinatedPolicy",
+        "metadata": {"name": "g", "namespace": "default"},
+        "spec": {"policies": [{"name": "pd", "roles": ["prefill", "decode"],
+                               "strategy": {"rollingUpdate": {"maxSkew": "25%"}}}]}}));
+    let g = group(&spec_of("e:v2"), 2);
+    let frac = |f: &Fake, role: &str, n: f64| {
+        let done = f
+            .pods
+            .values()
+            .filter(|p| p["metadata"]["labels"]["rolebasedgroup.workloads.x-k8s.io/role"] == role)
+            .filter(|p| p["spec"]["containers"][0]["image"] == "e:v2")
+            .count();
+        done as f64 / n
+    };
+    let mut worst: f64 = 0.0;
+    for _ in 0..20 {
+        pass(&g, &ctx).await;
+        let mut f = fake.lock().expect("fake");
+        worst = worst.max((frac(&f, "prefill", 4.0) - frac(&f, "decode", 2.0)).abs());
+        f.kubelet();
+    }
+    let f = fake.lock().expect("fake");
+    assert_eq!(frac(&f, "prefill", 4.0), 1.0);
+    assert_eq!(frac(&f, "decode", 2.0), 1.0);
+    assert!(worst <= 0.25 + 1e-9, "skew {worst}");
+    assert!(worst > 0.0, "the rollout moved in steps");
+    assert!(!f.deleted.is_empty(), "Recreate deletes Pods");
+}
+
+/// A leader-worker instance is a leader and its workers with the LWS
+/// variables; a container restart recreates every Pod of that instance.
+#[tokio::test]
+async fn leader_worker_pods_and_recreate_on_restart() {
+    let text = r#"
+roles:
+- name: e
+  replicas: 2
+  leaderWorkerPattern:
+    size: 2
+    sharedServiceSelection: LeaderOnly
+    template: {spec: {containers: [{name: c, image: "e:v1", command: [x]}]}}
+"#;
+    let (ctx, fake) = ready_group(text).await;
+    {
+        let f = fake.lock().expect("fake");
+        let names: Vec<&String> = f.pods.keys().collect();
+        assert_eq!(names, ["g-e-0", "g-e-0-1", "g-e-1", "g-e-1-1"]);
+        let env = f.pods["g-e-0-1"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let get = |k: &str| {
+            env.iter()
+                .find(|e| e["name"] == k)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(
+            get("LWS_LEADER_ADDRESS"),
+            Some(json!("g-e-0.s-g-e.default"))
+        );
+        assert_eq!(get("LWS_WORKER_INDEX"), Some(json!("1")));
+        assert_eq!(get("LWS_GROUP_SIZE"), Some(json!("2")));
+        assert_eq!(
+            f.services["s-g-e"]["spec"]["selector"]["rolebasedgroup.workloads.x-k8s.io/component"],
+            "leader"
+        );
+    }
+    fake.lock()
+        .expect("fake")
+        .pods
+        .get_mut("g-e-0-1")
+        .expect("worker")["status"]["containerStatuses"][0]["restartCount"] = json!(1);
+    let g = group(text, 1);
+    pass(&g, &ctx).await;
+    let f = fake.lock().expect("fake");
+    let mut deleted = f.deleted.clone();
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        ["g-e-0", "g-e-0-1"],
+        "the whole instance, and only it"
+    );
+}
+
+/// An invalid group fails with a Warning event and a long requeue; API
+/// failures back off exponentially; failures are counted by kind.
+#[tokio::test]
+async fn invalid_spec_fails_with_event_and_backoff() {
+    let (client, fake) = fake_client();
+    let ctx = Context::new(client);
+    let bad = spec("kvpool:v1").replace("dependencies: [master]", "dependencies: [nope]");
+    let g = group(&bad, 1);
+    let err = operator::reconcile(g.clone(), ctx.clone())
+        .await
+        .expect_err("invalid");
+    assert!(
+        matches!(err, Error::Invalid(ref m) if m.contains("unknown role \"nope\"")),
+        "{err}"
+    );
+    assert!(fake
+        .lock()
+        .expect("fake")
+        .events
+        .iter()
+        .any(|e| e == "InvalidSpec"));
+    assert!(fake.lock().expect("fake").pods.is_empty());
+    let _ = operator::error_policy(g, &err, ctx.clone());
+    assert_eq!(ctx.failures_of("invalid"), 1);
+    let build = Error::Build("x".into());
+    let secs = |n| operator::backoff(&build, n).as_secs();
+    assert_eq!((secs(1), secs(2), secs(4), secs(30)), (1, 2, 8, 300));
+    assert_eq!(operator::backoff(&err, 1).as_secs(), 300);
+}
