@@ -67,6 +67,20 @@ settle() {
   done
 }
 bench() { "$K" bench --protocol tcp "$@" 2>/dev/null; }
+# disk_io PORT: "READS BYTES" the store's disk tier has served so far.
+disk_io() {
+  "$K" status --master "127.0.0.1:$1" | awk '/^DISK I\/O/ { io = 1; next } io && /\/disk / {
+    m = ($4 == "GiB") ? 2^30 : ($4 == "MiB") ? 2^20 : ($4 == "KiB") ? 2^10 : 1
+    printf "%d %.0f\n", $2, $3 * m }'
+}
+# disk_reads PORT BEFORE SECONDS: the disk tier's read rate since BEFORE.
+disk_reads() {
+  local now; now="$(disk_io "$1")"
+  awk -v a="$2" -v b="$now" -v s="$3" -v fmb="$FIO_512" -v fiops="$FIO_4K" 'BEGIN {
+    split(a, x, " "); split(b, y, " "); n = (y[1] - x[1]) / s; mb = (y[2] - x[2]) / s / 1e6
+    printf "disk-tier reads: %.0f/s, %.1f MB/s (%.0f%% of fio 512k bandwidth, %.0f%% of fio 4k IOPS)\n",
+      n, mb, 100 * mb / fmb, 100 * n / fiops }'
+}
 
 {
 echo "# disk tier, $(date -u +%Y-%m-%dT%H:%MZ), disk dir $DISK_DIR ($(df -h "$DISK_DIR" | awk 'NR==2 {print $1}'))"
@@ -75,26 +89,37 @@ echo "## 1. fio, O_DIRECT random reads, 4 threads (queue depth 4)"
 for bs in 512k 4k; do
   fio --name=randread-$bs --filename="$DISK_DIR/fio.dat" --size=2G --rw=randread --bs=$bs --direct=1 \
     --ioengine=psync --numjobs=4 --group_reporting --runtime="$secs" --time_based --output-format=terse \
-    | awk -F';' -v bs=$bs '{ printf "fio %s: %.0f IOPS, %.1f MB/s\n", bs, $8, $7 * 1024 / 1e6 }'
+    >"$OUT/fio-$bs.terse"
+  awk -F';' -v bs=$bs '{ printf "fio %s: %.0f IOPS, %.1f MB/s\n", bs, $8, $7 * 1024 / 1e6 }' "$OUT/fio-$bs.terse"
 done
+FIO_512="$(awk -F';' '{ print $7 * 1024 / 1e6 }' "$OUT/fio-512k.terse")"
+FIO_4K="$(awk -F';' '{ print $8 }' "$OUT/fio-4k.terse")"
 rm -f "$DISK_DIR/fio.dat"
 
 echo
 echo "## 2. disk-tier reads (memory 256 MiB, disk 6 GiB; 512 KiB: 8192 objects, 4 GiB)"
+# The ratio counts only what the store read from its disk tier (its I/O
+# counters), not the reads memory served.
 # The store keeps 4 reads in flight to the device, as fio's 4 threads do;
 # 16 workers keep it busy.
 STORE_FLAGS=(--disk-queue-depth 4)
 pool reads 256MiB 6GiB --promote-on-read false
 STORE_FLAGS=()
-bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 512KiB --keys 8192 --keep --batch 1 --rate 600 --duration 15s --prefix big | tail -n 3
+# Filled at 300 puts/s (157 MB/s), which demotion to this disk keeps up with.
+bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 512KiB --keys 8192 --keep --batch 1 --rate 300 --duration 28s --prefix big | tail -n 3
 settle $PORT
-"$K" status --master 127.0.0.1:$PORT | grep -E "tier:|demotions"
+"$K" status --master 127.0.0.1:$PORT | grep -E "tier:|demotions|^evictions"
+before="$(disk_io $PORT)"
 bench --master 127.0.0.1:$PORT --ops get --sizes 512KiB --keys 8192 --batch 8 --concurrency 16 --duration "$DURATION" --prefix big | tail -n 3
-echo "### 4 KiB: 196608 objects, 768 MiB"
-bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 4KiB --keys 196608 --keep --batch 32 --rate 600 --duration 12s --prefix small | tail -n 3
+disk_reads $PORT "$before" "$secs"
+echo "### 4 KiB: 131072 objects, 512 MiB"
+# --rate counts batches: 150 x 32 = 4,800 puts/s.
+bench --concurrency 4 --master 127.0.0.1:$PORT --ops put --sizes 4KiB --keys 131072 --keep --batch 32 --rate 150 --duration 28s --prefix small | tail -n 3
 settle $PORT
-"$K" status --master 127.0.0.1:$PORT | grep -E "tier:|demotions"
-bench --master 127.0.0.1:$PORT --ops get --sizes 4KiB --keys 196608 --batch 32 --concurrency 16 --duration "$DURATION" --prefix small | tail -n 3
+"$K" status --master 127.0.0.1:$PORT | grep -E "tier:|demotions|^evictions"
+before="$(disk_io $PORT)"
+bench --master 127.0.0.1:$PORT --ops get --sizes 4KiB --keys 131072 --batch 32 --concurrency 16 --duration "$DURATION" --prefix small | tail -n 3
+disk_reads $PORT "$before" "$secs"
 "$K" status --master 127.0.0.1:$PORT | sed -n '/DISK I\/O/,$p'
 stop_pool
 

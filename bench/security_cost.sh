@@ -67,7 +67,7 @@ for r in $(seq 1 "$ROUNDS"); do
     # shellcheck disable=SC2046
     "$K" bench --master "127.0.0.1:${PORT[$name]}" $(cat "$DATA/$name.flags") --protocol tcp \
       --sizes "$SIZES" --batch 32 --concurrency 4 --duration "$DURATION" --prefix "r$r" 2>/dev/null |
-      awk -v pool="$name" -v round="$r" '$1 == "put" || $1 == "get" { print pool "\t" round "\t" $1 "\t" $2 "\t" $5 "\t" $6 "\t" $8 }' >>"$OUT/raw.tsv"
+      awk -v pool="$name" -v round="$r" ($1 == "put" || $1 == "get") && $2 ~ /B$/ { print pool "\t" round "\t" $1 "\t" $2 "\t" $5 "\t" $6 "\t" $8 }' >>"$OUT/raw.tsv"
   done
 done
 

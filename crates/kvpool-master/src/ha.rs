@@ -5,6 +5,10 @@
 //! from the stores' inventories as they re-mount, answering object calls
 //! with a retryable `UNAVAILABLE_IN_CURRENT_STATUS` meanwhile.
 //!
+//! The leader also keeps in etcd the list of segments that may hold
+//! objects, and a new leader expects those back before it answers for keys
+//! it does not know (see `state/membership.rs`).
+//!
 //! A leader that cannot renew its lease within the TTL steps down by exiting
 //! (its supervisor restarts it as a standby): it cannot know whether another
 //! master has taken over, and must not serve a stale map beside it.
@@ -12,8 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_net::etcd::{leader_key, Etcd};
+use kvpool_net::etcd::{leader_key, segments_key, Etcd};
 use kvpool_net::tls::TlsClientConfig;
+use kvpool_proto::msg::SegmentId;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -44,14 +49,16 @@ pub async fn run(
     let etcd =
         Etcd::new(&ha.etcd_endpoints, etcd_tls).map_err(|e| MasterError::Config(e.to_string()))?;
     let key = leader_key(&ha.cluster_id);
-    let lease = loop {
+    let (lease, granted) = loop {
+        // The lease runs from before the request that made it, at the latest.
+        let asked = Instant::now();
         let attempt = campaign(&etcd, &key, &advertise, ha.lease_ttl);
         let won = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             r = attempt => r,
         };
         match won {
-            Ok(Some(lease)) => break lease,
+            Ok(Some(lease)) => break (lease, asked),
             Ok(None) => {}
             Err(e) => warn!(error = %e, "etcd unreachable while campaigning"),
         }
@@ -60,31 +67,111 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_millis(300)) => {}
         }
     };
+    // Serve only while the lease surely holds: etcd can let it expire no
+    // sooner than a TTL after the last renewal was sent, and a standby can
+    // lead from then on. A margin covers clocks that tick a little apart.
+    let margin = ha.lease_ttl / 10;
+    let mut valid_until = granted + ha.lease_ttl - margin;
+    master.lead_until(Some(valid_until));
     info!(%key, %advertise, grace = ?recovery_grace, "elected master leader; rebuilding from the stores");
-    master.state.begin_term();
+    master.state.begin_term(Instant::now());
     master.set_role(Role::Recovering(Instant::now() + recovery_grace));
+    // The segments the previous leader had: expected back before keys they
+    // may hold are answered (see state/membership.rs).
+    let segments = segments_key(&ha.cluster_id);
+    let listed = loop {
+        match tokio::time::timeout_at(valid_until, etcd.get(&segments)).await {
+            Ok(Ok(v)) => break v.map(|v| parse_segments(&v)),
+            Ok(Err(e)) => warn!(error = %e, "cannot read the segment list"),
+            Err(_) => {}
+        }
+        if Instant::now() + Duration::from_millis(100) >= valid_until {
+            return Err(lost("etcd unreachable while reading the segment list"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    master.state.expect_segments(listed, Instant::now());
     let every = (ha.lease_ttl / 3).max(Duration::from_millis(100));
-    let mut renewed = Instant::now();
+    let mut next_renewal = Instant::now() + every;
+    let mut written: Option<Vec<SegmentId>> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
                 // Hand over at once instead of making the standbys wait a TTL.
+                master.lead_until(Some(Instant::now()));
                 let _ = etcd.revoke(lease).await;
                 return Ok(());
             }
-            _ = tokio::time::sleep(every) => {}
+            // Often enough that a new store takes objects soon after it mounts.
+            _ = tokio::time::sleep(MEMBERSHIP_EVERY.min(every)) => {}
         }
-        match etcd.keep_alive(lease).await {
-            Ok(true) => renewed = Instant::now(),
-            Ok(false) => return Err(lost("the lease expired")),
-            Err(e) => {
+        let ids = master.state.membership();
+        if written.as_ref() != Some(&ids) {
+            let value = segments_value(&ids);
+            match tokio::time::timeout_at(
+                valid_until,
+                etcd.put_if_held(&segments, &value, &key, lease),
+            )
+            .await
+            {
+                Ok(Ok(true)) => {
+                    master.state.membership_written(&ids);
+                    written = Some(ids);
+                }
+                Ok(Ok(false)) => return Err(lost("the leader key is no longer this master's")),
+                Ok(Err(e)) => warn!(error = %e, "cannot write the segment list"),
+                Err(_) => return Err(lost("etcd did not answer before the lease could lapse")),
+            }
+        }
+        if Instant::now() < next_renewal {
+            continue;
+        }
+        let sent = Instant::now();
+        next_renewal = sent + every;
+        // A renewal that has not answered when the lease may lapse is as
+        // good as lost: etcd's client waits for seconds on a dead endpoint.
+        match tokio::time::timeout_at(valid_until, etcd.keep_alive(lease)).await {
+            Ok(Ok(true)) => {
+                valid_until = sent + ha.lease_ttl - margin;
+                master.lead_until(Some(valid_until));
+            }
+            Ok(Ok(false)) => return Err(lost("the lease expired")),
+            Ok(Err(e)) => {
                 warn!(error = %e, "cannot renew the leadership lease");
-                if renewed.elapsed() + every >= ha.lease_ttl {
+                if Instant::now() + every >= valid_until {
                     return Err(lost("etcd unreachable for a whole lease"));
                 }
             }
+            Err(_) => return Err(lost("etcd did not renew the lease before it could lapse")),
         }
     }
+}
+
+/// How often the leader checks whether the segment list in etcd is current.
+const MEMBERSHIP_EVERY: Duration = Duration::from_millis(100);
+
+/// The segment list as stored in etcd: `{"segments": ["<32 hex digits>", ...]}`.
+fn segments_value(ids: &[SegmentId]) -> String {
+    let ids: Vec<String> = ids.iter().map(SegmentId::to_string).collect();
+    serde_json::json!({ "segments": ids }).to_string()
+}
+
+/// Reads [`segments_value`]; entries that do not parse are skipped (with a warning).
+fn parse_segments(v: &str) -> Vec<SegmentId> {
+    let ids = serde_json::from_str::<serde_json::Value>(v)
+        .ok()
+        .and_then(|j| j.get("segments").cloned())
+        .and_then(|s| serde_json::from_value::<Vec<String>>(s).ok());
+    let Some(ids) = ids else {
+        warn!(
+            value = v,
+            "the segment list in etcd does not parse; expecting none"
+        );
+        return Vec::new();
+    };
+    ids.iter()
+        .filter_map(|h| u128::from_str_radix(h, 16).ok().map(SegmentId))
+        .collect()
 }
 
 fn lost(why: &str) -> MasterError {

@@ -33,10 +33,10 @@ pub(crate) struct Ctx<'a> {
     pub master: &'a Master,
     /// The time of the request, for every decision that depends on time.
     pub now: Instant,
-    /// The invalidation sequence number the reply must wait for, if any:
-    /// a new value or a removal is reported only once the key's old
-    /// versions are destroyed on their stores.
-    pub fence: Option<u64>,
+    /// What the reply must wait for, if anything: a new value or a removal
+    /// is reported only once the key's old versions are destroyed on their
+    /// stores (or can no longer be read without asking this master).
+    pub fence: Option<crate::state::FenceWait>,
 }
 
 /// A control request the master answers.
@@ -250,7 +250,12 @@ impl Handle for msg::PutEnd {
         cx.count_bad_keys("PutEnd", self.items.iter().map(|i| i.key.as_str()));
         let s = &cx.master.state;
         let v = s.put_end(self.client_id, &self.items, cx.now);
-        cx.fence = s.fence(self.items.iter().map(|i| i.key.as_str()));
+        cx.fence = s.fence(self.items.iter().map(|i| i.key.as_str()), cx.now);
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted::active("skip-upsert-fence") {
+            // Planted: the commit answers before the old version is gone.
+            cx.fence = None;
+        }
         Ok(counted::<Self, _>(cx, v))
     }
 }
@@ -258,7 +263,10 @@ impl Handle for msg::PutEnd {
 impl Handle for msg::PutRevoke {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<()>>> {
         cx.count_bad_keys("PutRevoke", self.keys.iter().map(String::as_str));
-        let v = cx.master.state.put_revoke(self.client_id, &self.keys);
+        let v = cx
+            .master
+            .state
+            .put_revoke(self.client_id, &self.keys, cx.now);
         Ok(counted::<Self, _>(cx, v))
     }
 }
@@ -300,7 +308,7 @@ impl Handle for msg::Remove {
         cx.count_bad_keys("Remove", self.keys.iter().map(String::as_str));
         let s = &cx.master.state;
         let v = s.remove(&self.keys, self.force, cx.now);
-        cx.fence = s.fence(self.keys.iter().map(String::as_str));
+        cx.fence = s.fence(self.keys.iter().map(String::as_str), cx.now);
         Ok(counted::<Self, _>(cx, v))
     }
 }
@@ -338,7 +346,7 @@ impl Handle for msg::RemoveByRegex {
         cx.master.metrics.record(Self::OPCODE, 0, 0);
         let s = &cx.master.state;
         let removed = s.remove_matching(|k| re.is_match(k), self.force, cx.now);
-        cx.fence = s.fence_all();
+        cx.fence = s.fence_all(cx.now);
         Ok(removed)
     }
 }
@@ -348,7 +356,7 @@ impl Handle for msg::RemoveAll {
         cx.master.metrics.record(Self::OPCODE, 0, 0);
         let s = &cx.master.state;
         let removed = s.remove_matching(|_| true, self.force, cx.now);
-        cx.fence = s.fence_all();
+        cx.fence = s.fence_all(cx.now);
         Ok(removed)
     }
 }

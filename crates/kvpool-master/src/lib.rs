@@ -18,6 +18,8 @@ pub mod state;
 
 mod handlers;
 mod http_auth;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -134,6 +136,11 @@ pub struct Master {
     /// The invalidation sequence number sent through, for waiting replies.
     invalidated: tokio::sync::watch::Sender<u64>,
     role: parking_lot::Mutex<Role>,
+    /// With HA: the instant the leadership lease may lapse, after which
+    /// another master may lead; nothing but `Status` is served past it.
+    lead_until: parking_lot::Mutex<Option<Instant>>,
+    /// A recovery past its grace waits for missing segments (said once).
+    recovery_held: std::sync::atomic::AtomicBool,
     /// Itself, for timers that outlive a request (delayed unmounts).
     me: std::sync::Weak<Master>,
     /// Timers started by requests; waited for when the master stops.
@@ -165,6 +172,8 @@ impl Master {
             invalidate_now: Notify::new(),
             invalidated: tokio::sync::watch::Sender::new(0),
             role: parking_lot::Mutex::new(Role::Leader),
+            lead_until: parking_lot::Mutex::new(None),
+            recovery_held: Default::default(),
             me: me.clone(),
             background: TaskTracker::new(),
             shutdown,
@@ -174,16 +183,55 @@ impl Master {
     /// Changes what this master serves.
     pub fn set_role(&self, role: Role) {
         *self.role.lock() = role;
+        self.recovery_held
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// What this master serves at `now` (a finished recovery reads as leader).
-    pub fn role(&self, now: Instant) -> Role {
+    /// Sets how long this master may be sure it leads (`None`: no HA, always).
+    pub fn lead_until(&self, until: Option<Instant>) {
+        *self.lead_until.lock() = until;
+    }
+
+    /// What this master serves now. A recovery ends as soon as every
+    /// segment the previous leader listed is back, or when its grace is
+    /// over in [`Master::recovery_tick`], which knows whether this master ran.
+    pub fn role(&self, _now: Instant) -> Role {
         let mut role = self.role.lock();
-        if matches!(*role, Role::Recovering(until) if now >= until) {
-            info!("recovery grace over; serving objects");
+        if matches!(*role, Role::Recovering(_)) && self.state.recovered() {
+            info!("every segment mounted before the failover is back; serving objects");
             *role = Role::Leader;
         }
         *role
+    }
+
+    /// Ends a recovery whose grace is over. Time in which this master did
+    /// not run (`stalled`: paused, starved of CPU) extends the grace: the
+    /// stores could not re-mount with a master that did not answer, and
+    /// serving before they did would answer "not found" for what they hold.
+    ///
+    /// Nor does it end while segments the previous leader listed are not
+    /// back (see `state/membership.rs`); they are given up after the client
+    /// TTL and the store grace, as silent stores are.
+    pub(crate) fn recovery_tick(&self, now: Instant, stalled: Duration) {
+        let mut role = self.role.lock();
+        if let Role::Recovering(until) = *role {
+            let until = until + stalled;
+            let missing = self.state.expecting();
+            if now >= until && missing == 0 {
+                info!("recovery grace over; serving objects");
+                *role = Role::Leader;
+            } else {
+                let held = now >= until;
+                if held
+                    && !self
+                        .recovery_held
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(missing, "recovery grace over, but segments mounted before the failover are not back; object calls wait for them (at most the client TTL and the store grace)");
+                }
+                *role = Role::Recovering(until);
+            }
+        }
     }
 
     /// Refuses what the current role does not serve.
@@ -197,6 +245,15 @@ impl Master {
                 | Opcode::ReportObjects
                 | Opcode::UnmountSegment
         );
+        // A leader cut off from etcd, or paused past its lease, must not
+        // serve beside the master that took over: not even membership,
+        // which would pull stores away from the real leader.
+        if op != Opcode::Status && (*self.lead_until.lock()).is_some_and(|until| now >= until) {
+            return Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                "this master's leadership lease may have lapsed; the leader is published in etcd",
+            ));
+        }
         match self.role(now) {
             Role::Leader => Ok(()),
             Role::Recovering(_) if membership => Ok(()),
@@ -214,19 +271,27 @@ impl Master {
 }
 
 impl Master {
-    /// Waits (at most [`FENCE_WAIT`]) until invalidations through `seq` were sent.
-    fn wait_invalidated(&self, seq: u64) -> ReplyWait {
+    /// Waits until the invalidations `w` names were delivered, or its time
+    /// is up (see [`MasterState::fence`]).
+    fn wait_fence(&self, w: state::FenceWait) -> ReplyWait {
         let mut sent = self.invalidated.subscribe();
         self.invalidate_now.notify_one();
+        let me = self.me.upgrade();
         Box::pin(async move {
-            let _ = tokio::time::timeout(FENCE_WAIT, sent.wait_for(|&s| s >= seq)).await;
+            let Some(me) = me else { return };
+            loop {
+                if me.state.fence_done(&w, Instant::now()) {
+                    return;
+                }
+                // Every invalidator pass sends on `invalidated`.
+                tokio::select! {
+                    r = sent.changed() => if r.is_err() { return },
+                    _ = tokio::time::sleep_until(w.until) => return,
+                }
+            }
         })
     }
 }
-
-/// Longest a reply waits for old versions to be destroyed; a store that
-/// slow is unreachable, and the master retries it in the background.
-const FENCE_WAIT: Duration = Duration::from_secs(2);
 
 impl ControlHandler for Master {
     /// A commit or a removal is reported once the key's old versions are
@@ -242,7 +307,7 @@ impl ControlHandler for Master {
             self.metrics.record(op, 1, 1);
             return (Err(e), None);
         }
-        let mut fence = None;
+        let mut fence: Option<state::FenceWait> = None;
         let start = std::time::Instant::now();
         let r = if self.may_take_long(op) {
             off_the_runtime(|| self.answer(op, meta, &mut fence))
@@ -250,9 +315,7 @@ impl ControlHandler for Master {
             self.answer(op, meta, &mut fence)
         };
         self.metrics.observe_handling(op, start.elapsed());
-        let wait = fence
-            .filter(|_| r.is_ok())
-            .map(|seq| self.wait_invalidated(seq));
+        let wait = fence.filter(|_| r.is_ok()).map(|w| self.wait_fence(w));
         (r, wait)
     }
 }
@@ -312,7 +375,12 @@ impl Master {
 
     /// Handles one request; sets `fence` to the invalidation sequence number
     /// the reply must wait for, if any.
-    fn answer(&self, op: Opcode, meta: &[u8], fence: &mut Option<u64>) -> KvResult<Vec<u8>> {
+    fn answer(
+        &self,
+        op: Opcode,
+        meta: &[u8],
+        fence: &mut Option<state::FenceWait>,
+    ) -> KvResult<Vec<u8>> {
         let now = Instant::now();
         self.admit(op, now)?;
         let mut cx = Ctx {
@@ -358,7 +426,7 @@ impl Master {
                 ))
             }
         };
-        *fence = cx.fence;
+        *fence = cx.fence.take();
         if r.is_err() {
             self.metrics.record(op, 1, 1);
         }
@@ -588,6 +656,8 @@ pub async fn start(
     tasks.spawn(tasks::tierer(master.clone(), as_store, shutdown.clone()));
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
+    #[cfg(feature = "planted-bugs")]
+    planted::announce();
     Ok(MasterHandle {
         rpc_addr,
         admin_addr,
@@ -667,8 +737,22 @@ mod tests {
         assert_eq!(st.segments.len(), 1, "silent client's segment must be gone");
         assert_eq!(st.segments[0].info.id, SegmentId(2));
         assert_eq!(st.pending, 0, "silent client's put must be revoked");
-        assert_eq!(st.used, 0, "revoked put's region must be freed");
+        // Its region is reused only once its write grant has expired: a
+        // write of the silent client may still be on its way.
+        assert_eq!(
+            st.used, 128,
+            "revoked put's region (rounded up) held for the pending TTL"
+        );
         assert!(!s.heartbeat(silent, Instant::now()));
+        for _ in 0..61 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(s.heartbeat(alive, Instant::now()));
+        }
+        assert_eq!(
+            s.status().used,
+            0,
+            "revoked put's region freed after the pending TTL"
+        );
         shutdown.cancel();
     }
 
@@ -778,6 +862,110 @@ mod tests {
             .0
             .unwrap_err();
         assert!(e.message.contains("exceeds the limit"), "{e}");
+    }
+
+    /// A new leader that did not run for part of its recovery grace
+    /// (paused, starved) gets that time back before it serves objects: the
+    /// chaos harness saw a leader paused through its grace answer "not
+    /// found" for objects whose stores had not re-mounted yet, and a put
+    /// then replace an acknowledged value.
+    #[test]
+    fn a_stall_extends_the_recovery_grace() {
+        let master = Master::new(StateConfig::default());
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        master.set_role(Role::Recovering(t0 + s(1)));
+        let exist = msg::encode(&msg::Exist {
+            keys: vec!["k".into()],
+        });
+        let refused = |m: &Master| {
+            m.handle(PeerRole::Admin, Opcode::Exist, &exist)
+                .0
+                .is_err_and(|e| e.code == Code::UnavailableInCurrentStatus)
+        };
+        assert!(refused(&master));
+        // Paused for 2 s of the 1 s grace: 1 s of grace is still owed.
+        master.recovery_tick(t0 + s(2), s(2));
+        assert_eq!(master.role(t0), Role::Recovering(t0 + s(3)));
+        assert!(refused(&master));
+        master.recovery_tick(t0 + s(3), Duration::ZERO);
+        assert_eq!(master.role(t0), Role::Leader);
+        assert!(!refused(&master));
+    }
+
+    /// A new leader's recovery lasts until every segment its predecessor
+    /// listed in etcd is back (and then ends at once, grace or not), or has
+    /// been given up after the client TTL and the store grace. The chaos
+    /// harness saw a new leader serve while a store was cut off: "not
+    /// found" for its keys, old versions of keys whose new one it held, and
+    /// removed keys back when it re-mounted with their second replica.
+    #[test]
+    fn recovery_waits_for_the_segments_the_previous_leader_listed() {
+        let cfg = StateConfig {
+            client_ttl: Duration::from_secs(2),
+            store_grace: Duration::from_secs(30),
+            ..StateConfig::default()
+        };
+        let master = Master::new(cfg);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let st = &master.state;
+        st.expect_segments(Some(vec![SegmentId(1), SegmentId(2)]), t0);
+        master.set_role(Role::Recovering(t0 + s(1)));
+        master.recovery_tick(t0 + s(2), Duration::ZERO);
+        assert!(
+            matches!(master.role(t0), Role::Recovering(_)),
+            "grace over, segments missing"
+        );
+        let c = ClientId(1);
+        st.register_client(c, "store", t0).unwrap();
+        st.mount(c, segment(1), 0, t0).unwrap();
+        assert!(matches!(master.role(t0), Role::Recovering(_)));
+        st.mount(c, segment(2), 0, t0).unwrap();
+        assert_eq!(
+            master.role(t0),
+            Role::Leader,
+            "every segment back: serving at once"
+        );
+
+        // Given up after TTL + grace.
+        let master = Master::new(StateConfig {
+            client_ttl: Duration::from_secs(2),
+            store_grace: Duration::from_secs(30),
+            ..StateConfig::default()
+        });
+        master.state.expect_segments(Some(vec![SegmentId(9)]), t0);
+        master.set_role(Role::Recovering(t0 + s(1)));
+        master.recovery_tick(t0 + s(31), Duration::ZERO);
+        assert!(matches!(master.role(t0), Role::Recovering(_)));
+        master.state.sweep(t0 + s(32));
+        master.recovery_tick(t0 + s(32), Duration::ZERO);
+        assert_eq!(master.role(t0), Role::Leader);
+    }
+
+    /// A leader whose etcd lease may have lapsed (etcd unreachable, or the
+    /// leader paused) serves nothing but status, even before it notices and
+    /// steps down: another master may lead by then. The chaos harness saw a
+    /// leader cut off from etcd keep committing puts after a standby could
+    /// have taken over.
+    #[test]
+    fn a_leader_past_its_lease_serves_only_status() {
+        let master = Master::new(StateConfig::default());
+        let exist = msg::encode(&msg::Exist {
+            keys: vec!["k".into()],
+        });
+        let answer = |m: &Master, op, meta: &[u8]| m.handle(PeerRole::Admin, op, meta).0;
+        master.lead_until(Some(Instant::now() + Duration::from_secs(60)));
+        assert!(answer(&master, Opcode::Exist, &exist).is_ok());
+        master.lead_until(Some(Instant::now()));
+        let e = answer(&master, Opcode::Exist, &exist).unwrap_err();
+        assert_eq!(e.code, Code::UnavailableInCurrentStatus);
+        assert!(e.message.contains("lease"), "{e}");
+        let status = msg::encode(&msg::Status {});
+        assert!(answer(&master, Opcode::Status, &status).is_ok());
+        // Without HA there is no lease to lapse.
+        master.lead_until(None);
+        assert!(answer(&master, Opcode::Exist, &exist).is_ok());
     }
 
     /// A lease granted under paused time blocks remove until it runs out.

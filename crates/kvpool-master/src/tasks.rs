@@ -15,10 +15,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Master;
 
-/// Expires silent clients, stale puts and ended leases. A tick that comes
-/// late means this master did not run (paused, or starved of CPU): the
-/// heartbeats sent meanwhile wait unread in its sockets, so that time is
-/// not counted as the clients' silence.
+/// Expires silent clients, stale puts and ended leases, and ends a new
+/// leader's recovery grace. A tick that comes late means this master did
+/// not run (paused, or starved of CPU): the heartbeats sent meanwhile wait
+/// unread in its sockets, so that time is not counted as the clients'
+/// silence, nor as the stores' time to re-mount.
 pub(crate) async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
     let period = (master.state.config().client_ttl / 8)
         .clamp(Duration::from_millis(10), Duration::from_secs(1));
@@ -32,13 +33,17 @@ pub(crate) async fn sweeper(master: Arc<Master>, shutdown: CancellationToken) {
         }
         let now = Instant::now();
         let late = now.saturating_duration_since(last).saturating_sub(period);
-        if late > period {
+        let stalled = if late > period {
             tracing::warn!(
                 late_ms = late.as_millis() as u64,
                 "master stalled; not counting the stall against clients"
             );
             master.state.forgive_stall(late, now);
-        }
+            late
+        } else {
+            Duration::ZERO
+        };
+        master.recovery_tick(now, stalled);
         // Dropping a dead store's segment walks every key: off the event loop.
         crate::off_the_runtime(|| master.state.sweep(now));
         // Counted from the end of the sweep: its own work is no stall.
@@ -100,22 +105,32 @@ pub(crate) async fn invalidator(
                         regions: part.to_vec(),
                     };
                     let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
+                    if let Ok(Ok(destroyed)) = &sent {
+                        tracing::debug!(segment = %id, regions = part.len(), destroyed, "invalidations delivered");
+                    }
                     if !matches!(sent, Ok(Ok(_))) {
                         let rest: Vec<(u64, u64)> = std::iter::once(part)
                             .chain(parts)
                             .flatten()
                             .copied()
                             .collect();
-                        return Some((id, rest));
+                        return (id, Some(rest));
                     }
                 }
-                None
+                (id, None)
             });
         }
-        for (segment, regions) in futures::future::join_all(sends).await.into_iter().flatten() {
-            tracing::debug!(%segment, "invalidation not delivered; will retry");
-            master.state.requeue_invalidations(segment, regions);
-            backoff.insert(segment, now + Duration::from_secs(1));
+        for (segment, undelivered) in futures::future::join_all(sends).await {
+            match undelivered {
+                // Fenced replies wait on this segment until it is
+                // delivered, or no cached read can use the old versions.
+                Some(regions) => {
+                    tracing::debug!(%segment, "invalidation not delivered; will retry");
+                    master.state.requeue_invalidations(segment, regions);
+                    backoff.insert(segment, now + Duration::from_secs(1));
+                }
+                None => master.state.invalidations_delivered(segment),
+            }
         }
         master.state.invalidations_sent(through);
         let _ = master.invalidated.send(through);

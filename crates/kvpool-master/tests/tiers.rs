@@ -300,7 +300,10 @@ fn a_full_disk_tier_evicts_its_own_least_recently_used() {
     assert!(used <= cap);
     // Some demoted objects were evicted from disk: not found, never wrong.
     let gone = |r: &Vec<String>| r.iter().filter(|k| p.where_is(k, 9000).is_empty()).count();
-    assert!(gone(&rounds[0]) > 0, "the oldest round lost objects: {rounds:?}");
+    assert!(
+        gone(&rounds[0]) > 0,
+        "the oldest round lost objects: {rounds:?}"
+    );
     assert!(p.st.evictions() > 0);
     // The most recently demoted are all still on disk.
     for k in rounds.last().unwrap() {

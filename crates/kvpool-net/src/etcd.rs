@@ -27,6 +27,12 @@ pub fn leader_key(cluster: &str) -> String {
     format!("/kvpool/{cluster}/master")
 }
 
+/// The etcd key under which the leader of `cluster` lists the segments that
+/// may hold objects, for the next leader to expect back.
+pub fn segments_key(cluster: &str) -> String {
+    format!("/kvpool/{cluster}/segments")
+}
+
 /// A set of etcd endpoints, tried in order.
 #[derive(Clone)]
 pub struct Etcd {
@@ -208,6 +214,24 @@ impl Etcd {
         let body = json!({
             "compare": [{ "target": "CREATE", "key": k, "create_revision": "0", "result": "EQUAL" }],
             "success": [{ "request_put": { "key": k, "value": B64.encode(value), "lease": lease.to_string() } }],
+        });
+        let r: TxnReply = self.post("/v3/kv/txn", body).await?;
+        Ok(r.succeeded.unwrap_or(false))
+    }
+
+    /// Sets `key` to `value` (with no lease: it outlives the writer) only
+    /// while `guard` is held under `lease`, as a leader writes what only the
+    /// leader may; true if written.
+    pub async fn put_if_held(
+        &self,
+        key: &str,
+        value: &str,
+        guard: &str,
+        lease: i64,
+    ) -> KvResult<bool> {
+        let body = json!({
+            "compare": [{ "target": "LEASE", "key": B64.encode(guard), "lease": lease.to_string(), "result": "EQUAL" }],
+            "success": [{ "request_put": { "key": B64.encode(key), "value": B64.encode(value) } }],
         });
         let r: TxnReply = self.post("/v3/kv/txn", body).await?;
         Ok(r.succeeded.unwrap_or(false))

@@ -14,7 +14,7 @@ use std::time::Duration;
 use kvpool_net::auth::Security;
 use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
-use kvpool_proto::KvError;
+use kvpool_proto::{Code, KvError};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -80,29 +80,40 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     };
     // The data plane outlives the shutdown signal by the grace period.
     let data_plane = CancellationToken::new();
-    let node = DataNode::bind(&cfg.address, cfg.port, &cfg.security, data_plane.clone())
-        .await
-        .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
-    node.set_master(&cfg.master);
-    let name = cfg
-        .name
-        .clone()
-        .unwrap_or_else(|| node.endpoint().to_string());
-    node.add_segment(
-        seg.id,
-        seg.possession,
-        &name,
-        seg.region.clone(),
-        kvpool_format::DATA_BASE,
-    );
+    // The segments are served from the first connection on.
+    let mut name = String::new();
+    let node = DataNode::bind_with(
+        &cfg.address,
+        cfg.port,
+        &cfg.security,
+        data_plane.clone(),
+        |node| {
+            node.set_master(&cfg.master);
+            name = cfg
+                .name
+                .clone()
+                .unwrap_or_else(|| node.endpoint().to_string());
+            node.add_segment(
+                seg.id,
+                seg.possession,
+                &name,
+                seg.region.clone(),
+                kvpool_format::DATA_BASE,
+            );
+            if let Some(d) = &disk {
+                node.add_disk_segment(
+                    d.id,
+                    d.possession,
+                    &name,
+                    d.file.clone(),
+                    kvpool_format::DATA_BASE,
+                );
+            }
+        },
+    )
+    .await
+    .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
     if let Some(d) = &disk {
-        node.add_disk_segment(
-            d.id,
-            d.possession,
-            &name,
-            d.file.clone(),
-            kvpool_format::DATA_BASE,
-        );
         info!(segment = %d.id, size = d.file.len(), direct = d.file.direct(), path = %d.file.path().display(), "disk tier serving");
     }
     info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
@@ -137,7 +148,9 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         let reply = loop {
             match link.register().await {
                 Ok(r) => break r,
-                Err(e) if e.code.is_transient() => {
+                // etcd unreachable (cut off, restarting): where the master
+                // is will be known later, so wait as for the master itself.
+                Err(e) if e.code.is_transient() || e.code == Code::EtcdOperationError => {
                     warn!(master = %cfg.master, error = %e, "master not reachable yet; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }

@@ -60,28 +60,42 @@ impl DataNode {
         security: &Security,
         shutdown: CancellationToken,
     ) -> std::io::Result<Arc<DataNode>> {
+        Self::bind_with(address, port, security, shutdown, |_| {}).await
+    }
+
+    /// [`DataNode::bind`], running `setup` (which adds segments) before the
+    /// first connection is served: a store restarting on a known endpoint
+    /// must never answer a client "segment not served here" for its own
+    /// segment. (The chaos harness saw exactly that, from a store that had
+    /// bound its port but not yet added its segment.)
+    pub async fn bind_with(
+        address: &str,
+        port: u16,
+        security: &Security,
+        shutdown: CancellationToken,
+        setup: impl FnOnce(&DataNode),
+    ) -> std::io::Result<Arc<DataNode>> {
         let listener = TcpListener::bind((address, port)).await?;
         let local = listener.local_addr()?;
         security
             .check_listen(local.ip(), "the data plane")
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.message))?;
-        let endpoint = local.to_string();
-        let table = Arc::new(SegmentTable::default());
-        let tasks = TaskTracker::new();
-        tasks.spawn(serve_data(
+        let node = DataNode {
+            table: Arc::new(SegmentTable::default()),
+            endpoint: local.to_string(),
+            segments: Mutex::new(Vec::new()),
+            tasks: TaskTracker::new(),
+        };
+        setup(&node);
+        node.tasks.spawn(serve_data(
             listener,
-            table.clone(),
+            node.table.clone(),
             Limits::default(),
             security.clone(),
             shutdown,
         ));
-        tasks.close();
-        Ok(Arc::new(DataNode {
-            table,
-            endpoint,
-            segments: Mutex::new(Vec::new()),
-            tasks,
-        }))
+        node.tasks.close();
+        Ok(Arc::new(node))
     }
 
     /// `host:port` clients use to reach this node.
@@ -455,4 +469,68 @@ async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
         "segment mounted with its objects"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvpool_net::FramedConn;
+    use kvpool_proto::msg::ReadReq;
+    use kvpool_transfer::data::{read_regions, ReadOp};
+
+    /// Reads 64 bytes of `segment` at `addr` on a runtime of its own.
+    fn read_from(addr: String, segment: SegmentId) -> KvResult<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let mut c = FramedConn::connect(&addr, "test", Limits::default()).await?;
+            let mut buf = [0u8; 64];
+            let req = ReadReq {
+                segment,
+                offset: DATA_BASE,
+                len: 64,
+                grant: None,
+            };
+            let ops = vec![ReadOp {
+                req,
+                dst: vec![&mut buf[..]],
+            }];
+            read_regions(&mut c, ops).await?.remove(0)
+        })
+    }
+
+    /// A client that connects while a restarting store is still adding its
+    /// segment is served once the segment is in, never told "not served
+    /// here" (the chaos harness saw that answer reach clients).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_segment_added_at_bind_is_served_from_the_first_connection() {
+        let token = CancellationToken::new();
+        let region = Arc::new(MappedRegion::anonymous(1 << 20).expect("memory"));
+        let id = SegmentId(7);
+        let mut reader = None;
+        let node = DataNode::bind_with(
+            "127.0.0.1",
+            0,
+            &Security::default(),
+            token.clone(),
+            |node| {
+                let addr = node.endpoint().to_string();
+                reader = Some(std::thread::spawn(move || read_from(addr, id)));
+                // The reader connects and asks meanwhile.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                node.add_segment(id, [0; 16], "s", region.clone(), DATA_BASE);
+            },
+        )
+        .await
+        .expect("bind");
+        let read = tokio::task::spawn_blocking(move || reader.expect("started").join())
+            .await
+            .expect("joined")
+            .expect("the reader ran");
+        assert!(read.is_ok(), "{read:?}");
+        assert_eq!(node.endpoint().split(':').next(), Some("127.0.0.1"));
+        token.cancel();
+    }
 }

@@ -27,6 +27,9 @@ const LIBS: &[&str] = &[
 fn rules() -> BTreeMap<&'static str, Vec<&'static str>> {
     let mut binary = LIBS.to_vec();
     binary.push("kvpool-master");
+    // Its short chaos campaign (tests/chaos.rs) runs the harness: a
+    // dev-dependency; the binary itself never links it.
+    binary.push("kvpool-chaos");
     BTreeMap::from([
         ("kvpool-proto", vec![]),
         ("kvpool-format", vec!["kvpool-proto"]),
@@ -60,6 +63,12 @@ fn rules() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("kvpool", binary),
         ("kvpool-python", LIBS.to_vec()),
         ("rbg", vec![]),
+        // The chaos harness drives the pool as a client and runs the
+        // binaries as processes: it links no server crate.
+        (
+            "kvpool-chaos",
+            vec!["kvpool-proto", "kvpool-net", "kvpool-client"],
+        ),
         // Fuzz targets call every decoder of untrusted bytes, the master's
         // HTTP services and rbg's YAML among them; nothing depends on it.
         (

@@ -180,3 +180,69 @@ async fn standby_takes_over_when_the_leader_dies() {
         errors.len()
     );
 }
+
+/// A store (re)started while etcd cannot be reached waits for it, as it
+/// waits for a master, instead of exiting: the chaos harness restarted a
+/// store inside a partition that cut it off from etcd, and it exited with
+/// an etcd connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_started_before_etcd_waits_for_it() {
+    let dir = scratch_dir();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    // Nothing listens here yet.
+    let (client, peer) = (free_port(), free_port());
+    let endpoint = format!("127.0.0.1:{client}");
+    let pool = format!("etcd://{endpoint}/late-etcd");
+    let mut store = spawn_store("store-0", &pool, "64MiB", &dir.path().join("s0"), &logs);
+    eventually("the store to try etcd", STARTUP, async || {
+        store
+            .stderr()
+            .contains("ETCD_OPERATION_ERROR")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        store.try_exit().is_none(),
+        "the store gave up on etcd:\n{}",
+        store.logs()
+    );
+    let _etcd = Process::spawn_bin(
+        "etcd",
+        std::path::Path::new("etcd"),
+        [
+            "--data-dir".to_string(),
+            dir.path().join("etcd").to_string_lossy().into_owned(),
+            "--listen-client-urls".into(),
+            format!("http://{endpoint}"),
+            "--advertise-client-urls".into(),
+            format!("http://{endpoint}"),
+            "--listen-peer-urls".into(),
+            format!("http://127.0.0.1:{peer}"),
+        ],
+        &logs,
+    );
+    let _master = spawn_master("master", &logs, |rpc, metrics| {
+        [
+            "master",
+            "--rpc-port",
+            &rpc.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+            "--enable-ha",
+            "--etcd-endpoints",
+            &endpoint,
+            "--cluster-id",
+            "late-etcd",
+            "--client-ttl",
+            "2s",
+            "--ha-lease-ttl",
+            "2s",
+        ]
+        .map(String::from)
+        .to_vec()
+    })
+    .await;
+    wait_for_segments(&pool, 1, &mut [&mut store]).await;
+}

@@ -227,11 +227,13 @@ impl MasterState {
             });
             drop(sh);
             for (replicas, generation) in freed {
-                self.free_now(&replicas, Some(generation));
+                self.abandon(&replicas, generation, now);
             }
         }
         self.sweep_copies(&dead_set, now);
         self.free_expired_deferred(now);
+        self.expire_fences(now);
+        self.expire_expected(now);
         dead
     }
 }

@@ -2,8 +2,9 @@
 //! destruction of their object headers on the stores, the per-key fences a
 //! reply waits on, and regions whose reuse waits for a read lease to end.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use kvpool_proto::msg::{SegmentId, Tier};
 use tokio::time::Instant;
@@ -25,11 +26,42 @@ pub(super) struct InvalidationQueue {
     pub(super) regions: HashMap<SegmentId, Vec<(u64, u64)>>,
     /// Sequence number of the last queued batch.
     pub(super) seq: u64,
-    /// Keys with an old version possibly still readable, and the sequence
-    /// number whose delivery destroys it: a new value or a removal of the
-    /// key is reported only after that (see [`MasterState::fence`]).
-    pub(super) fences: HashMap<String, u64>,
+    /// Keys with an old version possibly still readable, and what its
+    /// destruction waits on: a new value or a removal of the key is
+    /// reported only after that (see [`MasterState::fence`]).
+    pub(super) fences: HashMap<String, KeyFence>,
+    /// Segments whose invalidations could not be delivered (store down, or
+    /// cut off from this master while clients may still reach it): a
+    /// fence over them holds until they are delivered.
+    pub(super) owing: HashSet<SegmentId>,
 }
+
+/// What must happen before a reply about a key with a replaced or removed
+/// version may go.
+#[derive(Debug, Clone)]
+pub(super) struct KeyFence {
+    /// The invalidation batch that destroys the old version.
+    seq: u64,
+    /// The segments it lies on.
+    segments: Vec<SegmentId>,
+    /// Until then a client may read the old version through a cached
+    /// location under the first half of a read lease, without asking this
+    /// master: the fence holds at least that long if it is not delivered.
+    young_until: Instant,
+}
+
+/// What a reply waits for (see [`MasterState::fence_done`]).
+#[derive(Debug, Clone)]
+pub struct FenceWait {
+    seq: u64,
+    segments: Vec<SegmentId>,
+    /// The reply goes at this instant whatever happened.
+    pub until: Instant,
+}
+
+/// Longest a reply waits for a reachable store to destroy an old version
+/// nobody holds a young lease on; a store that slow is retried later.
+pub const FENCE_WAIT: Duration = Duration::from_secs(2);
 
 impl MasterState {
     /// Returns regions to their allocators. With the generation of the
@@ -66,13 +98,98 @@ impl MasterState {
         }
     }
 
-    /// Frees the regions of `key`'s version `v`, which was removed or
-    /// evicted, and fences the key until its headers are destroyed.
+    /// Until when a client may read version `v` through a cached location
+    /// without asking this master: the first half of its read lease, and
+    /// of any lease an earlier leader granted before this term began.
+    fn young_until(&self, v: &Version) -> Instant {
+        let half = self.cfg.lease_ttl / 2;
+        let lease = self.instant(v.lease_until);
+        let leased = lease.checked_sub(half).unwrap_or(lease);
+        leased.max(*self.term_start.lock() + half)
+    }
+
+    /// Fences `key` until the invalidation batch `seq` of `v`'s regions is
+    /// delivered, or until `young_until` if it cannot be. A fence the key
+    /// already has is widened, not replaced: an older version may still be
+    /// undelivered when a newer one is replaced in turn.
+    fn fence_key(
+        &self,
+        inv: &mut InvalidationQueue,
+        key: &str,
+        v: &Version,
+        seq: u64,
+        young_until: Instant,
+    ) {
+        let segments = v.replicas.iter().map(|(s, _)| *s);
+        match inv.fences.get_mut(key) {
+            Some(f) => {
+                f.seq = f.seq.max(seq);
+                for s in segments {
+                    if !f.segments.contains(&s) {
+                        f.segments.push(s);
+                    }
+                }
+                f.young_until = f.young_until.max(young_until);
+            }
+            None => {
+                let fence = KeyFence {
+                    seq,
+                    segments: segments.collect(),
+                    young_until,
+                };
+                inv.fences.insert(key.to_string(), fence);
+            }
+        }
+    }
+
+    /// Gives back the regions of a put in flight that will never commit
+    /// (revoked, expired, or its writer dropped). Their headers are
+    /// destroyed now, but the regions are reused only once every write
+    /// grant on them could have expired (a pending TTL from `now`): a write
+    /// may still be on its way (a writer cut off from the pool has its TCP
+    /// frames retransmitted when its link comes back), and it would land on
+    /// whatever object was placed there meanwhile. The chaos harness lost
+    /// acknowledged objects that way.
+    pub(super) fn abandon(&self, replicas: &[(SegmentId, Region)], generation: u64, now: Instant) {
+        {
+            let mut inv = self.invalidations.lock();
+            for (s, r) in replicas {
+                inv.regions
+                    .entry(*s)
+                    .or_default()
+                    .push((r.offset, generation));
+            }
+            inv.seq += 1;
+        }
+        let until = now + self.cfg.pending_ttl;
+        self.deferred
+            .lock()
+            .extend(replicas.iter().map(|(s, r)| (until, *s, *r, None)));
+    }
+
+    /// Frees the regions of `key`'s version `v`, which was evicted or
+    /// replaced without a live lease, and fences the key until its headers
+    /// are destroyed.
     pub(super) fn retire(&self, key: &str, v: &Version) {
         self.free_now(&v.replicas, Some(v.generation));
         let mut inv = self.invalidations.lock();
         let seq = inv.seq;
-        inv.fences.insert(key.to_string(), seq);
+        let young = self.young_until(v);
+        self.fence_key(&mut inv, key, v, seq, young);
+    }
+
+    /// Frees the regions of `key`'s version `v`, removed by a client, and
+    /// fences the key until its headers are destroyed on every store, for
+    /// as long as a store holding one may come back (the client TTL plus
+    /// the store grace). A removal must not be reported done while a copy
+    /// survives on an unreachable store: a new leader, which knows nothing
+    /// of the removal, would take the key back from that store's inventory.
+    pub(super) fn retire_removed(&self, key: &str, v: &Version, now: Instant) {
+        self.free_now(&v.replicas, Some(v.generation));
+        let mut inv = self.invalidations.lock();
+        let seq = inv.seq;
+        let until = now + self.cfg.client_ttl + self.cfg.store_grace;
+        self.fence_key(&mut inv, key, v, seq, until);
     }
 
     /// Retires `key`'s version `v`, replaced by a newer one: its headers are
@@ -90,7 +207,8 @@ impl MasterState {
             }
             inv.seq += 1;
             let seq = inv.seq;
-            inv.fences.insert(key.to_string(), seq);
+            let young = self.young_until(&v);
+            self.fence_key(&mut inv, key, &v, seq, young);
             drop(inv);
             let until = self.instant(v.lease_until);
             self.deferred
@@ -101,18 +219,50 @@ impl MasterState {
         }
     }
 
-    /// The invalidation sequence number a reply about `keys` must wait for
-    /// (their old versions destroyed on the stores), if any is outstanding.
-    pub fn fence<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Option<u64> {
+    /// What a reply about `keys` must wait for, if anything: their old
+    /// versions destroyed on the stores. It waits at most [`FENCE_WAIT`]
+    /// for a delivery, and where one fails, until no client can read the
+    /// old version through a young cached location (at most half a lease).
+    pub fn fence<'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a str>,
+        now: Instant,
+    ) -> Option<FenceWait> {
         let inv = self.invalidations.lock();
         if inv.fences.is_empty() {
             return None;
         }
         let done = self.invalidated_through.load(Ordering::Acquire);
-        keys.into_iter()
-            .filter_map(|k| inv.fences.get(k).copied())
-            .filter(|&seq| seq > done)
-            .max()
+        let mut wait: Option<FenceWait> = None;
+        for f in keys.into_iter().filter_map(|k| inv.fences.get(k)) {
+            let owing = f.segments.iter().any(|s| inv.owing.contains(s));
+            if f.seq <= done && !(owing && now < f.young_until) {
+                continue;
+            }
+            let w = wait.get_or_insert_with(|| FenceWait {
+                seq: 0,
+                segments: Vec::new(),
+                until: now + FENCE_WAIT,
+            });
+            w.seq = w.seq.max(f.seq);
+            w.segments.extend_from_slice(&f.segments);
+            w.until = w.until.max(f.young_until);
+        }
+        wait
+    }
+
+    /// Whether a reply waiting on `w` may go at `now`: every batch through
+    /// its sequence number was sent and none of its segments still owes an
+    /// invalidation, or its time is up.
+    pub fn fence_done(&self, w: &FenceWait, now: Instant) -> bool {
+        if now >= w.until {
+            return true;
+        }
+        if self.invalidated_through.load(Ordering::Acquire) < w.seq {
+            return false;
+        }
+        let inv = self.invalidations.lock();
+        !w.segments.iter().any(|s| inv.owing.contains(s))
     }
 
     /// Whether any key waits for its old version to be destroyed.
@@ -120,11 +270,15 @@ impl MasterState {
         !self.invalidations.lock().fences.is_empty()
     }
 
-    /// The invalidation sequence number everything queued so far reaches,
-    /// if not yet sent.
-    pub fn fence_all(&self) -> Option<u64> {
+    /// What a bulk removal's reply waits for: everything queued so far
+    /// sent, for at most [`FENCE_WAIT`].
+    pub fn fence_all(&self, now: Instant) -> Option<FenceWait> {
         let seq = self.invalidations.lock().seq;
-        (seq > self.invalidated_through.load(Ordering::Acquire)).then_some(seq)
+        (seq > self.invalidated_through.load(Ordering::Acquire)).then(|| FenceWait {
+            seq,
+            segments: Vec::new(),
+            until: now + FENCE_WAIT,
+        })
     }
 
     /// Takes the queued invalidations, with each segment's data endpoint,
@@ -146,11 +300,15 @@ impl MasterState {
     }
 
     /// Records that every invalidation through `seq` was sent (delivered, or
-    /// its store unreachable and retried later): waiting replies may go.
+    /// its store unreachable and retried later). Fences over segments that
+    /// still owe an invalidation stay, until [`MasterState::expire_fences`].
     pub fn invalidations_sent(&self, seq: u64) {
         self.invalidated_through.fetch_max(seq, Ordering::AcqRel);
         let mut inv = self.invalidations.lock();
-        inv.fences.retain(|_, s| *s > seq);
+        let owing = std::mem::take(&mut inv.owing);
+        inv.fences
+            .retain(|_, f| f.seq > seq || f.segments.iter().any(|s| owing.contains(s)));
+        inv.owing = owing;
         drop(inv);
         let due: Vec<(SegmentId, Region)> = {
             let mut waiting = self.after_invalidation.lock();
@@ -159,6 +317,11 @@ impl MasterState {
             due.into_iter().map(|(_, seg, r)| (seg, r)).collect()
         };
         self.free_now(&due, None);
+    }
+
+    /// Records that everything queued for segment `id` was delivered.
+    pub fn invalidations_delivered(&self, id: SegmentId) {
+        self.invalidations.lock().owing.remove(&id);
     }
 
     /// Destroys the copy of `generation` at `r` of `seg` on its store, and
@@ -177,14 +340,18 @@ impl MasterState {
     }
 
     /// Puts back invalidations that could not be delivered (store down),
-    /// unless the segment is gone; its remount reconciles it anyway.
+    /// unless the segment is gone; its remount reconciles it anyway. The
+    /// segment owes them: replies fenced on it wait (see [`MasterState::fence`]).
     pub fn requeue_invalidations(&self, id: SegmentId, regions: Vec<(u64, u64)>) {
-        if !self.segments.read().contains_key(&id) {
+        let mounted = self.segments.read().contains_key(&id);
+        let mut inv = self.invalidations.lock();
+        if !mounted {
+            inv.owing.remove(&id);
             return;
         }
-        let mut inv = self.invalidations.lock();
-        let offsets: std::collections::HashSet<u64> = regions.iter().map(|(o, _)| *o).collect();
+        let offsets: HashSet<u64> = regions.iter().map(|(o, _)| *o).collect();
         inv.regions.entry(id).or_default().extend(regions);
+        inv.owing.insert(id);
         // Regions waiting for these invalidations wait for their next send.
         inv.seq += 1;
         let seq = inv.seq;
@@ -196,6 +363,16 @@ impl MasterState {
         }
     }
 
+    /// Drops fences whose old versions can no longer be read without
+    /// asking this master.
+    pub(super) fn expire_fences(&self, now: Instant) {
+        let done = self.invalidated_through.load(Ordering::Acquire);
+        self.invalidations
+            .lock()
+            .fences
+            .retain(|_, f| f.seq > done || now < f.young_until);
+    }
+
     pub(super) fn free_expired_deferred(&self, now: Instant) {
         let due: Vec<_> = {
             let mut d = self.deferred.lock();
@@ -203,8 +380,8 @@ impl MasterState {
             *d = keep;
             due
         };
-        // Replaced versions' headers were destroyed when they were replaced;
-        // a moved object's old copy is destroyed now.
+        // Replaced versions' headers were destroyed when they were replaced
+        // or abandoned; a moved object's old copy is destroyed now.
         for (_, s, r, generation) in due {
             match generation {
                 None => self.free_now(&[(s, r)], None),

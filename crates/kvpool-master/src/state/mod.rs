@@ -12,9 +12,10 @@
 //! One file per concern: `clients` (liveness, the suspect state, expiry),
 //! `segments` (mounts, inventories, placement), `objects` (puts, reads,
 //! removals), `evict` (LRU eviction), `tiers` (moves between a store's
-//! memory and disk), `invalidation` (freed regions
-//! and the destruction of their headers on the stores) and `ledger` (what
-//! each client holds against its limits).
+//! memory and disk), `invalidation` (freed regions and the destruction of
+//! their headers on the stores), `ledger` (what each client holds against
+//! its limits) and `membership` (the segments a new leader expects back
+//! after a failover).
 //!
 //! Limits on what one client may hold (registrations, segments, puts in
 //! flight, hard-pinned bytes) are checked before anything is reserved, and
@@ -38,6 +39,7 @@ mod clients;
 mod evict;
 mod invalidation;
 mod ledger;
+mod membership;
 mod objects;
 mod replicas;
 mod segments;
@@ -47,7 +49,7 @@ mod tiers;
 use clients::ClientEntry;
 pub use evict::Evicted;
 use invalidation::InvalidationQueue;
-pub use invalidation::Invalidations;
+pub use invalidation::{FenceWait, Invalidations, FENCE_WAIT};
 use ledger::Ledger;
 use objects::{Shard, Tick, Version};
 use segments::SegmentSlot;
@@ -187,6 +189,13 @@ pub struct MasterState {
     /// above it was issued here, so an inventory cannot claim a newer one.
     first_generation: AtomicU64,
     evictions: AtomicU64,
+    /// Segments earlier leaders had, and which of them the list in etcd names.
+    membership: Mutex<membership::Membership>,
+    /// Segments expected back after a failover (a lock-free fast path).
+    expecting: std::sync::atomic::AtomicUsize,
+    /// Placements so far: each draws its segment order from the next value
+    /// (a counter, not an OS random source, so a replay places alike).
+    placements: AtomicU64,
     /// Moves between tiers: planned, in flight, and waiting promotions.
     tier: Mutex<TierState>,
     /// A disk segment was ever mounted (reads then note disk-only objects).
@@ -197,6 +206,9 @@ pub struct MasterState {
     suspect_count: std::sync::atomic::AtomicUsize,
     /// Time zero of the [`Tick`]s objects carry.
     epoch: Instant,
+    /// When this master began to lead (its start, without HA): read leases
+    /// granted by an earlier leader may be in use until half a lease later.
+    term_start: Mutex<Instant>,
     /// Picks a key's shard.
     shard_hasher: foldhash::fast::RandomState,
     /// Puts in flight and hard pins per client, against their limits.
@@ -218,9 +230,10 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl MasterState {
-    /// Starts a term as leader: generations issued from now on are above
-    /// every one issued before (by this process or a previous leader).
-    pub fn begin_term(&self) {
+    /// Starts a term as leader at `now`: generations issued from now on are
+    /// above every one issued before (by this process or a previous leader).
+    pub fn begin_term(&self, now: Instant) {
+        *self.term_start.lock() = now;
         let now = wall_nanos();
         use std::sync::atomic::Ordering::Relaxed;
         self.next_generation.fetch_max(now, Relaxed);
@@ -250,12 +263,16 @@ impl MasterState {
             next_generation: AtomicU64::new(start),
             first_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
+            placements: AtomicU64::new(0),
+            membership: Default::default(),
+            expecting: Default::default(),
             tier: Mutex::new(TierState::default()),
             disk_tier: Default::default(),
             demotions: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
             suspect_count: Default::default(),
             epoch: Instant::now(),
+            term_start: Mutex::new(Instant::now()),
             shard_hasher: Default::default(),
             ledger,
             refusals: Refusals::default(),

@@ -451,14 +451,14 @@ impl MasterState {
     }
 
     /// Abandons puts in flight; one result per key.
-    pub fn put_revoke(&self, client: ClientId, keys: &[String]) -> Vec<KvResult<()>> {
+    pub fn put_revoke(&self, client: ClientId, keys: &[String], now: Instant) -> Vec<KvResult<()>> {
         keys.iter()
             .map(|k| {
                 validate_key(k)?;
                 let mut shard = self.shard(k).lock();
                 let p = self.take_pending(&mut shard, client, k)?;
                 drop(shard);
-                self.free_now(&p.version.replicas, Some(p.version.generation));
+                self.abandon(&p.version.replicas, p.version.generation, now);
                 Ok(())
             })
             .collect()
@@ -574,7 +574,7 @@ impl MasterState {
                 // A forced remove frees at once, as the caller asked; a reader still
                 // in flight on it fails its header or checksum check, never returns
                 // the new bytes.
-                self.retire(k, &v);
+                self.retire_removed(k, &v, now);
                 Ok(())
             })
             .collect()
@@ -607,7 +607,7 @@ impl MasterState {
             drop(sh);
             removed += versions.len() as u64;
             for (k, v) in versions {
-                self.retire(&k, &v);
+                self.retire_removed(&k, &v, now);
             }
         }
         removed

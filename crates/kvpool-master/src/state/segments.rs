@@ -154,10 +154,15 @@ impl MasterState {
             if objects == 0 {
                 // Nothing survived: every replica the master placed there is gone.
                 self.reconcile_known(info.id, &[]);
+                self.arrived(info.id);
             }
             return Ok(());
         }
         tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, objects, "segment mounted");
+        if objects == 0 {
+            // Empty: nothing to wait for.
+            self.arrived(info.id);
+        }
         segs.insert(
             info.id,
             SegmentSlot {
@@ -457,6 +462,7 @@ impl MasterState {
         if let Some(s) = self.segments.write().get_mut(&id) {
             s.recovering = None;
         }
+        self.arrived(id);
     }
 
     /// Stops placing objects on the segments named `name` (or with that id in
@@ -578,7 +584,8 @@ impl MasterState {
     }
 
     /// Memory segments that may take new objects now: not recovering an
-    /// inventory, not draining, and with an owner that heartbeats.
+    /// inventory, not draining, with an owner that heartbeats, and (with HA)
+    /// named by the segment list in etcd.
     pub(super) fn placeable(&self, now: Instant) -> HashSet<SegmentId> {
         self.open_segments(now, Tier::Memory)
     }
@@ -597,6 +604,7 @@ impl MasterState {
                     && !late.contains(&s.owner)
             })
             .map(|s| s.info.id)
+            .filter(|id| self.listed(id))
             .collect()
     }
 
@@ -629,7 +637,10 @@ impl MasterState {
             .collect();
         // `replica_num` is the caller's: never reserve room beyond the segments.
         let mut got = Vec::with_capacity(replica_num.min(views.len()));
-        for id in placement::order(&views, region_len, preferred) {
+        let seed = self
+            .placements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for id in placement::order(&views, region_len, preferred, seed) {
             if got.len() == replica_num {
                 break;
             }

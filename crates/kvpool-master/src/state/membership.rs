@@ -1,0 +1,137 @@
+//! Membership across failovers. etcd holds leadership and, beside it, the
+//! list of segments that may hold objects; never the object map. A new
+//! leader reads the list and expects those segments back, and its recovery
+//! lasts until each has re-mounted with its inventory (or stayed silent
+//! past the client TTL and the store grace, as a silent store would be
+//! dropped). Until then object calls answer the retryable
+//! `UNAVAILABLE_IN_CURRENT_STATUS`: a missing segment may hold any key, a
+//! newer version of a key another segment holds, or a copy of a key that
+//! would come back after a removal, and nothing short of its inventory
+//! tells which. Once every segment is back the recovery ends at once,
+//! without waiting out `--recovery-grace`.
+//!
+//! The leader writes the list before it places anything on a new segment
+//! (see [`MasterState::placeable`]), so every segment that holds objects is
+//! always on the list the next leader reads.
+//!
+//! The chaos harness found why: a store cut off from the pool (or paused,
+//! or restarting) while the leader changed was unknown to the new leader,
+//! which answered "not found" for its keys and let write-once puts create
+//! new versions of them (when the store came back the newer versions won:
+//! acknowledged writes lost), served an old version of a key whose new one
+//! was on the missing store (a stale read), and removed keys whose second
+//! replica was there (back when it re-mounted).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use kvpool_proto::msg::SegmentId;
+use tokio::time::Instant;
+
+use super::MasterState;
+
+/// What this master knows of the segments its predecessors had.
+#[derive(Debug, Default)]
+pub(super) struct Membership {
+    /// The segments the list in etcd names now; `None` without HA (no list
+    /// is kept, and every mounted segment takes objects).
+    persisted: Option<HashSet<SegmentId>>,
+    /// Segments the previous leader listed that have not re-mounted here,
+    /// and until when they may still come back.
+    expected: HashMap<SegmentId, Instant>,
+    /// The previous leader's list was read: once every segment on it is
+    /// back, the recovery is complete.
+    known: bool,
+}
+
+impl MasterState {
+    /// Starts leading with the segment list read from etcd (`None`: there
+    /// was none, as for the first leader of a pool, or one written by an
+    /// older kvpool). Segments on it that are not mounted are expected until
+    /// a client TTL plus the store grace from `now`.
+    pub fn expect_segments(&self, listed: Option<Vec<SegmentId>>, now: Instant) {
+        let deadline = now + self.cfg.client_ttl + self.cfg.store_grace;
+        let mounted: HashSet<SegmentId> = self.segments.read().keys().copied().collect();
+        let mut m = self.membership.lock();
+        m.known = listed.is_some();
+        let listed = listed.unwrap_or_default();
+        m.persisted = Some(listed.iter().copied().collect());
+        m.expected = listed
+            .into_iter()
+            .filter(|id| !mounted.contains(id))
+            .map(|id| (id, deadline))
+            .collect();
+        if !m.expected.is_empty() {
+            tracing::info!(
+                expected = m.expected.len(),
+                "segments mounted before the failover are expected back"
+            );
+        }
+        self.expecting.store(m.expected.len(), Ordering::Release);
+    }
+
+    /// The segments the list in etcd should name: every mounted one, and
+    /// those still expected back.
+    pub fn membership(&self) -> Vec<SegmentId> {
+        let mut ids: Vec<SegmentId> = self.segments.read().keys().copied().collect();
+        ids.extend(self.membership.lock().expected.keys().copied());
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Records that the list in etcd now names `ids`: those may take objects.
+    pub fn membership_written(&self, ids: &[SegmentId]) {
+        self.membership.lock().persisted = Some(ids.iter().copied().collect());
+    }
+
+    /// Whether every segment the previous leader listed is back.
+    pub fn recovered(&self) -> bool {
+        let m = self.membership.lock();
+        m.known && m.expected.is_empty()
+    }
+
+    /// Whether `id` may take objects: without HA always, with HA once the
+    /// list in etcd names it.
+    pub(super) fn listed(&self, id: &SegmentId) -> bool {
+        self.membership
+            .lock()
+            .persisted
+            .as_ref()
+            .is_none_or(|p| p.contains(id))
+    }
+
+    /// A segment is back with its objects: no longer expected.
+    pub(super) fn arrived(&self, id: SegmentId) {
+        if self.expecting.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = self.membership.lock();
+        if m.expected.remove(&id).is_some() {
+            tracing::info!(segment = %id, left = m.expected.len(), "a segment mounted before the failover is back");
+            self.expecting.store(m.expected.len(), Ordering::Release);
+        }
+    }
+
+    /// Gives up on expected segments whose time ran out: their objects are
+    /// gone, as a store's are when it stays silent past its grace.
+    pub(super) fn expire_expected(&self, now: Instant) {
+        if self.expecting.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = self.membership.lock();
+        m.expected.retain(|id, until| {
+            let keep = now < *until;
+            if !keep {
+                tracing::warn!(segment = %id, "a segment mounted before the failover did not come back within TTL + grace; its objects are gone");
+            }
+            keep
+        });
+        self.expecting.store(m.expected.len(), Ordering::Release);
+    }
+
+    /// How many segments listed by the previous leader are not back yet.
+    pub fn expecting(&self) -> usize {
+        self.expecting.load(Ordering::Acquire)
+    }
+}
