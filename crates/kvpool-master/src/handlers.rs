@@ -414,7 +414,7 @@ impl Handle for msg::ReplicaCommit {
             cx.now,
         )?;
         // A dropped replica is reported gone once its store destroyed it.
-        cx.fence = s.fence([self.key.as_str()]);
+        cx.fence = s.fence([self.key.as_str()], cx.now);
         Ok(())
     }
 }
@@ -428,7 +428,7 @@ impl Handle for msg::ReplicaClear {
         let s = &cx.master.state;
         let v = s.replica_clear(&self.keys, self.segment.as_deref(), cx.now);
         cx.master.metrics.record(Self::OPCODE, v.len(), 0);
-        cx.fence = s.fence(self.keys.iter().map(String::as_str));
+        cx.fence = s.fence(self.keys.iter().map(String::as_str), cx.now);
         Ok(v)
     }
 }

@@ -419,12 +419,10 @@ impl Master {
             | Opcode::Read
             | Opcode::Invalidate
             | Opcode::StoreAbout
-            | Opcode::TierMove => {
-                Err(KvError::new(
-                    Code::NotSupported,
-                    "the master does not serve data; write to the segment's endpoint",
-                ))
-            }
+            | Opcode::TierMove => Err(KvError::new(
+                Code::NotSupported,
+                "the master does not serve data; write to the segment's endpoint",
+            )),
         };
         *fence = cx.fence.take();
         if r.is_err() {

@@ -222,7 +222,10 @@ impl MasterState {
             ));
         };
         for (id, r) in &done {
-            let no = self.numbers.write().number(*id);
+            // Copies go only to placeable (mounted, hence numbered) segments.
+            let Some(no) = self.numbers.read().get(*id) else {
+                continue;
+            };
             shard.objects.add_replica(i, no, *r);
         }
         let mut dropped = Vec::new();
@@ -490,7 +493,7 @@ impl MasterState {
 mod tests {
     use std::time::Duration;
 
-    use kvpool_proto::msg::{PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentInfo};
+    use kvpool_proto::msg::{PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentInfo, Tier};
 
     use super::*;
     use crate::state::StateConfig;
@@ -505,6 +508,7 @@ mod tests {
             base: 4096,
             size: 1 << 20,
             path: None,
+            tier: Tier::Memory,
         }
     }
 
