@@ -34,8 +34,10 @@ def setup7(s: MooncakeDistributedStore, master: str, segment: int = 0) -> int:
 def store_endpoint(cluster: Cluster) -> str:
     """The data endpoint of the cluster's storage node (its segment's name)."""
     for line in cluster.status().splitlines():
-        if line.startswith("127.0.0.1:"):
-            return line.split()[1]
+        # SEGMENT TIER ENDPOINT ...: the memory segment's data endpoint.
+        f = line.split()
+        if line.startswith("127.0.0.1:") and f[1] == "memory":
+            return f[2]
     raise AssertionError("no store segment:\n" + cluster.status())
 
 

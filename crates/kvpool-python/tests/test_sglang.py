@@ -283,8 +283,10 @@ def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
 
 def store_endpoint(cluster) -> str:
     for line in cluster.status().splitlines():
-        if line.startswith("127.0.0.1:"):
-            return line.split()[1]
+        # SEGMENT TIER ENDPOINT ...: the memory segment's data endpoint.
+        f = line.split()
+        if line.startswith("127.0.0.1:") and f[1] == "memory":
+            return f[2]
     raise AssertionError(cluster.status())
 
 
