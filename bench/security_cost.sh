@@ -9,7 +9,9 @@
 #   tls    the secret and TLS on every connection (client, master, stores)
 # `kvpool bench` (Rust client, batch 32, 4 workers, protocol tcp) runs puts
 # then gets per size; the table gives each pool's median over the rounds
-# and its ratio to plain.
+# and its ratio to plain. Objects are kept (--keep) in every pool, so all
+# three are full and evicting alike after the first round (a client key
+# may not RemoveAll, so cleaning up would favour the plain pool).
 # Usage: bench/security_cost.sh [OUTDIR]   (builds the release binary first)
 # Env: ROUNDS (default 5), DURATION (per bench phase, default 3s),
 #      SIZES (default 4KiB,512KiB), SEGMENT (per store, default 1GiB).
@@ -66,8 +68,8 @@ for r in $(seq 1 "$ROUNDS"); do
   for name in plain auth tls; do
     # shellcheck disable=SC2046
     "$K" bench --master "127.0.0.1:${PORT[$name]}" $(cat "$DATA/$name.flags") --protocol tcp \
-      --sizes "$SIZES" --batch 32 --concurrency 4 --duration "$DURATION" --prefix "r$r" 2>/dev/null |
-      awk -v pool="$name" -v round="$r" ($1 == "put" || $1 == "get") && $2 ~ /B$/ { print pool "\t" round "\t" $1 "\t" $2 "\t" $5 "\t" $6 "\t" $8 }' >>"$OUT/raw.tsv"
+      --sizes "$SIZES" --batch 32 --concurrency 4 --duration "$DURATION" --prefix "r$r" --keep 2>/dev/null |
+      awk -v pool="$name" -v round="$r" '($1 == "put" || $1 == "get") && $2 ~ /B$/ { print pool "\t" round "\t" $1 "\t" $2 "\t" $5 "\t" $6 "\t" $8 }' >>"$OUT/raw.tsv"
   done
 done
 
