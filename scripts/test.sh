@@ -12,12 +12,16 @@ if ! command -v cargo >/dev/null; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
-# The HA tests start a real etcd (Debian's etcd-server).
-if ! command -v etcd >/dev/null; then
-  echo "== installing etcd-server"
+# The HA tests start a real etcd (Debian's etcd-server); the chaos campaign
+# builds its hosts with iproute2 (ip, tc).
+need=()
+command -v etcd >/dev/null || need+=(etcd-server)
+{ command -v ip >/dev/null && command -v tc >/dev/null; } || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 echo "== cargo fmt --check"
