@@ -309,21 +309,7 @@ async fn each_role_does_only_what_it_may() {
         assert_eq!(e.code, Code::Unauthorized, "{what}: {e}");
     }
     // What takes the store key: lending (a fake segment), inventories.
-    let fake = msg::MountSegment {
-        client_id: as_client.client_id(),
-        segment: SegmentInfo {
-            id: SegmentId(rand::random()),
-            name: "black-hole".into(),
-            endpoint: "127.0.0.1:1".into(),
-            base: 4096,
-            size: 64 << 30,
-            path: None,
-            tier: Default::default(),
-        },
-        objects: 0,
-        scan_age_ms: 0,
-        possession: [0; 16],
-    };
+    let fake = common::black_hole_mount(as_client.client_id());
     let e = as_client
         .call_once(&fake)
         .await

@@ -16,7 +16,7 @@ use kvpool_net::auth::{Role, Security};
 use kvpool_net::tls::TlsFiles;
 use kvpool_net::{CallPolicy, FramedConn, MasterLink};
 use kvpool_proto::frame::Limits;
-use kvpool_proto::msg::{self, ClientId, SegmentId, SegmentInfo};
+use kvpool_proto::msg::ClientId;
 use kvpool_proto::Code;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -171,21 +171,7 @@ async fn store_and_admin_roles_need_a_client_certificate() {
         Security::new(Some(secrets.key(Role::Store)), false, &pki.files(None)).expect("tls"),
     )
     .expect("link");
-    let fake = msg::MountSegment {
-        client_id: link.client_id(),
-        segment: SegmentInfo {
-            id: SegmentId(rand::random()),
-            name: "black-hole".into(),
-            endpoint: "127.0.0.1:1".into(),
-            base: 4096,
-            size: 64 << 30,
-            path: None,
-            tier: Default::default(),
-        },
-        objects: 0,
-        scan_age_ms: 0,
-        possession: [0; 16],
-    };
+    let fake = common::black_hole_mount(link.client_id());
     let e = link
         .call_once(&fake)
         .await

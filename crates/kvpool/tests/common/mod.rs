@@ -20,7 +20,7 @@ use kvpool_client::{Client, ClientConfig};
 use kvpool_net::auth::{Credentials, Role, Security};
 use kvpool_net::tls::TlsFiles;
 use kvpool_net::{CallPolicy, MasterLink};
-use kvpool_proto::msg::ClientId;
+use kvpool_proto::msg::{self, ClientId, SegmentId, SegmentInfo};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use tempfile::TempDir;
@@ -468,6 +468,26 @@ pub async fn wait_for_segments_as(
             "`kvpool status --master {master}` did not show `segments: {n}` within {STARTUP:?} (last: {last:?})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A forged mount of a 64 GiB segment nobody serves (the attack that would
+/// take every put and make the evictor delete real objects).
+pub fn black_hole_mount(client_id: ClientId) -> msg::MountSegment {
+    msg::MountSegment {
+        client_id,
+        segment: SegmentInfo {
+            id: SegmentId(rand::random()),
+            name: "black-hole".into(),
+            endpoint: "127.0.0.1:1".into(),
+            base: 4096,
+            size: 64 << 30,
+            path: None,
+            tier: Default::default(),
+        },
+        objects: 0,
+        scan_age_ms: 0,
+        possession: [0; 16],
     }
 }
 
