@@ -54,6 +54,21 @@ fn code(e: &KvError) -> i64 {
     i64::from(e.code.as_i32())
 }
 
+/// Per key: `ok` of its value, or its negative error code.
+fn each_or_code<'py, T>(
+    py: Python<'py>,
+    results: Vec<KvResult<T>>,
+    mut ok: impl FnMut(T) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    results
+        .into_iter()
+        .map(|r| match r {
+            Ok(v) => ok(v),
+            Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
+        })
+        .collect()
+}
+
 /// A single-key result as a Mooncake-style integer.
 fn code_of<T>(r: &KvResult<T>) -> i64 {
     r.as_ref().map_or_else(code, |_| 0)
@@ -572,13 +587,8 @@ impl Client {
         py: Python<'py>,
         keys: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        self.read_new_bytes(py, &strs(&keys))?
-            .into_iter()
-            .map(|r| match r {
-                Ok(b) => Ok(b.into_any()),
-                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
-            })
-            .collect()
+        let r = self.read_new_bytes(py, &strs(&keys))?;
+        each_or_code(py, r, |b| Ok(b.into_any()))
     }
 
     /// Reads many objects into new `Buffer`s; a failed key gives its negative code.
@@ -590,12 +600,7 @@ impl Client {
         let c = self.client(py)?;
         let refs = strs(&keys);
         let r = wait(py, async { c.batch_get(&refs).await })?;
-        r.into_iter()
-            .map(|r| match r {
-                Ok(v) => Ok(Bound::new(py, Buffer::new(v))?.into_any()),
-                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
-            })
-            .collect()
+        each_or_code(py, r, |v| Ok(Bound::new(py, Buffer::new(v))?.into_any()))
     }
 
     /// Reads many objects into caller memory; `dsts[i]` is a memory object or
@@ -764,26 +769,21 @@ impl Client {
         let c = self.client(py)?;
         let refs = strs(&keys);
         let r = wait(py, async { c.replica_descs(&refs).await })?;
-        r.into_iter()
-            .map(|r| match r {
-                Ok(list) => {
-                    let items: Vec<(String, String, String, u64, u64)> = list
-                        .into_iter()
-                        .map(|d| {
-                            (
-                                d.segment,
-                                d.segment_id.to_string(),
-                                d.endpoint,
-                                d.value_offset,
-                                d.value_len,
-                            )
-                        })
-                        .collect();
-                    Ok(items.into_pyobject(py)?.into_any())
-                }
-                Err(e) => Ok(code(&e).into_pyobject(py)?.into_any()),
-            })
-            .collect()
+        each_or_code(py, r, |list| {
+            let items: Vec<(String, String, String, u64, u64)> = list
+                .into_iter()
+                .map(|d| {
+                    (
+                        d.segment,
+                        d.segment_id.to_string(),
+                        d.endpoint,
+                        d.value_offset,
+                        d.value_len,
+                    )
+                })
+                .collect();
+            Ok(items.into_pyobject(py)?.into_any())
+        })
     }
 
     /// Copies `key` to the segments named `targets` now (raises on failure).
