@@ -132,6 +132,15 @@ class Cluster:
                            capture_output=True, text=True, env=clean_env())
         return r.stdout if r.returncode == 0 else ""
 
+    def store_endpoint(self) -> str:
+        """The data endpoint of the (first) storage node's memory segment."""
+        for line in self.status().splitlines():
+            # SEGMENT TIER ENDPOINT ...
+            f = line.split()
+            if line.startswith("127.0.0.1:") and f[1] == "memory":
+                return f[2]
+        raise AssertionError("no store segment:\n" + self.status())
+
     def segments(self) -> int:
         """Mounted segments as the master reports them."""
         for line in self.status().splitlines():

@@ -31,16 +31,6 @@ def setup7(s: MooncakeDistributedStore, master: str, segment: int = 0) -> int:
     return s.setup("127.0.0.1", "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", master)
 
 
-def store_endpoint(cluster: Cluster) -> str:
-    """The data endpoint of the cluster's storage node (its segment's name)."""
-    for line in cluster.status().splitlines():
-        # SEGMENT TIER ENDPOINT ...: the memory segment's data endpoint.
-        f = line.split()
-        if line.startswith("127.0.0.1:") and f[1] == "memory":
-            return f[2]
-    raise AssertionError("no store segment:\n" + cluster.status())
-
-
 @pytest.fixture(scope="module")
 def short_lease():
     """A private cluster with a 1 s read lease (for clearing replicas)."""
@@ -105,7 +95,7 @@ print("ok", s.get_hostname())
 
 
 def test_setup_dummy_attaches_to_a_storage_process(cluster, prefix):
-    endpoint = store_endpoint(cluster)
+    endpoint = cluster.store_endpoint()
     s = MooncakeDistributedStore()
     assert s.alloc_from_mem_pool(64) == 0
     assert s.setup_dummy(1 << 20, 16 << 20, endpoint) == 0
@@ -132,7 +122,7 @@ def test_setup_dummy_attaches_to_a_storage_process(cluster, prefix):
 def test_an_engine_restart_keeps_the_storage_process_cache(cluster, prefix):
     """Two engine processes one after the other, attached to the same
     storage process: the second reads what the first wrote."""
-    endpoint = store_endpoint(cluster)
+    endpoint = cluster.store_endpoint()
     key, value = prefix + "survives", "written by the first engine"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPOOL_", "MOONCAKE_"))}
     for step in ("put", "get"):
@@ -181,7 +171,7 @@ def replica_names(s, key):
 
 def test_copies_and_moves_really_move_the_bytes(short_lease, prefix):
     master = short_lease.master
-    storage = store_endpoint(short_lease)
+    storage = short_lease.store_endpoint()
     s, lender = MooncakeDistributedStore(), MooncakeDistributedStore()
     assert setup7(s, master) == 0
     assert setup7(lender, master, 32 << 20) == 0

@@ -281,15 +281,6 @@ def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
     assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
 
 
-def store_endpoint(cluster) -> str:
-    for line in cluster.status().splitlines():
-        # SEGMENT TIER ENDPOINT ...: the memory segment's data endpoint.
-        f = line.split()
-        if line.startswith("127.0.0.1:") and f[1] == "memory":
-            return f[2]
-    raise AssertionError(cluster.status())
-
-
 def test_standalone_storage_mode(cluster, kv):
     """SGLang's Mooncake backend with standalone_storage: each engine (a
     backend instance) attaches to the long-lived storage process through
@@ -298,7 +289,7 @@ def test_standalone_storage_mode(cluster, kv):
     from kvpool.sglang import KvpoolHostTensorAllocator, KvpoolStore
     from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeHostTensorAllocator
 
-    endpoint = store_endpoint(cluster)
+    endpoint = cluster.store_endpoint()
     src_pool, dst_pool = mha_pool(), mha_pool()
     torch.manual_seed(21)
     src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
