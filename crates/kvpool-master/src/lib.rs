@@ -745,6 +745,10 @@ mod tests {
         for _ in 0..61 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             assert!(s.heartbeat(alive, Instant::now()));
+            // The invalidator's part: the region is destroyed once more
+            // before it is reused.
+            let (_, through) = s.take_invalidations();
+            s.invalidations_sent(through);
         }
         assert_eq!(
             s.status().used,

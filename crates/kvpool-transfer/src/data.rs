@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kvpool_format::FIXED_LEN;
 use kvpool_net::auth::{Role, Security};
@@ -43,6 +44,62 @@ pub struct SegmentTable {
     /// segments as mounted (kept by the data node that owns the table).
     about: RwLock<StoreAboutReply>,
     disks: RwLock<HashMap<SegmentId, (Arc<DiskFile>, u64)>>,
+    /// Memory-segment invalidations that found no object of their
+    /// generation: the write of that version may still be on its way.
+    revoked: Mutex<Revoked>,
+}
+
+/// How long a store remembers an invalidation that came before its write:
+/// well past the master's default pending TTL (60 s), after which the
+/// master invalidates an abandoned put's region again anyway.
+const REVOKED_FOR: Duration = Duration::from_secs(600);
+
+/// At most this many such invalidations are remembered (oldest go first);
+/// each is a put abandoned before it wrote, which is rare.
+const REVOKED_MAX: usize = 1 << 18;
+
+/// Versions the master invalidated before their bytes arrived. A writer cut
+/// off from the pool (its link down, its process paused) may deliver a put
+/// long after the master gave the put up; its object must not become
+/// findable then, or a scan (a restarted store, a new master leader
+/// rebuilding from inventories) would bring back a value that was replaced
+/// or removed since.
+#[derive(Default)]
+struct Revoked {
+    /// `(segment, offset)` to the generations invalidated there.
+    at: HashMap<(SegmentId, u64), Vec<u64>>,
+    /// In the order they came, to forget the oldest.
+    order: VecDeque<(Instant, SegmentId, u64, u64)>,
+}
+
+impl Revoked {
+    fn insert(&mut self, segment: SegmentId, offset: u64, generation: u64, now: Instant) {
+        while self.order.len() >= REVOKED_MAX
+            || self
+                .order
+                .front()
+                .is_some_and(|(t, ..)| now.duration_since(*t) > REVOKED_FOR)
+        {
+            let Some((_, s, o, g)) = self.order.pop_front() else {
+                break;
+            };
+            self.forget(s, o, g);
+        }
+        self.at
+            .entry((segment, offset))
+            .or_default()
+            .push(generation);
+        self.order.push_back((now, segment, offset, generation));
+    }
+
+    fn forget(&mut self, segment: SegmentId, offset: u64, generation: u64) {
+        if let Some(gens) = self.at.get_mut(&(segment, offset)) {
+            gens.retain(|&g| g != generation);
+            if gens.is_empty() {
+                self.at.remove(&(segment, offset));
+            }
+        }
+    }
 }
 
 impl SegmentTable {
@@ -84,6 +141,25 @@ impl SegmentTable {
     /// The region for `id` and the start of its object area.
     pub fn get(&self, id: SegmentId) -> Option<(Arc<MappedRegion>, u64)> {
         self.map.read().get(&id).cloned()
+    }
+
+    /// Destroys an object that a write just put at `offset` if the master
+    /// had already invalidated its version (see [`Revoked`]).
+    fn landed(&self, segment: SegmentId, offset: u64, region: &MappedRegion) -> KvResult<()> {
+        let mut revoked = self.revoked.lock();
+        let destroyed = revoked.at.get(&(segment, offset)).and_then(|gens| {
+            gens.iter()
+                .copied()
+                .find(|&g| invalidate_object(region, offset, g))
+        });
+        let Some(generation) = destroyed else {
+            return Ok(());
+        };
+        revoked.forget(segment, offset, generation);
+        Err(KvError::new(
+            Code::TransferFail,
+            format!("the put of generation {generation} at {offset} was given up by the master before its bytes arrived"),
+        ))
     }
 
     /// Changes what a `StoreAbout` request is answered.
@@ -250,7 +326,10 @@ async fn data_conn(
                         // to exactly one writer (see MappedRegion).
                         let dst = unsafe { region.slice_mut(req.offset, h.payload_len) };
                         conn.read_payload(dst).await?;
-                        Ok(Reply::Ack)
+                        match table.landed(req.segment, req.offset, &region) {
+                            Ok(()) => Ok(Reply::Ack),
+                            Err(e) => Ok(Reply::Refused(e)),
+                        }
                     }
                     Err(e) => Err(e),
                 }
@@ -302,6 +381,7 @@ async fn data_conn(
         };
         match reply {
             Ok(Reply::Ack) => conn.send_response(&h, &[], &[]).await?,
+            Ok(Reply::Refused(e)) => conn.send_error(&h, &e).await?,
             Ok(Reply::Region(region, offset, len)) => {
                 // SAFETY: range checked by read_for.
                 let src = unsafe { region.slice(offset, len) };
@@ -327,6 +407,8 @@ async fn data_conn(
 enum Reply {
     /// A write landed: an empty response.
     Ack,
+    /// A write landed but was refused after (its payload is read).
+    Refused(KvError),
     /// The bytes of a region (offset, length), sent straight from segment memory.
     Region(Arc<MappedRegion>, u64, u64),
     /// Bytes read from a disk segment.
@@ -346,11 +428,19 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
             .ok_or_else(|| not_served(req.segment))?
         {
             Backing::Memory(region, _) => {
-                let n = req
-                    .regions
-                    .iter()
-                    .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
-                    .count() as u64;
+                let now = Instant::now();
+                // Under the lock a write checks after it lands (see
+                // `SegmentTable::landed`): either this finds the object, or
+                // the write finds this.
+                let mut revoked = table.revoked.lock();
+                let mut n = 0u64;
+                for &(off, gen) in &req.regions {
+                    if invalidate_object(&region, off, gen) {
+                        n += 1;
+                    } else if region.contains(off, FIXED_LEN as u64) {
+                        revoked.insert(req.segment, off, gen, now);
+                    }
+                }
                 Reply::Message(msg::encode(&n))
             }
             Backing::Disk(file, _) => Reply::Pending(Box::pin(async move {
@@ -858,6 +948,56 @@ mod tests {
         assert_eq!(
             c.call(&unknown).await.unwrap_err().code,
             Code::SegmentNotFound
+        );
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_write_that_lands_after_its_invalidation_is_destroyed() {
+        // A writer cut off from the pool has its frames delivered after the
+        // master gave its put up and invalidated the region: the object it
+        // writes must not be found by a later scan (a new leader would take
+        // it back from the inventory, long after the key was removed).
+        let (addr, table, token) = server().await;
+        let (region, _) = table.get(SegmentId(7)).unwrap();
+        let value = b"late value";
+        let head = |generation| {
+            kvpool_format::ObjectHeader {
+                key: "k".into(),
+                value_len: value.len() as u64,
+                generation,
+                checksum: kvpool_format::value_checksum(&[value]),
+            }
+            .encode()
+        };
+        let mut c = FramedConn::connect(&addr, "test", Limits::default())
+            .await
+            .unwrap();
+        let req = InvalidateReq {
+            segment: SegmentId(7),
+            regions: vec![(0, 3), (4096, 3)],
+        };
+        assert_eq!(c.call(&req).await.unwrap(), 0, "nothing written yet");
+        let (late, other) = (head(3), head(4));
+        let writes = [(0, &late), (4096, &other)].map(|(offset, h)| WriteOp {
+            req: WriteReq {
+                segment: SegmentId(7),
+                offset,
+                grant: None,
+            },
+            parts: vec![&h[..], &value[..]],
+        });
+        let r = write_regions(&mut c, &writes).await.unwrap();
+        assert_eq!(r[0].as_ref().unwrap_err().code, Code::TransferFail);
+        assert!(r[1].is_ok(), "another version in the same region is kept");
+        // SAFETY: in bounds.
+        let (found, _) = kvpool_format::scan::scan(unsafe { region.slice(0, region.len()) }, 0);
+        assert_eq!(
+            found
+                .iter()
+                .map(|f| (f.offset, f.generation))
+                .collect::<Vec<_>>(),
+            [(4096, 4)]
         );
         token.cancel();
     }

@@ -166,6 +166,92 @@ async fn put_abandoned_mid_write_is_invisible_then_revoked() {
     cluster.assert_alive();
 }
 
+/// A client cut off after its put began (its link down, its process
+/// paused) may deliver the object after the master gave the put up. The
+/// store refuses it, so nothing is left for a scan to find: a master that
+/// rebuilds from the stores (a restart, a new HA leader) must not bring back
+/// a value that was never committed, or one removed since. The chaos
+/// harness found such a value served again after a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_after_its_put_was_given_up_is_refused_and_never_comes_back() {
+    let mut cluster = Cluster::builder()
+        .master_flag("--put-timeout", PUT_TIMEOUT)
+        .start()
+        .await;
+    let observer = cluster.client().await;
+    let link = cluster.master_link("cut-off-client");
+    link.register().await.expect("register");
+    let key = "client-death/late";
+    let value = random_bytes(&mut StdRng::seed_from_u64(8), 4096);
+    let grants = link
+        .call(&PutStart {
+            client_id: link.client_id(),
+            items: vec![PutItem {
+                key: key.into(),
+                value_len: value.len() as u64,
+                region_len: 8192,
+            }],
+            config: ReplicateConfig::default(),
+            upsert: false,
+        })
+        .await
+        .expect("PutStart");
+    let grant = msg::from_wire(grants.into_iter().next().expect("one grant")).expect("granted");
+    let PutGrant::Write {
+        generation,
+        replicas,
+    } = grant
+    else {
+        panic!("a new key must get regions to write, got {grant:?}");
+    };
+    let head = ObjectHeader {
+        key: key.into(),
+        value_len: value.len() as u64,
+        generation,
+        checksum: value_checksum(&[&value]),
+    }
+    .encode();
+    drop(link);
+    // The master expires the silent client, gives its put up and sends the
+    // store the region's invalidation, before any byte of it arrived.
+    wait_no_pending(&observer).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut conn = FramedConn::connect(&replicas[0].endpoint, "test", Limits::default())
+        .await
+        .expect("connect to the store");
+    let op = WriteOp {
+        req: WriteReq {
+            segment: replicas[0].segment,
+            offset: replicas[0].offset,
+            grant: None,
+        },
+        parts: vec![&head, &value],
+    };
+    let acks = write_regions(&mut conn, &[op])
+        .await
+        .expect("data connection");
+    assert_eq!(
+        acks[0].as_ref().expect_err("a late write is refused").code,
+        Code::TransferFail
+    );
+
+    cluster.kill9_master();
+    cluster.restart_master().await;
+    let fresh = cluster.client().await;
+    common::eventually(
+        "the store back in the pool",
+        CLIENT_TTL + TTL_MARGIN,
+        async || {
+            let st = fresh.status().await.ok()?;
+            (st.segments.len() == 1).then_some(())
+        },
+    )
+    .await;
+    assert_invisible(&fresh, key, "after the master rebuilt from the store").await;
+    cluster.assert_alive();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_of_a_bench_mid_put_leaves_no_put_in_flight() {
     let mut cluster = Cluster::builder()

@@ -149,7 +149,10 @@ impl MasterState {
     /// may still be on its way (a writer cut off from the pool has its TCP
     /// frames retransmitted when its link comes back), and it would land on
     /// whatever object was placed there meanwhile. The chaos harness lost
-    /// acknowledged objects that way.
+    /// acknowledged objects that way. Then they are destroyed once more
+    /// before reuse: a late write the store could not refuse (one through
+    /// shared memory) would otherwise leave an object that a scan finds, and
+    /// a new leader would take the key back after it was removed.
     pub(super) fn abandon(&self, replicas: &[(SegmentId, Region)], generation: u64, now: Instant) {
         {
             let mut inv = self.invalidations.lock();
@@ -162,9 +165,11 @@ impl MasterState {
             inv.seq += 1;
         }
         let until = now + self.cfg.pending_ttl;
-        self.deferred
-            .lock()
-            .extend(replicas.iter().map(|(s, r)| (until, *s, *r, None)));
+        self.deferred.lock().extend(
+            replicas
+                .iter()
+                .map(|(s, r)| (until, *s, *r, Some(generation))),
+        );
     }
 
     /// Frees the regions of `key`'s version `v`, which was evicted or
@@ -380,8 +385,9 @@ impl MasterState {
             *d = keep;
             due
         };
-        // Replaced versions' headers were destroyed when they were replaced
-        // or abandoned; a moved object's old copy is destroyed now.
+        // Replaced versions' headers were destroyed when they were replaced;
+        // an abandoned put's region and a moved object's old copy are
+        // destroyed now.
         for (_, s, r, generation) in due {
             match generation {
                 None => self.free_now(&[(s, r)], None),
