@@ -13,10 +13,12 @@ fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 # The HA tests start a real etcd (Debian's etcd-server); the chaos campaign
-# builds its hosts with iproute2 (ip, tc).
+# builds its hosts with iproute2 (ip, tc); the status page test opens the
+# page in headless Chromium.
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 { command -v ip >/dev/null && command -v tc >/dev/null; } || need+=(iproute2)
+command -v chromium >/dev/null || [ -n "${KVPOOL_CHROMIUM:-}" ] || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -21,7 +21,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use kvpool_net::tls::TlsAcceptor;
@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::refusals::Refusal;
-use crate::Master;
+use crate::{status_page, Master};
 
 /// Limits of the master's HTTP listeners and of the metadata service.
 #[derive(Debug, Clone)]
@@ -74,7 +74,10 @@ pub fn admin_router(master: Arc<Master>) -> Router {
         .route("/api/status", get(status))
         .route("/api/segments", get(segments))
         .route("/api/keys/{key}", get(key))
-        .route("/", get(page))
+        .route("/api/history", get(status_page::history))
+        .route("/api/clients", get(status_page::clients))
+        .route("/api/events", get(status_page::events))
+        .route("/", get(status_page::page))
         .with_state(master)
 }
 
@@ -112,46 +115,6 @@ async fn key(State(m): State<Arc<Master>>, Path(key): Path<String>) -> Response 
         Some(info) => Json(info).into_response(),
         None => (StatusCode::NOT_FOUND, format!("{key:?} not found\n")).into_response(),
     }
-}
-
-async fn page(State(m): State<Arc<Master>>) -> Html<String> {
-    let s = cluster_status(&m).await;
-    let mut rows = String::new();
-    for seg in &s.segments {
-        rows.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            html_escape(&seg.info.name),
-            seg.info.tier.name(),
-            html_escape(&seg.info.endpoint),
-            seg.info.size,
-            seg.used,
-            seg.regions,
-            seg.state
-        ));
-    }
-    Html(format!(
-        "<!doctype html><title>kvpool master</title><h1>kvpool master</h1>\
-         <p>segments: {} &middot; capacity: {} B &middot; used: {} B &middot; keys: {} &middot; \
-         puts in flight: {} &middot; clients: {} &middot; evictions: {} &middot; \
-         demotions: {} &middot; promotions: {}</p>\
-         <table border=1><tr><th>name</th><th>tier</th><th>endpoint</th><th>size</th><th>used</th><th>regions</th><th>state</th></tr>{rows}</table>\
-         <p><a href=/metrics>metrics</a> &middot; <a href=/api/status>status JSON</a></p>",
-        s.segments.len(),
-        s.capacity,
-        s.used,
-        s.keys,
-        s.pending,
-        s.clients,
-        s.evictions,
-        s.demotions,
-        s.promotions
-    ))
-}
-
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 /// The metadata service's keys and values, and what they hold in all.

@@ -1,5 +1,7 @@
 //! Bearer tokens on the master's HTTP ports. With a cluster secret, the
-//! admin API and status page take the admin role's token and metadata
+//! admin API and status page take the admin role's token (as a bearer
+//! token, or as the password of Basic credentials, which a browser asks
+//! for) and metadata
 //! writes any role's token (`kvpool secret token` prints a key's token);
 //! `/metrics`, `/health` and metadata reads stay open for probes and
 //! scrapers. Without a secret nothing changes: those ports then serve
@@ -46,6 +48,21 @@ impl Guard {
     }
 }
 
+/// The token of an `Authorization` header: a bearer token, or the password
+/// of Basic credentials (what a browser sends for the status page; the user
+/// name is ignored).
+fn token_of(value: &str) -> Option<String> {
+    use base64::Engine as _;
+    if let Some(t) = value.strip_prefix("Bearer ") {
+        return Some(t.to_string());
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(value.strip_prefix("Basic ")?.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    Some(text.split_once(':')?.1.to_string())
+}
+
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -70,7 +87,7 @@ async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Respons
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(token_of)
             .and_then(|t| g.role_of(t.trim()));
         match proved {
             Some(role) if role >= needs => {}
@@ -79,12 +96,17 @@ async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Respons
                 return (StatusCode::FORBIDDEN, msg).into_response();
             }
             None => {
-                return (
+                let mut r = (
                     StatusCode::UNAUTHORIZED,
-                    [(header::WWW_AUTHENTICATE, "Bearer")],
                     "a bearer token is required (`kvpool secret token`)\n",
                 )
                     .into_response();
+                // A browser asks for Basic credentials: the token as the password.
+                for challenge in ["Bearer", "Basic realm=\"kvpool\", charset=\"UTF-8\""] {
+                    r.headers_mut()
+                        .append(header::WWW_AUTHENTICATE, challenge.parse().expect("valid"));
+                }
+                return r;
             }
         }
     }

@@ -8,6 +8,7 @@
 //! timers, and the listeners.
 
 pub mod alloc;
+pub mod events;
 pub mod eviction;
 pub mod ha;
 pub mod http;
@@ -15,6 +16,7 @@ pub mod metrics;
 pub mod placement;
 pub mod refusals;
 pub mod state;
+pub mod status_page;
 
 mod handlers;
 mod http_auth;
@@ -127,6 +129,8 @@ pub struct Master {
     pub state: MasterState,
     /// Counters and gauges.
     pub metrics: Metrics,
+    /// The last minutes of rates, for the status page.
+    pub history: status_page::History,
     /// Signs the regions handed out for data-plane access; `None` without
     /// a secret (stores then check nothing).
     grants: Option<CapabilityKey>,
@@ -167,6 +171,7 @@ impl Master {
         Arc::new_cyclic(|me| Master {
             state,
             metrics,
+            history: Default::default(),
             grants,
             evict_soon: Notify::new(),
             invalidate_now: Notify::new(),
@@ -641,6 +646,7 @@ pub async fn start(
     }
     tasks.spawn(tasks::sweeper(master.clone(), shutdown.clone()));
     tasks.spawn(tasks::evictor(master.clone(), shutdown.clone()));
+    tasks.spawn(status_page::sampler(master.clone(), shutdown.clone()));
     // Stores verify the store role at most: the master proves that one.
     let as_store = Security {
         credentials: (cfg.security.credentials.as_ref()).and_then(|c| c.derive(PeerRole::Store)),

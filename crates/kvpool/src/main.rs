@@ -25,13 +25,19 @@ fn main() -> ExitCode {
             n.to_string(),
         );
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    tracing_subscriber::registry()
+        .with(
             tracing_subscriber::EnvFilter::try_from_env("KVPOOL_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with(log)
+        // What the status page lists as recent events.
+        .with(kvpool_master::events::EventLayer)
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -560,7 +560,39 @@ async fn http_takes_bearer_tokens_but_probes_stay_open() {
         let got =
             common::http_request(admin, "GET", path, &[("Authorization", &forged)], b"").await;
         assert_eq!(got.0, 401, "{path} with a forged token");
+        // A browser sends the token as a Basic password.
+        let basic = |token: &str| {
+            use base64::Engine as _;
+            let pair = base64::engine::general_purpose::STANDARD.encode(format!("me:{token}"));
+            format!("Basic {pair}")
+        };
+        for (token, code) in [
+            (secrets.key(Role::Admin).http_token(), 200),
+            (secrets.key(Role::Client).http_token(), 403),
+            ("0".repeat(64), 401),
+        ] {
+            let auth = basic(&token);
+            let got =
+                common::http_request(admin, "GET", path, &[("Authorization", &auth)], b"").await;
+            assert_eq!(got.0, code, "{path} with Basic credentials: {}", got.1);
+        }
     }
+    let raw = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(admin)
+            .await
+            .expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.expect("answer");
+        raw
+    };
+    assert!(
+        raw.contains("www-authenticate: Basic realm=\"kvpool\""),
+        "a browser is asked for credentials: {raw}"
+    );
     // The metadata service: writes take a token, reads do not.
     let meta = format!("127.0.0.1:{meta_port}");
     let path = "/metadata?key=engine-1";

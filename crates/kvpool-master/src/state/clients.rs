@@ -34,7 +34,44 @@ impl ClientEntry {
     }
 }
 
+/// A registered client as the status page lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClientInfo {
+    /// Its id (hex).
+    pub id: String,
+    /// The host name it registered with.
+    pub hostname: String,
+    /// Milliseconds since it was last heard from.
+    pub idle_ms: u64,
+    /// Silent past the TTL while lending segments (kept for the grace).
+    pub suspect: bool,
+    /// Segments it lends (a store's); 0 for an engine's client.
+    pub segments: usize,
+}
+
 impl MasterState {
+    /// Every registered client, most recently heard from first.
+    pub fn clients(&self, now: Instant) -> Vec<ClientInfo> {
+        let mut lends: HashMap<ClientId, usize> = HashMap::new();
+        for s in self.segments.read().values() {
+            *lends.entry(s.owner).or_default() += 1;
+        }
+        let mut out: Vec<ClientInfo> = self
+            .clients
+            .lock()
+            .iter()
+            .map(|(id, c)| ClientInfo {
+                id: id.to_string(),
+                hostname: c.hostname.clone(),
+                idle_ms: ms(now.saturating_duration_since(c.last_seen)),
+                suspect: c.suspect,
+                segments: lends.get(id).copied().unwrap_or(0),
+            })
+            .collect();
+        out.sort_by_key(|c| c.idle_ms);
+        out
+    }
+
     /// Registers (or refreshes) a client. A new client beyond
     /// [`ClientLimits::max_clients`](super::ClientLimits) is refused with
     /// `UNAVAILABLE_IN_CURRENT_STATUS` (a store retries until one leaves);

@@ -47,6 +47,7 @@ mod table;
 mod tiers;
 
 use clients::ClientEntry;
+pub use clients::ClientInfo;
 pub use evict::Evicted;
 use invalidation::InvalidationQueue;
 pub use invalidation::{FenceWait, Invalidations, FENCE_WAIT};
