@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Core benchmark of issue 2, one run: the machine's raw limits (memcpy,
-# loopback TCP stream, ping-pong; ../shared/bench/run_raw_limits.sh), then
+# loopback TCP stream, ping-pong; bench/compare/run_raw_limits.sh), then
 # `kvpool bench` against 1 master + 2 storage nodes as separate processes,
 # over TCP and over shared memory.
 # Usage: bench/run_core.sh [OUTDIR]   (builds the release binary first)
 # Env: DURATION (per phase, default 5s), SEGMENT (per store, default 2GiB),
-#      SHARED (path of shared/bench, default ../shared/bench beside the repo).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-/tmp/kvpool-bench/core}"; mkdir -p "$OUT"
-SHARED="${SHARED:-$ROOT/../shared/bench}"
 DURATION="${DURATION:-5s}"; SEGMENT="${SEGMENT:-2GiB}"
 cargo build --release -p kvpool --manifest-path "$ROOT/Cargo.toml" >/dev/null
 K="$ROOT/target/release/kvpool"
@@ -17,7 +15,7 @@ K="$ROOT/target/release/kvpool"
 VENV="${VENV:-/tmp/kvpool-bench/mooncake-venv}"
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV" && "$VENV/bin/pip" install -q numpy; fi
 command -v iperf3 >/dev/null || { apt-get install -y -qq iperf3 >/dev/null 2>&1 || true; }
-VENV="$VENV" "$SHARED/run_raw_limits.sh" "$OUT/raw" >/dev/null 2>&1 || echo "raw limits failed" >&2
+VENV="$VENV" "$ROOT/bench/compare/run_raw_limits.sh" "$OUT/raw" >/dev/null 2>&1 || echo "raw limits failed" >&2
 
 DATA="$(mktemp -d /dev/shm/kvpool-core.XXXXXX)"
 PIDS=()

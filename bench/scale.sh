@@ -112,7 +112,7 @@ if [ "${SKIP_MOONCAKE:-0}" != 1 ]; then
   # however empty the segment: one storage process per million objects.
   MC_STORES="${MC_STORES:-$(( (KEYS + 999999) / 1000000 ))}"
   for i in $(seq 1 "$MC_STORES"); do
-    "$MOONCAKE_VENV/bin/python" "$REPO/../shared/bench/store_proc.py" --module mooncake.store \
+    "$MOONCAKE_VENV/bin/python" "$REPO/bench/compare/store_proc.py" --module mooncake.store \
       --hostname "127.0.0.1:$((17100 + i))" --segment $(( SEGMENT / MC_STORES + (256 << 20) )) \
       --lifetime 7200 --master 127.0.0.1:$MRPC \
       --metadata "http://127.0.0.1:$META/metadata" >"$OUT/mooncake-store-$i.log" 2>&1 &
