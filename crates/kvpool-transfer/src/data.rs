@@ -46,7 +46,8 @@ pub struct SegmentTable {
     disks: RwLock<HashMap<SegmentId, (Arc<DiskFile>, u64)>>,
     /// Memory-segment invalidations that found no object of their
     /// generation: the write of that version may still be on its way.
-    revoked: Mutex<Revoked>,
+    /// Every write looks here, under the shared lock.
+    revoked: RwLock<Revoked>,
 }
 
 /// How long a store remembers an invalidation that came before its write:
@@ -146,16 +147,20 @@ impl SegmentTable {
     /// Destroys an object that a write just put at `offset` if the master
     /// had already invalidated its version (see [`Revoked`]).
     fn landed(&self, segment: SegmentId, offset: u64, region: &MappedRegion) -> KvResult<()> {
-        let mut revoked = self.revoked.lock();
-        let destroyed = revoked.at.get(&(segment, offset)).and_then(|gens| {
-            gens.iter()
-                .copied()
-                .find(|&g| invalidate_object(region, offset, g))
-        });
+        let destroyed = self
+            .revoked
+            .read()
+            .at
+            .get(&(segment, offset))
+            .and_then(|gens| {
+                gens.iter()
+                    .copied()
+                    .find(|&g| invalidate_object(region, offset, g))
+            });
         let Some(generation) = destroyed else {
             return Ok(());
         };
-        revoked.forget(segment, offset, generation);
+        self.revoked.write().forget(segment, offset, generation);
         Err(KvError::new(
             Code::TransferFail,
             format!("the put of generation {generation} at {offset} was given up by the master before its bytes arrived"),
@@ -432,7 +437,7 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                 // Under the lock a write checks after it lands (see
                 // `SegmentTable::landed`): either this finds the object, or
                 // the write finds this.
-                let mut revoked = table.revoked.lock();
+                let mut revoked = table.revoked.write();
                 let mut n = 0u64;
                 for &(off, gen) in &req.regions {
                     if invalidate_object(&region, off, gen) {
