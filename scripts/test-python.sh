@@ -11,7 +11,9 @@
 #      KVPOOL_VENV (venv path), KVPOOL_TEST_SGLANG=0 (skip the SGLang set and
 #      its tests), KVPOOL_TEST_MOONCAKE=0 (skip installing the real Mooncake
 #      wheel and the tests that compare against it), PYTEST_ARGS (extra
-#      pytest arguments).
+#      pytest arguments), KVPOOL_WHEEL (a built wheel, e.g. from
+#      scripts/build-wheel.sh: install it instead of building from source,
+#      and start the pool from the `kvpool` binary it bundles).
 # Args: --setup-only (create/refresh the venv and stop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,7 @@ if [ -z "${PYTHON:-}" ]; then
   PYTHON="$(command -v python3.11 || command -v python3 || true)"
 fi
 [ -n "$PYTHON" ] || { echo "test-python: no python3 found" >&2; exit 1; }
-command -v cargo >/dev/null || { echo "test-python: cargo not found" >&2; exit 1; }
+[ -n "${KVPOOL_WHEEL:-}" ] || command -v cargo >/dev/null || { echo "test-python: cargo not found" >&2; exit 1; }
 
 t_start=$SECONDS
 log() { echo "== test-python [$((SECONDS - t_start))s] $*"; }
@@ -98,21 +100,27 @@ fi
 export PATH="$VENV/bin:$PATH"
 
 # ---------------------------------------------------------------- build
-log "cargo build -p kvpool"
-cargo build -p kvpool
-KVPOOL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug/kvpool"
-[ -x "$KVPOOL_BIN" ] || { echo "test-python: $KVPOOL_BIN missing after build" >&2; exit 1; }
+if [ -n "${KVPOOL_WHEEL:-}" ]; then
+  log "pip install $KVPOOL_WHEEL"
+  "$VPY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$KVPOOL_WHEEL"
+  KVPOOL_BIN="$("$VPY" -c 'from kvpool import _cli; print(_cli.bundled("kvpool"))')"
+else
+  log "cargo build -p kvpool"
+  cargo build -p kvpool
+  KVPOOL_BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug/kvpool"
+
+  # The binding is behind the `python` feature, which the workspace-wide lint
+  # run does not enable: lint it here (needs only the interpreter, no linking).
+  log "cargo clippy -p kvpool-python --features python"
+  PYO3_PYTHON="$VPY" cargo clippy -p kvpool-python --features python --all-targets -- -D warnings
+
+  log "pip install ./crates/kvpool-python"
+  # --no-build-isolation: use the venv's maturin instead of fetching one per
+  # run; the Rust build itself is incremental under target/.
+  "$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$CRATE"
+fi
+[ -x "$KVPOOL_BIN" ] || { echo "test-python: $KVPOOL_BIN missing" >&2; exit 1; }
 export KVPOOL_BIN
-
-# The binding is behind the `python` feature, which the workspace-wide lint
-# run does not enable: lint it here (needs only the interpreter, no linking).
-log "cargo clippy -p kvpool-python --features python"
-PYO3_PYTHON="$VPY" cargo clippy -p kvpool-python --features python --all-targets -- -D warnings
-
-log "pip install ./crates/kvpool-python"
-# --no-build-isolation: use the venv's maturin instead of fetching one per run;
-# the Rust build itself is incremental under target/.
-"$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$CRATE"
 
 # ---------------------------------------------------------------- tests
 log "pytest"
