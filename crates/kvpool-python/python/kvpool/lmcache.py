@@ -54,8 +54,6 @@ _CLIENT_OPTIONS = (
     "tls_cert",
     "tls_key",
 )
-# LMCache's own keys in an adapter spec, parsed by L2AdapterConfigBase.
-_LMCACHE_KEYS = ("type", "eviction", "serde", "persist_enabled")
 
 
 class KvpoolL2AdapterConfig(L2AdapterConfigBase):  # type: ignore[misc]
@@ -88,24 +86,21 @@ class KvpoolL2AdapterConfig(L2AdapterConfigBase):  # type: ignore[misc]
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "KvpoolL2AdapterConfig":
-        """Parses an adapter spec; unknown keys are an error, not ignored."""
-        known = {"master", "key_prefix", "num_workers", "lock_renew_s", *_CLIENT_OPTIONS, *_LMCACHE_KEYS}
+        """Parses ``adapter_params``; unknown keys are an error, not ignored."""
+        known = {"master", "key_prefix", "num_workers", "lock_renew_s", *_CLIENT_OPTIONS}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown kvpool adapter params: {unknown}")
         prefix = d.get("key_prefix", "lmcache/")
         if not isinstance(prefix, str):
             raise ValueError("key_prefix must be a string")
-        cfg = cls(
+        return cls(
             master=d.get("master"),
             key_prefix=prefix,
             num_workers=d.get("num_workers", 4),
             lock_renew_s=d.get("lock_renew_s", 2.0),
             client_options={k: d[k] for k in _CLIENT_OPTIONS if k in d},
         )
-        cfg.eviction_config = cls._parse_eviction_config(d)
-        cfg.serde_config = cls._parse_serde_config(d)
-        return cfg
 
     @classmethod
     def help(cls) -> str:
