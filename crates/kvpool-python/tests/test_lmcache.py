@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -123,19 +124,27 @@ def small_cluster() -> Cluster:
 
 
 @pytest.fixture
+def ours(master: str, prefix: str) -> Iterator[str]:
+    """A key prefix for the session cluster, whose keys are removed after the test."""
+    yield prefix
+    with kvpool.Client(master) as c:
+        c.remove_by_regex("^" + re.escape(prefix), force=True)
+
+
+@pytest.fixture
 def pool() -> Iterator[Cluster]:
     c = small_cluster()
     yield c
     c.stop()
 
 
-def test_lmcache_basic_check_passes(master: str) -> None:
+def test_lmcache_basic_check_passes(master: str, ours: str) -> None:
     """LMCache's own L2-adapter check, run as LMCache documents it, loading
     kvpool's adapter through the plugin type."""
     n = 16
     r = subprocess.run(
         [sys.executable, "-m", "lmcache.v1.basic_check", "--mode", "test_l2_adapter", "--num-keys", str(n),
-         "--obj-size", str(OBJ), "--l2-adapter", spec(master)],
+         "--obj-size", str(OBJ), "--l2-adapter", spec(master, key_prefix=ours)],
         capture_output=True, text=True, timeout=300,
     )
     out = r.stdout
@@ -147,8 +156,8 @@ def test_lmcache_basic_check_passes(master: str) -> None:
     assert "FAIL" not in out and "Test Failed" not in out, out
 
 
-def test_partial_hits_give_per_key_bitmaps(master: str, prefix: str) -> None:
-    a = make_adapter(master, key_prefix=prefix)
+def test_partial_hits_give_per_key_bitmaps(master: str, ours: str) -> None:
+    a = make_adapter(master, key_prefix=ours)
     try:
         ks = keys("partial", 6)
         stored = [obj(float(i + 1)) for i in range(6)]
@@ -203,9 +212,9 @@ def test_locked_keys_survive_eviction_until_unlocked(pool: Cluster, prefix: str)
         a.close()
 
 
-def test_locks_count_lookups(master: str, prefix: str) -> None:
+def test_locks_count_lookups(master: str, ours: str) -> None:
     """Two lookups of a key need two unlocks before it stops being held."""
-    a = make_adapter(master, key_prefix=prefix)
+    a = make_adapter(master, key_prefix=ours)
     try:
         ks = keys("count", 2)
         assert store(a, ks, [obj(1.0), obj(2.0)]).is_successful()
@@ -219,12 +228,13 @@ def test_locks_count_lookups(master: str, prefix: str) -> None:
         a.close()
 
 
-def test_usage_and_status_come_from_the_pool(master: str, prefix: str) -> None:
-    a = make_adapter(master, key_prefix=prefix)
+def test_usage_and_status_come_from_the_pool(master: str, ours: str) -> None:
+    a = make_adapter(master, key_prefix=ours)
     try:
         assert store(a, keys("usage", 2, salt="alice"), [obj(1.0), obj(2.0)]).is_successful()
         u = a.get_usage()
-        st = kvpool.Client(master).status()
+        with kvpool.Client(master) as c:
+            st = c.status()
         assert u.total_capacity_bytes == st["capacity"] > 0
         assert u.total_bytes_used >= 2 * OBJ_BYTES
         assert u.bytes_by_cache_salt["alice"] == 2 * OBJ_BYTES

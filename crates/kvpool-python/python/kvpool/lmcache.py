@@ -118,6 +118,8 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     config_class_name = "KvpoolL2AdapterConfig"
 
     def __init__(self, config: Any = None, l1_memory_desc: Any = None) -> None:
+        # l1_memory_desc (LMCache's L1 arena) is not needed: kvpool reads
+        # and writes any host address without registering it first.
         if not isinstance(config, KvpoolL2AdapterConfig):
             config = KvpoolL2AdapterConfig.from_dict(dict(config or {}))
         # No aggregate capacity: the pool evicts on its own (sparing leased,
