@@ -10,7 +10,8 @@
 # Env: PYTHON (interpreter for the venv, default python3.11 or python3),
 #      KVPOOL_VENV (venv path), KVPOOL_TEST_SGLANG=0 (skip the SGLang set and
 #      its tests), KVPOOL_TEST_MOONCAKE=0 (skip installing the real Mooncake
-#      wheel and the tests that compare against it), PYTEST_ARGS (extra
+#      wheel and the tests that compare against it), KVPOOL_TEST_LMCACHE=0
+#      (skip installing LMCache and its adapter tests), PYTEST_ARGS (extra
 #      pytest arguments), KVPOOL_WHEEL (a built wheel, e.g. from
 #      scripts/build-wheel.sh: install it instead of building from source,
 #      and start the pool from the `kvpool` binary it bundles).
@@ -23,6 +24,9 @@ REQ="$CRATE/tests/requirements.txt"
 REQ_SGLANG="$CRATE/tests/requirements-sglang.txt"
 REQ_MOONCAKE="$CRATE/tests/requirements-mooncake.txt"
 WITH_MOONCAKE="${KVPOOL_TEST_MOONCAKE:-1}"
+REQ_LMCACHE="$CRATE/tests/requirements-lmcache.txt"
+LMCACHE_PKG="lmcache==0.5.6"
+WITH_LMCACHE="${KVPOOL_TEST_LMCACHE:-1}"
 SGLANG_PKG="sglang==0.5.23"
 WITH_SGLANG="${KVPOOL_TEST_SGLANG:-1}"
 VENV="${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}"
@@ -95,6 +99,19 @@ if [ "$WITH_MOONCAKE" = 1 ] && [ "$(cat "$VENV/.kvpool-stamp-mooncake" 2>/dev/nu
     log "Mooncake wheel not installed; comparison tests will be skipped"
   fi
 fi
+# LMCache, for the L2-adapter tests: an add-on like Mooncake. Its wheel pulls
+# CUDA packages, so lmcache itself goes in with --no-deps after the pinned
+# list of what its CPU paths import.
+LMC_STAMP="$( (cat "$REQ_LMCACHE"; echo "$LMCACHE_PKG"; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
+if [ "$WITH_LMCACHE" = 1 ] && [ "$(cat "$VENV/.kvpool-stamp-lmcache" 2>/dev/null)" != "$LMC_STAMP" ]; then
+  log "installing LMCache for the L2-adapter tests"
+  if "$VPY" -m pip install -q --disable-pip-version-check -r "$REQ_LMCACHE" \
+    && "$VPY" -m pip install -q --disable-pip-version-check --no-deps "$LMCACHE_PKG"; then
+    echo "$LMC_STAMP" >"$VENV/.kvpool-stamp-lmcache"
+  else
+    log "LMCache not installed; its tests will be skipped"
+  fi
+fi
 [ "${1:-}" = "--setup-only" ] && exit 0
 # The maturin build backend runs `maturin` from PATH.
 export PATH="$VENV/bin:$PATH"
@@ -127,6 +144,7 @@ log "pytest"
 export SGLANG_HICACHE_MOONCAKE_REUSE_TE=0
 export KVPOOL_TEST_SGLANG="$WITH_SGLANG"
 export KVPOOL_TEST_MOONCAKE="$WITH_MOONCAKE"
+export KVPOOL_TEST_LMCACHE="$WITH_LMCACHE"
 # Run from the tests directory so `import kvpool` resolves to the installed
 # package, not to the source tree.
 set +e

@@ -4,6 +4,7 @@
 - :mod:`kvpool.mooncake` — ``MooncakeDistributedStore``, a drop-in for
   ``mooncake.store`` (same methods and integer return codes).
 - :mod:`kvpool.sglang` — ``KvpoolStore``, an SGLang HiCache storage backend.
+- :mod:`kvpool.lmcache` — ``KvpoolL2Adapter``, an LMCache L2 adapter.
 """
 
 from __future__ import annotations

@@ -1,0 +1,280 @@
+"""kvpool.lmcache.KvpoolL2Adapter with LMCache 0.5.6: LMCache's own adapter
+check (``lmcache.v1.basic_check --mode test_l2_adapter``) against a real
+pool, and the contract it does not check: bitmaps for partial hits, locks
+that keep found keys from eviction until unlocked, usage reporting, and a
+dead pool answering misses and failures instead of wrong data.
+
+Runs when LMCache is installed (scripts/test-python.sh installs
+tests/requirements-lmcache.txt); KVPOOL_TEST_LMCACHE=0 skips."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+if os.environ.get("KVPOOL_TEST_LMCACHE") == "0":
+    pytest.skip("KVPOOL_TEST_LMCACHE=0", allow_module_level=True)
+torch = pytest.importorskip("torch")
+pytest.importorskip("lmcache.v1.distributed.l2_adapters")
+
+from conftest import Cluster, free_port, kvpool_bin  # noqa: E402
+from lmcache.v1.distributed.api import ObjectKey  # noqa: E402
+from lmcache.v1.distributed.l2_adapters import create_l2_adapter  # noqa: E402
+from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config  # noqa: E402
+from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.lmcache import KvpoolL2Adapter, KvpoolL2AdapterConfig  # noqa: E402
+
+MODEL = "org/test-model"
+OBJ = 64 << 10  # float32 elements per object: 256 KiB
+OBJ_BYTES = OBJ * 4
+LEASE = 2.0  # the test pools' --default-kv-lease-ttl, seconds: locks survive a 1.75 s stall of the renewer
+
+
+def spec(master: str, **params: Any) -> str:
+    """The ``--l2-adapter`` JSON that loads kvpool's adapter as an LMCache plugin."""
+    return json.dumps({"type": "plugin", "module_path": "kvpool.lmcache", "class_name": "KvpoolL2Adapter",
+                       "adapter_params": {"master": master, **params}})
+
+
+def make_adapter(master: str, **params: Any) -> KvpoolL2Adapter:
+    """An adapter built the way LMCache builds one: its spec parser and factory."""
+    cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[spec(master, **params)]))
+    a = create_l2_adapter(cfg.adapters[0])
+    assert isinstance(a, KvpoolL2Adapter)
+    return a
+
+
+def keys(tag: str, n: int, salt: str = "") -> List[ObjectKey]:
+    return [ObjectKey(chunk_hash=f"{tag}-{i}".encode(), model_name=MODEL, kv_rank=0, cache_salt=salt) for i in range(n)]
+
+
+def obj(fill: float, n: int = OBJ) -> TensorMemoryObj:
+    """An LMCache memory object over a fresh CPU tensor filled with ``fill``."""
+    t = torch.full((n,), fill, dtype=torch.float32)
+    meta = MemoryObjMetadata(shape=torch.Size([n]), dtype=torch.float32, address=t.data_ptr(),
+                             phy_size=n * 4, fmt=MemoryFormat.KV_2LTD, ref_count=1)
+    return TensorMemoryObj(t, meta, parent_allocator=None)
+
+
+def wait_for(efd: int, result: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Waits on an adapter eventfd until ``result()`` is not None, as LMCache's controllers do."""
+    deadline = time.monotonic() + timeout
+    p = select.poll()
+    p.register(efd, select.POLLIN)
+    while time.monotonic() < deadline:
+        if p.poll(100):
+            try:
+                os.eventfd_read(efd)
+            except BlockingIOError:
+                pass
+        r = result()
+        if r is not None:
+            return r
+    raise TimeoutError("adapter task did not complete")
+
+
+def store(a: KvpoolL2Adapter, ks: List[ObjectKey], objs: List[TensorMemoryObj]) -> Any:
+    tid = a.submit_store_task(ks, objs)
+    done: dict = {}
+
+    def popped() -> Any:
+        done.update(a.pop_completed_store_tasks())
+        return done.get(tid)
+
+    return wait_for(a.get_store_event_fd(), popped)
+
+
+def lookup(a: KvpoolL2Adapter, ks: List[ObjectKey]) -> List[bool]:
+    tid = a.submit_lookup_and_lock_task(ks, {})
+    b = wait_for(a.get_lookup_and_lock_event_fd(), lambda: a.query_lookup_and_lock_result(tid))
+    return [b.test(i) for i in range(len(ks))]
+
+
+def load(a: KvpoolL2Adapter, ks: List[ObjectKey], objs: List[TensorMemoryObj]) -> List[bool]:
+    tid = a.submit_load_task(ks, objs)
+    b = wait_for(a.get_load_event_fd(), lambda: a.query_load_result(tid))
+    return [b.test(i) for i in range(len(ks))]
+
+
+def small_cluster() -> Cluster:
+    """A master with a short read lease and one 8 MiB store: 32 objects fill it."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    c = Cluster(bin=kvpool_bin(), master=f"127.0.0.1:{free_port()}", metrics_port=free_port(),
+                workdir=tempfile.mkdtemp(prefix="kvpool-pytest-", dir=base))
+    try:
+        c.start_master("--default-kv-lease-ttl", f"{int(LEASE * 1000)}ms")
+        c.start_store("8MiB")
+        c.wait_segments(1)
+    except Exception:
+        c.stop()
+        raise
+    return c
+
+
+@pytest.fixture
+def ours(master: str, prefix: str) -> Iterator[str]:
+    """A key prefix for the session cluster, whose keys are removed after the test."""
+    yield prefix
+    with kvpool.Client(master) as c:
+        c.remove_by_regex("^" + re.escape(prefix), force=True)
+
+
+@pytest.fixture
+def pool() -> Iterator[Cluster]:
+    c = small_cluster()
+    yield c
+    c.stop()
+
+
+def test_lmcache_basic_check_passes(master: str, ours: str) -> None:
+    """LMCache's own L2-adapter check, run as LMCache documents it, loading
+    kvpool's adapter through the plugin type."""
+    n = 16
+    r = subprocess.run(
+        [sys.executable, "-m", "lmcache.v1.basic_check", "--mode", "test_l2_adapter", "--num-keys", str(n),
+         "--obj-size", str(OBJ), "--l2-adapter", spec(master, key_prefix=ours)],
+        capture_output=True, text=True, timeout=300,
+    )
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    assert "Testing L2 adapter #0 (KvpoolL2Adapter)" in out, out + r.stderr
+    for line in (f"Validation: {n}/{n} correctly absent", "Batch store OK", f"Validation: {n}/{n} found",
+                 f"Validation (loaded): {n}/{n}", f"Validation (content): {n}/{n}"):
+        assert line in out, out + r.stderr
+    assert "FAIL" not in out and "Test Failed" not in out, out
+
+
+def test_partial_hits_give_per_key_bitmaps(master: str, ours: str) -> None:
+    a = make_adapter(master, key_prefix=ours)
+    try:
+        ks = keys("partial", 6)
+        stored = [obj(float(i + 1)) for i in range(6)]
+        res = store(a, ks[0::2], stored[0::2])
+        assert res.is_successful() and res.bytes_transferred() == 3 * OBJ_BYTES
+        assert lookup(a, ks) == [True, False] * 3
+        dst = [obj(0.0) for _ in range(6)]
+        assert load(a, ks, dst) == [True, False] * 3
+        for i in range(6):
+            want = stored[i].tensor if i % 2 == 0 else torch.zeros(OBJ)
+            assert torch.equal(dst[i].tensor, want), i  # misses are left untouched
+        a.submit_unlock(ks)
+        # A buffer of another size than the stored object is a miss, never a partial fill.
+        small, big = obj(0.0, OBJ // 2), obj(0.0, OBJ * 2)
+        assert load(a, [ks[0], ks[0]], [small, big]) == [False, False]
+        assert not small.tensor.any()
+    finally:
+        a.close()
+
+
+def test_locked_keys_survive_eviction_until_unlocked(pool: Cluster, prefix: str) -> None:
+    a = make_adapter(pool.master, key_prefix=prefix, lock_renew_s=LEASE / 8)
+    filler = kvpool.Client(pool.master)
+    try:
+        ks = keys("evict", 8)
+        objs = [obj(float(i + 1)) for i in range(8)]
+        assert store(a, ks, objs).is_successful()
+        locked, unlocked = ks[:4], ks[4:]
+        assert lookup(a, locked) == [True] * 4
+        time.sleep(3 * LEASE)  # the lookup's own lease is long gone: only renewal holds them
+
+        def fill(tag: str) -> None:
+            """Writes three times the pool's capacity under other keys."""
+            block = bytes(OBJ_BYTES)
+            for i in range(3 * (8 << 20) // OBJ_BYTES):
+                filler.put(f"{prefix}fill/{tag}/{i}", block)
+
+        fill("a")
+        assert filler.status()["evictions"] > 0
+        dst = [obj(0.0) for _ in range(4)]
+        assert load(a, locked, dst) == [True] * 4
+        assert all(torch.equal(d.tensor, o.tensor) for d, o in zip(dst, objs[:4]))
+        assert lookup(a, unlocked) == [False] * 4  # unlocked and oldest: evicted
+
+        a.submit_unlock(locked)
+        assert a.report_status()["locked_keys"] == 0
+        time.sleep(3 * LEASE)  # their last lease runs out
+        fill("b")
+        assert lookup(a, locked) == [False] * 4
+    finally:
+        filler.close()
+        a.close()
+
+
+def test_locks_count_lookups(master: str, ours: str) -> None:
+    """Two lookups of a key need two unlocks before it stops being held."""
+    a = make_adapter(master, key_prefix=ours)
+    try:
+        ks = keys("count", 2)
+        assert store(a, ks, [obj(1.0), obj(2.0)]).is_successful()
+        assert lookup(a, ks) == [True, True]
+        assert lookup(a, ks[:1]) == [True]
+        a.submit_unlock(ks)
+        assert a.report_status()["locked_keys"] == 1
+        a.submit_unlock(ks + keys("never-locked", 1))
+        assert a.report_status()["locked_keys"] == 0
+    finally:
+        a.close()
+
+
+def test_usage_and_status_come_from_the_pool(master: str, ours: str) -> None:
+    a = make_adapter(master, key_prefix=ours)
+    try:
+        assert store(a, keys("usage", 2, salt="alice"), [obj(1.0), obj(2.0)]).is_successful()
+        u = a.get_usage()
+        with kvpool.Client(master) as c:
+            st = c.status()
+        assert u.total_capacity_bytes == st["capacity"] > 0
+        assert u.total_bytes_used >= 2 * OBJ_BYTES
+        assert u.bytes_by_cache_salt["alice"] == 2 * OBJ_BYTES
+        # The pool evicts by itself, so LMCache must not evict from it by usage.
+        assert not a.supports_global_eviction
+        s = a.report_status()
+        assert s["is_healthy"] and s["pool_keys"] >= 2 and s["master"] == master
+        fds = {a.get_store_event_fd(), a.get_lookup_and_lock_event_fd(), a.get_load_event_fd()}
+        assert len(fds) == 3
+        a.delete(keys("usage", 2, salt="alice"))
+        assert "alice" not in a.get_usage().bytes_by_cache_salt
+        assert lookup(a, keys("usage", 2, salt="alice")) == [False, False]
+    finally:
+        a.close()
+
+
+def test_dead_pool_answers_misses_and_failures(pool: Cluster, prefix: str) -> None:
+    a = make_adapter(pool.master, key_prefix=prefix, timeout=1, retries=0)
+    try:
+        ks = keys("dead", 3)
+        assert store(a, ks, [obj(1.0), obj(2.0), obj(3.0)]).is_successful()
+        for p in pool.procs:
+            p.kill()
+            p.wait()
+        assert lookup(a, ks) == [False] * 3
+        dst = [obj(0.0) for _ in range(3)]
+        assert load(a, ks, dst) == [False] * 3
+        assert not any(d.tensor.any() for d in dst)  # nothing half-written
+        assert not store(a, keys("dead-new", 1), [obj(4.0)]).is_successful()
+        s = a.report_status()
+        assert not s["is_healthy"]
+        assert s["last_error"], s
+    finally:
+        a.close()
+    with pytest.raises(kvpool.KvpoolError):
+        make_adapter(pool.master, timeout=1, retries=0)
+
+
+def test_config_rejects_unknown_params() -> None:
+    with pytest.raises(ValueError, match="bogus"):
+        KvpoolL2AdapterConfig.from_dict({"master": "127.0.0.1:1", "bogus": 1})
+    with pytest.raises(ValueError):
+        KvpoolL2AdapterConfig.from_dict({"lock_renew_s": 0})
