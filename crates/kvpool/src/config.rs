@@ -77,7 +77,6 @@ pub fn parse(args: &[OsString]) -> anyhow::Result<Cli> {
     };
     let file = ConfigFile::load(path, &root)?;
     let matches = file.apply(root, name).try_get_matches_from(args)?;
-    tracing::debug!(file = %path.display(), command = name, "config file loaded");
     Ok(Cli::from_arg_matches(&matches)?)
 }
 
@@ -197,6 +196,7 @@ enum Kind {
     Other,
 }
 
+/// The [`Kind`] of `arg`, from the type its value parser returns.
 fn kind(arg: &Arg) -> Kind {
     let t = arg.get_value_parser().type_id();
     if t == TypeId::of::<bool>() {
@@ -361,7 +361,6 @@ fn value_texts(arg: &Arg, v: &toml::Value) -> Result<Vec<String>, String> {
 }
 
 /// One flag's value from a file, and where in the file it was.
-#[derive(Debug, Clone)]
 struct Setting {
     values: Vec<String>,
     /// `section.key` or `key` (top level), as spelt in the file.
@@ -369,7 +368,6 @@ struct Setting {
 }
 
 /// A config file, checked against every command that reads one.
-#[derive(Debug)]
 pub struct ConfigFile {
     /// Per command: flag id to the value the file gives it.
     settings: BTreeMap<String, BTreeMap<String, Setting>>,
@@ -397,12 +395,15 @@ impl ConfigFile {
         let mut errors = Vec::new();
         let section_names = || commands.iter().map(|c| c.get_name());
         // Top-level keys first so that a section's value replaces them.
+        let mut seen: BTreeMap<(&str, clap::Id), &str> = BTreeMap::new();
         for (key, v) in table.iter().filter(|(_, v)| !v.is_table()) {
             let mut known = false;
             for cmd in &commands {
-                if let Some(arg) = find(cmd, key) {
-                    known = true;
-                    file.set(cmd.get_name(), arg, key.clone(), v, &mut errors);
+                let Some(arg) = find(cmd, key) else { continue };
+                known = true;
+                match seen.insert((cmd.get_name(), arg.get_id().clone()), key) {
+                    Some(first) => errors.push(format!("{key}: sets the same flag as {first}")),
+                    None => file.set(cmd.get_name(), arg, key.clone(), v, &mut errors),
                 }
             }
             if !known {
@@ -432,6 +433,7 @@ impl ConfigFile {
             };
             file.sections.push(name.clone());
             let mut seen: BTreeMap<clap::Id, &str> = BTreeMap::new();
+            // A flag set twice in one section, in both spellings, is an error.
             for (key, v) in section {
                 let origin = format!("{name}.{key}");
                 let Some(arg) = find(cmd, key) else {
@@ -444,17 +446,6 @@ impl ConfigFile {
                     continue;
                 }
                 file.set(name, arg, origin, v, &mut errors);
-            }
-        }
-        // A top-level key repeated in two spellings.
-        for cmd in &commands {
-            let mut seen: BTreeMap<clap::Id, &str> = BTreeMap::new();
-            for (key, _) in table.iter().filter(|(_, v)| !v.is_table()) {
-                if let Some(arg) = find(cmd, key) {
-                    if let Some(first) = seen.insert(arg.get_id().clone(), key) {
-                        errors.push(format!("{key}: sets the same flag as {first}"));
-                    }
-                }
             }
         }
         // A top-level value wrong for several commands is one error.
@@ -677,7 +668,10 @@ mod tests {
         assert_eq!(arg.get_env().unwrap(), "KVPOOL_METRICS_PORT");
 
         std::fs::write(&path, "[store]\nmetrics_port = 70000\n").unwrap();
-        let err = ConfigFile::load(&path, &root).unwrap_err().to_string();
+        let Err(err) = ConfigFile::load(&path, &root) else {
+            panic!("port 70000 was taken");
+        };
+        let err = err.to_string();
         assert!(
             err.contains("store.metrics_port: 70000 is not an integer in 0..=65535"),
             "{err}"

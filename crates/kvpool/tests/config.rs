@@ -439,13 +439,16 @@ fn mooncake_names_and_both_spellings_are_keys() {
     let twice = write(
         dir.path(),
         "twice.toml",
-        "[master]\nrpc_port = 1\nrpc-port = 2\n",
+        "client_ttl = \"1s\"\nclient-ttl = \"2s\"\n[master]\nrpc_port = 1\nrpc-port = 2\n",
     );
     let err = fails(&["config", "check", &twice.to_string_lossy()], &[]);
-    assert!(
-        err.contains("master.rpc-port: sets the same flag as master.rpc_port"),
-        "{err}"
-    );
+    for want in [
+        "2 errors",
+        "client-ttl: sets the same flag as client_ttl",
+        "master.rpc-port: sets the same flag as master.rpc_port",
+    ] {
+        assert!(err.contains(want), "no {want:?} in:\n{err}");
+    }
 }
 
 #[test]
