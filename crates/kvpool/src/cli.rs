@@ -1,8 +1,10 @@
 //! Command-line flags. Master flags accept Mooncake's names as aliases
 //! (`--rpc_port`, `--default_kv_lease_ttl`, ...) so existing launch scripts
-//! keep working; every flag can also come from a `KVPOOL_*` env var.
+//! keep working; every flag can also come from a `KVPOOL_*` env var, and
+//! those of `master`, `store` and `up` from a config file (`config.rs`).
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
@@ -30,6 +32,27 @@ impl Cli {
             Command::Up(u) => Some(u.master.max_connections_per_ip),
             Command::Store(s) => Some(s.max_connections_per_ip),
             _ => None,
+        }
+    }
+
+    /// The config file this command reads (`--config`, `KVPOOL_CONFIG`).
+    pub fn config_file(&self) -> Option<&Path> {
+        match &self.command {
+            Command::Master(m) => m.config.file.as_deref(),
+            Command::Store(s) => s.config.file.as_deref(),
+            Command::Up(u) => u.master.config.file.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The checks a server command makes of its flags before it starts
+    /// (flags that need each other, secret and TLS files readable).
+    pub fn check(&self) -> anyhow::Result<()> {
+        match &self.command {
+            Command::Master(m) => m.to_config().map(drop),
+            Command::Store(s) => s.to_config().map(drop),
+            Command::Up(u) => u.master.to_config().and(u.disk.disk_dir()).map(drop),
+            _ => Ok(()),
         }
     }
 }
@@ -60,6 +83,43 @@ pub enum Command {
     /// Make TLS certificates for a pool.
     #[command(subcommand)]
     Tls(TlsCommand),
+    /// Check config files (docs/configuration.md).
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Validate a config file and print the effective config of `master`,
+    /// `store` or `up`: every key, its value and where it came from (flag,
+    /// env, file or default), secrets redacted. Exits non-zero on any bad
+    /// key or value.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+        /// The command whose effective config to print (default: each the
+        /// file has a section for, or all for a flat file).
+        #[arg(long = "for", value_name = "COMMAND")]
+        target: Option<String>,
+        /// Flags of the `--for` command to apply on top, as it would take
+        /// them (`-- --rpc-port 50052`).
+        #[arg(last = true, requires = "target")]
+        flags: Vec<OsString>,
+    },
+}
+
+/// `--config`, on the commands that read a config file.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConfigArgs {
+    /// TOML file with values for any of these flags, by long name
+    /// (docs/configuration.md); flags and env vars override it.
+    #[arg(
+        long = "config",
+        id = "config",
+        env = "KVPOOL_CONFIG",
+        value_name = "FILE"
+    )]
+    pub file: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -310,6 +370,8 @@ pub struct MasterArgs {
     pub recovery_grace: Duration,
     #[command(flatten)]
     pub security: SecurityArgs,
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
 impl MasterArgs {
@@ -394,6 +456,8 @@ pub struct StoreArgs {
     /// per-address cap; the port takes 8192 in all).
     #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
     pub max_connections_per_ip: usize,
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
 impl StoreArgs {

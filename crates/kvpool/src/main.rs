@@ -6,17 +6,27 @@ mod bench;
 mod bench_meta;
 mod bench_reuse;
 mod cli;
+mod config;
 mod tls_cmd;
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match config::parse(&args) {
+        Ok(cli) => cli,
+        Err(e) => match e.downcast::<clap::Error>() {
+            Ok(usage) => usage.exit(),
+            Err(e) => {
+                eprintln!("kvpool: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     if let Some(n) = cli.max_connections_per_ip() {
         // The accept loops of kvpool-net read their per-address cap from
         // the environment; set it while this process is one thread.
@@ -182,6 +192,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             println!("{}", own.http_token());
         }
+        Command::Config(cli::ConfigCommand::Check {
+            file,
+            target,
+            flags,
+        }) => print!("{}", config::check(&file, target.as_deref(), &flags)?),
         Command::Secret(cli::SecretCommand::Derive { role, security }) => {
             let role = kvpool_net::auth::Role::parse(&role)
                 .ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (client, store, admin)"))?;
