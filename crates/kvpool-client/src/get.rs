@@ -124,12 +124,16 @@ impl Client {
 
     /// Reads many values into new vectors; one result per key.
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        let t0 = Instant::now();
         let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
         loop {
             let round: Vec<&str> = retry.todo().iter().map(|&i| keys[i]).collect();
             let out = self.get_pass(&round).await;
             if !retry.settle(out).await {
-                return retry.finish();
+                let out = retry.finish();
+                let len = |_, v: &Vec<u8>| v.len() as u64;
+                (self.inner.metrics).record("get", &out, len, t0.elapsed());
+                return out;
             }
         }
     }
@@ -259,6 +263,7 @@ impl Client {
 
     /// Reads many values into caller buffers; one result (value length) per item.
     pub async fn batch_get_into(&self, items: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
+        let t0 = Instant::now();
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {
             let todo = retry.todo();
@@ -278,7 +283,10 @@ impl Client {
             }
             drop(round);
             if !retry.settle(out).await {
-                return retry.finish();
+                let out = retry.finish();
+                let len = |_, n: &usize| *n as u64;
+                (self.inner.metrics).record("get", &out, len, t0.elapsed());
+                return out;
             }
         }
     }

@@ -301,7 +301,8 @@ async fn dashboard_and_alerts_read_only_exported_metrics() {
 
 /// The store's counters follow what it serves: writes and reads in bytes
 /// and requests, latency observations, connections, invalidations; the
-/// master shows the segment live and itself leading.
+/// client counts the same keys and bytes; the master shows the segment
+/// live and itself leading.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_counters_move_with_traffic() {
     let pool = start().await;
@@ -360,6 +361,25 @@ async fn store_counters_move_with_traffic() {
     assert!(
         grew("kvpool_store_invalidations_applied_total") >= 1.0,
         "{after}"
+    );
+    // The client counted the same traffic from its side.
+    let c = client.metrics().snapshot();
+    let at = |k: &str| c.get(k).copied().unwrap_or(0.0);
+    assert_eq!(
+        at(r#"kvpool_client_keys_total{op="get",result="ok"}"#),
+        n as f64
+    );
+    assert_eq!(
+        at(r#"kvpool_client_value_bytes_total{op="get"}"#),
+        read as f64
+    );
+    assert!(
+        at(r#"kvpool_client_transfer_bytes_total{direction="read",transport="tcp"}"#)
+            >= read as f64
+    );
+    assert_eq!(
+        at(r#"kvpool_client_keys_total{op="remove",result="ok"}"#),
+        1.0
     );
     let master = scrape(&pool.master.metrics).await;
     assert_eq!(
