@@ -200,7 +200,8 @@ impl Client {
     /// [`Self::locate`] for many keys: one master round trip for those not
     /// in the location cache.
     pub async fn locate_many(&self, keys: &[&str]) -> Vec<KvResult<Located>> {
-        keys.iter()
+        let out: Vec<KvResult<Located>> = keys
+            .iter()
             .zip(self.find(keys).await)
             .map(|(k, f)| {
                 f.map(|found| Located {
@@ -208,7 +209,10 @@ impl Client {
                     found,
                 })
             })
-            .collect()
+            .collect();
+        // A key located is counted as a get when it is read.
+        self.inner.metrics.failures("get", &out);
+        out
     }
 
     /// Reads a located object into `dst` (at least `value_len` bytes),
@@ -223,6 +227,7 @@ impl Client {
         &self,
         items: Vec<(Located, &mut [u8])>,
     ) -> Vec<KvResult<usize>> {
+        let t0 = Instant::now();
         let mut keys = Vec::with_capacity(items.len());
         let mut found = Vec::with_capacity(items.len());
         let mut dsts = Vec::with_capacity(items.len());
@@ -248,6 +253,8 @@ impl Client {
                 format!("cached location of {:?} is stale", keys[i]),
             ));
         }
+        let len = |_, n: &usize| *n as u64;
+        (self.inner.metrics).record("get", &out, len, t0.elapsed());
         out
     }
 

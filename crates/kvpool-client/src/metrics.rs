@@ -19,7 +19,8 @@ use prometheus_client::registry::Registry;
 /// Label of keys counted per operation and result.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
-    /// `get`, `put`, `exist` or `remove` (batch forms included).
+    /// `get` (batch, into-buffer and located forms included), `put`,
+    /// `exist` or `remove`.
     pub op: &'static str,
     /// `ok` or `error`.
     pub result: &'static str,
@@ -115,33 +116,42 @@ impl ClientMetrics {
     ) {
         let (mut ok, mut moved) = (0, 0);
         for (i, r) in results.iter().enumerate() {
-            match r {
-                Ok(v) => {
-                    ok += 1;
-                    moved += bytes(i, v);
-                }
-                Err(e) => {
-                    let l = ErrorLabel {
-                        op,
-                        code: e.code.name(),
-                    };
-                    self.errors.get_or_create(&l).inc();
-                }
+            if let Ok(v) = r {
+                ok += 1;
+                moved += bytes(i, v);
             }
         }
-        let failed = (results.len() - ok) as u64;
-        for (result, n) in [("ok", ok as u64), ("error", failed)] {
-            if n > 0 {
-                self.keys
-                    .get_or_create(&ResultLabel { op, result })
-                    .inc_by(n);
-            }
+        self.failures(op, results);
+        if ok > 0 {
+            let l = ResultLabel { op, result: "ok" };
+            self.keys.get_or_create(&l).inc_by(ok);
         }
         if moved > 0 {
             self.bytes.get_or_create(&OpLabel { op }).inc_by(moved);
         }
         let l = OpLabel { op };
         self.latency.get_or_create(&l).observe(took.as_secs_f64());
+    }
+
+    /// Counts only the keys of `results` that failed, as keys of `op`
+    /// (a lookup whose successes are counted when they are read).
+    pub(crate) fn failures<T>(&self, op: &'static str, results: &[KvResult<T>]) {
+        let mut failed = 0;
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            failed += 1;
+            let l = ErrorLabel {
+                op,
+                code: e.code.name(),
+            };
+            self.errors.get_or_create(&l).inc();
+        }
+        if failed > 0 {
+            let l = ResultLabel {
+                op,
+                result: "error",
+            };
+            self.keys.get_or_create(&l).inc_by(failed);
+        }
     }
 
     /// Counts `tcp` and `shm` bytes issued in one `direction`.
