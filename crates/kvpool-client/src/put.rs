@@ -6,12 +6,12 @@
 //! batch run per store and, when big, over several connections or cores.
 
 use std::collections::HashMap;
-use tokio::time::Instant;
 
 use kvpool_format::{header_len, value_checksum, ObjectHeader};
 use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, WriteReq};
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use kvpool_transfer::data::WriteOp;
+use tokio::time::Instant;
 
 use crate::fanout::{cores, split, Job, SPREAD_BYTES};
 use crate::placement::Route;
