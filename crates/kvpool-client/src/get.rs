@@ -124,12 +124,16 @@ impl Client {
 
     /// Reads many values into new vectors; one result per key.
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        let t0 = Instant::now();
         let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
         loop {
             let round: Vec<&str> = retry.todo().iter().map(|&i| keys[i]).collect();
             let out = self.get_pass(&round).await;
             if !retry.settle(out).await {
-                return retry.finish();
+                let out = retry.finish();
+                let len = |_, v: &Vec<u8>| v.len() as u64;
+                (self.inner.metrics).record("get", &out, len, t0.elapsed());
+                return out;
             }
         }
     }
@@ -196,7 +200,8 @@ impl Client {
     /// [`Self::locate`] for many keys: one master round trip for those not
     /// in the location cache.
     pub async fn locate_many(&self, keys: &[&str]) -> Vec<KvResult<Located>> {
-        keys.iter()
+        let out: Vec<KvResult<Located>> = keys
+            .iter()
             .zip(self.find(keys).await)
             .map(|(k, f)| {
                 f.map(|found| Located {
@@ -204,7 +209,10 @@ impl Client {
                     found,
                 })
             })
-            .collect()
+            .collect();
+        // A key located is counted as a get when it is read.
+        self.inner.metrics.failures("get", &out);
+        out
     }
 
     /// Reads a located object into `dst` (at least `value_len` bytes),
@@ -219,6 +227,7 @@ impl Client {
         &self,
         items: Vec<(Located, &mut [u8])>,
     ) -> Vec<KvResult<usize>> {
+        let t0 = Instant::now();
         let mut keys = Vec::with_capacity(items.len());
         let mut found = Vec::with_capacity(items.len());
         let mut dsts = Vec::with_capacity(items.len());
@@ -244,6 +253,8 @@ impl Client {
                 format!("cached location of {:?} is stale", keys[i]),
             ));
         }
+        let len = |_, n: &usize| *n as u64;
+        (self.inner.metrics).record("get", &out, len, t0.elapsed());
         out
     }
 
@@ -259,6 +270,7 @@ impl Client {
 
     /// Reads many values into caller buffers; one result (value length) per item.
     pub async fn batch_get_into(&self, items: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
+        let t0 = Instant::now();
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {
             let todo = retry.todo();
@@ -278,7 +290,10 @@ impl Client {
             }
             drop(round);
             if !retry.settle(out).await {
-                return retry.finish();
+                let out = retry.finish();
+                let len = |_, n: &usize| *n as u64;
+                (self.inner.metrics).record("get", &out, len, t0.elapsed());
+                return out;
             }
         }
     }

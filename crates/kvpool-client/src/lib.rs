@@ -17,7 +17,8 @@
 //! protocols), `transport` (TCP and shared memory), `placement` (which
 //! replica and transport a read uses), `retry` (per-key retries),
 //! `fanout` (batches over stores, connections and cores), `rpc` (master
-//! calls), `query` (metadata-only calls), `cache` (the location cache).
+//! calls), `query` (metadata-only calls), `cache` (the location cache),
+//! `metrics` (what the client counts, for the engine to export).
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ mod cache;
 mod config;
 mod fanout;
 mod get;
+mod metrics;
 mod placement;
 mod put;
 mod query;
@@ -43,6 +45,7 @@ pub use get::{GetInto, Located};
 pub use kvpool_net::auth;
 pub use kvpool_net::tls;
 pub use kvpool_proto::msg::ReplicateConfig;
+pub use metrics::ClientMetrics;
 pub use replicas::{ReplicaDesc, TaskKind};
 pub use segments::store_about;
 
@@ -69,6 +72,7 @@ struct Inner {
     /// at connect when it lends a segment, or when it mounts one later.
     node: Arc<tokio::sync::OnceCell<Arc<DataNode>>>,
     cache: Arc<LocationCache>,
+    metrics: metrics::ClientMetrics,
     /// Big batches in flight: only a lone one spreads over threads.
     big_calls: AtomicUsize,
     shutdown: CancellationToken,
@@ -138,11 +142,17 @@ impl Client {
                 transports: Transports::new(&cfg),
                 node,
                 cache,
+                metrics: Default::default(),
                 big_calls: AtomicUsize::new(0),
                 cfg,
                 shutdown,
             }),
         })
+    }
+
+    /// What this client (and its clones) counted so far.
+    pub fn metrics(&self) -> &ClientMetrics {
+        &self.inner.metrics
     }
 
     /// The settings in force.

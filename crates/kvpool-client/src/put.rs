@@ -11,6 +11,7 @@ use kvpool_format::{header_len, value_checksum, ObjectHeader};
 use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, WriteReq};
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use kvpool_transfer::data::WriteOp;
+use tokio::time::Instant;
 
 use crate::fanout::{cores, split, Job, SPREAD_BYTES};
 use crate::placement::Route;
@@ -93,13 +94,17 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<KvResult<()>> {
+        let t0 = Instant::now();
         // Another writer holding a key, or a store restarting, is worth a retry.
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {
             let round: Vec<Item> = retry.todo().iter().map(|&i| items[i]).collect();
             let out = self.put_round(&round, config, upsert).await;
             if !retry.settle(out).await {
-                return retry.finish();
+                let out = retry.finish();
+                let len = |i: usize, _: &()| value_len(items[i].1);
+                (self.inner.metrics).record("put", &out, len, t0.elapsed());
+                return out;
             }
         }
     }
@@ -254,6 +259,7 @@ impl Client {
             }
         }
         let big = total >= SPREAD_BYTES;
+        (self.inner.metrics).transferred("write", total - local_bytes, local_bytes);
         done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
         done
     }

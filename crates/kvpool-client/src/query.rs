@@ -4,6 +4,7 @@
 
 use kvpool_proto::msg::{self, ClusterStatus};
 use kvpool_proto::{validate_key, Code, KvResult};
+use tokio::time::Instant;
 
 use crate::rpc::one;
 use crate::Client;
@@ -16,7 +17,9 @@ impl Client {
 
     /// Existence of many keys; one result per key.
     pub async fn batch_exist(&self, keys: &[&str]) -> Vec<KvResult<bool>> {
-        self.sizes(keys)
+        let t0 = Instant::now();
+        let out: Vec<KvResult<bool>> = self
+            .sizes(keys)
             .await
             .into_iter()
             .map(|r| match r {
@@ -24,7 +27,9 @@ impl Client {
                 Err(e) if e.code == Code::ObjectNotFound => Ok(false),
                 Err(e) => Err(e),
             })
-            .collect()
+            .collect();
+        (self.inner.metrics).record("exist", &out, |_, _| 0, t0.elapsed());
+        out
     }
 
     /// Value size of `key`.
@@ -52,12 +57,14 @@ impl Client {
 
     /// Removes many keys; one result per key.
     pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<KvResult<()>> {
+        let t0 = Instant::now();
         let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
         let remove = |keys| msg::Remove { keys, force };
         let out = self.call_split(owned, String::as_str, remove).await;
         for k in keys {
             self.inner.cache.forget(k);
         }
+        (self.inner.metrics).record("remove", &out, |_, _| 0, t0.elapsed());
         out
     }
 

@@ -193,6 +193,7 @@ impl Client {
                 }
             }
             let big = bytes + local_bytes >= SPREAD_BYTES;
+            (self.inner.metrics).transferred("read", bytes, local_bytes);
             done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
             // What no connection took fails with the reason.
             for store in stores {

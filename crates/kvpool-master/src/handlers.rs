@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::refusals::Refusal;
-use crate::{Master, Role};
+use crate::Master;
 
 /// Compiled size a remove-by-regex pattern may reach (its NFA, and each of
 /// its lazy DFA caches): compiling stops there, so a small pattern that
@@ -364,12 +364,7 @@ impl Handle for msg::RemoveAll {
 impl Handle for msg::Status {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::ClusterStatus> {
         let mut st = cx.master.state.status();
-        st.role = match cx.master.role(cx.now) {
-            Role::Leader => "leader",
-            Role::Recovering(_) => "recovering",
-            Role::Standby => "standby",
-        }
-        .into();
+        st.role = cx.master.role(cx.now).name().into();
         Ok(st)
     }
 }

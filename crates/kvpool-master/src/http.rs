@@ -84,9 +84,13 @@ pub fn admin_router(master: Arc<Master>) -> Router {
 /// The cluster status, counted off the runtime: it walks every key.
 async fn cluster_status(m: &Arc<Master>) -> kvpool_proto::msg::ClusterStatus {
     let m = m.clone();
-    tokio::task::spawn_blocking(move || m.state.status())
-        .await
-        .expect("status does not panic")
+    tokio::task::spawn_blocking(move || {
+        let mut st = m.state.status();
+        st.role = m.role(Instant::now()).name().into();
+        st
+    })
+    .await
+    .expect("status does not panic")
 }
 
 async fn metrics(State(m): State<Arc<Master>>) -> Response {

@@ -123,6 +123,17 @@ pub enum Role {
     Standby,
 }
 
+impl Role {
+    /// The name status and metrics show: `leader`, `recovering` or `standby`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Recovering(_) => "recovering",
+            Role::Standby => "standby",
+        }
+    }
+}
+
 /// The running master: state, metrics, and the eviction trigger.
 pub struct Master {
     /// Object and segment metadata.

@@ -37,6 +37,41 @@ pub struct SegmentLabel {
     pub segment: String,
 }
 
+/// Label of a segment's per-segment gauges: its name and tier.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SegmentTierLabel {
+    /// The segment's name.
+    pub segment: String,
+    /// `memory` or `disk`.
+    pub tier: &'static str,
+}
+
+/// Label of a segment's state gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SegmentStateLabel {
+    /// The segment's name.
+    pub segment: String,
+    /// `live`, `suspect`, `draining` or `recovering`.
+    pub state: String,
+}
+
+/// Label of the master's role gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabel {
+    /// `leader`, `recovering` or `standby`.
+    pub role: &'static str,
+}
+
+/// Each mounted segment's use and state, refreshed at every scrape (a
+/// segment that went away leaves no series behind).
+#[derive(Default)]
+struct PerSegment {
+    capacity: Family<SegmentTierLabel, Gauge>,
+    used: Family<SegmentTierLabel, Gauge>,
+    objects: Family<SegmentTierLabel, Gauge>,
+    state: Family<SegmentStateLabel, Gauge>,
+}
+
 /// Disk I/O of one segment, as its store last reported it.
 #[derive(Default)]
 struct DiskIo {
@@ -76,6 +111,8 @@ pub struct Metrics {
     tier_used: Family<TierLabel, Gauge>,
     tier_objects: Family<TierLabel, Gauge>,
     disk: DiskIo,
+    per_segment: PerSegment,
+    role: Family<RoleLabel, Gauge>,
 }
 
 impl Metrics {
@@ -117,6 +154,8 @@ impl Default for Metrics {
             tier_used: Family::default(),
             tier_objects: Family::default(),
             disk: DiskIo::default(),
+            per_segment: PerSegment::default(),
+            role: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -187,6 +226,32 @@ impl Default for Metrics {
             "tier_objects",
             "Object replicas held, per tier",
             m.tier_objects.clone(),
+        );
+        let p = &m.per_segment;
+        registry.register(
+            "segment_capacity_bytes",
+            "Bytes a mounted segment lends",
+            p.capacity.clone(),
+        );
+        registry.register(
+            "segment_used_bytes",
+            "Bytes of a mounted segment reserved by objects (puts in flight included)",
+            p.used.clone(),
+        );
+        registry.register(
+            "segment_objects",
+            "Object replicas a mounted segment holds",
+            p.objects.clone(),
+        );
+        registry.register(
+            "segment_state",
+            "1 for a mounted segment's state: live, suspect (its store missed heartbeats), draining or recovering",
+            p.state.clone(),
+        );
+        registry.register(
+            "master_role",
+            "1 for this master's role: leader, recovering (a new leader waiting for stores) or standby",
+            m.role.clone(),
         );
         let d = &m.disk;
         registry.register(
@@ -274,6 +339,29 @@ impl Metrics {
             self.tier_objects
                 .get_or_create(&l)
                 .set(g(of().map(|x| x.regions).sum()));
+        }
+        for role in ["leader", "recovering", "standby"] {
+            let is = i64::from(s.role == role);
+            self.role.get_or_create(&RoleLabel { role }).set(is);
+        }
+        let p = &self.per_segment;
+        for f in [&p.capacity, &p.used, &p.objects] {
+            f.clear();
+        }
+        p.state.clear();
+        for seg in &s.segments {
+            let l = SegmentTierLabel {
+                segment: seg.info.name.clone(),
+                tier: seg.info.tier.name(),
+            };
+            p.capacity.get_or_create(&l).set(g(seg.info.size));
+            p.used.get_or_create(&l).set(g(seg.used));
+            p.objects.get_or_create(&l).set(g(seg.regions));
+            let l = SegmentStateLabel {
+                segment: l.segment,
+                state: seg.state.clone(),
+            };
+            p.state.get_or_create(&l).set(1);
         }
         let d = &self.disk;
         for seg in &s.segments {

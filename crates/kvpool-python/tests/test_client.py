@@ -210,6 +210,21 @@ def test_status_ping_close_and_context_manager(master, prefix):
     c.close()  # idempotent
 
 
+def test_metrics_count_keys_bytes_and_errors(master, prefix):
+    with kvpool.Client(master) as c:
+        c.put(prefix + "m", b"x" * 1000)
+        assert c.get(prefix + "m") == b"x" * 1000
+        with pytest.raises(kvpool.NotFound):
+            c.get(prefix + "absent")
+        m = c.get_metrics()
+        assert m['kvpool_client_keys_total{op="get",result="ok"}'] == 1
+        assert m['kvpool_client_errors_total{op="get",code="OBJECT_NOT_FOUND"}'] == 1
+        assert m['kvpool_client_value_bytes_total{op="put"}'] == 1000
+        moved = sum(v for k, v in m.items() if k.startswith('kvpool_client_transfer_bytes_total{direction="read"'))
+        assert moved >= 1000
+        assert "# TYPE kvpool_client_call_seconds histogram" in c.metrics_text()
+
+
 def test_lending_client(cluster, master, prefix):
     before = cluster.segments()
     with kvpool.Client(master, segment_size="16MiB", hostname="127.0.0.1") as c:

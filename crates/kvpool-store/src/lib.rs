@@ -1,10 +1,12 @@
 //! kvpool's storage node: segment files in a data directory ([`segment`]),
 //! and the data node that serves segments, finds the objects they hold and
-//! mounts them on the master ([`node`]). The bytes of objects and
+//! mounts them on the master ([`node`]), and its Prometheus metrics
+//! ([`metrics`]). The bytes of objects and
 //! superblocks are `kvpool_format`'s. `run` is what `kvpool store` does;
 //! clients embed a [`node::DataNode`] to lend memory.
 
 pub mod disk;
+pub mod metrics;
 pub mod node;
 pub mod segment;
 
@@ -61,6 +63,10 @@ pub struct StoreConfig {
     pub disk_size: u64,
     /// I/O requests the disk tier keeps in flight to the device at most.
     pub disk_queue_depth: usize,
+    /// IP of the `/metrics` port.
+    pub metrics_address: String,
+    /// Port of `/metrics` (0 picks one); `None` serves no metrics.
+    pub metrics_port: Option<u16>,
 }
 
 /// Runs a storage node until `shutdown`: opens (or recovers) the segment,
@@ -113,6 +119,23 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     )
     .await
     .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
+    let metrics = std::sync::Arc::new(metrics::StoreMetrics::new(node.clone()));
+    if let Some(port) = cfg.metrics_port {
+        let addr = format!("{}:{port}", cfg.metrics_address);
+        let io = |e| StoreError::Io(PathBuf::from(&addr), e);
+        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(io)?;
+        let local = listener.local_addr().map_err(io)?;
+        (cfg.security)
+            .check_listen(local.ip(), "the store's metrics port")
+            .map_err(|e| StoreError::Config(e.message))?;
+        info!(%local, "metrics serving");
+        // Up until the data plane stops: a drain is watched through it.
+        tokio::spawn(metrics::serve_metrics(
+            listener,
+            metrics.clone(),
+            data_plane.clone(),
+        ));
+    }
     if let Some(d) = &disk {
         info!(segment = %d.id, size = d.file.len(), direct = d.file.direct(), path = %d.file.path().display(), "disk tier serving");
     }
@@ -176,6 +199,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     info!(master = %cfg.master, "segment mounted");
     shutdown.cancelled().await;
     info!(grace = ?cfg.shutdown_grace, "shutting down: draining, finishing transfers in flight");
+    metrics.draining.set(1);
     node.drain_all(&link).await;
     tokio::time::sleep(cfg.shutdown_grace).await;
     heartbeat.cancel();

@@ -23,6 +23,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::metrics::Recovery;
+
 /// Inventory parts sent before the first is answered.
 const REPORTS_IN_FLIGHT: usize = 4;
 
@@ -47,6 +49,9 @@ pub struct DataNode {
     table: Arc<SegmentTable>,
     endpoint: String,
     segments: Mutex<Vec<Lent>>,
+    /// Names of the disk segments withdrawn after an I/O error.
+    withdrawn: Mutex<Vec<String>>,
+    recovery: Arc<Recovery>,
     tasks: TaskTracker,
 }
 
@@ -84,6 +89,8 @@ impl DataNode {
             table: Arc::new(SegmentTable::default()),
             endpoint: local.to_string(),
             segments: Mutex::new(Vec::new()),
+            withdrawn: Mutex::new(Vec::new()),
+            recovery: Arc::default(),
             tasks: TaskTracker::new(),
         };
         setup(&node);
@@ -96,6 +103,30 @@ impl DataNode {
         ));
         node.tasks.close();
         Ok(Arc::new(node))
+    }
+
+    /// The data plane's counters.
+    pub fn table_metrics(&self) -> &Arc<kvpool_transfer::metrics::DataMetrics> {
+        self.table.metrics()
+    }
+
+    /// What the scans that mounted this node's segments found.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// Each disk segment this node lent, by name, and whether it still
+    /// serves (false: withdrawn after an I/O error).
+    pub fn disk_states(&self) -> Vec<(String, bool)> {
+        let segs = self.segments.lock();
+        let serving = segs
+            .iter()
+            .filter(|l| matches!(l.media, Media::Disk(_)))
+            .map(|l| (l.info.name.clone(), true));
+        let withdrawn = self.withdrawn.lock();
+        serving
+            .chain(withdrawn.iter().map(|n| (n.clone(), false)))
+            .collect()
     }
 
     /// `host:port` clients use to reach this node.
@@ -189,7 +220,7 @@ impl DataNode {
         let (id, possession) = (SegmentId(rand::random()), rand::random());
         let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE);
         let lent = self.lent(id)?;
-        mount_one(link, lent).await?;
+        mount_one(link, lent, &self.recovery).await?;
         Ok(info)
     }
 
@@ -204,7 +235,7 @@ impl DataNode {
             KvError::new(Code::InternalError, format!("cannot map {size} bytes: {e}"))
         })?;
         let lent = self.lent(info.id)?;
-        mount_one(link, lent).await?;
+        mount_one(link, lent, &self.recovery).await?;
         Ok(info)
     }
 
@@ -264,13 +295,12 @@ impl DataNode {
     pub async fn withdraw_failed_disks(&self, link: &MasterLink) -> usize {
         let failed: Vec<SegmentId> = {
             let mut lent = self.segments.lock();
-            let ids = lent
-                .iter()
-                .filter(|l| matches!(&l.media, Media::Disk(f) if f.failed()))
-                .map(|l| l.info.id)
-                .collect::<Vec<_>>();
-            lent.retain(|l| !ids.contains(&l.info.id));
-            ids
+            let (failed, kept) = std::mem::take(&mut *lent)
+                .into_iter()
+                .partition::<Vec<_>, _>(|l| matches!(&l.media, Media::Disk(f) if f.failed()));
+            *lent = kept;
+            (self.withdrawn.lock()).extend(failed.iter().map(|l| l.info.name.clone()));
+            failed.iter().map(|l| l.info.id).collect()
         };
         for &segment in &failed {
             tracing::error!(%segment, "withdrawing the failed disk tier from the pool");
@@ -298,7 +328,7 @@ impl DataNode {
     pub async fn mount_all(&self, link: &MasterLink) -> KvResult<()> {
         let segments = self.segments.lock().clone();
         for lent in segments {
-            mount_one(link, lent).await?;
+            mount_one(link, lent, &self.recovery).await?;
         }
         Ok(())
     }
@@ -373,8 +403,9 @@ async fn report(
 }
 
 /// Scans one segment, mounts it with its inventory, and invalidates what the
-/// master rejects (removed, superseded or never committed objects).
-async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
+/// master rejects (removed, superseded or never committed objects), and
+/// records what it found in `recovery`.
+async fn mount_one(link: &MasterLink, lent: Lent, recovery: &Recovery) -> KvResult<()> {
     let Lent {
         info,
         possession,
@@ -402,7 +433,7 @@ async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
         .map_err(|e| KvError::new(Code::TransferFail, format!("disk tier scan failed: {e}")))?
     };
     let scanned = t0.elapsed();
-    let id = info.id;
+    let (id, tier) = (info.id, info.tier);
     let r = link
         .call(&MountSegment {
             client_id: link.client_id(),
@@ -418,6 +449,7 @@ async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
         Err(e) => return Err(e),
     }
     if found.is_empty() {
+        recovery.record(tier, &stats, 0, 0, scanned);
         return Ok(());
     }
     let items: Vec<InventoryItem> = found
@@ -458,6 +490,7 @@ async fn mount_one(link: &MasterLink, lent: Lent) -> KvResult<()> {
         .await
         .unwrap_or(0),
     };
+    recovery.record(tier, &stats, accepted, invalidated as u64, scanned);
     tracing::info!(
         segment = %id,
         found = stats.objects,

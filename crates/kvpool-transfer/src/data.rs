@@ -30,6 +30,7 @@ use tracing::debug;
 
 use crate::disk::{DiskFile, DiskRead};
 use crate::mapped::MappedRegion;
+use crate::metrics::DataMetrics;
 
 /// Requests kept in flight per connection before waiting for a response;
 /// bounds what either side must buffer so pipelining can never deadlock.
@@ -48,6 +49,9 @@ pub struct SegmentTable {
     /// generation: the write of that version may still be on its way.
     /// Every write looks here, under the shared lock.
     revoked: RwLock<Revoked>,
+    /// What the server of these segments counts (in the table so every
+    /// handler reaches it).
+    metrics: Arc<DataMetrics>,
 }
 
 /// How long a store remembers an invalidation that came before its write:
@@ -104,6 +108,11 @@ impl Revoked {
 }
 
 impl SegmentTable {
+    /// The counters of the server of these segments.
+    pub fn metrics(&self) -> &Arc<DataMetrics> {
+        &self.metrics
+    }
+
     /// Starts serving the disk segment `file` as `id` (object area from
     /// `base`); it takes no writes over the wire, only its store's copies.
     pub fn insert_disk(&self, id: SegmentId, file: Arc<DiskFile>, base: u64) {
@@ -282,9 +291,13 @@ pub async fn serve_data(
             let table = table.clone();
             let grants = grants.clone();
             async move {
+                let m = table.metrics.clone();
+                m.connections_accepted.inc();
+                m.connections_open.inc();
                 if let Err(e) = data_conn(&mut conn, &table, grants.as_deref(), &token).await {
                     debug!(peer = conn.peer(), error = %e, "data connection closed");
                 }
+                m.connections_open.dec();
             }
         },
     )
@@ -309,6 +322,7 @@ async fn data_conn(
             Ok(None) => return Ok(()),
             Err(e) => return reject_and_close(conn, e).await,
         };
+        let t0 = std::time::Instant::now();
         let peer_role = conn.peer_role();
         // Stores and the master hold the key grants are signed with; a
         // client may touch only what the master granted it.
@@ -384,6 +398,7 @@ async fn data_conn(
                 format!("{} is not served on the data plane", h.opcode.name()),
             )),
         };
+        let (bytes, error) = outcome(&h, &reply);
         match reply {
             Ok(Reply::Ack) => conn.send_response(&h, &[], &[]).await?,
             Ok(Reply::Refused(e)) => conn.send_error(&h, &e).await?,
@@ -404,6 +419,7 @@ async fn data_conn(
                 conn.send_error(&h, &e).await?;
             }
         }
+        (table.metrics).served(h.opcode, bytes, t0.elapsed(), error);
         conn.flush_if_idle().await?;
     }
 }
@@ -424,9 +440,23 @@ enum Reply {
     Pending(std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>>),
 }
 
+/// The payload bytes a request moved and the code it failed with, for
+/// [`DataMetrics::served`].
+fn outcome(h: &kvpool_proto::frame::FrameHeader, reply: &KvResult<Reply>) -> (u64, Option<Code>) {
+    match reply {
+        Ok(Reply::Ack) => (h.payload_len, None),
+        Ok(Reply::Region(_, _, len)) => (*len, None),
+        Ok(Reply::Disk(read)) => (read.bytes().len() as u64, None),
+        Ok(_) => (0, None),
+        Err(e) => (0, Some(e.code)),
+    }
+}
+
 /// Destroys the objects `req` names, on memory at once or on disk on the
 /// blocking pool; answers how many were destroyed.
 fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
+    let m = table.metrics.clone();
+    m.invalidations_received.inc_by(req.regions.len() as u64);
     Ok(
         match table
             .backing(req.segment)
@@ -446,6 +476,7 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                         revoked.insert(req.segment, off, gen, now);
                     }
                 }
+                m.invalidations_applied.inc_by(n);
                 Reply::Message(msg::encode(&n))
             }
             Backing::Disk(file, _) => Reply::Pending(Box::pin(async move {
@@ -461,6 +492,7 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                 })
                 .await
                 .unwrap_or(0);
+                m.invalidations_applied.inc_by(n);
                 msg::encode(&n)
             })),
         },
@@ -480,6 +512,7 @@ async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
         let mut jobs = Vec::with_capacity(group.len());
         for &m in group {
             let (from, to) = (table.backing(m.from), table.backing(m.to));
+            let promote = matches!(from, Some(Backing::Disk(..)));
             // The disk side's queue depth bounds copies too.
             let disk = [&from, &to].into_iter().find_map(|b| match b {
                 Some(Backing::Disk(f, _)) => Some(f.clone()),
@@ -489,21 +522,26 @@ async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
                 Some(f) => Some(f.slot().await),
                 None => None,
             };
-            jobs.push(tokio::task::spawn_blocking(move || {
-                let r = tier_move(from, to, &m);
-                drop(slot);
-                r
-            }));
+            jobs.push((
+                tokio::task::spawn_blocking(move || {
+                    let r = tier_move(from, to, &m);
+                    drop(slot);
+                    r
+                }),
+                promote,
+            ));
         }
-        for j in jobs {
-            out.push(match j.await {
-                Ok(Ok(())) => 0,
+        for (j, promote) in jobs {
+            let code = match j.await {
+                Ok(Ok(())) => Code::Ok,
                 Ok(Err(e)) => {
                     debug!(error = %e, "tier move failed");
-                    e.code.as_i32()
+                    e.code
                 }
-                Err(_) => Code::InternalError.as_i32(),
-            });
+                Err(_) => Code::InternalError,
+            };
+            table.metrics.tier_move(promote, code);
+            out.push(code.as_i32());
         }
     }
     out

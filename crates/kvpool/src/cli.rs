@@ -456,6 +456,12 @@ pub struct StoreArgs {
     /// per-address cap; the port takes 8192 in all).
     #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
     pub max_connections_per_ip: usize,
+    /// IP for the store's /metrics and /health.
+    #[arg(long, env = "KVPOOL_METRICS_ADDRESS", default_value = "127.0.0.1")]
+    pub metrics_address: String,
+    /// Port for the store's /metrics and /health (0 picks one; unset: none).
+    #[arg(long, env = "KVPOOL_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
     #[command(flatten)]
     pub config: ConfigArgs,
 }
@@ -475,6 +481,8 @@ impl StoreArgs {
             disk_dir: self.disk.disk_dir()?,
             disk_size: self.disk.disk_size,
             disk_queue_depth: self.disk.disk_queue_depth,
+            metrics_address: self.metrics_address.clone(),
+            metrics_port: self.metrics_port,
         })
     }
 }
@@ -521,6 +529,10 @@ pub struct UpArgs {
     pub data_dir: PathBuf,
     #[command(flatten)]
     pub disk: DiskArgs,
+    /// Port for the built-in store's /metrics (0 picks one; unset: none;
+    /// the master's are on --metrics-port).
+    #[arg(long, env = "KVPOOL_STORE_METRICS_PORT")]
+    pub store_metrics_port: Option<u16>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -120,6 +120,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 disk_dir: u.disk.disk_dir()?,
                 disk_size: u.disk.disk_size,
                 disk_queue_depth: u.disk.disk_queue_depth,
+                metrics_address: master.rpc_addr.ip().to_string(),
+                metrics_port: u.store_metrics_port,
             };
             let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
             println!(

@@ -176,5 +176,9 @@ class Client:
         """Removes every object; returns how many."""
     def status(self) -> Dict[str, Any]:
         """The cluster as the master sees it."""
+    def get_metrics(self) -> Dict[str, float]:
+        """This client's counters by Prometheus series name."""
+    def metrics_text(self) -> str:
+        """This client's counters as Prometheus text."""
     def ping(self, timeout: float = 2.0) -> bool:
         """Whether the master answers within ``timeout`` seconds."""

@@ -203,6 +203,17 @@ class Client:
         """The cluster as the master sees it: segments, capacity, used, keys, ..."""
         return self._native.status()
 
+    def get_metrics(self) -> Dict[str, float]:
+        """This client's counters by Prometheus series name, e.g.
+        ``kvpool_client_keys_total{op="get",result="ok"}``: keys per operation
+        and result, errors by code, value bytes, bytes per transport (``tcp``,
+        ``shm``) and call latency (docs/operations.md, Metrics)."""
+        return self._native.get_metrics()
+
+    def metrics_text(self) -> str:
+        """The same counters as Prometheus text, to serve from an engine's ``/metrics``."""
+        return self._native.metrics_text()
+
     # ------------------------------------------------------------ writes
 
     def put(self, key: str, value: Memory, *, size: Optional[int] = None, config: Optional[ReplicateConfig] = None) -> None:

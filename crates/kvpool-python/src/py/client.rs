@@ -939,6 +939,21 @@ impl Client {
         wait(py, async { c.remove_all(force).await })?.map_err(|e| raise(py, e))
     }
 
+    /// This client's counters (keys per op and result, errors by code,
+    /// bytes per transport, call latency) by Prometheus series name.
+    fn get_metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (series, v) in self.client(py)?.metrics().snapshot() {
+            d.set_item(series, v)?;
+        }
+        Ok(d)
+    }
+
+    /// The same counters as Prometheus text, for an engine's `/metrics`.
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.client(py)?.metrics().render())
+    }
+
     /// The cluster as the master sees it, as a dict.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.client(py)?;
