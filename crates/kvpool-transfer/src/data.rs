@@ -447,6 +447,7 @@ fn outcome(h: &kvpool_proto::frame::FrameHeader, reply: &KvResult<Reply>) -> (u6
         Ok(Reply::Ack) => (h.payload_len, None),
         Ok(Reply::Region(_, _, len)) => (*len, None),
         Ok(Reply::Disk(read)) => (read.bytes().len() as u64, None),
+        Ok(Reply::Refused(e)) => (h.payload_len, Some(e.code)),
         Ok(_) => (0, None),
         Err(e) => (0, Some(e.code)),
     }
