@@ -794,6 +794,11 @@ impl Pool {
         }
     }
 
+    /// Whether an upgrade of `h` still waits for its old process to exit.
+    fn upgrading(&self, h: Host) -> bool {
+        (self.pending.iter()).any(|p| matches!(p, Pending::UpgradeWhenExited(x, _) if *x == h))
+    }
+
     fn proc(&mut self, h: Host) -> &mut Proc {
         self.procs.get_mut(&h).expect("every host has a process")
     }
@@ -1127,10 +1132,20 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
                 };
                 let h = pool.resolve(target).await;
                 // A leader fault whose leader is unknown, or whose leader a
-                // fault already holds, would not be the fault planned.
-                let busy = h.is_some_and(|h| {
+                // fault already holds, would not be the fault planned. A
+                // full disk restarts its store: not while an upgrade waits
+                // for that store to exit (it would wait for the new one).
+                let restarts = match &p.fault {
+                    Fault::DiskFull(s) => Some(Host {
+                        role: Role::Store,
+                        idx: *s,
+                    }),
+                    _ => h,
+                };
+                let busy = restarts.is_some_and(|h| {
                     started_faults.values().flatten().any(|x| *x == h)
                         || pool.procs.get(&h).is_some_and(|p| p.held || p.paused)
+                        || pool.upgrading(h)
                 });
                 if (target.is_some() && h.is_none()) || busy {
                     skipped += 1;
