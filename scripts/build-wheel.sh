@@ -39,9 +39,12 @@ mkdir -p "$BIN"
 # Never left behind: a later source install must not bundle stale binaries.
 trap 'rm -rf "$BIN"' EXIT
 install -m 755 "$REPO/target/$TARGET/release/kvpool" "$REPO/target/$TARGET/release/rbg" "$BIN/"
+# The release profile keeps line tables for the repo's own profiling; a
+# user's install needs none (it triples the wheel).
+command -v strip >/dev/null && strip "$BIN/kvpool" "$BIN/rbg"
 
 echo "== the wheel (maturin, zig linker, manylinux2014)"
 rm -rf "$OUT"
-maturin build --release --zig --compatibility manylinux2014 --target "$TARGET" \
+maturin build --release --strip --zig --compatibility manylinux2014 --target "$TARGET" \
   --interpreter "$PYTHON" --manifest-path "$CRATE/Cargo.toml" --out "$OUT"
 ls "$OUT"/*.whl
