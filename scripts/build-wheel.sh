@@ -5,7 +5,7 @@
 # is linked against glibc 2.17 with zig as the linker (manylinux2014), so
 # the wheel runs on any x86_64 Linux with glibc 2.17 or newer.
 #
-# Output: target/wheels/manylinux/kvpool-<version>-cp3XX-cp3XX-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
+# Output: target/wheels/manylinux/kvpool-<version>-cp3XX-cp3XX-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
 # Env: PYTHON (the interpreter to build for; default python3.11 or python3;
 #      one wheel per CPython version), KVPOOL_BUILD_VENV (the build tools'
 #      venv: maturin, ziglang, cargo-zigbuild; default ~/.cache/kvpool/build-venv).
