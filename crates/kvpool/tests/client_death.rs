@@ -10,9 +10,9 @@ use std::time::Duration;
 use common::{random_bytes, Cluster, CLIENT_TTL, TTL_MARGIN};
 use kvpool_client::{Client, ReplicateConfig};
 use kvpool_format::{value_checksum, ObjectHeader};
-use kvpool_net::FramedConn;
+use kvpool_net::{FramedConn, MasterLink};
 use kvpool_proto::frame::Limits;
-use kvpool_proto::msg::{self, ClusterStatus, PutGrant, PutItem, PutStart, WriteReq};
+use kvpool_proto::msg::{self, ClusterStatus, PutGrant, PutItem, PutStart, Replica, WriteReq};
 use kvpool_proto::Code;
 use kvpool_transfer::data::{write_regions, WriteOp};
 use rand::rngs::StdRng;
@@ -29,6 +29,38 @@ async fn wait_no_pending(client: &Client) -> ClusterStatus {
         (st.pending == 0).then_some(st)
     })
     .await
+}
+
+/// Starts a put of a new `key` as `link`'s client, as a client library
+/// would before writing: the generation and the regions to write.
+async fn start_put(
+    link: &MasterLink,
+    key: &str,
+    value_len: u64,
+    region_len: u64,
+) -> (u64, Vec<Replica>) {
+    let grants = link
+        .call(&PutStart {
+            client_id: link.client_id(),
+            items: vec![PutItem {
+                key: key.into(),
+                value_len,
+                region_len,
+            }],
+            config: ReplicateConfig::default(),
+            upsert: false,
+        })
+        .await
+        .expect("PutStart");
+    let grant = msg::from_wire(grants.into_iter().next().expect("one grant")).expect("granted");
+    let PutGrant::Write {
+        generation,
+        replicas,
+    } = grant
+    else {
+        panic!("a new key must get regions to write, got {grant:?}");
+    };
+    (generation, replicas)
 }
 
 /// Asserts that `key` is not visible to `client` in any way.
@@ -76,27 +108,7 @@ async fn put_abandoned_mid_write_is_invisible_then_revoked() {
         checksum: value_checksum(&[&value]),
     };
     let region_len = (header.encode().len() + VALUE_LEN) as u64;
-    let grants = link
-        .call(&PutStart {
-            client_id: link.client_id(),
-            items: vec![PutItem {
-                key: key.into(),
-                value_len: VALUE_LEN as u64,
-                region_len,
-            }],
-            config: ReplicateConfig::default(),
-            upsert: false,
-        })
-        .await
-        .expect("PutStart");
-    let grant = msg::from_wire(grants.into_iter().next().expect("one grant")).expect("granted");
-    let PutGrant::Write {
-        generation,
-        replicas,
-    } = grant
-    else {
-        panic!("a new key must get regions to write, got {grant:?}");
-    };
+    let (generation, replicas) = start_put(&link, key, VALUE_LEN as u64, region_len).await;
     assert_eq!(replicas.len(), 1);
     let head = ObjectHeader {
         generation,
@@ -183,27 +195,7 @@ async fn a_write_after_its_put_was_given_up_is_refused_and_never_comes_back() {
     link.register().await.expect("register");
     let key = "client-death/late";
     let value = random_bytes(&mut StdRng::seed_from_u64(8), 4096);
-    let grants = link
-        .call(&PutStart {
-            client_id: link.client_id(),
-            items: vec![PutItem {
-                key: key.into(),
-                value_len: value.len() as u64,
-                region_len: 8192,
-            }],
-            config: ReplicateConfig::default(),
-            upsert: false,
-        })
-        .await
-        .expect("PutStart");
-    let grant = msg::from_wire(grants.into_iter().next().expect("one grant")).expect("granted");
-    let PutGrant::Write {
-        generation,
-        replicas,
-    } = grant
-    else {
-        panic!("a new key must get regions to write, got {grant:?}");
-    };
+    let (generation, replicas) = start_put(&link, key, value.len() as u64, 8192).await;
     let head = ObjectHeader {
         key: key.into(),
         value_len: value.len() as u64,
