@@ -119,11 +119,8 @@ pub(crate) async fn sampler(master: Arc<Master>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        // The status walks every key: off the runtime's threads.
-        let m = master.clone();
-        let Ok(s) = tokio::task::spawn_blocking(move || m.state.status()).await else {
-            return;
-        };
+        // A count per shard and segment, not a walk over the keys.
+        let s = master.state.status();
         master
             .history
             .sample(&master.metrics, s.used, s.keys, s.evictions, Instant::now());
