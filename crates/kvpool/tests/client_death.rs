@@ -63,6 +63,27 @@ async fn start_put(
     (generation, replicas)
 }
 
+/// Writes `parts` into `replica`'s region over a connection of its own,
+/// as a client's data path would (no grant: these pools have no secret);
+/// the store's answer.
+async fn write_to(replica: &Replica, parts: &[&[u8]]) -> kvpool_proto::KvResult<()> {
+    let mut conn = FramedConn::connect(&replica.endpoint, "test", Limits::default())
+        .await
+        .expect("connect to the store");
+    let op = WriteOp {
+        req: WriteReq {
+            segment: replica.segment,
+            offset: replica.offset,
+            grant: None,
+        },
+        parts: parts.to_vec(),
+    };
+    let mut acks = write_regions(&mut conn, &[op])
+        .await
+        .expect("data connection");
+    acks.remove(0)
+}
+
 /// Asserts that `key` is not visible to `client` in any way.
 async fn assert_invisible(client: &Client, key: &str, when: &str) {
     let e = client
@@ -117,22 +138,8 @@ async fn put_abandoned_mid_write_is_invisible_then_revoked() {
     .encode();
 
     // Write the header and half of the value, then vanish: no PutEnd, no revoke.
-    let mut conn = FramedConn::connect(&replicas[0].endpoint, "test", Limits::default())
-        .await
-        .expect("connect to the store");
-    let op = WriteOp {
-        req: WriteReq {
-            segment: replicas[0].segment,
-            offset: replicas[0].offset,
-            grant: None,
-        },
-        parts: vec![&head, &value[..VALUE_LEN / 2]],
-    };
-    let acks = write_regions(&mut conn, &[op])
-        .await
-        .expect("data connection");
-    assert!(acks[0].is_ok(), "half write refused: {:?}", acks[0]);
-    drop(conn);
+    let ack = write_to(&replicas[0], &[&head, &value[..VALUE_LEN / 2]]).await;
+    assert!(ack.is_ok(), "half write refused: {ack:?}");
     drop(link);
 
     assert_invisible(&observer, key, "while the put is in flight").await;
@@ -209,22 +216,9 @@ async fn a_write_after_its_put_was_given_up_is_refused_and_never_comes_back() {
     wait_no_pending(&observer).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let mut conn = FramedConn::connect(&replicas[0].endpoint, "test", Limits::default())
-        .await
-        .expect("connect to the store");
-    let op = WriteOp {
-        req: WriteReq {
-            segment: replicas[0].segment,
-            offset: replicas[0].offset,
-            grant: None,
-        },
-        parts: vec![&head, &value],
-    };
-    let acks = write_regions(&mut conn, &[op])
-        .await
-        .expect("data connection");
+    let ack = write_to(&replicas[0], &[&head, &value]).await;
     assert_eq!(
-        acks[0].as_ref().expect_err("a late write is refused").code,
+        ack.expect_err("a late write is refused").code,
         Code::TransferFail
     );
 
