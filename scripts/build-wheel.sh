@@ -22,11 +22,9 @@ command -v cargo >/dev/null || { echo "build-wheel: cargo not found (the build n
 
 if [ ! -x "$VENV/bin/cargo-zigbuild" ]; then
   echo "== build tools into $VENV (maturin, ziglang, cargo-zigbuild)"
-  "$PYTHON" -m venv "$VENV" 2>/dev/null || {
-    # Debian's python3 without python3-venv: virtualenv from PyPI instead.
-    "$PYTHON" -m pip install -q --target "$VENV.tool" virtualenv
-    PYTHONPATH="$VENV.tool" "$PYTHON" -m virtualenv -q "$VENV"
-  }
+  # shellcheck source=lib/venv.sh
+  . "$REPO/scripts/lib/venv.sh"
+  make_venv "$PYTHON" "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" ziglang cargo-zigbuild
 fi
 export PATH="$VENV/bin:$PATH"

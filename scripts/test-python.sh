@@ -40,17 +40,8 @@ t_start=$SECONDS
 log() { echo "== test-python [$((SECONDS - t_start))s] $*"; }
 
 # ---------------------------------------------------------------- venv
-make_venv() {
-  if "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then return; fi
-  # Debian's python3 lacks ensurepip without the python3-venv package: take
-  # virtualenv from PyPI instead (into a side directory, not the system).
-  log "python -m venv is unavailable (Debian: python3-venv); using virtualenv from PyPI"
-  rm -rf "$VENV"
-  local tool
-  tool="$(dirname "$VENV")/.virtualenv-tool"
-  "$PYTHON" -m pip install -q --disable-pip-version-check --upgrade --target "$tool" virtualenv
-  PYTHONPATH="$tool" "$PYTHON" -m virtualenv -q "$VENV"
-}
+# shellcheck source=lib/venv.sh
+. "$REPO/scripts/lib/venv.sh"
 
 stamp_of() {
   {
@@ -70,7 +61,7 @@ else
   fi
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
-  make_venv
+  make_venv "$PYTHON" "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ"
   if [ "$WITH_SGLANG" = 1 ]; then

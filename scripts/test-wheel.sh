@@ -30,10 +30,9 @@ POOL=""
 cleanup() { [ -n "$POOL" ] && kill "$POOL" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 echo "== 1. a clean venv: pip install $(basename "$WHEEL")"
-"$PYTHON" -m venv "$WORK/venv" 2>/dev/null || {
-  "$PYTHON" -m pip install -q --target "$WORK/tool" virtualenv
-  PYTHONPATH="$WORK/tool" "$PYTHON" -m virtualenv -q "$WORK/venv"
-}
+# shellcheck source=lib/venv.sh
+. "$REPO/scripts/lib/venv.sh"
+make_venv "$PYTHON" "$WORK/venv"
 V="$WORK/venv/bin"
 # --only-binary: nothing may be compiled; the wheel needs no dependency.
 "$V/python" -m pip install -q --disable-pip-version-check --only-binary :all: "$WHEEL"
