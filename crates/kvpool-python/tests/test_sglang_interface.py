@@ -1,9 +1,9 @@
-"""SGLang 0.5.23's whole HiCache storage-backend interface on kvpool, against
+"""Each method of SGLang 0.5.23's HiCache storage-backend interface on kvpool, against
 a real pool: SGLang's own Mooncake backend tests run unchanged on kvpool; the
 v2 family for hybrid models (KV + Mamba / SWA / draft / indexer pools, per-pool
 hit policies, partial hits) round-trips byte-exact through a host pool group
-registered the way SGLang's hybrid cache controller registers it; every host
-layout SGLang's Mooncake backend accepts moves zero-copy; the external L3
+registered the way SGLang's hybrid cache controller registers it; the MHA and
+MLA host layouts SGLang's Mooncake backend accepts move zero-copy; the external L3
 layout description names the objects that are really stored; the unified key
 scheme's keys and page blocks work on kvpool's zero-copy calls.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 
