@@ -32,7 +32,8 @@ MC_MASTER="$(dirname "$PYTHON")/mooncake_master"
 [ -x "$MC_MASTER" ] || { echo "no $MC_MASTER: pip install mooncake-transfer-engine-non-cuda==0.3.13.post1" >&2; exit 1; }
 
 # Servers get none of the client's settings.
-server_env() { env -u KVPOOL_LOG -u KVPOOL_TIMEOUT MC_TCP_BIND_ADDRESS=127.0.0.1 "$@"; }
+# `exec`: started with &, the server replaces the subshell, so $! is its pid.
+server_env() { exec env -u KVPOOL_LOG -u KVPOOL_TIMEOUT MC_TCP_BIND_ADDRESS=127.0.0.1 "$@"; }
 free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 MEM="$(mktemp -d /dev/shm/kvpool-multiturn.XXXXXX)"
