@@ -93,6 +93,7 @@ NO_AVAILABLE_HANDLE = -200
 INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
+TRANSFER_FAIL = -800
 NOT_SUPPORTED = -1012
 
 #: Longest soft pin a write may ask for (Mooncake's limit: one day).
@@ -796,10 +797,20 @@ class MooncakeDistributedStore:
         all_sizes: List[List[int]],
         prefer_alloc_in_same_node: bool = False,
     ) -> List[int]:
-        """Each object fills its buffers in order; per key bytes read or negative."""
+        """Each object fills its buffers in order; per key bytes read or
+        negative. The buffers must add up to the object's size exactly, as in
+        Mooncake: buffers too small are −600, an object shorter than its
+        buffers is −800 (TRANSFER_FAIL), never a short count that reads as
+        success (vLLM's Mooncake store connector takes any count ≥ 0 as a
+        loaded block; the buffers' bytes are then not the object's)."""
         if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
             return [INVALID_PARAMS] * len(keys)
-        return self._batch_get_into(keys, [list(p) for p in all_buffer_ptrs], [list(s) for s in all_sizes])
+        sizes = [list(s) for s in all_sizes]
+        got = self._batch_get_into(keys, [list(p) for p in all_buffer_ptrs], sizes)
+        # Checked on the count the read returns (the object's size at read
+        # time), not on a size asked for earlier, which a replacement could
+        # change in between; a buffer touched by a failed read is not valid.
+        return [TRANSFER_FAIL if 0 <= rc != sum(int(n) for n in want) else rc for rc, want in zip(got, sizes)]
 
     def _batch_get_into(self, keys: Sequence[str], ptrs: Sequence[Any], sizes: Sequence[Any]) -> List[int]:
         n = len(keys)
