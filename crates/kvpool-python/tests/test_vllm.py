@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -533,3 +534,22 @@ def test_group_semantics_refused_not_wrong(vllm, engines, master, prefix):
         ["x"], [[a.worker.token_dbs[0].kv_caches_base_addr[0]]], [[16]], a.worker.store_replicate_config
     ) == [NOT_SUPPORTED]
     assert a.lookup(2 * BLOCK + 1, hashes) == 0
+
+
+def test_docs_shim_resolves_mooncake_store(tmp_path):
+    """The ``mooncake/store.py`` of docs/vllm.md, put on PYTHONPATH as it
+    says, gives vLLM's import line kvpool's classes (ahead of a real
+    Mooncake installed in the venv)."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "vllm.md").read_text()
+    body = doc.split("mooncake/store.py <<'EOF'\n", 1)[1].split("\n   EOF\n", 1)[0]
+    pkg = tmp_path / "mooncake"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "store.py").write_text("\n".join(line[3:] for line in body.splitlines()) + "\n")
+    code = ("from mooncake.store import MooncakeDistributedStore, ReplicateConfig\n"  # store/worker.py:1364
+            "import kvpool.mooncake as k\n"
+            "assert MooncakeDistributedStore is k.MooncakeDistributedStore and ReplicateConfig is k.ReplicateConfig\n"
+            "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
