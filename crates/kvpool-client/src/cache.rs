@@ -26,6 +26,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use indexmap::IndexMap;
 use kvpool_net::capability::unix_ms;
 use kvpool_proto::msg::{ObjectLocation, TouchItem};
 use parking_lot::Mutex;
@@ -43,9 +44,15 @@ const GRANT_MARGIN_MS: u64 = 2_000;
 /// A cached location and when its read lease began (`None`: a hint).
 type Entry = (ObjectLocation, Option<Instant>);
 
+/// One shard: indexed, so a full shard can evict a uniformly random entry
+/// in O(1) (a `HashMap` can only drop the entry its iteration finds first,
+/// which under churn is the one inserted last: the cache then kept old
+/// entries and lost every new one).
+type Shard = IndexMap<String, Entry, RandomState>;
+
 /// Bounded map of key → location under a read lease.
 pub struct LocationCache {
-    shards: Vec<Mutex<HashMap<String, Entry>>>,
+    shards: Vec<Mutex<Shard>>,
     per_shard: usize,
     hasher: RandomState,
     hits: AtomicU64,
@@ -67,7 +74,7 @@ impl LocationCache {
     /// A cache of at most about `entries` keys (0 disables it).
     pub fn new(entries: usize) -> Self {
         LocationCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: entries.div_ceil(SHARDS),
             hasher: RandomState::new(),
             hits: AtomicU64::new(0),
@@ -76,7 +83,7 @@ impl LocationCache {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Entry>> {
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
@@ -90,7 +97,7 @@ impl LocationCache {
         let (loc, from) = shard.get(key)?;
         if grants_run_out(loc) {
             // Its stores would refuse it: ask the master for fresh grants.
-            shard.remove(key);
+            shard.swap_remove(key);
             return None;
         }
         let Some(from) = from.filter(|f| f.elapsed() < Duration::from_millis(loc.lease_ms / 2))
@@ -120,10 +127,10 @@ impl LocationCache {
                 return;
             }
         } else if shard.len() >= self.per_shard {
-            // Full: drop an arbitrary entry (the hasher is random per process).
-            if let Some(k) = shard.keys().next().cloned() {
-                shard.remove(&k);
-            }
+            // Full: drop a random entry, so what was read or written last is
+            // as likely to stay as anything else.
+            let victim = rand::random::<usize>() % shard.len();
+            shard.swap_remove_index(victim);
         }
         shard.insert(key.to_string(), (location, from));
     }
@@ -159,7 +166,7 @@ impl LocationCache {
     /// Drops `key`'s location.
     pub fn forget(&self, key: &str) {
         if self.per_shard > 0 {
-            self.shard(key).lock().remove(key);
+            self.shard(key).lock().swap_remove(key);
         }
     }
 
@@ -259,6 +266,25 @@ mod tests {
         assert!(c.get("fresh").is_some());
         assert!(c.get("old").is_none());
         assert!(c.get("old").is_none(), "and forgotten");
+    }
+
+    /// A full cache keeps what it was given last: eviction is random, not
+    /// the first entry a map's iteration finds (which under churn is the
+    /// newest, so fresh locations were lost at once).
+    #[test]
+    fn a_full_cache_keeps_new_entries() {
+        let c = LocationCache::new(4096);
+        for i in 0..100_000 {
+            c.insert(&format!("old{i}"), loc(1), None);
+        }
+        let fresh: Vec<String> = (0..100).map(|i| format!("fresh{i}")).collect();
+        for k in &fresh {
+            c.insert(k, loc(1), Some(Instant::now()));
+        }
+        let kept = fresh.iter().filter(|k| c.get(k).is_some()).count();
+        assert!(kept >= 90, "{kept} of 100 fresh entries kept");
+        let n: usize = c.shards.iter().map(|s| s.lock().len()).sum();
+        assert!(n <= 4096, "{n} entries in a cache of 4096");
     }
 
     #[test]
