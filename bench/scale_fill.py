@@ -3,10 +3,13 @@
 (put_batch of 64-byte values under 13-byte keys, as an engine's small pages
 would), and at each checkpoint prints one JSON line: the master's resident
 memory per key, the fill rate since the previous checkpoint, and single
-get/put latency (p50/p99 µs), and the rate of a burst of batched puts. For
-kvpool, gets are also timed from a client without a location cache, so each
-one asks the master, as every Mooncake get does: that is the master's cost
-at this key count, whatever fits a client's cache. The same script drives kvpool
+get/put latency (p50/p99 µs), and the rate of a burst of batched puts.
+Gets read a hot set of `--hot` keys spread evenly over all the keys so far
+(read once before timing), so what a client's location cache holds is the
+same at every key count and only the pool's size differs. For kvpool, gets
+of random keys are also timed from a client without a location cache, so
+each one asks the master, as every Mooncake get does: that is the master's
+cost at this key count, whatever fits a client's cache. The same script drives kvpool
 (`--module kvpool.mooncake`) and Mooncake (`--module mooncake.store`), so
 both masters see the same load in the same run. Loopback only."""
 import argparse
@@ -34,6 +37,8 @@ p.add_argument("--rounds", type=int, default=5,
 p.add_argument("--settle", type=float, default=3.0,
                help="seconds between the end of a fill and its samples, for both systems alike")
 p.add_argument("--burst", type=int, default=320, help="put_batch calls timed per checkpoint")
+p.add_argument("--hot", type=int, default=1000,
+               help="keys the timed gets read, spread evenly over the keys so far")
 a = p.parse_args()
 
 
@@ -108,8 +113,11 @@ for mark in marks:
             sys.exit("put failed")
         extra += 1
 
+    hot = [key(j * mark // min(a.hot, mark)) for j in range(min(a.hot, mark))]
+    for k in hot:
+        check_get(s, k, " (hot set)")
     for _ in range(a.rounds):
-        gets.append(timed(per, lambda: check_get(s, key(random.randrange(mark)), "")))
+        gets.append(timed(per, lambda: check_get(s, random.choice(hot), "")))
         if cold:
             cold_gets.append(timed(per, lambda: check_get(cold, key(random.randrange(mark)), " (uncached)")))
         t0 = time.perf_counter()
