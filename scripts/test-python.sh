@@ -11,7 +11,10 @@
 #      KVPOOL_VENV (venv path), KVPOOL_TEST_SGLANG=0 (skip the SGLang set and
 #      its tests), KVPOOL_TEST_MOONCAKE=0 (skip installing the real Mooncake
 #      wheel and the tests that compare against it), KVPOOL_TEST_LMCACHE=0
-#      (skip installing LMCache and its adapter tests), PYTEST_ARGS (extra
+#      (skip installing LMCache and its adapter tests), KVPOOL_TEST_VLLM=0
+#      (skip installing vLLM and its store-connector tests), KVPOOL_VLLM_SITE
+#      (where vLLM is installed, default ~/.cache/kvpool/vllm-site),
+#      PYTEST_ARGS (extra
 #      pytest arguments), KVPOOL_WHEEL (a built wheel, e.g. from
 #      scripts/build-wheel.sh: install it instead of building from source,
 #      and start the pool from the `kvpool` binary it bundles).
@@ -27,6 +30,10 @@ WITH_MOONCAKE="${KVPOOL_TEST_MOONCAKE:-1}"
 REQ_LMCACHE="$CRATE/tests/requirements-lmcache.txt"
 LMCACHE_PKG="lmcache==0.5.6"
 WITH_LMCACHE="${KVPOOL_TEST_LMCACHE:-1}"
+REQ_VLLM="$CRATE/tests/requirements-vllm.txt"
+VLLM_PKG="vllm==0.33.0"
+WITH_VLLM="${KVPOOL_TEST_VLLM:-1}"
+VLLM_SITE="${KVPOOL_VLLM_SITE:-$HOME/.cache/kvpool/vllm-site}"
 SGLANG_PKG="sglang==0.5.23"
 WITH_SGLANG="${KVPOOL_TEST_SGLANG:-1}"
 VENV="${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}"
@@ -103,6 +110,21 @@ if [ "$WITH_LMCACHE" = 1 ] && [ "$(cat "$VENV/.kvpool-stamp-lmcache" 2>/dev/null
     log "LMCache not installed; its tests will be skipped"
   fi
 fi
+# vLLM, for tests/test_vllm.py: its wheel pins torch 2.14.0 and a CUDA stack,
+# so it and what its connector path adds go into a directory of their own
+# (--target, --no-deps) that the test appends to sys.path; torch and the rest
+# come from the SGLang set, so without that set there is no vLLM test.
+VLLM_STAMP="$( (cat "$REQ_VLLM"; echo "$VLLM_PKG"; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
+[ "$WITH_SGLANG" = 1 ] || WITH_VLLM=0
+if [ "$WITH_VLLM" = 1 ] && [ "$(cat "$VLLM_SITE/.kvpool-stamp" 2>/dev/null)" != "$VLLM_STAMP" ]; then
+  log "installing vLLM into $VLLM_SITE for the store-connector tests"
+  rm -rf "$VLLM_SITE"
+  if "$VPY" -m pip install -q --disable-pip-version-check --no-deps --target "$VLLM_SITE" "$VLLM_PKG" -r "$REQ_VLLM"; then
+    echo "$VLLM_STAMP" >"$VLLM_SITE/.kvpool-stamp"
+  else
+    log "vLLM not installed; tests/test_vllm.py will fail (KVPOOL_TEST_VLLM=0 skips it)"
+  fi
+fi
 [ "${1:-}" = "--setup-only" ] && exit 0
 # The maturin build backend runs `maturin` from PATH.
 export PATH="$VENV/bin:$PATH"
@@ -136,6 +158,8 @@ export SGLANG_HICACHE_MOONCAKE_REUSE_TE=0
 export KVPOOL_TEST_SGLANG="$WITH_SGLANG"
 export KVPOOL_TEST_MOONCAKE="$WITH_MOONCAKE"
 export KVPOOL_TEST_LMCACHE="$WITH_LMCACHE"
+export KVPOOL_TEST_VLLM="$WITH_VLLM"
+export KVPOOL_VLLM_SITE="$VLLM_SITE"
 # Run from the tests directory so `import kvpool` resolves to the installed
 # package, not to the source tree.
 set +e
