@@ -239,7 +239,7 @@ fn region_for(
 }
 
 /// Reads `len` bytes at `offset` of `segment`: a region of mapped memory,
-/// or bytes read from a disk segment on the blocking pool.
+/// or bytes read from a disk segment by its I/O threads.
 async fn read_for(
     table: &SegmentTable,
     segment: SegmentId,
@@ -253,15 +253,12 @@ async fn read_for(
         }
         Backing::Disk(file, base) => {
             in_object_area(offset, len, base, file.len())?;
-            let slot = file.slot().await;
-            let read = tokio::task::spawn_blocking(move || {
-                let r = file.read(offset, len);
-                drop(slot);
-                r
-            })
-            .await
-            .map_err(|e| KvError::new(Code::InternalError, e.to_string()))?
-            .map_err(disk_error)?;
+            let job = file.clone();
+            let read = file
+                .submit(move || job.read(offset, len))
+                .await
+                .map_err(|e| KvError::new(Code::InternalError, e.to_string()))?
+                .map_err(disk_error)?;
             Ok(Reply::Disk(read))
         }
     }
@@ -453,8 +450,8 @@ fn outcome(h: &kvpool_proto::frame::FrameHeader, reply: &KvResult<Reply>) -> (u6
     }
 }
 
-/// Destroys the objects `req` names, on memory at once or on disk on the
-/// blocking pool; answers how many were destroyed.
+/// Destroys the objects `req` names, on memory at once or on disk by its
+/// I/O threads; answers how many were destroyed.
 fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
     let m = table.metrics.clone();
     m.invalidations_received.inc_by(req.regions.len() as u64);
@@ -481,18 +478,16 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                 Reply::Message(msg::encode(&n))
             }
             Backing::Disk(file, _) => Reply::Pending(Box::pin(async move {
-                let slot = file.slot().await;
-                let n = tokio::task::spawn_blocking(move || {
-                    let n = req
-                        .regions
-                        .iter()
-                        .filter(|(off, gen)| file.invalidate(*off, *gen).unwrap_or(false))
-                        .count() as u64;
-                    drop(slot);
-                    n
-                })
-                .await
-                .unwrap_or(0);
+                let job = file.clone();
+                let n = file
+                    .submit(move || {
+                        req.regions
+                            .iter()
+                            .filter(|(off, gen)| job.invalidate(*off, *gen).unwrap_or(false))
+                            .count() as u64
+                    })
+                    .await
+                    .unwrap_or(0);
                 m.invalidations_applied.inc_by(n);
                 msg::encode(&n)
             })),
@@ -500,13 +495,13 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
     )
 }
 
-/// Copies of one request run at once on the blocking pool: the master
-/// keeps a few requests in flight, which keeps the device busy without a
-/// thread per copy.
+/// Copies of one request queued at once for the disk's I/O threads: the
+/// master keeps a few requests in flight, which keeps the device busy, and
+/// clients' reads queued meanwhile wait behind a few copies, not a batch.
 const MOVES_AT_ONCE: usize = 8;
 
 /// Runs a batch of copies between this store's segments, several at a
-/// time on the blocking pool; one code per move (0: copied).
+/// time on the disk side's I/O threads; one code per move (0: copied).
 async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
     let mut out = Vec::with_capacity(req.moves.len());
     for group in req.moves.chunks(MOVES_AT_ONCE) {
@@ -514,23 +509,16 @@ async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
         for &m in group {
             let (from, to) = (table.backing(m.from), table.backing(m.to));
             let promote = matches!(from, Some(Backing::Disk(..)));
-            // The disk side's queue depth bounds copies too.
             let disk = [&from, &to].into_iter().find_map(|b| match b {
                 Some(Backing::Disk(f, _)) => Some(f.clone()),
                 _ => None,
             });
-            let slot = match disk {
-                Some(f) => Some(f.slot().await),
-                None => None,
+            let job: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match disk {
+                Some(f) => Box::pin(f.submit(move || tier_move(from, to, &m))),
+                // No disk side: refused without I/O.
+                None => Box::pin(std::future::ready(Ok(tier_move(from, to, &m)))),
             };
-            jobs.push((
-                tokio::task::spawn_blocking(move || {
-                    let r = tier_move(from, to, &m);
-                    drop(slot);
-                    r
-                }),
-                promote,
-            ));
+            jobs.push((job, promote));
         }
         for (j, promote) in jobs {
             let code = match j.await {

@@ -254,12 +254,13 @@ async fn three_times_memory_stays_readable_through_a_restart() {
     assert_eq!(read_back(&tcp, &keys, "tcp").await, keys.len());
     let shm = pool.client(Protocol::Shm).await;
     assert_eq!(read_back(&shm, &keys, "shm").await, keys.len());
-    let io = st
-        .segments
-        .iter()
-        .find(|s| s.info.tier == Tier::Disk)
-        .and_then(|s| s.io);
-    assert!(io.is_some_and(|io| io.write_ops > 0), "{io:?}");
+    // The store reports its disk I/O with its next heartbeat.
+    eventually("the disk tier's writes reported", STARTUP, async || {
+        let st = status(&c).await;
+        let io = st.segments.iter().find(|s| s.info.tier == Tier::Disk);
+        io.and_then(|s| s.io).filter(|io| io.write_ops > 0)
+    })
+    .await;
 
     // kill -9 and a restart: the scan finds both tiers' objects again.
     pool.kill9_store();
