@@ -16,7 +16,7 @@ use kvpool_net::auth::{Role, Security};
 use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
-use kvpool_proto::frame::{FrameKind, Limits, Opcode};
+use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::limits::check_batch;
 use kvpool_proto::msg::{
     self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, StoreAboutReply, TierMove,
@@ -239,13 +239,8 @@ fn region_for(
 }
 
 /// Reads `len` bytes at `offset` of `segment`: a region of mapped memory,
-/// or bytes read from a disk segment by its I/O threads.
-async fn read_for(
-    table: &SegmentTable,
-    segment: SegmentId,
-    offset: u64,
-    len: u64,
-) -> KvResult<Reply> {
+/// or a read of a disk segment, queued now for its I/O threads.
+fn read_for(table: &SegmentTable, segment: SegmentId, offset: u64, len: u64) -> KvResult<Reply> {
     match table.backing(segment).ok_or_else(|| not_served(segment))? {
         Backing::Memory(region, base) => {
             in_object_area(offset, len, base, region.len())?;
@@ -254,12 +249,15 @@ async fn read_for(
         Backing::Disk(file, base) => {
             in_object_area(offset, len, base, file.len())?;
             let job = file.clone();
-            let read = file
-                .submit(move || job.read(offset, len))
-                .await
-                .map_err(|e| KvError::new(Code::InternalError, e.to_string()))?
-                .map_err(disk_error)?;
-            Ok(Reply::Disk(read))
+            let read = file.submit(move || job.read(offset, len));
+            Ok(Reply::Reading(
+                Box::pin(async move {
+                    read.await
+                        .map_err(|e| KvError::new(Code::InternalError, e.to_string()))?
+                        .map_err(disk_error)
+                }),
+                len,
+            ))
         }
     }
 }
@@ -301,124 +299,227 @@ pub async fn serve_data(
     .await;
 }
 
+/// Requests one connection takes ahead while the oldest waits on the
+/// disk, so a batch's disk reads reach the I/O threads together rather
+/// than one after another.
+const READ_AHEAD: usize = WINDOW;
+
+/// Bytes of disk reads one connection keeps pending at most: their
+/// buffers are held until sent.
+const READ_AHEAD_BYTES: u64 = 4 << 20;
+
+/// A request whose answer is not sent yet.
+struct Answer {
+    h: FrameHeader,
+    t0: Instant,
+    reply: KvResult<Reply>,
+    /// Bytes of disk read it holds (or will).
+    held: u64,
+}
+
+impl Answer {
+    /// Whether it can be sent without waiting on the disk. Polls a pending
+    /// read once; its waker is not kept (a later [`Self::wait`] polls again).
+    fn ready(&mut self) -> bool {
+        let Ok(Reply::Reading(read, _)) = &mut self.reply else {
+            return true;
+        };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match read.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => {
+                self.reply = r.map(Reply::Disk);
+                true
+            }
+            std::task::Poll::Pending => false,
+        }
+    }
+
+    /// Waits for its disk read, if it has one still pending.
+    async fn wait(&mut self) {
+        if let Ok(Reply::Reading(read, _)) = &mut self.reply {
+            let r = read.await;
+            self.reply = r.map(Reply::Disk);
+        }
+    }
+}
+
+/// Serves one connection. Answers leave in request order; while the oldest
+/// waits on the disk, requests already pipelined behind it are taken (up
+/// to [`READ_AHEAD`]), so their disk reads run meanwhile.
 async fn data_conn(
     conn: &mut FramedConn,
     table: &SegmentTable,
     grants: Option<&CapabilityKey>,
     shutdown: &CancellationToken,
 ) -> KvResult<()> {
+    let mut answers: VecDeque<Answer> = VecDeque::new();
+    let mut held = 0u64;
     loop {
-        // Only the wait for a new request is cancellable: a request already
-        // started runs to completion so a writer never sees a half-ack.
-        let h = tokio::select! {
-            _ = shutdown.cancelled() => return conn.flush().await,
-            h = conn.next_request() => h,
+        let full = answers.len() >= READ_AHEAD || held >= READ_AHEAD_BYTES;
+        if let Some(front) = answers.front_mut() {
+            if front.ready() {
+                let a = answers.pop_front().expect("a front answer");
+                held -= a.held;
+                respond(conn, table, a).await?;
+                if answers.is_empty() {
+                    conn.flush_if_idle().await?;
+                }
+                continue;
+            }
+            if full || !conn.has_buffered_input() {
+                // Nothing to take meanwhile: what is sent leaves now.
+                conn.flush().await?;
+                front.wait().await;
+                continue;
+            }
+        }
+        // Only the wait for a new request with nothing left to answer is
+        // cancellable: a request already started runs to completion so a
+        // writer never sees a half-ack.
+        let h = if answers.is_empty() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return conn.flush().await,
+                h = conn.next_request() => h,
+            }
+        } else {
+            conn.next_request().await
         };
         let h = match h {
             Ok(Some(h)) => h,
-            Ok(None) => return Ok(()),
+            Ok(None) if answers.is_empty() => return Ok(()),
+            Ok(None) => {
+                // The peer finished sending: answer what it asked.
+                while let Some(a) = answers.pop_front() {
+                    respond(conn, table, a).await?;
+                }
+                return conn.flush().await;
+            }
             Err(e) => return reject_and_close(conn, e).await,
         };
-        let t0 = std::time::Instant::now();
-        let peer_role = conn.peer_role();
-        // Stores and the master hold the key grants are signed with; a
-        // client may touch only what the master granted it.
-        let check = |access, segment, grant: Option<&Grant>, range| match grants {
-            Some(key) if peer_role < Role::Store => {
-                key.check(access, segment, grant, range, unix_ms())
-            }
-            _ => Ok(()),
-        };
-        let meta = conn.read_meta(h.meta_len).await?;
-        let reply = match (h.kind, h.opcode) {
-            (FrameKind::Request, Opcode::Write) => {
-                match msg::decode::<WriteReq>(meta).and_then(|req| {
-                    let range = (req.offset, h.payload_len);
-                    check(Capability::WRITE, req.segment, req.grant.as_ref(), range)?;
-                    region_for(table, req.segment, req.offset, h.payload_len).map(|r| (r, req))
-                }) {
-                    Ok((region, req)) => {
-                        // SAFETY: range checked by region_for; the master gave this region
-                        // to exactly one writer (see MappedRegion).
-                        let dst = unsafe { region.slice_mut(req.offset, h.payload_len) };
-                        conn.read_payload(dst).await?;
-                        match table.landed(req.segment, req.offset, &region) {
-                            Ok(()) => Ok(Reply::Ack),
-                            Err(e) => Ok(Reply::Refused(e)),
-                        }
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            (FrameKind::Request, _) if h.payload_len != 0 => Err(KvError::new(
-                Code::InvalidParams,
-                "only writes carry a payload",
-            )),
-            (FrameKind::Request, Opcode::Read) => match msg::decode::<ReadReq>(meta) {
-                Ok(req) => {
-                    let range = (req.offset, req.len);
-                    match check(Capability::READ, req.segment, req.grant.as_ref(), range) {
-                        Ok(()) => read_for(table, req.segment, req.offset, req.len).await,
-                        Err(e) => Err(e),
+        let a = handle(conn, table, grants, h).await?;
+        held += a.held;
+        answers.push_back(a);
+    }
+}
+
+/// Handles one request whose header was read: reads its message (and a
+/// write's payload, into the segment) and works out its answer; a disk
+/// read is queued for the I/O threads and answered later.
+async fn handle(
+    conn: &mut FramedConn,
+    table: &SegmentTable,
+    grants: Option<&CapabilityKey>,
+    h: FrameHeader,
+) -> KvResult<Answer> {
+    let t0 = Instant::now();
+    let peer_role = conn.peer_role();
+    // Stores and the master hold the key grants are signed with; a
+    // client may touch only what the master granted it.
+    let check = |access, segment, grant: Option<&Grant>, range| match grants {
+        Some(key) if peer_role < Role::Store => key.check(access, segment, grant, range, unix_ms()),
+        _ => Ok(()),
+    };
+    let meta = conn.read_meta(h.meta_len).await?;
+    let reply = match (h.kind, h.opcode) {
+        (FrameKind::Request, Opcode::Write) => {
+            match msg::decode::<WriteReq>(meta).and_then(|req| {
+                let range = (req.offset, h.payload_len);
+                check(Capability::WRITE, req.segment, req.grant.as_ref(), range)?;
+                region_for(table, req.segment, req.offset, h.payload_len).map(|r| (r, req))
+            }) {
+                Ok((region, req)) => {
+                    // SAFETY: range checked by region_for; the master gave this region
+                    // to exactly one writer (see MappedRegion).
+                    let dst = unsafe { region.slice_mut(req.offset, h.payload_len) };
+                    conn.read_payload(dst).await?;
+                    match table.landed(req.segment, req.offset, &region) {
+                        Ok(()) => Ok(Reply::Ack),
+                        Err(e) => Ok(Reply::Refused(e)),
                     }
                 }
                 Err(e) => Err(e),
-            },
-            // Not secret: an engine on this host learns where to attach.
-            (FrameKind::Request, Opcode::StoreAbout) => msg::decode::<msg::StoreAbout>(meta)
-                .map(|_| Reply::Message(msg::encode(&*table.about.read()))),
-            // Copies between a store's own segments are the master's.
-            (FrameKind::Request, Opcode::TierMove) if peer_role < Role::Store => Err(KvError::new(
-                Code::Unauthorized,
-                "only the master may move objects between tiers",
-            )),
-            (FrameKind::Request, Opcode::TierMove) => {
-                let req = TierMoveReq::batch_len(meta)
-                    .map_or(Ok(()), |n| check_batch("TierMove", n))
-                    .and_then(|()| msg::decode::<TierMoveReq>(meta));
-                match req {
-                    Ok(req) => Ok(Reply::Message(msg::encode(&tier_moves(table, req).await))),
-                    Err(e) => Err(e),
-                }
-            }
-            // Destroying objects is the master's (which proves the store role).
-            (FrameKind::Request, Opcode::Invalidate) if peer_role < Role::Store => Err(
-                KvError::new(Code::Unauthorized, "only the master may invalidate objects"),
-            ),
-            // More regions than a batch may carry are refused before decoding.
-            (FrameKind::Request, Opcode::Invalidate) => InvalidateReq::batch_len(meta)
-                .map_or(Ok(()), |n| check_batch("Invalidate", n))
-                .and_then(|()| msg::decode::<InvalidateReq>(meta))
-                .and_then(|req| invalidate(table, req)),
-            _ => Err(KvError::new(
-                Code::NotSupported,
-                format!("{} is not served on the data plane", h.opcode.name()),
-            )),
-        };
-        let (bytes, error) = outcome(&h, &reply);
-        match reply {
-            Ok(Reply::Ack) => conn.send_response(&h, &[], &[]).await?,
-            Ok(Reply::Refused(e)) => conn.send_error(&h, &e).await?,
-            Ok(Reply::Region(region, offset, len)) => {
-                // SAFETY: range checked by read_for.
-                let src = unsafe { region.slice(offset, len) };
-                conn.send_response(&h, &[], &[src]).await?;
-            }
-            Ok(Reply::Disk(read)) => conn.send_response(&h, &[], &[read.bytes()]).await?,
-            Ok(Reply::Pending(answer)) => {
-                let m = answer.await;
-                conn.send_response(&h, &m, &[]).await?;
-            }
-            Ok(Reply::Message(m)) => conn.send_response(&h, &m, &[]).await?,
-            Err(e) => {
-                // A refused request's payload is still on the wire: skip it.
-                conn.discard_payload(h.payload_len).await?;
-                conn.send_error(&h, &e).await?;
             }
         }
-        (table.metrics).served(h.opcode, bytes, t0.elapsed(), error);
-        conn.flush_if_idle().await?;
+        (FrameKind::Request, _) if h.payload_len != 0 => Err(KvError::new(
+            Code::InvalidParams,
+            "only writes carry a payload",
+        )),
+        (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
+            let range = (req.offset, req.len);
+            check(Capability::READ, req.segment, req.grant.as_ref(), range)?;
+            read_for(table, req.segment, req.offset, req.len)
+        }),
+        // Not secret: an engine on this host learns where to attach.
+        (FrameKind::Request, Opcode::StoreAbout) => msg::decode::<msg::StoreAbout>(meta)
+            .map(|_| Reply::Message(msg::encode(&*table.about.read()))),
+        // Copies between a store's own segments are the master's.
+        (FrameKind::Request, Opcode::TierMove) if peer_role < Role::Store => Err(KvError::new(
+            Code::Unauthorized,
+            "only the master may move objects between tiers",
+        )),
+        (FrameKind::Request, Opcode::TierMove) => {
+            let req = TierMoveReq::batch_len(meta)
+                .map_or(Ok(()), |n| check_batch("TierMove", n))
+                .and_then(|()| msg::decode::<TierMoveReq>(meta));
+            match req {
+                Ok(req) => Ok(Reply::Message(msg::encode(&tier_moves(table, req).await))),
+                Err(e) => Err(e),
+            }
+        }
+        // Destroying objects is the master's (which proves the store role).
+        (FrameKind::Request, Opcode::Invalidate) if peer_role < Role::Store => Err(KvError::new(
+            Code::Unauthorized,
+            "only the master may invalidate objects",
+        )),
+        // More regions than a batch may carry are refused before decoding.
+        (FrameKind::Request, Opcode::Invalidate) => InvalidateReq::batch_len(meta)
+            .map_or(Ok(()), |n| check_batch("Invalidate", n))
+            .and_then(|()| msg::decode::<InvalidateReq>(meta))
+            .and_then(|req| invalidate(table, req)),
+        _ => Err(KvError::new(
+            Code::NotSupported,
+            format!("{} is not served on the data plane", h.opcode.name()),
+        )),
+    };
+    if reply.is_err() {
+        // A refused request's payload is still on the wire: skip it.
+        conn.discard_payload(h.payload_len).await?;
     }
+    let held = match &reply {
+        Ok(Reply::Reading(_, len)) => *len,
+        _ => 0,
+    };
+    Ok(Answer { h, t0, reply, held })
+}
+
+/// Sends one answer, once its disk read (or its message) is done.
+async fn respond(conn: &mut FramedConn, table: &SegmentTable, mut a: Answer) -> KvResult<()> {
+    a.wait().await;
+    let (bytes, error) = outcome(&a.h, &a.reply);
+    let h = &a.h;
+    match a.reply {
+        Ok(Reply::Ack) => conn.send_response(h, &[], &[]).await?,
+        Ok(Reply::Refused(e)) => conn.send_error(h, &e).await?,
+        Ok(Reply::Region(region, offset, len)) => {
+            // SAFETY: range checked by read_for.
+            let src = unsafe { region.slice(offset, len) };
+            conn.send_response(h, &[], &[src]).await?;
+        }
+        Ok(Reply::Disk(read)) => conn.send_response(h, &[], &[read.bytes()]).await?,
+        Ok(Reply::Pending(answer)) => {
+            let m = answer.await;
+            conn.send_response(h, &m, &[]).await?;
+        }
+        Ok(Reply::Message(m)) => conn.send_response(h, &m, &[]).await?,
+        // `wait` finished it.
+        Ok(Reply::Reading(..)) => {
+            conn.send_error(h, &KvError::from(Code::InternalError))
+                .await?
+        }
+        Err(e) => conn.send_error(h, &e).await?,
+    }
+    (table.metrics).served(h.opcode, bytes, a.t0.elapsed(), error);
+    Ok(())
 }
 
 /// How the data plane answers a request that succeeded.
@@ -431,6 +532,11 @@ enum Reply {
     Region(Arc<MappedRegion>, u64, u64),
     /// Bytes read from a disk segment.
     Disk(DiskRead),
+    /// A disk read queued for the I/O threads, of this many bytes.
+    Reading(
+        std::pin::Pin<Box<dyn std::future::Future<Output = KvResult<DiskRead>> + Send>>,
+        u64,
+    ),
     /// An encoded response message.
     Message(Vec<u8>),
     /// An encoded response message still being worked out (disk I/O).
