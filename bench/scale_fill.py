@@ -5,8 +5,10 @@ would), and at each checkpoint prints one JSON line: the master's resident
 memory per key, the fill rate since the previous checkpoint, and single
 get/put latency (p50/p99 µs), and the rate of a burst of batched puts.
 Gets read a hot set of `--hot` keys spread evenly over all the keys so far
-(read once before timing), so what a client's location cache holds is the
-same at every key count and only the pool's size differs. For kvpool, gets
+(read once before timing) through a reader client of their own, so what its
+location cache holds is the same at every key count (the filler's own cache
+churns with what it writes, and holds every key of a small pool) and only
+the pool's size differs. For kvpool, gets
 of random keys are also timed from a client without a location cache, so
 each one asks the master, as every Mooncake get does: that is the master's
 cost at this key count, whatever fits a client's cache. The same script drives kvpool
@@ -77,6 +79,10 @@ s = importlib.import_module(a.module).MooncakeDistributedStore()
 rc = s.setup("127.0.0.1", a.metadata, 0, 64 << 20, "tcp", "", a.master)
 if rc != 0:
     sys.exit(f"setup failed: {rc}")
+# The reader: a client that only reads, like an engine's loading side.
+reader = importlib.import_module(a.module).MooncakeDistributedStore()
+if reader.setup("127.0.0.1", a.metadata, 0, 16 << 20, "tcp", "", a.master) != 0:
+    sys.exit("setup of the reader failed")
 cold = None
 if a.system == "kvpool":
     os.environ["KVPOOL_LOCATION_CACHE"] = "0"
@@ -115,9 +121,9 @@ for mark in marks:
 
     hot = [key(j * mark // min(a.hot, mark)) for j in range(min(a.hot, mark))]
     for k in hot:
-        check_get(s, k, " (hot set)")
+        check_get(reader, k, " (hot set)")
     for _ in range(a.rounds):
-        gets.append(timed(per, lambda: check_get(s, random.choice(hot), "")))
+        gets.append(timed(per, lambda: check_get(reader, random.choice(hot), "")))
         if cold:
             cold_gets.append(timed(per, lambda: check_get(cold, key(random.randrange(mark)), " (uncached)")))
         t0 = time.perf_counter()
@@ -146,5 +152,6 @@ for mark in marks:
         "put_p50_us": fig(puts, 0.5), "put_p99_us": fig(puts, 0.99),
     }), flush=True)
 s.close()
+reader.close()
 if cold:
     cold.close()
