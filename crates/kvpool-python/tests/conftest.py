@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Iterator, List, Optional
 
 import pytest
@@ -27,6 +28,20 @@ def kvpool_bin() -> str:
     if not os.access(b, os.X_OK):
         pytest.exit(f"kvpool binary not found at {b}: run `cargo build -p kvpool` or set KVPOOL_BIN", returncode=2)
     return b
+
+
+def require_sglang() -> ModuleType:
+    """Gate of a test module that needs SGLang (call at import): skipped with
+    KVPOOL_TEST_SGLANG=0, failed with =1 if SGLang does not import, else
+    skipped without it. Returns torch."""
+    if os.environ.get("KVPOOL_TEST_SGLANG") == "0":
+        pytest.skip("KVPOOL_TEST_SGLANG=0", allow_module_level=True)
+    os.environ.setdefault("SGLANG_HICACHE_MOONCAKE_REUSE_TE", "0")
+    if os.environ.get("KVPOOL_TEST_SGLANG") == "1":
+        import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401  (must import)
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory")
+    return torch
 
 
 def free_port() -> int:

@@ -15,15 +15,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, require_sglang
 
-if os.environ.get("KVPOOL_TEST_SGLANG") == "0":
-    pytest.skip("KVPOOL_TEST_SGLANG=0", allow_module_level=True)
-os.environ.setdefault("SGLANG_HICACHE_MOONCAKE_REUSE_TE", "0")
-if os.environ.get("KVPOOL_TEST_SGLANG") == "1":
-    import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401  (must import)
-torch = pytest.importorskip("torch")
-pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory")
+torch = require_sglang()
 
 import kvpool  # noqa: E402
 

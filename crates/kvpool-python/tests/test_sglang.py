@@ -15,13 +15,9 @@ import uuid
 
 import pytest
 
-if os.environ.get("KVPOOL_TEST_SGLANG") == "0":
-    pytest.skip("KVPOOL_TEST_SGLANG=0", allow_module_level=True)
-os.environ.setdefault("SGLANG_HICACHE_MOONCAKE_REUSE_TE", "0")
-if os.environ.get("KVPOOL_TEST_SGLANG") == "1":
-    import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401  (must import)
-torch = pytest.importorskip("torch")
-pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory")
+from conftest import require_sglang
+
+torch = require_sglang()
 
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo, MLABufferInfo  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
@@ -123,6 +119,13 @@ def backend(config: HiCacheStorageConfig, pool) -> HiCacheStorage:
     return b
 
 
+def pair(master: str, src_pool, dst_pool, *, mla: bool) -> tuple:
+    """A writer on ``src_pool`` and a reader on ``dst_pool``: two instances,
+    as two servers sharing the pool."""
+    return (backend(storage_config(master, mla=mla), src_pool),
+            backend(storage_config(master, mla=mla), dst_pool))
+
+
 def page_keys(n: int) -> list:
     salt = uuid.uuid4().hex
     return [hashlib.sha256(f"{salt}-{i}".encode()).hexdigest() for i in range(n)]
@@ -160,8 +163,7 @@ def test_v1_pages_round_trip_between_instances(master, kv, mla):
     src_pool, dst_pool = make(), make()
     torch.manual_seed(7)
     src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer = backend(storage_config(master, mla=mla), src_pool)
-    reader = backend(storage_config(master, mla=mla), dst_pool)
+    writer, reader = pair(master, src_pool, dst_pool, mla=mla)
 
     n = 5
     keys = page_keys(n)
@@ -201,8 +203,7 @@ def test_mla_layer_first_uses_multi_buffer_calls(master, monkeypatch):
         monkeypatch.setattr(MooncakeDistributedStore, name, spy)
     src_pool, dst_pool = mla_pool("layer_first"), mla_pool("layer_first")
     src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer = backend(storage_config(master, mla=True), src_pool)
-    reader = backend(storage_config(master, mla=True), dst_pool)
+    writer, reader = pair(master, src_pool, dst_pool, mla=True)
     keys = page_keys(3)
     src_idx, dst_idx = pages(2, 3), pages(10, 3)
     assert writer.batch_set_v1(keys, src_idx) == [True] * 3
@@ -255,8 +256,7 @@ def test_a_secured_pool_needs_only_the_environment(secured_cluster, monkeypatch)
     src_pool, dst_pool = mha_pool(), mha_pool()
     torch.manual_seed(11)
     src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer = backend(storage_config(secured_cluster.master, mla=False), src_pool)
-    reader = backend(storage_config(secured_cluster.master, mla=False), dst_pool)
+    writer, reader = pair(secured_cluster.master, src_pool, dst_pool, mla=False)
     keys = page_keys(3)
     src_idx, dst_idx = pages(1, 3), pages(8, 3)
     assert writer.batch_set_v1(keys, src_idx) == [True] * 3
@@ -272,8 +272,7 @@ def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
     src_pool, dst_pool = mha_pool(), mha_pool()
     torch.manual_seed(12)
     src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer = backend(storage_config(tls_cluster.master, mla=False), src_pool)
-    reader = backend(storage_config(tls_cluster.master, mla=False), dst_pool)
+    writer, reader = pair(tls_cluster.master, src_pool, dst_pool, mla=False)
     keys = page_keys(3)
     src_idx, dst_idx = pages(1, 3), pages(8, 3)
     assert writer.batch_set_v1(keys, src_idx) == [True] * 3
@@ -324,8 +323,7 @@ def test_pages_on_the_disk_tier_round_trip(disk_cluster):
     src_pool, dst_pool = mha_pool(), mha_pool()
     torch.manual_seed(13)
     src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer = backend(storage_config(disk_cluster.master, mla=False), src_pool)
-    reader = backend(storage_config(disk_cluster.master, mla=False), dst_pool)
+    writer, reader = pair(disk_cluster.master, src_pool, dst_pool, mla=False)
     rounds = 64
     keys = page_keys(rounds * 4)
     src_idx = pages(0, 4)

@@ -12,19 +12,14 @@ KVPOOL_TEST_SGLANG=1 makes a missing SGLang a failure, =0 skips."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 
-if os.environ.get("KVPOOL_TEST_SGLANG") == "0":
-    pytest.skip("KVPOOL_TEST_SGLANG=0", allow_module_level=True)
-os.environ.setdefault("SGLANG_HICACHE_MOONCAKE_REUSE_TE", "0")
-if os.environ.get("KVPOOL_TEST_SGLANG") == "1":
-    import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401  (must import)
-torch = pytest.importorskip("torch")
-pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory")
+from conftest import require_sglang
+
+torch = require_sglang()
 
 from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
     KVBufferLayout,
@@ -50,7 +45,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 import kvpool  # noqa: E402
 from kvpool import mooncake as kvpool_mooncake  # noqa: E402
 from kvpool.sglang import KvpoolStore  # noqa: E402
-from test_sglang import KEY_PREFIX, backend, mla_pool, page_keys, pages, storage_config  # noqa: E402
+from test_sglang import KEY_PREFIX, backend, mla_pool, page_keys, pages, pair, storage_config  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM, PAGE, TOKENS = 3, 2, 16, 4, 64
 
@@ -481,8 +476,7 @@ def test_mha_layouts_move_zero_copy(master: str, calls: Calls, layout: str) -> N
     byte-exact, and kvpool reads and writes the host pool's own memory."""
     src_pool, dst_pool = mha_host(layout), mha_host(layout)
     fill_random(src_pool, 30)
-    writer = backend(storage_config(master, mla=False), src_pool)
-    reader = backend(storage_config(master, mla=False), dst_pool)
+    writer, reader = pair(master, src_pool, dst_pool, mla=False)
     n = 4
     keys = page_keys(n)
     assert writer.batch_set_v1(keys, pages(1, n)) == [True] * n
@@ -499,8 +493,7 @@ def test_asymmetric_mha_page_first_direct(master: str, calls: Calls) -> None:
     src_pool, dst_pool = mha_host("page_first_direct", v_head_dim=8), mha_host("page_first_direct", v_head_dim=8)
     assert type(src_pool).__name__ == "AsymmetricMHATokenToKVPoolHost"
     fill_random(src_pool, 31)
-    writer = backend(storage_config(master, mla=False), src_pool)
-    reader = backend(storage_config(master, mla=False), dst_pool)
+    writer, reader = pair(master, src_pool, dst_pool, mla=False)
     keys = page_keys(3)
     assert writer.batch_set_v1(keys, pages(2, 3)) == [True] * 3
     assert reader.batch_get_v1(keys, pages(9, 3)) == [True] * 3
@@ -516,8 +509,7 @@ def test_mla_layouts_move_zero_copy(master: str, calls: Calls, layout: str) -> N
     (layer_first: one object gathered from a buffer per layer)."""
     src_pool, dst_pool = mla_pool(layout), mla_pool(layout)
     fill_random(src_pool, 32)
-    writer = backend(storage_config(master, mla=True), src_pool)
-    reader = backend(storage_config(master, mla=True), dst_pool)
+    writer, reader = pair(master, src_pool, dst_pool, mla=True)
     n = 3
     keys = page_keys(n)
     src, dst = pages(1, n), pages(6, n)
