@@ -90,7 +90,7 @@ class _CpuEvent:
 
 
 @pytest.fixture(scope="module")
-def vllm() -> Iterator[types.SimpleNamespace]:
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types.SimpleNamespace]:
     """vLLM imported from the add-on directory, ``mooncake.store`` resolved to
     ``kvpool.mooncake``, one gloo CPU rank set up; undone at module end.
     Fails every test (not the collection of the others) without vLLM."""
@@ -102,83 +102,68 @@ def vllm() -> Iterator[types.SimpleNamespace]:
         )
     import kvpool.mooncake as km
 
-    saved_env = {k: os.environ.get(k) for k in ("VLLM_TARGET_DEVICE", "PYTHONPATH", "VLLM_RPC_BASE_PATH")}
-    saved_mods = {k: sys.modules.get(k) for k in ("mooncake", "mooncake.store")}
-    saved_event = torch.cuda.Event
-    rpc_dir = tempfile.mkdtemp(prefix="kvpool-vllm-rpc-")
-    # Appended, so the test venv's packages win; vLLM resolves its CPU
-    # platform from VLLM_TARGET_DEVICE, and ModelConfig inspects the model
-    # class in a subprocess that needs the add-on on PYTHONPATH.
-    sys.path.append(SITE)
-    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), SITE) if p)
-    os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
-    shim = types.ModuleType("mooncake")
-    shim.__path__ = []  # a package, so `from mooncake.store import ...` resolves
-    shim.store = km  # type: ignore[attr-defined]
-    sys.modules["mooncake"], sys.modules["mooncake.store"] = shim, km
-    torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
+    with pytest.MonkeyPatch.context() as mp:
+        # Appended, so the test venv's packages win; vLLM resolves its CPU
+        # platform from VLLM_TARGET_DEVICE, and ModelConfig inspects the model
+        # class in a subprocess that needs the add-on on PYTHONPATH.
+        mp.setattr(sys, "path", sys.path + [SITE])
+        mp.setenv("VLLM_TARGET_DEVICE", "cpu")
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), SITE) if p))
+        mp.setenv("VLLM_RPC_BASE_PATH", str(tmp_path_factory.mktemp("vllm-rpc")))
+        shim = types.ModuleType("mooncake")
+        shim.__path__ = []  # a package, so `from mooncake.store import ...` resolves
+        shim.store = km  # type: ignore[attr-defined]
+        mp.setitem(sys.modules, "mooncake", shim)
+        mp.setitem(sys.modules, "mooncake.store", km)
+        mp.setattr(torch.cuda, "Event", _CpuEvent)
 
-    import vllm as vllm_pkg
-    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-        ensure_model_parallel_initialized,
-        init_distributed_environment,
-    )
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker as worker_mod
-    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import MooncakeStoreConnector
-    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
-        LoadSpec,
-        MooncakeStoreConnectorMetadata,
-        ReqMeta,
-    )
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+        import vllm as vllm_pkg
+        from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config
+        from vllm.distributed import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+            ensure_model_parallel_initialized,
+            init_distributed_environment,
+        )
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker as worker_mod
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import MooncakeStoreConnector
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+            LoadSpec,
+            MooncakeStoreConnectorMetadata,
+            ReqMeta,
+        )
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
-    assert vllm_pkg.__version__ == VLLM_VERSION, vllm_pkg.__version__
-    model_dir = tempfile.mkdtemp(prefix="kvpool-vllm-model-")
-    # A two-layer Llama with 2 KV heads of 16: no weights are loaded, the
-    # connector only reads the model's name, layer and KV-head counts.
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-                   "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": HEADS,
-                   "num_hidden_layers": len(LAYERS), "vocab_size": 256, "max_position_embeddings": 1024,
-                   "torch_dtype": "float32"}, f)
-    model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
-    base = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=BLOCK),
-                      kv_transfer_config=KVTransferConfig(kv_connector="MooncakeStoreConnector", kv_role="kv_both"))
-    with set_current_vllm_config(base):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
-        ensure_model_parallel_initialized(1, 1)
-    ns = types.SimpleNamespace(
-        km=km, VllmConfig=VllmConfig, CacheConfig=CacheConfig, KVTransferConfig=KVTransferConfig,
-        model_config=model_config, set_current_vllm_config=set_current_vllm_config, Role=KVConnectorRole,
-        Connector=MooncakeStoreConnector, worker_mod=worker_mod, LoadSpec=LoadSpec,
-        Metadata=MooncakeStoreConnectorMetadata, ReqMeta=ReqMeta, spec=FullAttentionSpec(
-            block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32),
-        KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec, KVCacheTensor=KVCacheTensor,
-    )
-    try:
-        yield ns
-    finally:
-        destroy_model_parallel()
-        destroy_distributed_environment()
-        torch.cuda.Event = saved_event  # type: ignore[misc]
-        for k, m in saved_mods.items():
-            if m is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = m
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if SITE in sys.path:
-            sys.path.remove(SITE)
+        assert vllm_pkg.__version__ == VLLM_VERSION, vllm_pkg.__version__
+        model_dir = str(tmp_path_factory.mktemp("vllm-model"))
+        # A two-layer Llama with 2 KV heads of 16: no weights are loaded, the
+        # connector only reads the model's name, layer and KV-head counts.
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                       "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": HEADS,
+                       "num_hidden_layers": len(LAYERS), "vocab_size": 256, "max_position_embeddings": 1024,
+                       "torch_dtype": "float32"}, f)
+        model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
+        base = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=BLOCK),
+                          kv_transfer_config=KVTransferConfig(kv_connector="MooncakeStoreConnector", kv_role="kv_both"))
+        with set_current_vllm_config(base):
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+            ensure_model_parallel_initialized(1, 1)
+        ns = types.SimpleNamespace(
+            km=km, VllmConfig=VllmConfig, CacheConfig=CacheConfig, KVTransferConfig=KVTransferConfig,
+            model_config=model_config, set_current_vllm_config=set_current_vllm_config, Role=KVConnectorRole,
+            Connector=MooncakeStoreConnector, worker_mod=worker_mod, LoadSpec=LoadSpec,
+            Metadata=MooncakeStoreConnectorMetadata, ReqMeta=ReqMeta, spec=FullAttentionSpec(
+                block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32),
+            KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec, KVCacheTensor=KVCacheTensor,
+        )
+        try:
+            yield ns
+        finally:
+            destroy_model_parallel()
+            destroy_distributed_environment()
 
 
 _job_ids = itertools.count(1)
@@ -224,19 +209,20 @@ class Engine:
 
     # ------------------------------------------------------------ KV contents
 
+    @staticmethod
+    def kv(layer: int, seed: int) -> "torch.Tensor":
+        """The KV of one block of layer ``layer`` that depends on ``seed``."""
+        g = torch.Generator().manual_seed(seed * 100 + layer)
+        return torch.rand(2, BLOCK, HEADS, HEAD_DIM, generator=g)
+
     def fill(self, block: int, seed: int) -> None:
-        """Writes KV that depends on (seed, layer) into ``block`` of every layer."""
+        """Writes :meth:`kv` for ``seed`` into ``block`` of every layer."""
         for i, name in enumerate(LAYERS):
-            g = torch.Generator().manual_seed(seed * 100 + i)
-            self.caches[name][block].copy_(torch.rand(self.caches[name][block].shape, generator=g))
+            self.caches[name][block].copy_(self.kv(i, seed))
 
     def holds(self, block: int, seed: int) -> bool:
         """Whether ``block`` holds exactly the KV :meth:`fill` writes for ``seed``."""
-        for i, name in enumerate(LAYERS):
-            g = torch.Generator().manual_seed(seed * 100 + i)
-            if not torch.equal(self.caches[name][block], torch.rand(self.caches[name][block].shape, generator=g)):
-                return False
-        return True
+        return all(torch.equal(self.caches[name][block], self.kv(i, seed)) for i, name in enumerate(LAYERS))
 
     def poison(self, blocks: List[int]) -> None:
         """Fills ``blocks`` with NaN, so bytes a load did not write stand out."""
@@ -310,8 +296,10 @@ def hashes_for(tag: str, n: int) -> List[bytes]:
 
 
 @pytest.fixture
-def engines(vllm: types.SimpleNamespace) -> Iterator[List[Engine]]:
-    """Engines made by a test (``engines.append(Engine(...))``), closed after it."""
+def engines(vllm: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[List[Engine]]:
+    """Engines made by a test (``engines.append(Engine(...))``), closed after
+    it; the ``MOONCAKE_CONFIG_PATH`` each sets is undone with it."""
+    monkeypatch.delenv("MOONCAKE_CONFIG_PATH", raising=False)
     made: List[Engine] = []
     yield made
     for e in made:
