@@ -257,33 +257,35 @@ class CountingStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def _sizes(self, sizes: Sequence[Any]) -> int:
-        return sum(sum(s) if isinstance(s, (list, tuple)) else int(s) for s in sizes)
-
-    def batch_get_into(self, keys: Any, ptrs: Any, sizes: Any, *a: Any) -> Any:
-        r = self._inner.batch_get_into(keys, ptrs, sizes, *a)
+    def _read(self, call: str, *args: Any) -> Any:
+        r = getattr(self._inner, call)(*args)
         self.bytes_read += sum(x for x in r if x > 0)
         return r
 
-    def batch_get_into_multi_buffers(self, keys: Any, ptrs: Any, sizes: Any, *a: Any) -> Any:
-        r = self._inner.batch_get_into_multi_buffers(keys, ptrs, sizes, *a)
-        self.bytes_read += sum(x for x in r if x > 0)
+    def _write(self, call: str, keys: Any, ptrs: Any, sizes: Any, *a: Any) -> Any:
+        r = getattr(self._inner, call)(keys, ptrs, sizes, *a)
+        # A size is one int, or one per buffer (the multi-buffer forms).
+        nbytes = (sum(s) if isinstance(s, (list, tuple)) else int(s) for s, x in zip(sizes, r) if x == 0)
+        self.bytes_written += sum(nbytes)
         return r
 
-    def batch_put_from(self, keys: Any, ptrs: Any, sizes: Any, *a: Any) -> Any:
-        r = self._inner.batch_put_from(keys, ptrs, sizes, *a)
-        self.bytes_written += sum(self._sizes([s]) for s, x in zip(sizes, r) if x == 0)
-        return r
+    def batch_get_into(self, *a: Any) -> Any:
+        return self._read("batch_get_into", *a)
 
-    def batch_put_from_multi_buffers(self, keys: Any, ptrs: Any, sizes: Any, *a: Any) -> Any:
-        r = self._inner.batch_put_from_multi_buffers(keys, ptrs, sizes, *a)
-        self.bytes_written += sum(self._sizes([s]) for s, x in zip(sizes, r) if x == 0)
-        return r
+    def batch_get_into_multi_buffers(self, *a: Any) -> Any:
+        return self._read("batch_get_into_multi_buffers", *a)
+
+    def batch_put_from(self, *a: Any) -> Any:
+        return self._write("batch_put_from", *a)
+
+    def batch_put_from_multi_buffers(self, *a: Any) -> Any:
+        return self._write("batch_put_from_multi_buffers", *a)
 
 
-def storage_backend(l3: str, m: Model, pool: Any, args: argparse.Namespace, tag: str) -> Any:
+def storage_backend(l3: str, m: Model, pool: Any, args: argparse.Namespace, tag: str) -> Tuple[Any, CountingStore]:
     """The L3 backend, built by SGLang's ``StorageBackendFactory`` as its
-    cache controller builds it, with the host pool registered."""
+    cache controller builds it, with the host pool registered, and the
+    counter wrapped around its store."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # type: ignore[import-untyped]
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # type: ignore[import-untyped]
 
@@ -314,7 +316,7 @@ def storage_backend(l3: str, m: Model, pool: Any, args: argparse.Namespace, tag:
     backend.register_mem_pool_host(pool)
     inner = getattr(backend, "_backend", backend)  # past SGLang's optional fault injector
     inner.store = CountingStore(inner.store)
-    return backend
+    return backend, inner.store
 
 
 def page_pattern(h: str, nbytes: int) -> Any:
@@ -469,8 +471,7 @@ def run(l3: str, w: Workload, m: Model, args: argparse.Namespace) -> Dict[str, A
     l2 = L2(pool, page)
     page_bytes = pool.get_size_per_token() * page
     tag = f"mt-{l3}-{uuid.uuid4().hex[:8]}"
-    backend = storage_backend(l3, m, pool, args, tag) if l3 != "none" else None
-    counter: Optional[CountingStore] = getattr(getattr(backend, "_backend", backend), "store", None)
+    backend, counter = storage_backend(l3, m, pool, args, tag) if l3 != "none" else (None, None)
     dtype = getattr(torch, m.dtype)
 
     per_turn: Dict[int, Tally] = {}
@@ -492,7 +493,7 @@ def run(l3: str, w: Workload, m: Model, args: argparse.Namespace) -> Dict[str, A
         rest = hashes[k2:cacheable]
         k3 = 0
         q_ms = 0.0
-        if backend is not None and len(rest) * page >= args.prefetch_threshold:
+        if counter is not None and len(rest) * page >= args.prefetch_threshold:
             t0 = time.perf_counter()
             for s in range(0, len(rest), batch):
                 chunk = rest[s : s + batch]
@@ -512,21 +513,17 @@ def run(l3: str, w: Workload, m: Model, args: argparse.Namespace) -> Dict[str, A
         # (CacheController._page_get_zero_copy).
         loaded = 0
         if k3:
-            before = counter.bytes_read if counter else 0
+            before = counter.bytes_read
             t0 = time.perf_counter()
             for s in range(0, k3, batch):
                 n = min(batch, k3 - s)
                 ok = backend.batch_get_v1(hashes[k2 + s : k2 + s + n], idx[s * page : (s + n) * page])
-                good = 0
-                for r in ok:
-                    if not r:
-                        break
-                    good += 1
+                good = next((i for i, r in enumerate(ok) if not r), len(ok))
                 loaded += good
                 if good < n:
                     break
             t.load_ms.append(q_ms + (time.perf_counter() - t0) * 1e3)
-            t.l3_bytes_loaded += (counter.bytes_read - before) if counter else 0
+            t.l3_bytes_loaded += counter.bytes_read - before
             if args.verify:
                 for i in range(loaded):
                     got = pool.get_data_page(starts[i], flat=True).view(torch.uint8)
@@ -544,8 +541,8 @@ def run(l3: str, w: Workload, m: Model, args: argparse.Namespace) -> Dict[str, A
         for i in range(new):
             l2.insert(hashes[k2 + i], starts[i])
         l2.touch(hashes)
-        if backend is not None and computed:
-            before = counter.bytes_written if counter else 0
+        if counter is not None and computed:
+            before = counter.bytes_written
             t0 = time.perf_counter()
             # Computed pages are one contiguous run after the loaded ones.
             for s in range(loaded, new, batch):
@@ -553,15 +550,15 @@ def run(l3: str, w: Workload, m: Model, args: argparse.Namespace) -> Dict[str, A
                 backend.batch_set_v1(hashes[k2 + s : k2 + e], idx[s * page : e * page])
             t.write_ms.append((time.perf_counter() - t0) * 1e3)
             t.l3_pages_written += len(computed)
-            t.l3_bytes_written += (counter.bytes_written - before) if counter else 0
+            t.l3_bytes_written += counter.bytes_written - before
     wall = time.perf_counter() - started
 
     overall = Tally()
     for tl in per_turn.values():
         overall.add(tl)
-    if backend is not None:
+    if counter is not None:
         try:
-            getattr(backend, "_backend", backend).store.close()
+            counter.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
     return {
