@@ -481,14 +481,18 @@ async fn mount_one(link: &MasterLink, lent: Lent, recovery: &Recovery) -> KvResu
             .iter()
             .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
             .count(),
-        Media::Disk(file) => tokio::task::spawn_blocking(move || {
-            rejected
-                .iter()
-                .filter(|(off, gen)| file.invalidate(*off, *gen).unwrap_or(false))
-                .count()
-        })
-        .await
-        .unwrap_or(0),
+        // Through the disk's I/O queue, as every invalidation is.
+        Media::Disk(file) => {
+            let job = file.clone();
+            file.submit(move || {
+                rejected
+                    .iter()
+                    .filter(|(off, gen)| job.invalidate(*off, *gen).unwrap_or(false))
+                    .count()
+            })
+            .await
+            .unwrap_or(0)
+        }
     };
     recovery.record(tier, &stats, accepted, invalidated as u64, scanned);
     tracing::info!(

@@ -522,6 +522,9 @@ async fn respond(conn: &mut FramedConn, table: &SegmentTable, mut a: Answer) -> 
     Ok(())
 }
 
+/// Work an answer still waits on (disk I/O).
+type Boxed<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
 /// How the data plane answers a request that succeeded.
 enum Reply {
     /// A write landed: an empty response.
@@ -533,19 +536,16 @@ enum Reply {
     /// Bytes read from a disk segment.
     Disk(DiskRead),
     /// A disk read queued for the I/O threads, of this many bytes.
-    Reading(
-        std::pin::Pin<Box<dyn std::future::Future<Output = KvResult<DiskRead>> + Send>>,
-        u64,
-    ),
+    Reading(Boxed<KvResult<DiskRead>>, u64),
     /// An encoded response message.
     Message(Vec<u8>),
     /// An encoded response message still being worked out (disk I/O).
-    Pending(std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>>),
+    Pending(Boxed<Vec<u8>>),
 }
 
 /// The payload bytes a request moved and the code it failed with, for
 /// [`DataMetrics::served`].
-fn outcome(h: &kvpool_proto::frame::FrameHeader, reply: &KvResult<Reply>) -> (u64, Option<Code>) {
+fn outcome(h: &FrameHeader, reply: &KvResult<Reply>) -> (u64, Option<Code>) {
     match reply {
         Ok(Reply::Ack) => (h.payload_len, None),
         Ok(Reply::Region(_, _, len)) => (*len, None),
@@ -619,7 +619,7 @@ async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
                 Some(Backing::Disk(f, _)) => Some(f.clone()),
                 _ => None,
             });
-            let job: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match disk {
+            let job: Boxed<_> = match disk {
                 Some(f) => Box::pin(f.submit(move || tier_move(from, to, &m))),
                 // No disk side: refused without I/O.
                 None => Box::pin(std::future::ready(Ok(tier_move(from, to, &m)))),
