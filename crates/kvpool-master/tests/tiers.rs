@@ -279,7 +279,7 @@ fn a_move_of_a_version_replaced_meanwhile_is_undone() {
 
 #[test]
 fn a_full_disk_tier_evicts_its_own_least_recently_used() {
-    // 1 MiB of disk holds 15 objects (each takes 17 blocks of 4 KiB).
+    // 1 MiB of disk holds 16 objects (each takes 16 blocks of 4 KiB).
     let p = Pool::new(4 * MIB, MIB);
     // The keys each planning round demoted (within a round, in scan order).
     let mut rounds: Vec<Vec<String>> = Vec::new();
@@ -295,7 +295,7 @@ fn a_full_disk_tier_evicts_its_own_least_recently_used() {
     }
     rounds.retain(|r| !r.is_empty());
     let demoted: usize = rounds.iter().map(Vec::len).sum();
-    assert!(demoted > 15, "more demoted than the disk holds: {demoted}");
+    assert!(demoted > 16, "more demoted than the disk holds: {demoted}");
     let (cap, used) = p.st.tier_usage(Tier::Disk);
     assert!(used <= cap);
     // Some demoted objects were evicted from disk: not found, never wrong.
@@ -309,6 +309,33 @@ fn a_full_disk_tier_evicts_its_own_least_recently_used() {
     for k in rounds.last().unwrap() {
         assert_eq!(p.where_is(k, 9000)[0].0, DISK, "{k}");
     }
+}
+
+#[test]
+fn a_full_disk_tier_evicts_once_until_its_store_destroyed_what_went() {
+    // 1 MiB of disk holds 16 objects; memory's watermark is 32 of 64.
+    let p = Pool::new(4 * MIB, MIB);
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let t = p.plan(500);
+    assert_eq!(t.len(), 15);
+    p.finish(t, 600);
+    for i in 40..60 {
+        p.put(&format!("k-{i:03}"), 1000 + i, false);
+    }
+    // The disk tier fills: the round evicts from it, and those regions are
+    // reused once the store has destroyed the objects in them.
+    let _in_flight = p.plan(1500);
+    let evicted = p.st.evictions();
+    assert!(evicted > 0, "the full disk tier evicted");
+    // Rounds until then evict nothing more: the room is on its way.
+    for ms in [1510, 1520, 1530] {
+        assert!(p.plan(ms).is_empty());
+        assert_eq!(p.st.evictions(), evicted, "evicted again at {ms} ms");
+    }
+    p.invalidate();
+    assert!(!p.plan(1600).is_empty(), "the room freed is used");
 }
 
 #[test]

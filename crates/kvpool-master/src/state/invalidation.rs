@@ -329,6 +329,17 @@ impl MasterState {
         self.invalidations.lock().owing.remove(&id);
     }
 
+    /// Bytes of regions on `seg` freed as soon as their invalidations are
+    /// delivered.
+    pub(super) fn freeing(&self, seg: SegmentId) -> u64 {
+        self.after_invalidation
+            .lock()
+            .iter()
+            .filter(|(_, s, _)| *s == seg)
+            .map(|(_, _, r)| r.len)
+            .sum()
+    }
+
     /// Destroys the copy of `generation` at `r` of `seg` on its store, and
     /// frees the region once that has been sent (not before: the same
     /// version may be copied there again, which the destruction would hit).

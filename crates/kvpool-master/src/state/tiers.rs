@@ -242,8 +242,12 @@ impl MasterState {
             let len = object_len(&key, value_len);
             let want = len.div_ceil(DISK_BLOCK) * DISK_BLOCK;
             let mut to = self.allocate_on(g.disk, want);
-            if to.is_none() {
-                // The disk tier is full: its least recently used objects go.
+            // The disk tier is full: its least recently used objects go,
+            // unless as much is on its way back already. A disk region is
+            // reused only once its store has destroyed the object there, so
+            // evicting again before then would empty the disk tier a pass
+            // at a time for one round's worth of room.
+            if to.is_none() && self.freeing(g.disk) < want {
                 self.evict_on(now, want, Some(&disk));
                 to = self.allocate_on(g.disk, want);
             }
