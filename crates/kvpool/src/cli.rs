@@ -266,7 +266,7 @@ pub struct MasterArgs {
     )]
     pub http_metadata_server_port: u16,
     /// Read lease per get (a bare number is milliseconds, as in Mooncake).
-    #[arg(long, alias = "default_kv_lease_ttl", env = "KVPOOL_DEFAULT_KV_LEASE_TTL", default_value = "10s", value_parser = millis)]
+    #[arg(long, alias = "default_kv_lease_ttl", env = "KVPOOL_DEFAULT_KV_LEASE_TTL", default_value = "5s", value_parser = millis)]
     pub default_kv_lease_ttl: Duration,
     /// Soft pin duration when a put asks for one without a TTL (bare number: ms).
     #[arg(long, alias = "default_kv_soft_pin_ttl", env = "KVPOOL_DEFAULT_KV_SOFT_PIN_TTL", default_value = "30m", value_parser = millis)]

@@ -189,7 +189,7 @@ async fn mooncake_master_flag_names_work() {
             "--metrics_port",
             &metrics,
             "--default_kv_lease_ttl",
-            "5000",
+            "3000",
             "--client_ttl",
             "5",
             "--eviction_high_watermark_ratio",
@@ -225,7 +225,8 @@ async fn mooncake_master_flag_names_work() {
     let reply = link.register().await.expect("register");
     assert_eq!(reply.client_ttl_ms, 5000, "--client_ttl 5 means 5 s");
 
-    // `--default_kv_lease_ttl 5000` is milliseconds: the lease a get receives.
+    // `--default_kv_lease_ttl 3000` is milliseconds: the lease a get receives
+    // (not the default, 5000).
     let mut store = spawn_store(
         "store-0",
         &master.rpc,
@@ -253,8 +254,8 @@ async fn mooncake_master_flag_names_work() {
         .expect("one result")
         .expect("located");
     assert_eq!(
-        loc.lease_ms, 5000,
-        "--default_kv_lease_ttl 5000 means 5000 ms"
+        loc.lease_ms, 3000,
+        "--default_kv_lease_ttl 3000 means 3000 ms"
     );
     assert!(
         master.process.try_exit().is_none(),

@@ -65,7 +65,9 @@ const SHARDS: usize = 4096;
 /// Timing and eviction settings of the metadata state.
 #[derive(Debug, Clone)]
 pub struct StateConfig {
-    /// Read lease granted by each `GetReplicaList`.
+    /// Read lease granted by each `GetReplicaList` (Mooncake's default, 5 s:
+    /// memory read within a lease cannot be reused, so it bounds how fast a
+    /// full segment turns over).
     pub lease_ttl: Duration,
     /// Soft pin duration when a put asks for one without a TTL.
     pub soft_pin_ttl: Duration,
@@ -126,7 +128,7 @@ impl Default for ClientLimits {
 impl Default for StateConfig {
     fn default() -> Self {
         StateConfig {
-            lease_ttl: Duration::from_secs(10),
+            lease_ttl: Duration::from_secs(5),
             soft_pin_ttl: Duration::from_secs(30 * 60),
             high_watermark: 0.95,
             eviction_ratio: 0.05,

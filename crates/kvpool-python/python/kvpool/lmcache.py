@@ -63,7 +63,7 @@ class KvpoolL2AdapterConfig(L2AdapterConfigBase):  # type: ignore[misc]
     - ``key_prefix``: prepended to every key in the pool (default ``"lmcache/"``).
     - ``num_workers``: threads running pool calls (default 4).
     - ``lock_renew_s``: how often locked keys' leases are renewed; must stay
-      below the master's ``--default-kv-lease-ttl`` (default 2.0; 10 s lease).
+      below the master's ``--default-kv-lease-ttl`` (default 2.0; 5 s lease).
     - ``hostname``, ``segment_size``, ``timeout``, ``retries``, ``protocol``,
       ``secret_file``, ``tls_*``, ...: :class:`kvpool.Client` options.
     """
