@@ -68,6 +68,8 @@ struct Counts {
     hits: AtomicU64,
     misses: AtomicU64,
     errors: AtomicU64,
+    /// Puts the pool refused (the page is then missed when next read).
+    put_errors: AtomicU64,
     measuring: std::sync::atomic::AtomicBool,
 }
 
@@ -100,6 +102,19 @@ fn zipf_draw(table: &[f64], rng: &mut impl Rng) -> u64 {
     let total = table.last().copied().unwrap_or(1.0);
     let u = rng.gen::<f64>() * total;
     table.partition_point(|&c| c < u) as u64
+}
+
+/// Stores a page; a put refused while measuring is counted (and its first
+/// few printed).
+async fn store(client: &Client, key: &str, value: &[u8], counts: &Counts) {
+    if let Err(e) = client.put(key, value, &ReplicateConfig::default()).await {
+        if e.code != Code::ObjectAlreadyExists
+            && counts.measuring.load(Ordering::Relaxed)
+            && counts.put_errors.fetch_add(1, Ordering::Relaxed) < 3
+        {
+            eprintln!("put refused: {e}");
+        }
+    }
 }
 
 /// Runs the workload; returns false if any call failed.
@@ -180,7 +195,7 @@ pub async fn run(a: BenchReuseArgs) -> anyhow::Result<bool> {
                             // This turn's own pages, computed now.
                             for p in turn * a.pages_per_turn..(turn + 1) * a.pages_per_turn {
                                 let k = format!("{run}/c{c}/{p}");
-                                let _ = client.put(&k, &value, &ReplicateConfig::default()).await;
+                                store(&client, &k, &value, &counts).await;
                             }
                         }
                         keys
@@ -209,7 +224,7 @@ pub async fn run(a: BenchReuseArgs) -> anyhow::Result<bool> {
                                 counts.misses.fetch_add(1, Ordering::Relaxed);
                             }
                             // Recompute: store the page again.
-                            let _ = client.put(&key, &value, &ReplicateConfig::default()).await;
+                            store(&client, &key, &value, &counts).await;
                         }
                         Err(e) => {
                             if measuring && counts.errors.fetch_add(1, Ordering::Relaxed) < 3 {
@@ -232,10 +247,11 @@ pub async fn run(a: BenchReuseArgs) -> anyhow::Result<bool> {
         .remove_by_regex(&format!("^{}/", run.replace('-', "\\-")), true)
         .await;
     client.close().await;
-    let (hits, misses, errors) = (
+    let (hits, misses, errors, put_errors) = (
         counts.hits.load(Ordering::Relaxed),
         counts.misses.load(Ordering::Relaxed),
         counts.errors.load(Ordering::Relaxed),
+        counts.put_errors.load(Ordering::Relaxed),
     );
     let l = latency.lock();
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -248,7 +264,7 @@ pub async fn run(a: BenchReuseArgs) -> anyhow::Result<bool> {
         a.duration
     );
     println!(
-        "hit rate {:.2}% ({hits} hits, {misses} misses, {errors} errors)",
+        "hit rate {:.2}% ({hits} hits, {misses} misses, {errors} read errors, {put_errors} puts refused)",
         100.0 * hits as f64 / (hits + misses).max(1) as f64
     );
     for (name, h) in ["memory", "disk"].iter().zip(&l.by_tier) {
