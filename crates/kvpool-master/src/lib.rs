@@ -1018,7 +1018,8 @@ mod tests {
         s.get_replica_list(&["k".into()], Instant::now())[0]
             .as_ref()
             .unwrap();
-        tokio::time::sleep(Duration::from_secs(9)).await;
+        let lease = StateConfig::default().lease_ttl;
+        tokio::time::sleep(lease - Duration::from_secs(1)).await;
         let r = s.remove(&["k".into()], false, Instant::now());
         assert_eq!(r[0].as_ref().unwrap_err().code, Code::ObjectHasLease);
         tokio::time::sleep(Duration::from_secs(2)).await;
