@@ -26,7 +26,7 @@ where
     F::Output: Send,
 {
     let rt = runtime::get().map_err(|e| raise(py, e))?;
-    Ok(py.detach(move || rt.block_on(fut)))
+    Ok(py.detach(move || runtime::block_on(rt, fut)))
 }
 
 /// `kvpool.errors.error_for`, looked up once.
