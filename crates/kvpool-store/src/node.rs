@@ -482,17 +482,10 @@ async fn mount_one(link: &MasterLink, lent: Lent, recovery: &Recovery) -> KvResu
             .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
             .count(),
         // Through the disk's I/O queue, as every invalidation is.
-        Media::Disk(file) => {
-            let job = file.clone();
-            file.submit(move || {
-                rejected
-                    .iter()
-                    .filter(|(off, gen)| job.invalidate(*off, *gen).unwrap_or(false))
-                    .count()
-            })
+        Media::Disk(file) => file
+            .submit(move |f| f.invalidate_all(&rejected))
             .await
-            .unwrap_or(0)
-        }
+            .unwrap_or(0),
     };
     recovery.record(tier, &stats, accepted, invalidated as u64, scanned);
     tracing::info!(

@@ -248,8 +248,7 @@ fn read_for(table: &SegmentTable, segment: SegmentId, offset: u64, len: u64) -> 
         }
         Backing::Disk(file, base) => {
             in_object_area(offset, len, base, file.len())?;
-            let job = file.clone();
-            let read = file.submit(move || job.read(offset, len));
+            let read = file.submit(move |f| f.read(offset, len));
             Ok(Reply::Reading(
                 Box::pin(async move {
                     read.await
@@ -584,14 +583,8 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                 Reply::Message(msg::encode(&n))
             }
             Backing::Disk(file, _) => Reply::Pending(Box::pin(async move {
-                let job = file.clone();
                 let n = file
-                    .submit(move || {
-                        req.regions
-                            .iter()
-                            .filter(|(off, gen)| job.invalidate(*off, *gen).unwrap_or(false))
-                            .count() as u64
-                    })
+                    .submit(move |f| f.invalidate_all(&req.regions) as u64)
                     .await
                     .unwrap_or(0);
                 m.invalidations_applied.inc_by(n);
@@ -620,7 +613,7 @@ async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
                 _ => None,
             });
             let job: Boxed<_> = match disk {
-                Some(f) => Box::pin(f.submit(move || tier_move(from, to, &m))),
+                Some(f) => Box::pin(f.submit(move |_| tier_move(from, to, &m))),
                 // No disk side: refused without I/O.
                 None => Box::pin(std::future::ready(Ok(tier_move(from, to, &m)))),
             };

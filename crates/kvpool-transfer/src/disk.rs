@@ -152,21 +152,16 @@ struct IoQueue {
 #[derive(Default)]
 struct QueueState {
     jobs: VecDeque<Job>,
-    /// Threads waiting for a job.
-    idle: usize,
     /// Set when the file is dropped: the threads exit once the queue is empty.
     closed: bool,
 }
 
 impl IoQueue {
     fn push(&self, job: Job) {
-        let mut s = self.state.lock();
-        s.jobs.push_back(job);
-        // Only an idle thread needs waking; a busy one takes the job when
-        // its I/O is done.
-        if s.idle > 0 {
-            self.work.notify_one();
-        }
+        self.state.lock().jobs.push_back(job);
+        // Wakes an idle thread, if any (no cost when none waits); a busy
+        // one takes the job when its I/O is done.
+        self.work.notify_one();
     }
 
     /// One I/O thread: runs jobs until the queue is closed and empty.
@@ -184,9 +179,7 @@ impl IoQueue {
             if s.closed {
                 return;
             }
-            s.idle += 1;
             self.work.wait(&mut s);
-            s.idle -= 1;
         }
     }
 
@@ -264,18 +257,19 @@ impl DiskFile {
         Ok(disk)
     }
 
-    /// Queues `job` (this file's blocking I/O) for the file's I/O threads,
-    /// which run queued jobs in order, as many at once as the queue depth.
-    /// The job is queued now, not when the returned future is first polled;
-    /// dropping the future does not cancel it. The future fails only if the
-    /// job panicked.
+    /// Queues `job` (blocking I/O on this file, which it is handed) for the
+    /// file's I/O threads, which run queued jobs in order, as many at once
+    /// as the queue depth. The job is queued now, not when the returned
+    /// future is first polled; dropping the future does not cancel it. The
+    /// future fails only if the job panicked.
     pub fn submit<T: Send + 'static>(
-        &self,
-        job: impl FnOnce() -> T + Send + 'static,
+        self: &Arc<Self>,
+        job: impl FnOnce(&DiskFile) -> T + Send + 'static,
     ) -> impl Future<Output = io::Result<T>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let file = self.clone();
         self.io.push(Box::new(move || {
-            let _ = tx.send(job());
+            let _ = tx.send(job(&file));
         }));
         async move {
             rx.await
@@ -438,6 +432,16 @@ impl DiskFile {
         Ok(true)
     }
 
+    /// Destroys the objects at `regions` (offset, generation) as
+    /// [`Self::invalidate`] does; how many were destroyed. A failed write
+    /// counts as not destroyed (and takes the file offline).
+    pub fn invalidate_all(&self, regions: &[(u64, u64)]) -> usize {
+        regions
+            .iter()
+            .filter(|&&(off, gen)| self.invalidate(off, gen).unwrap_or(false))
+            .count()
+    }
+
     /// Destroys the object at block-aligned `offset` if its header still
     /// carries `generation` (see `kvpool_format::scan::invalidate`).
     pub fn invalidate(&self, offset: u64, generation: u64) -> io::Result<bool> {
@@ -540,12 +544,12 @@ mod tests {
     #[tokio::test]
     async fn io_threads_run_jobs_at_most_queue_depth_at_once() {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
-        let f = DiskFile::open(&dir.path().join("disk.kvp"), 64 * 1024, 3).unwrap();
+        let f = Arc::new(DiskFile::open(&dir.path().join("disk.kvp"), 64 * 1024, 3).unwrap());
         let (running, most) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let jobs: Vec<_> = (0..24u64)
             .map(|i| {
                 let (running, most) = (running.clone(), most.clone());
-                f.submit(move || {
+                f.submit(move |_| {
                     let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     std::thread::sleep(std::time::Duration::from_millis(2));
@@ -563,11 +567,11 @@ mod tests {
             "the queue depth bounds jobs"
         );
         // A job that panics fails alone; the threads keep serving.
-        let panics: Vec<_> = (0..3).map(|_| f.submit(|| panic!("boom"))).collect();
+        let panics: Vec<_> = (0..3).map(|_| f.submit(|_| panic!("boom"))).collect();
         for p in panics {
             assert!(p.await.is_err());
         }
-        assert_eq!(f.submit(|| 7).await.unwrap(), 7);
+        assert_eq!(f.submit(|_| 7).await.unwrap(), 7);
     }
 
     #[test]
