@@ -79,8 +79,9 @@ pub struct CampaignConfig {
     pub plan: PlanOptions,
     /// `KVPOOL_LOG` of the pool's processes.
     pub log_level: String,
-    /// A bug to plant in the masters (`KVPOOL_PLANTED_BUG`); the binary
-    /// must be built with `--features kvpool-master/planted-bugs`.
+    /// A bug to plant in the masters and stores (`KVPOOL_PLANTED_BUG`); the
+    /// binary must be built with the `planted-bugs` features of
+    /// `kvpool-master` and `kvpool-transfer`.
     pub planted_bug: Option<String>,
 }
 
@@ -578,7 +579,7 @@ impl Pool {
         self.on_bin.insert(h, bin);
         let mut p = Proc::new(&h.to_string(), &net::ns(h), argv, &log);
         p.env("KVPOOL_LOG", &self.cfg.log_level);
-        if let (Role::Master, Some(bug)) = (h.role, &self.cfg.planted_bug) {
+        if let (Role::Master | Role::Store, Some(bug)) = (h.role, &self.cfg.planted_bug) {
             p.env("KVPOOL_PLANTED_BUG", bug);
         }
         p
@@ -1011,6 +1012,7 @@ fn check_history(pool: &Pool, evictions: bool) -> anyhow::Result<(Vec<Event>, Re
         &events,
         CheckConfig {
             evictions_possible: evictions,
+            ..CheckConfig::default()
         },
     );
     Ok((events, report))
@@ -1093,7 +1095,7 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
                 .contains("PLANTED BUG")
             {
                 bail!(
-                    "{} does not plant {bug}: build it with `cargo build -p kvpool --features kvpool-master/planted-bugs`",
+                    "{} does not plant {bug}: build it with `cargo build -p kvpool --features kvpool-master/planted-bugs,kvpool-transfer/planted-bugs`",
                     cfg.kvpool.display()
                 );
             }

@@ -20,6 +20,11 @@
 //!    write of that key produced, invoked before the read finished.
 //! 4. **Clear errors**: every failure carries a code the operation can
 //!    meaningfully fail with (API.md) and a message.
+//! 5. **Acknowledged writes stay retrievable**: gets that began after a
+//!    successful put or upsert finished may fail with transient errors (not
+//!    not-found, rule 1's business) for at most a bound, counted only while
+//!    no other write or removal of the key could have taken effect, so a
+//!    destroyed object is caught even if a later write covers it.
 //!
 //! Checks only ever flag what no ordering of the operations within their
 //! time windows explains, so a violation is a real anomaly, never the
@@ -39,11 +44,25 @@ use crate::history::{Event, Op, Outcome};
 const INF: u64 = u64::MAX;
 
 /// What the checker may assume about the pool.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct CheckConfig {
     /// The pool evicted objects during the campaign: a missing or
     /// re-created key may be an eviction (reported, not a violation).
     pub evictions_possible: bool,
+    /// Rule 5: the longest an acknowledged write may stay unreadable (ns).
+    pub unreadable_bound_ns: u64,
+}
+
+impl Default for CheckConfig {
+    /// No evictions; a 30 s bound: longer than any fault hold (at most 8 s)
+    /// plus a store restart and remount, far shorter than a destroyed
+    /// object stays unreadable (the rest of the run).
+    fn default() -> Self {
+        CheckConfig {
+            evictions_possible: false,
+            unreadable_bound_ns: 30_000_000_000,
+        }
+    }
 }
 
 /// The rules of the module documentation.
@@ -51,6 +70,8 @@ pub struct CheckConfig {
 pub enum Rule {
     /// Rule 1: an acknowledged write stays readable until removed, replaced or evicted.
     AckedWriteReadable,
+    /// Rule 5: an acknowledged write does not stay unreadable past a bound.
+    AckedWriteUnreadable,
     /// Rule 2: no read returns a value older than a finished upsert or removal.
     NoStaleRead,
     /// Rule 3: no read returns bytes no write of the key produced.
@@ -61,8 +82,9 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in report order.
-    pub const ALL: [Rule; 4] = [
+    pub const ALL: [Rule; 5] = [
         Rule::AckedWriteReadable,
+        Rule::AckedWriteUnreadable,
         Rule::NoStaleRead,
         Rule::NoUnwrittenBytes,
         Rule::ClearErrors,
@@ -72,6 +94,7 @@ impl Rule {
     pub fn name(self) -> &'static str {
         match self {
             Rule::AckedWriteReadable => "acked-write-readable",
+            Rule::AckedWriteUnreadable => "acked-write-unreadable",
             Rule::NoStaleRead => "no-stale-read",
             Rule::NoUnwrittenBytes => "no-unwritten-bytes",
             Rule::ClearErrors => "clear-errors",
@@ -182,11 +205,23 @@ struct KRead {
     op: usize,
 }
 
+/// A completed get of one key, for rule 5.
+#[derive(Clone, Copy)]
+struct KGet {
+    inv: u64,
+    done: u64,
+    /// Its error code, unless it answered (a value, bytes, or not-found).
+    failed: Option<i32>,
+    op: usize,
+}
+
 #[derive(Default)]
 struct KeyHistory {
     writes: Vec<KWrite>,
     removes: Vec<KRemove>,
     reads: Vec<KRead>,
+    /// In invoke order, as `ops` is.
+    gets: Vec<KGet>,
 }
 
 /// Whether `code` is one `op` can meaningfully fail with.
@@ -379,6 +414,22 @@ pub fn check(events: &[Event], cfg: CheckConfig) -> Report {
                             inv: o.inv,
                             done,
                             obs,
+                            op: i,
+                        });
+                    }
+                    // An exist answer says nothing of whether the bytes can
+                    // be read back, so only gets count for rule 5.
+                    if let (Op::Get { .. }, Some(r), Some(done)) = (o.op, r, done) {
+                        let failed = match r {
+                            Outcome::Err { code, .. } if *code != Code::ObjectNotFound.as_i32() => {
+                                Some(*code)
+                            }
+                            _ => None,
+                        };
+                        h.gets.push(KGet {
+                            inv: o.inv,
+                            done,
+                            failed,
                             op: i,
                         });
                     }
@@ -609,6 +660,94 @@ fn check_key(
             }
         }
     }
+    check_unreadable(key, h, cfg, ops, faults, t0, flag);
+}
+
+/// Rule 5: a run of failing gets that outlasts the bound after a write was
+/// acknowledged, counted only until another write or removal could have
+/// replaced it (a failed replacement may leave the key broken; an
+/// acknowledged one is held to the rule in its turn).
+fn check_unreadable(
+    key: &str,
+    h: &KeyHistory,
+    cfg: CheckConfig,
+    ops: &[OpRec],
+    faults: &[(u64, u64, String)],
+    t0: u64,
+    flag: &mut dyn FnMut(Violation, String),
+) {
+    for run in h.gets.split(|g| g.failed.is_none()) {
+        // Several writes may be outlasted by one run: blame the latest
+        // acknowledged, the value the gets should have returned.
+        let mut blamed: Option<(&KWrite, &[KGet], u64)> = None;
+        for w in &h.writes {
+            let Some(w_done) = w.ok_done else {
+                continue;
+            };
+            let gets = &run[run.partition_point(|g| g.inv <= w_done)..];
+            let (Some(first), Some(last_done)) = (gets.first(), gets.iter().map(|g| g.done).max())
+            else {
+                continue;
+            };
+            // Writes or removals invoked before `w` that may land late are
+            // no excuse: a correct pool would still answer with a value or
+            // not-found, and an old failed write would otherwise excuse the
+            // key for the rest of the run.
+            let covered = h
+                .writes
+                .iter()
+                .filter(|o| o.op != w.op)
+                .map(|o| (o.inv, o.end))
+                .chain(h.removes.iter().map(|o| (o.inv, o.end)))
+                .filter(|&(inv, end)| end > w_done && inv > w.inv)
+                .map(|(inv, _)| inv)
+                .min()
+                .unwrap_or(INF);
+            let until = last_done.min(covered);
+            if first.inv < covered
+                && until - first.inv >= cfg.unreadable_bound_ns
+                && blamed.is_none_or(|b| b.0.ok_done < w.ok_done)
+            {
+                blamed = Some((w, gets, until));
+            }
+        }
+        let Some((w, gets, until)) = blamed else {
+            continue;
+        };
+        let first = &gets[0];
+        let last = gets.iter().max_by_key(|g| g.done).unwrap_or(first);
+        let mut codes: Vec<&str> = Vec::new();
+        for code in gets.iter().filter_map(|g| g.failed) {
+            let name = Code::from_i32(code).name();
+            if !codes.contains(&name) {
+                codes.push(name);
+            }
+        }
+        let what = format!(
+            "acknowledged {} {:#x} unreadable for {:.1}s while nothing could replace or remove it: {} gets failed ({})",
+            if w.upsert { "upsert" } else { "put" },
+            w.version,
+            (until - first.inv) as f64 / 1e9,
+            gets.len(),
+            codes.join(", ")
+        );
+        let witnesses: &[usize] = if last.op == first.op {
+            &[w.op]
+        } else {
+            &[w.op, first.op]
+        };
+        flag(
+            Violation {
+                rule: Rule::AckedWriteUnreadable,
+                key: key.to_string(),
+                what,
+                count: gets.len(),
+                came_back: false,
+                window: window(ops, faults, key, witnesses, last.op, t0),
+            },
+            format!("unreadable g{}", first.op),
+        );
+    }
 }
 
 /// Seconds since the campaign's first event, for reports.
@@ -769,6 +908,11 @@ mod tests {
     }
 
     const NF: i32 = -704;
+    const TRANSFER_FAIL: i32 = -800;
+    const CHECKSUM_MISMATCH: i32 = -801;
+    const RPC_TIMEOUT: i32 = -901;
+    /// A second, in the histories' nanoseconds.
+    const S: u64 = 1_000_000_000;
 
     impl H {
         fn call(
@@ -825,6 +969,19 @@ mod tests {
             };
             self.call("w", inv, done, op, vec![r]);
         }
+        /// Gets of `key` once a second from `from` through `to` seconds,
+        /// failing with transfer and checksum errors by turns; how many.
+        fn failing_gets(&mut self, from: u64, to: u64, key: &str) -> usize {
+            for t in from..=to {
+                let code = if t % 2 == 0 {
+                    TRANSFER_FAIL
+                } else {
+                    CHECKSUM_MISMATCH
+                };
+                self.get(t * S, t * S + S / 10, key, err(code));
+            }
+            (to - from + 1) as usize
+        }
         fn check(&self) -> Report {
             check(&self.events, CheckConfig::default())
         }
@@ -840,7 +997,7 @@ mod tests {
         }
     }
 
-    fn counts(r: &Report) -> [usize; 4] {
+    fn counts(r: &Report) -> [usize; 5] {
         Rule::ALL.map(|x| r.counts[x.name()])
     }
 
@@ -876,7 +1033,7 @@ mod tests {
         h.get(31, 32, "k", val(1));
         h.get(40, 41, "other", err(NF));
         let r = h.check();
-        assert_eq!(counts(&r), [0, 1, 0, 0], "{}", render(&r, 10));
+        assert_eq!(counts(&r), [0, 0, 1, 0, 0], "{}", render(&r, 10));
         let v = &r.violations[0];
         assert_eq!(v.key, "k");
         assert!(v.what.contains("after upsert 0x2"), "{}", v.what);
@@ -903,7 +1060,7 @@ mod tests {
             vec![Outcome::Exists { present: true }],
         );
         let r = h.check();
-        assert_eq!(counts(&r), [0, 2, 0, 0], "{}", render(&r, 10));
+        assert_eq!(counts(&r), [0, 0, 2, 0, 0], "{}", render(&r, 10));
     }
 
     #[test]
@@ -916,7 +1073,7 @@ mod tests {
         h.get(20, 21, "back", err(NF));
         h.get(30, 31, "back", val(2));
         let r = h.check();
-        assert_eq!(counts(&r), [2, 0, 0, 0], "{}", render(&r, 10));
+        assert_eq!(counts(&r), [2, 0, 0, 0, 0], "{}", render(&r, 10));
         let lost = r.violations.iter().find(|v| v.key == "lost").unwrap();
         assert_eq!((lost.count, lost.came_back), (2, false));
         let back = r.violations.iter().find(|v| v.key == "back").unwrap();
@@ -931,7 +1088,7 @@ mod tests {
         h.put(20, 30, "k", 2, Outcome::Ok);
         h.get(31, 32, "k", val(2));
         let r = h.check();
-        assert_eq!(counts(&r), [1, 0, 0, 0], "{}", render(&r, 10));
+        assert_eq!(counts(&r), [1, 0, 0, 0, 0], "{}", render(&r, 10));
         assert!(r.violations[0].what.contains("put 0x1 lost"));
     }
 
@@ -965,7 +1122,7 @@ mod tests {
         h.remove(20, Some(30), "k", err(NF));
         h.upsert(31, Some(35), "k", 2, Outcome::Ok);
         h.get(40, 41, "k", err(NF));
-        assert_eq!(counts(&h.check()), [1, 0, 0, 0]);
+        assert_eq!(counts(&h.check()), [1, 0, 0, 0, 0]);
     }
 
     #[test]
@@ -987,7 +1144,7 @@ mod tests {
         h.upsert(0, Some(10), "k", 2, Outcome::Ok);
         h.upsert(20, Some(30), "k", 3, Outcome::Ok);
         h.get(100, 101, "k", val(2));
-        assert_eq!(counts(&h.check()), [0, 1, 0, 0]);
+        assert_eq!(counts(&h.check()), [0, 0, 1, 0, 0]);
     }
 
     #[test]
@@ -1009,7 +1166,7 @@ mod tests {
         };
         h.call("r", 6, Some(7), op, vec![Outcome::Exists { present: true }]);
         let r = h.check();
-        assert_eq!(counts(&r), [0, 0, 4, 0], "{}", render(&r, 10));
+        assert_eq!(counts(&r), [0, 0, 0, 4, 0], "{}", render(&r, 10));
     }
 
     #[test]
@@ -1031,7 +1188,7 @@ mod tests {
             },
         );
         let r = h.check();
-        assert_eq!(counts(&r), [0, 0, 0, 4], "{}", render(&r, 10));
+        assert_eq!(counts(&r), [0, 0, 0, 0, 4], "{}", render(&r, 10));
         assert_eq!(r.errors[&-704], 1);
     }
 
@@ -1045,9 +1202,10 @@ mod tests {
         h.get(40, 41, "j", val(1));
         let cfg = CheckConfig {
             evictions_possible: true,
+            ..CheckConfig::default()
         };
         let r = check(&h.events, cfg);
-        assert_eq!(counts(&r), [0, 1, 0, 0], "{}", render(&r, 10));
+        assert_eq!(counts(&r), [0, 0, 1, 0, 0], "{}", render(&r, 10));
     }
 
     #[test]
@@ -1081,5 +1239,163 @@ mod tests {
         let text = r.violations[0].window.join("\n");
         assert!(text.contains("fault 3: split a|b"), "{text}");
         assert!(!text.contains("later"), "{text}");
+    }
+
+    #[test]
+    fn an_acked_write_unreadable_past_the_bound_is_caught_once() {
+        assert_eq!(CheckConfig::default().unreadable_bound_ns, 30 * S);
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        let n = h.failing_gets(11, 51, "k");
+        // Neither an exist answer nor a get that never answered ends the run.
+        let op = Op::Exist {
+            keys: vec!["k".into()],
+        };
+        h.call(
+            "r",
+            30 * S + 1,
+            Some(30 * S + 2),
+            op,
+            vec![Outcome::Exists { present: true }],
+        );
+        let op = Op::Get {
+            keys: vec!["k".into()],
+        };
+        h.call("r", 31 * S + 1, None, op, vec![]);
+        let r = h.check();
+        assert_eq!(counts(&r), [0, 1, 0, 0, 0], "{}", render(&r, 10));
+        let v = &r.violations[0];
+        assert_eq!((v.key.as_str(), v.count, v.came_back), ("k", n, false));
+        assert!(
+            v.what.contains("put 0x1 unreadable for 40.1s"),
+            "{}",
+            v.what
+        );
+        assert!(
+            v.what.contains("(CHECKSUM_MISMATCH, TRANSFER_FAIL)"),
+            "{}",
+            v.what
+        );
+        let text = v.window.join("\n");
+        assert!(
+            text.contains("witness [0.000s .. 10.000s] w put k=0x1 -> ok"),
+            "{text}"
+        );
+        assert!(
+            text.contains("witness [11.000s .. 11.100s] r get k -> CHECKSUM_MISMATCH"),
+            "{text}"
+        );
+        assert!(
+            text.contains("witness [51.000s .. 51.100s] r get k -> CHECKSUM_MISMATCH"),
+            "{text}"
+        );
+        assert!(render(&r, 10).contains("acked-write-unreadable on k (41 times)"));
+    }
+
+    #[test]
+    fn failures_within_the_bound_between_good_reads_are_no_violation() {
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        h.failing_gets(11, 21, "k");
+        h.get(22 * S, 22 * S + 1, "k", val(1));
+        // Longer than the bound in all, but a good read splits it.
+        h.failing_gets(23, 47, "k");
+        h.get(48 * S, 48 * S + 1, "k", val(1));
+        let r = h.check();
+        assert_eq!(r.total(), 0, "{}", render(&r, 10));
+    }
+
+    #[test]
+    fn failures_after_a_write_that_could_replace_the_acked_one_are_excused() {
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        h.failing_gets(11, 51, "k");
+        // Timed out: may have replaced the put at any time after 16 s.
+        h.upsert(16 * S, Some(17 * S), "k", 2, err(RPC_TIMEOUT));
+        let r = h.check();
+        assert_eq!(r.total(), 0, "{}", render(&r, 10));
+
+        // Acknowledged, the upsert is held to the rule in its turn.
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        h.failing_gets(11, 51, "k");
+        h.upsert(16 * S, Some(17 * S), "k", 2, Outcome::Ok);
+        let r = h.check();
+        assert_eq!(counts(&r), [0, 1, 0, 0, 0], "{}", render(&r, 10));
+        let v = &r.violations[0];
+        assert!(
+            v.what.contains("upsert 0x2 unreadable for 33.1s"),
+            "{}",
+            v.what
+        );
+        assert_eq!(v.count, 34);
+    }
+
+    #[test]
+    fn a_destroyed_write_is_caught_though_a_later_upsert_covers_it() {
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        h.failing_gets(11, 46, "k");
+        h.upsert(47 * S, Some(48 * S), "k", 2, Outcome::Ok);
+        h.get(49 * S, 49 * S + 1, "k", val(2));
+        let r = h.check();
+        assert_eq!(counts(&r), [0, 1, 0, 0, 0], "{}", render(&r, 10));
+        let v = &r.violations[0];
+        assert!(
+            v.what.contains("put 0x1 unreadable for 35.1s"),
+            "{}",
+            v.what
+        );
+        assert_eq!(v.count, 36);
+    }
+
+    #[test]
+    fn a_removal_that_may_precede_the_failures_excuses_them_unless_older() {
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        h.remove(10 * S + 1, Some(10 * S + 2), "k", err(RPC_TIMEOUT));
+        h.failing_gets(11, 51, "k");
+        h.put(0, 10 * S, "j", 1, Outcome::Ok);
+        h.remove(10 * S + 1, Some(10 * S + 2), "j", Outcome::Ok);
+        h.failing_gets(11, 51, "j");
+        let r = h.check();
+        assert_eq!(r.total(), 0, "{}", render(&r, 10));
+
+        // A removal invoked before the put may land late, but would leave
+        // the key not-found, not failing.
+        let mut h = H::default();
+        h.remove(S, Some(S + 1), "k", err(RPC_TIMEOUT));
+        h.put(2 * S, 10 * S, "k", 1, Outcome::Ok);
+        h.failing_gets(11, 51, "k");
+        let r = h.check();
+        assert_eq!(counts(&r), [0, 1, 0, 0, 0], "{}", render(&r, 10));
+    }
+
+    #[test]
+    fn not_found_is_rule_one_business_and_ends_a_failing_run() {
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        for t in 11..=51 {
+            h.get(t * S, t * S + S / 10, "k", err(NF));
+        }
+        h.put(0, 10 * S, "j", 1, Outcome::Ok);
+        h.failing_gets(11, 30, "j");
+        h.get(31 * S, 31 * S + 1, "j", err(NF));
+        h.failing_gets(32, 51, "j");
+        let r = h.check();
+        assert_eq!(counts(&r), [2, 0, 0, 0, 0], "{}", render(&r, 10));
+    }
+
+    #[test]
+    fn evictions_do_not_excuse_unreadable_writes() {
+        let mut h = H::default();
+        h.put(0, 10 * S, "k", 1, Outcome::Ok);
+        h.failing_gets(11, 51, "k");
+        let cfg = CheckConfig {
+            evictions_possible: true,
+            ..CheckConfig::default()
+        };
+        let r = check(&h.events, cfg);
+        assert_eq!(counts(&r), [0, 1, 0, 0, 0], "{}", render(&r, 10));
     }
 }

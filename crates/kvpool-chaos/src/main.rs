@@ -98,9 +98,9 @@ struct RunArgs {
     /// join: fill the pool to this fraction before the store joins.
     #[arg(long, default_value_t = 0.85)]
     fill_to: f64,
-    /// Plant this bug in the masters (a binary built with
-    /// `--features kvpool-master/planted-bugs`); the run passes if the
-    /// checker catches it.
+    /// Plant this bug in the masters and stores (a binary built with
+    /// `--features kvpool-master/planted-bugs,kvpool-transfer/planted-bugs`);
+    /// the run passes if the checker catches it.
     #[arg(long)]
     plant_bug: Option<String>,
     /// `KVPOOL_LOG` of the pool's processes.
@@ -163,6 +163,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &events,
                 checker::CheckConfig {
                     evictions_possible: evictions,
+                    ..checker::CheckConfig::default()
                 },
             );
             print!("{}", checker::render(&report, show));
