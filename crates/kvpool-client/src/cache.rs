@@ -219,6 +219,7 @@ mod tests {
                 len: 1,
                 cap: None,
                 tier: Default::default(),
+                fence: 1,
             }],
         }
     }

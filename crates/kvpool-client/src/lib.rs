@@ -125,6 +125,10 @@ impl Client {
                 })
             })
         };
+        let held = node.clone();
+        link.report_held(Arc::new(move || {
+            held.get().map(|n| n.held()).unwrap_or_default()
+        }));
         link.spawn_heartbeat(
             Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
             remount,

@@ -18,7 +18,7 @@ use crate::placement::Route;
 use crate::retry::KeyRetry;
 use crate::rpc::one;
 use crate::transport::{not_mappable, tcp};
-use crate::{Client, ReplicateConfig};
+use crate::{Client, Protocol, ReplicateConfig};
 
 /// One object to put: its key and the parts its value is the concatenation of.
 type Item<'a> = (&'a str, &'a [&'a [u8]]);
@@ -230,12 +230,16 @@ impl Client {
         let (mut local, mut local_bytes) = (Vec::new(), 0);
         for (i, ep, op) in ops {
             match routes.to(op.req.segment) {
-                Route::Shm(map) => {
+                Route::Shm(map) if map.writable() => {
                     local_bytes += value_len(&op.parts);
                     local.push((i, map, op));
                 }
-                Route::Unmappable => done.push((i, Err(not_mappable(op.req.segment)))),
-                Route::Tcp => groups.entry(ep).or_default().push((i, op)),
+                Route::Unmappable | Route::Shm(_) if self.inner.cfg.protocol == Protocol::Shm => {
+                    done.push((i, Err(not_mappable(op.req.segment))))
+                }
+                Route::Unmappable | Route::Shm(_) | Route::Tcp => {
+                    groups.entry(ep).or_default().push((i, op))
+                }
             }
         }
         let mut jobs: Vec<Job<()>> = Vec::new();
@@ -244,7 +248,7 @@ impl Client {
             jobs.push(Box::pin(async move {
                 chunk
                     .into_iter()
-                    .map(|(i, map, op)| (i, map.write(op.req.offset, &op.parts)))
+                    .map(|(i, map, op)| (i, map.write(op.req.offset, &op.parts, &op.req.grant)))
                     .collect()
             }));
         }

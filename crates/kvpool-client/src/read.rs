@@ -141,7 +141,7 @@ impl Client {
                             segment: rep.segment,
                             offset: rep.offset,
                             len: hl + l.value_len,
-                            grant: rep.grant(l.generation),
+                            grant: rep.read_grant(l.generation),
                         };
                         let op = ReadOp { req, dst };
                         groups
@@ -275,6 +275,7 @@ mod tests {
                     len: 4096,
                     cap: None,
                     tier: Default::default(),
+                    fence: 1,
                 })
                 .collect(),
         }

@@ -133,6 +133,15 @@ pub fn header_at(block: &[u8]) -> Option<(ObjectHeader, u64)> {
     Some((h, total))
 }
 
+/// The generation in the fixed part of a header at the start of `fixed`,
+/// if its magic is there (the header's checksum, which covers the key that
+/// follows, is not checked).
+pub fn fixed_generation(fixed: &[u8]) -> Option<u64> {
+    let fixed = fixed.get(..FIXED_LEN)?;
+    (fixed[..4] == OBJECT_MAGIC)
+        .then(|| u64::from_le_bytes(fixed[16..24].try_into().unwrap_or([0; 8])))
+}
+
 /// Destroys the object whose header starts at `object[0]` if that header
 /// still carries `generation`, so a freed region can never be found again by
 /// a scan. A region already reused by a newer object (another generation),

@@ -66,6 +66,7 @@ fn replica() -> Replica {
         len: 4224,
         cap: Some(CAP),
         tier: Default::default(),
+        fence: 0x9e37_79b9_7f4a_7c15,
     }
 }
 
@@ -76,13 +77,14 @@ const CAP: Capability = Capability {
     mac: [0x5c; 16],
 };
 
-fn grant() -> Option<Grant> {
-    Some(Grant {
+fn grant() -> Grant {
+    Grant {
         offset: 8192,
         len: 4224,
         generation: 42,
-        cap: CAP,
-    })
+        fence: 0x9e37_79b9_7f4a_7c15,
+        cap: Some(CAP),
+    }
 }
 
 fn keys() -> Vec<String> {
@@ -132,7 +134,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 segment: SEG,
                 offset: 8192,
                 len: 4096,
-                grant: grant(),
+                grant: Some(grant()),
             },
             (),
         ),
@@ -152,6 +154,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                     to: SegmentId(2),
                     to_offset: 8192,
                     generation: 7,
+                    fence: 0x9e37_79b9_7f4a_7c15,
                 }],
             },
             vec![0, -704],
@@ -170,6 +173,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             Heartbeat {
                 client_id: ID,
                 io: vec![io()],
+                held: vec![(SEG, 8192, 4224)],
             },
             HeartbeatReply { known: true },
         ),
@@ -180,6 +184,8 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 objects: 3,
                 scan_age_ms: 12,
                 possession: [5; 16],
+                fence: 0x9e37_79b9_7f4a_7c15,
+                held: vec![(8192, 4224)],
             },
             (),
         ),
@@ -325,6 +331,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 evictions: 0,
                 demotions: 3,
                 promotions: 1,
+                replicas_lost: 0,
             },
         ),
         Opcode::StoreAbout => both(

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::refusals::Refusal;
+use crate::state::MountSpec;
 use crate::Master;
 
 /// Compiled size a remove-by-regex pattern may reach (its NFA, and each of
@@ -82,7 +83,7 @@ impl Ctx<'_> {
         let expires = unix_ms().saturating_add(ttl.as_millis() as u64);
         for r in replicas {
             let region = (r.offset, r.len);
-            r.cap = Some(key.sign(access, r.segment, region, generation, expires));
+            r.cap = Some(key.sign(access, r.segment, region, (generation, r.fence), expires));
         }
     }
 
@@ -121,6 +122,7 @@ impl Handle for msg::Heartbeat {
         let known = cx.master.state.heartbeat(self.client_id, cx.now);
         if known {
             cx.master.state.record_io(self.client_id, &self.io);
+            cx.master.state.record_held(self.client_id, &self.held);
         }
         Ok(msg::HeartbeatReply { known })
     }
@@ -145,10 +147,15 @@ impl Handle for msg::MountSegment {
                 ));
             }
         }
-        let age = Duration::from_millis(self.scan_age_ms);
+        let spec = MountSpec {
+            objects: self.objects,
+            scan_age: Duration::from_millis(self.scan_age_ms),
+            possession: self.possession,
+            fence: self.fence,
+            held: self.held,
+        };
         let s = &cx.master.state;
-        let (client, objects) = (self.client_id, self.objects);
-        s.mount_scanned(client, self.segment, objects, age, self.possession, cx.now)
+        s.mount_scanned(self.client_id, self.segment, spec, cx.now)
     }
 }
 
@@ -252,7 +259,7 @@ impl Handle for msg::PutEnd {
         let v = s.put_end(self.client_id, &self.items, cx.now);
         cx.fence = s.fence(self.items.iter().map(|i| i.key.as_str()), cx.now);
         #[cfg(feature = "planted-bugs")]
-        if crate::planted::active("skip-upsert-fence") {
+        if kvpool_net::planted::active("skip-upsert-fence") {
             // Planted: the commit answers before the old version is gone.
             cx.fence = None;
         }

@@ -20,8 +20,6 @@ pub mod status_page;
 
 mod handlers;
 mod http_auth;
-#[cfg(feature = "planted-bugs")]
-pub mod planted;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -672,7 +670,7 @@ pub async fn start(
     tasks.close();
     info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
     #[cfg(feature = "planted-bugs")]
-    planted::announce();
+    kvpool_net::planted::announce();
     Ok(MasterHandle {
         rpc_addr,
         admin_addr,

@@ -105,6 +105,7 @@ pub struct Metrics {
     segments: Gauge,
     clients: Gauge,
     evictions: Gauge,
+    replicas_lost: Gauge,
     demotions: Gauge,
     promotions: Gauge,
     tier_capacity: Family<TierLabel, Gauge>,
@@ -148,6 +149,7 @@ impl Default for Metrics {
             segments: Gauge::default(),
             clients: Gauge::default(),
             evictions: Gauge::default(),
+            replicas_lost: Gauge::default(),
             demotions: Gauge::default(),
             promotions: Gauge::default(),
             tier_capacity: Family::default(),
@@ -201,6 +203,11 @@ impl Default for Metrics {
             "evictions",
             "Objects evicted since start",
             m.evictions.clone(),
+        );
+        registry.register(
+            "replicas_lost",
+            "Replicas dropped since start because a remounted store no longer had them (each is logged with its key)",
+            m.replicas_lost.clone(),
         );
         registry.register(
             "demotions",
@@ -325,6 +332,7 @@ impl Metrics {
         self.segments.set(s.segments.len() as i64);
         self.clients.set(g(s.clients));
         self.evictions.set(g(s.evictions));
+        self.replicas_lost.set(g(s.replicas_lost));
         self.demotions.set(g(s.demotions));
         self.promotions.set(g(s.promotions));
         for tier in [Tier::Memory, Tier::Disk] {

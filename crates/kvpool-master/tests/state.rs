@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use kvpool_master::state::{ClientLimits, Evicted, MasterState, StateConfig};
+use kvpool_master::state::{ClientLimits, Evicted, MasterState, MountSpec, StateConfig};
 use kvpool_master::Refusal;
 use kvpool_proto::msg::{
     ClientId, InventoryItem, ObjectLocation, PutEndItem, PutGrant, PutItem, Replica,
@@ -1667,6 +1667,7 @@ fn region_at(offset: u64, len: u64) -> Replica {
         len,
         cap: None,
         tier: Default::default(),
+        fence: 1,
     }
 }
 
@@ -1684,14 +1685,13 @@ fn restarted_store_takes_over_its_segment() {
 
     let new = p.client(2);
     // The store's scan began well after those commits.
-    p.st.mount_scanned(
-        new,
-        segment(1, "a", MIB),
-        2,
-        Duration::ZERO,
-        [0; 16],
-        p.at(5 * SEC),
-    )
+    let spec = MountSpec {
+        objects: 2,
+        fence: 2,
+        ..MountSpec::default()
+    };
+    (p.st
+        .mount_scanned(new, segment(1, "a", MIB), spec, p.at(5 * SEC)))
     .unwrap();
     // The store found "kept" and the stale bytes of "removed"; "lost" was torn.
     let verdict =
@@ -1716,11 +1716,74 @@ fn restarted_store_takes_over_its_segment() {
         used - OBJ,
         "the lost object's region is free again"
     );
+    assert_eq!(
+        p.st.status().replicas_lost,
+        1,
+        "\"lost\" is counted (and logged)"
+    );
+    // Grants from now on name the remount's fence.
+    let (_, fresh) = p.start(new, "after", OBJ, p.at(5 * SEC));
+    assert_eq!(fresh[0].fence, 2);
     // The old owner's expiry no longer takes the segment away.
     let ttl = config().client_ttl;
     assert!(p.st.heartbeat(new, p.t0 + ttl));
     assert_eq!(p.st.sweep(p.t0 + ttl + Duration::from_secs(1)), vec![old]);
     assert_eq!(p.st.status().segments.len(), 1);
+}
+
+/// A store that mounts a segment new to this master (a failover) with
+/// regions held back, because shared-memory writers of the previous
+/// leader's grants were still copying into them: nothing is placed there
+/// until the store stops reporting them, with or without an inventory.
+#[test]
+fn held_regions_are_placed_nowhere_until_released() {
+    let p = Pool::new(config());
+    let (s1, s2) = (p.client(1), p.client(2));
+    let now = p.at(0);
+    let base = 4096;
+    // An empty segment, whose first region a paused writer holds.
+    let spec = |objects, held: Vec<(u64, u64)>| MountSpec {
+        objects,
+        fence: 7,
+        held,
+        ..MountSpec::default()
+    };
+    (p.st
+        .mount_scanned(s1, segment(1, "a", MIB), spec(0, vec![(base, OBJ)]), now))
+    .unwrap();
+    // One with an inventory, and a held region after its object.
+    let held2 = (base + 2 * OBJ, OBJ);
+    (p.st
+        .mount_scanned(s2, segment(2, "b", MIB), spec(1, vec![held2]), now))
+    .unwrap();
+    let v = p.st.report_objects(
+        s2,
+        SegmentId(2),
+        vec![inventory("kept", 5, &region_at(base, OBJ))],
+        true,
+        now,
+    );
+    assert_eq!(v.unwrap().accepted, 1);
+    assert_eq!(p.used(), 3 * OBJ, "an object and two held regions");
+    let mut placed = Vec::new();
+    // Room for 26 more: fill it, and nothing lands on the held regions.
+    for i in 0..26 {
+        let (_, r) = p.start(s1, &format!("k{i}"), OBJ, now);
+        assert_eq!(r[0].fence, 7, "grants name the mount's fence");
+        placed.push((r[0].segment.0, r[0].offset));
+    }
+    assert!(!placed.contains(&(1, base)), "placed over a held region");
+    assert!(!placed.contains(&(2, held2.0)), "placed over a held region");
+    // Still reported: still held. No longer reported: free again.
+    p.st.record_held(s1, &[(SegmentId(1), base, OBJ)]);
+    p.st.record_held(s2, &[(SegmentId(2), held2.0, held2.1)]);
+    assert_eq!(p.used(), 29 * OBJ);
+    // A store's report releases its own regions only.
+    p.st.record_held(s1, &[]);
+    assert_eq!(p.used(), 28 * OBJ, "s1's region released, s2's still held");
+    p.st.record_held(s2, &[]);
+    assert_eq!(p.used(), 27 * OBJ);
+    assert!(p.put(s1, "now-there-is-room", OBJ, now).is_ok());
 }
 
 /// A master that never saw a segment (it restarted, or took over) rebuilds

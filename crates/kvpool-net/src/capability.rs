@@ -5,8 +5,10 @@
 //! Authentication alone lets any engine holding the client key write any
 //! offset of any segment, forging objects whose headers and checksums are
 //! computable. With capabilities it can touch only what the master granted
-//! it, for as long as the grant lasts. The key derives from the store key,
-//! so masters and stores hold it and engines cannot mint grants. Expiry is
+//! it, for as long as the grant lasts, and only under the segment's mount
+//! fence it names (see `kvpool-transfer`'s `fence`). The key derives from
+//! the store key, so masters and stores hold it and engines cannot mint
+//! grants. Expiry is
 //! wall-clock time (the master's when signed, the store's when checked),
 //! so the hosts' clocks must agree within [`CLOCK_SKEW`].
 
@@ -48,18 +50,19 @@ impl CapabilityKey {
     }
 
     /// Signs `access` (bits of [`Capability::READ`] and
-    /// [`Capability::WRITE`]) to the region `(offset, len)` of `segment`,
-    /// holding the object version `generation`, until `expires_ms` (Unix ms).
+    /// [`Capability::WRITE`]) to the region `(offset, len)` of `segment`
+    /// under its mount `fence`, holding the object version `generation`,
+    /// until `expires_ms` (Unix ms).
     pub fn sign(
         &self,
         access: u8,
         segment: SegmentId,
         region: (u64, u64),
-        generation: u64,
+        (generation, fence): (u64, u64),
         expires_ms: u64,
     ) -> Capability {
         let tag = self
-            .keyed(access, segment, region, generation, expires_ms)
+            .keyed(access, segment, region, (generation, fence), expires_ms)
             .finalize()
             .into_bytes();
         let mut mac = [0u8; 16];
@@ -82,32 +85,28 @@ impl CapabilityKey {
         (offset, len): (u64, u64),
         now_ms: u64,
     ) -> KvResult<()> {
-        let Some(g) = grant else {
+        let Some((g, cap)) = grant.and_then(|g| g.cap.map(|c| (g, c))) else {
             return Err(denied(
-                "this store requires the master's grant with every read and write",
+                "this store requires the master's signed grant with every read and write",
             ));
         };
         let ok = self
             .keyed(
-                g.cap.access,
+                cap.access,
                 segment,
                 (g.offset, g.len),
-                g.generation,
-                g.cap.expires_ms,
+                (g.generation, g.fence),
+                cap.expires_ms,
             )
-            .verify_truncated_left(&g.cap.mac)
+            .verify_truncated_left(&cap.mac)
             .is_ok();
         if !ok {
             return Err(denied("the grant's signature does not match"));
         }
-        if g.cap.access & access == 0 {
+        if cap.access & access == 0 {
             return Err(denied("the grant does not allow this access"));
         }
-        if now_ms
-            > g.cap
-                .expires_ms
-                .saturating_add(CLOCK_SKEW.as_millis() as u64)
-        {
+        if now_ms > cap.expires_ms.saturating_add(CLOCK_SKEW.as_millis() as u64) {
             return Err(denied("the grant has expired; ask the master again"));
         }
         let inside = offset >= g.offset
@@ -128,14 +127,14 @@ impl CapabilityKey {
         access: u8,
         segment: SegmentId,
         (offset, len): (u64, u64),
-        generation: u64,
+        (generation, fence): (u64, u64),
         expires_ms: u64,
     ) -> Hmac<Sha256> {
         let mut m = self.mac.clone();
         // Fixed-width fields: no two different grants hash alike.
         m.update(&[access]);
         m.update(&segment.0.to_le_bytes());
-        for v in [offset, len, generation, expires_ms] {
+        for v in [offset, len, generation, fence, expires_ms] {
             m.update(&v.to_le_bytes());
         }
         m
@@ -168,7 +167,8 @@ mod tests {
             offset: region.0,
             len: region.1,
             generation: gen,
-            cap: k.sign(access, SegmentId(seg), region, gen, 1_000_000),
+            fence: 42,
+            cap: Some(k.sign(access, SegmentId(seg), region, (gen, 42), 1_000_000)),
         }
     }
 
@@ -207,6 +207,9 @@ mod tests {
         assert!(at(1_000_001 + skew).is_err());
         let missing = k.check(Capability::WRITE, SegmentId(1), None, (0, 8), 0);
         assert_eq!(missing.unwrap_err().code, Code::Unauthorized);
+        let unsigned = Grant { cap: None, ..g };
+        let r = k.check(Capability::WRITE, SegmentId(1), Some(&unsigned), (0, 8), 0);
+        assert_eq!(r.unwrap_err().code, Code::Unauthorized);
     }
 
     proptest! {
@@ -230,16 +233,18 @@ mod tests {
 
         /// Changing any signed field (or the signature) breaks the grant.
         #[test]
-        fn any_tampering_is_caught(field in 0usize..6, delta in 1u64..u64::MAX, bit in 0usize..128) {
+        fn any_tampering_is_caught(field in 0usize..7, delta in 1u64..u64::MAX, bit in 0usize..128) {
             let k = key();
             let mut g = grant(&k, Capability::WRITE, 4, (4096, 4096), 77);
+            let cap = g.cap.as_mut().unwrap();
             match field {
                 0 => g.offset = g.offset.wrapping_add(delta),
                 1 => g.len = g.len.wrapping_add(delta),
                 2 => g.generation = g.generation.wrapping_add(delta),
-                3 => g.cap.expires_ms = g.cap.expires_ms.wrapping_add(delta),
-                4 => g.cap.access = 3,
-                _ => g.cap.mac[bit / 8] ^= 1 << (bit % 8),
+                3 => cap.expires_ms = cap.expires_ms.wrapping_add(delta),
+                4 => cap.access = 3,
+                5 => g.fence = g.fence.wrapping_add(delta),
+                _ => cap.mac[bit / 8] ^= 1 << (bit % 8),
             }
             let r = k.check(Capability::WRITE, SegmentId(4), Some(&g), (g.offset, 0), 0);
             prop_assert_eq!(r.unwrap_err().code, Code::Unauthorized);

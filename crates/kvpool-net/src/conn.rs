@@ -276,6 +276,13 @@ impl FramedConn {
         r.map_err(|e| self.send_failed(e))
     }
 
+    /// Queues more payload bytes of the frame sent last, which declared more
+    /// than its parts held (a payload streamed in pieces).
+    pub async fn send_more(&mut self, payload: &[u8]) -> KvResult<()> {
+        let r = self.writer.write_all(payload).await;
+        r.map_err(|e| self.send_failed(e))
+    }
+
     /// Queues a request (its message encoded into a reused buffer) followed
     /// by `payload`; returns its id.
     pub async fn send_request<R: Rpc>(&mut self, req: &R, payload: &[&[u8]]) -> KvResult<u64> {
@@ -401,6 +408,51 @@ impl FramedConn {
             };
         }
         Ok(())
+    }
+
+    /// [`Self::read_payload`] into memory that may stop being ours midway:
+    /// each read into `dst` runs inside the guard `enter` gives, and once it
+    /// gives none, nothing more lands in `dst`: the rest of the payload is
+    /// read and thrown away, and the answer is `Ok(false)`.
+    pub async fn read_payload_fenced<G>(
+        &mut self,
+        dst: &mut [u8],
+        enter: impl Fn() -> Option<G>,
+    ) -> KvResult<bool> {
+        let mut at = 0;
+        let mut window = (0, tokio::time::Instant::now());
+        while at < dst.len() {
+            if at >= window.0 {
+                window = (
+                    at + PROGRESS_BYTES,
+                    tokio::time::Instant::now() + PROGRESS_TIMEOUT,
+                );
+            }
+            let end = window.0.min(dst.len());
+            let (reader, chunk) = (&mut self.reader, &mut dst[at..end]);
+            let read = std::future::poll_fn(|cx| {
+                let Some(_inside) = enter() else {
+                    return std::task::Poll::Ready(Ok(None));
+                };
+                let mut buf = tokio::io::ReadBuf::new(chunk);
+                std::pin::Pin::new(&mut *reader)
+                    .poll_read(cx, &mut buf)
+                    .map_ok(|()| Some(buf.filled().len()))
+            });
+            match tokio::time::timeout_at(window.1, read).await {
+                Err(_) => return Err(self.too_slow()),
+                Ok(Err(e)) => return Err(io_error(&format!("read from {}", self.peer), e)),
+                Ok(Ok(Some(0))) => {
+                    return Err(KvError::new(Code::RpcFail, "connection closed mid-payload"))
+                }
+                Ok(Ok(Some(n))) => at += n,
+                Ok(Ok(None)) => {
+                    self.discard_payload((dst.len() - at) as u64).await?;
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Reads and throws away `len` payload bytes, keeping the stream in sync

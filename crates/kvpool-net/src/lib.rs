@@ -13,6 +13,8 @@ pub mod capability;
 pub mod conn;
 pub mod etcd;
 pub mod master;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 pub mod server;
 pub mod tls;
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_proto::frame::Limits;
-use kvpool_proto::msg::{ClientId, Heartbeat, RegisterClient, RegisterReply, Rpc, SegmentIo};
+use kvpool_proto::msg::{
+    ClientId, Heartbeat, RegisterClient, RegisterReply, Rpc, SegmentId, SegmentIo,
+};
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -86,6 +88,10 @@ pub type RemountHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>
 /// What a store reports of its disk segments' I/O with every heartbeat.
 pub type IoSource = Arc<dyn Fn() -> Vec<SegmentIo> + Send + Sync>;
 
+/// What a store reports with every heartbeat of the regions it holds back
+/// from the pool, as `(segment, offset, len)`.
+pub type HeldSource = Arc<dyn Fn() -> Vec<(SegmentId, u64, u64)> + Send + Sync>;
+
 /// A registered client's connection to the master, following the leader
 /// when the address is `etcd://...`.
 pub struct MasterLink {
@@ -98,6 +104,7 @@ pub struct MasterLink {
     hostname: String,
     policy: CallPolicy,
     io: Mutex<Option<IoSource>>,
+    held: Mutex<Option<HeldSource>>,
 }
 
 /// Pools to the master currently believed to lead.
@@ -135,6 +142,7 @@ impl MasterLink {
             hostname: hostname.to_string(),
             policy,
             io: Mutex::new(None),
+            held: Mutex::new(None),
         };
         if let MasterAddr::Static(a) = &link.target {
             *link.conns.lock() = Some(link.pools_for(a));
@@ -257,6 +265,12 @@ impl MasterLink {
         *self.io.lock() = Some(source);
     }
 
+    /// Reports what `source` says with every heartbeat from now on (the
+    /// regions a store holds back from the pool).
+    pub fn report_held(&self, source: HeldSource) {
+        *self.held.lock() = Some(source);
+    }
+
     /// Registers with the master; returns the heartbeat timing it expects.
     pub async fn register(&self) -> KvResult<RegisterReply> {
         self.call(&RegisterClient {
@@ -295,10 +309,11 @@ impl MasterLink {
                         must_mount = !t.await.unwrap_or(false);
                     }
                 }
-                let io = link.io.lock().clone();
+                let (io, held) = (link.io.lock().clone(), link.held.lock().clone());
                 let hb = Heartbeat {
                     client_id: link.client_id,
                     io: io.map(|f| f()).unwrap_or_default(),
+                    held: held.map(|f| f()).unwrap_or_default(),
                 };
                 // The whole policy timeout: a beat that finds the leader moved
                 // looks it up in etcd within the attempt, and cutting that

@@ -1,8 +1,10 @@
-//! Bugs planted on purpose, so the chaos harness can show that its checker
-//! catches them (docs/chaos.md, "Planted bugs"). This module exists only in
-//! builds with the `planted-bugs` cargo feature, which nothing turns on by
-//! default, and a planted bug acts only when `KVPOOL_PLANTED_BUG` names it;
-//! the master then says so at start, loudly.
+//! Bugs planted on purpose, so the chaos harness and the fault tests can
+//! show that they catch them (docs/chaos.md, "Planted bugs"). This module
+//! exists only in builds with the `planted-bugs` cargo feature (turned on
+//! through `kvpool-master/planted-bugs` or `kvpool-transfer/planted-bugs`),
+//! which nothing turns on by default, and a planted bug acts only when
+//! `KVPOOL_PLANTED_BUG` names it; the master or store then says so at
+//! start, loudly.
 
 use std::sync::OnceLock;
 
@@ -10,10 +12,16 @@ use std::sync::OnceLock;
 pub const ENV: &str = "KVPOOL_PLANTED_BUG";
 
 /// Bugs that can be planted, and what each breaks.
-pub const BUGS: &[(&str, &str)] = &[(
-    "skip-upsert-fence",
-    "an upsert answers before the old version is destroyed on its stores",
-)];
+pub const BUGS: &[(&str, &str)] = &[
+    (
+        "skip-upsert-fence",
+        "an upsert answers before the old version is destroyed on its stores",
+    ),
+    (
+        "skip-write-fence",
+        "a store writes for grants of an earlier mount of the segment (a previous leader's)",
+    ),
+];
 
 fn named() -> Option<&'static str> {
     static NAMED: OnceLock<Option<String>> = OnceLock::new();
@@ -23,12 +31,12 @@ fn named() -> Option<&'static str> {
 }
 
 /// Whether the planted bug `name` is switched on.
-pub(crate) fn active(name: &str) -> bool {
+pub fn active(name: &str) -> bool {
     named() == Some(name)
 }
 
 /// Logs the planted bug in force, if any, at start.
-pub(crate) fn announce() {
+pub fn announce() {
     if let Some(n) = named() {
         let what = BUGS
             .iter()
@@ -37,7 +45,7 @@ pub(crate) fn announce() {
         tracing::error!(
             bug = n,
             what,
-            "THIS MASTER RUNS WITH A PLANTED BUG, for testing the chaos checker only"
+            "THIS PROCESS RUNS WITH A PLANTED BUG, for testing the chaos checker only"
         );
     }
 }

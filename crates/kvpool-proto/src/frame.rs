@@ -34,9 +34,9 @@ pub const HEADER_LEN: usize = 32;
 /// Magic at the start of every frame.
 pub const MAGIC: [u8; 4] = *b"KVPL";
 /// Version spoken by this build; bumped on any incompatible wire change.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Oldest peer version this build still talks to.
-pub const MIN_PROTOCOL_VERSION: u32 = 4;
+pub const MIN_PROTOCOL_VERSION: u32 = 5;
 
 /// Whether a frame asks or answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -160,7 +160,7 @@ pub struct Capability {
     pub expires_ms: u64,
     /// What it allows: [`Capability::READ`], [`Capability::WRITE`] or both.
     pub access: u8,
-    /// MAC over the region, generation, access and expiry.
+    /// MAC over the region, generation, fence, access and expiry.
     pub mac: [u8; 16],
 }
 
@@ -171,9 +171,10 @@ impl Capability {
     pub const WRITE: u8 = 2;
 }
 
-/// What a [`Capability`] was granted for, sent with each data-plane read
-/// or write so a store can check it; the request's bytes must lie inside
-/// the granted region.
+/// What the master granted a read or write for, sent with each data-plane
+/// request so a store can check it: the request's bytes must lie inside
+/// the granted region, and a write must be the object version it names,
+/// under the segment's current fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     /// Granted region's start.
@@ -182,19 +183,25 @@ pub struct Grant {
     pub len: u64,
     /// The object version it was granted for.
     pub generation: u64,
-    /// The master's signature.
-    pub cap: Capability,
+    /// The segment's fence when the master granted it (see
+    /// [`MountSegment::fence`]): a store refuses a write under another.
+    pub fence: u64,
+    /// The master's signature over all of the above; `None` from a master
+    /// without a secret.
+    pub cap: Option<Capability>,
 }
 
-/// Write the frame's payload at `offset` in a segment.
+/// Write the frame's payload at `offset` in a segment: one whole object
+/// (header, then value) at the start of its granted region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteReq {
     /// Target segment.
     pub segment: SegmentId,
     /// Byte offset in the segment.
     pub offset: u64,
-    /// The master's write permission; required by a store with a secret.
-    pub grant: Option<Grant>,
+    /// What the master granted: the region, version and fence the store
+    /// checks, and its signature (required by a store with a secret).
+    pub grant: Grant,
 }
 
 impl Rpc for WriteReq {
@@ -258,6 +265,9 @@ pub struct TierMove {
     /// The object's generation: the copy is refused unless the source
     /// header still carries it.
     pub generation: u64,
+    /// The destination segment's fence (see [`MountSegment::fence`]): a
+    /// move planned under an earlier mount (a deposed leader's) is refused.
+    pub fence: u64,
 }
 
 /// Master → store: copy objects between the store's segments. The copy's
@@ -312,6 +322,10 @@ pub struct Heartbeat {
     /// engines and memory-only stores): the master shows it in its status
     /// and metrics.
     pub io: Vec<SegmentIo>,
+    /// Regions a store still holds back from the pool (see
+    /// [`MountSegment::held`]), as `(segment, offset, len)`; a region held
+    /// at a mount and missing here is released.
+    pub held: Vec<(SegmentId, u64, u64)>,
 }
 
 /// Cumulative I/O one store did on one of its segments since it started.
@@ -412,6 +426,16 @@ pub struct MountSegment {
     /// The segment's secret (from its superblock): a segment id the master
     /// knows is mounted again only by whoever proves the same secret.
     pub possession: [u8; 16],
+    /// A value the store chose for this mount, fresh at every mount: the
+    /// store writes a region only for a grant naming it, so no grant from
+    /// before (a previous leader's, or this master's before it gave the
+    /// segment up) can land on a region handed out again.
+    pub fence: u64,
+    /// Regions `(offset, len)` that a writer of an earlier fence may still
+    /// be copying into through shared memory (a paused process): the master
+    /// hands them out to nobody until the store stops reporting them (see
+    /// [`Heartbeat::held`]).
+    pub held: Vec<(u64, u64)>,
 }
 
 impl Rpc for MountSegment {
@@ -543,18 +567,28 @@ pub struct Replica {
     /// The segment's tier: a disk replica is read over TCP whatever the
     /// protocol.
     pub tier: Tier,
+    /// The segment's fence when this was handed out (see
+    /// [`MountSegment::fence`]).
+    pub fence: u64,
 }
 
 impl Replica {
-    /// The grant to send with a read or write of this replica's region, for
-    /// the object version `generation`.
-    pub fn grant(&self, generation: u64) -> Option<Grant> {
-        self.cap.map(|cap| Grant {
+    /// The grant to send with a write of this replica's region, for the
+    /// object version `generation`.
+    pub fn grant(&self, generation: u64) -> Grant {
+        Grant {
             offset: self.offset,
             len: self.len,
             generation,
-            cap,
-        })
+            fence: self.fence,
+            cap: self.cap,
+        }
+    }
+
+    /// The grant to send with a read of this replica's region: only a
+    /// signed one is worth its bytes (a store checks nothing else on reads).
+    pub fn read_grant(&self, generation: u64) -> Option<Grant> {
+        self.cap.is_some().then(|| self.grant(generation))
     }
 }
 
@@ -818,6 +852,9 @@ pub struct ClusterStatus {
     pub demotions: u64,
     /// Objects moved from disk back to memory since start.
     pub promotions: u64,
+    /// Replicas a remounted store no longer had (each logged with its key):
+    /// found missing from its inventory and dropped, since start.
+    pub replicas_lost: u64,
 }
 
 impl Rpc for Status {
@@ -1052,6 +1089,7 @@ mod tests {
                         mac: [7; 16],
                     }),
                     tier: Tier::Memory,
+                    fence: u64::MAX,
                 }],
             }),
             Err(Code::NoAvailableHandle.as_i32()),

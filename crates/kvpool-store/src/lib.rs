@@ -149,8 +149,9 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
         CallPolicy::default(),
         cfg.security.clone(),
     )?;
-    let io_node = node.clone();
+    let (io_node, held_node) = (node.clone(), node.clone());
     link.report_io(std::sync::Arc::new(move || io_node.io()));
+    link.report_held(std::sync::Arc::new(move || held_node.held()));
     let heartbeat = CancellationToken::new();
     if disk.is_some() {
         // An I/O error takes the disk tier offline; withdraw it from the

@@ -220,7 +220,7 @@ impl DataNode {
         let (id, possession) = (SegmentId(rand::random()), rand::random());
         let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE);
         let lent = self.lent(id)?;
-        mount_one(link, lent, &self.recovery).await?;
+        mount_one(link, lent, &self.table, &self.recovery).await?;
         Ok(info)
     }
 
@@ -235,7 +235,7 @@ impl DataNode {
             KvError::new(Code::InternalError, format!("cannot map {size} bytes: {e}"))
         })?;
         let lent = self.lent(info.id)?;
-        mount_one(link, lent, &self.recovery).await?;
+        mount_one(link, lent, &self.table, &self.recovery).await?;
         Ok(info)
     }
 
@@ -328,7 +328,7 @@ impl DataNode {
     pub async fn mount_all(&self, link: &MasterLink) -> KvResult<()> {
         let segments = self.segments.lock().clone();
         for lent in segments {
-            mount_one(link, lent, &self.recovery).await?;
+            mount_one(link, lent, &self.table, &self.recovery).await?;
         }
         Ok(())
     }
@@ -358,6 +358,12 @@ impl DataNode {
                 })
                 .await;
         }
+    }
+
+    /// The regions this node holds back from the pool, as `(segment,
+    /// offset, len)`, for every heartbeat (see `SegmentTable::held`).
+    pub fn held(&self) -> Vec<(SegmentId, u64, u64)> {
+        self.table.held()
     }
 
     /// A heartbeat hook that mounts this node's segments again.
@@ -404,33 +410,55 @@ async fn report(
 
 /// Scans one segment, mounts it with its inventory, and invalidates what the
 /// master rejects (removed, superseded or never committed objects), and
-/// records what it found in `recovery`.
-async fn mount_one(link: &MasterLink, lent: Lent, recovery: &Recovery) -> KvResult<()> {
+/// records what it found in `recovery`. Every mount is under a fresh fence
+/// (see `kvpool_transfer::fence`), taken before the scan: no write granted
+/// under an earlier mount lands after the scan, so the inventory is all the
+/// segment holds but the regions held back, which it leaves out.
+async fn mount_one(
+    link: &MasterLink,
+    lent: Lent,
+    table: &Arc<SegmentTable>,
+    recovery: &Recovery,
+) -> KvResult<()> {
     let Lent {
         info,
         possession,
         media,
     } = lent;
     let t0 = std::time::Instant::now();
-    // A scan of a big segment takes seconds: off the runtime's workers.
-    let (found, stats) = {
-        let (media, base) = (media.clone(), info.base);
-        tokio::task::spawn_blocking(move || match media {
-            Media::Memory(region) => {
-                // SAFETY: the whole region is in bounds. Bytes another
-                // connection writes meanwhile may be seen torn; the scan
-                // checks every header and value checksum, so it only ever
-                // takes intact objects.
-                Ok(kvpool_format::scan::scan(
-                    unsafe { region.slice(0, region.len()) },
-                    base,
-                ))
-            }
-            Media::Disk(file) => crate::disk::scan_disk(&file, base),
+    // A scan of a big segment takes seconds, and the fence may wait for
+    // writers: off the runtime's workers.
+    let ((found, stats), (fence, held)) = {
+        let (media, base, id, table) = (media.clone(), info.base, info.id, table.clone());
+        tokio::task::spawn_blocking(move || {
+            let (fence, held) = table
+                .refence(id)
+                .ok_or_else(|| KvError::from(Code::SegmentNotFound))?;
+            let scanned = match media {
+                Media::Memory(region) => {
+                    // SAFETY: the whole region is in bounds. Bytes another
+                    // connection writes meanwhile may be seen torn; the scan
+                    // checks every header and value checksum, so it only ever
+                    // takes intact objects.
+                    Ok(kvpool_format::scan::scan(
+                        unsafe { region.slice(0, region.len()) },
+                        base,
+                    ))
+                }
+                Media::Disk(file) => crate::disk::scan_disk(&file, base),
+            };
+            let (mut found, stats) = scanned.map_err(|e| {
+                KvError::new(Code::TransferFail, format!("disk tier scan failed: {e}"))
+            })?;
+            // A held region's bytes are a copy nobody will commit.
+            found.retain(|f| {
+                let end = f.offset + f.region_len;
+                !held.iter().any(|&(o, l)| f.offset < o + l && o < end)
+            });
+            Ok::<_, KvError>(((found, stats), (fence, held)))
         })
         .await
-        .map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))?
-        .map_err(|e| KvError::new(Code::TransferFail, format!("disk tier scan failed: {e}")))?
+        .map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))??
     };
     let scanned = t0.elapsed();
     let (id, tier) = (info.id, info.tier);
@@ -441,6 +469,8 @@ async fn mount_one(link: &MasterLink, lent: Lent, recovery: &Recovery) -> KvResu
             objects: found.len() as u64,
             scan_age_ms: t0.elapsed().as_millis() as u64,
             possession,
+            fence,
+            held,
         })
         .await;
     match r {

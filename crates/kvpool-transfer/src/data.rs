@@ -24,11 +24,13 @@ use kvpool_proto::msg::{
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
+use std::fs::File;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::disk::{DiskFile, DiskRead};
+use crate::fence::{fresh_value, Claim, Fence, SharedFence};
 use crate::mapped::MappedRegion;
 use crate::metrics::DataMetrics;
 
@@ -40,35 +42,62 @@ const WINDOW: usize = 64;
 /// disk-tier segments behind them.
 #[derive(Default)]
 pub struct SegmentTable {
-    map: RwLock<HashMap<SegmentId, (Arc<MappedRegion>, u64)>>,
+    map: RwLock<HashMap<SegmentId, Served>>,
     /// What a `StoreAbout` request is answered: the master and the
     /// segments as mounted (kept by the data node that owns the table).
     about: RwLock<StoreAboutReply>,
-    disks: RwLock<HashMap<SegmentId, (Arc<DiskFile>, u64)>>,
-    /// Memory-segment invalidations that found no object of their
-    /// generation: the write of that version may still be on its way.
-    /// Every write looks here, under the shared lock.
+    disks: RwLock<HashMap<SegmentId, ServedDisk>>,
+    /// Shared-memory writers of an earlier fence that were still in their
+    /// copies when their segment was mounted again: their regions are held
+    /// back from the pool until they finish or die.
+    held: Mutex<HashMap<SegmentId, Vec<Claim>>>,
+    /// Memory-segment invalidations: a write of a version the master
+    /// invalidated is refused (it may still be on its way, or its grant
+    /// kept after its object went). Every write looks here.
     revoked: RwLock<Revoked>,
     /// What the server of these segments counts (in the table so every
     /// handler reaches it).
     metrics: Arc<DataMetrics>,
 }
 
-/// How long a store remembers an invalidation that came before its write:
-/// well past the master's default pending TTL (60 s), after which the
-/// master invalidates an abandoned put's region again anyway.
+/// A memory segment served here.
+#[derive(Clone)]
+struct Served {
+    region: Arc<MappedRegion>,
+    /// Start of the object area.
+    base: u64,
+    fence: Arc<Fence>,
+    /// The segment file, for asking the kernel whether its shared-memory
+    /// writers are alive; `None` for anonymous memory, which no other
+    /// process maps.
+    file: Option<Arc<File>>,
+}
+
+/// A disk-tier segment served here: its file, the start of its object
+/// area, and its fence (tier moves into it are fenced like writes).
+type ServedDisk = (Arc<DiskFile>, u64, Arc<Fence>);
+
+/// How long a new mount waits for shared-memory writers of the old fence
+/// to finish their copies before holding their regions back: a copy takes
+/// microseconds to milliseconds unless its process is paused.
+const STALE_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a store remembers an invalidation: well past the master's
+/// default pending TTL (60 s), which is how long a write grant lasts.
 const REVOKED_FOR: Duration = Duration::from_secs(600);
 
-/// At most this many such invalidations are remembered (oldest go first);
-/// each is a put abandoned before it wrote, which is rare.
+/// At most this many invalidations are remembered (oldest go first): about
+/// 130 bytes each, 34 MiB at most; 10 minutes' worth up to ~440 removals
+/// and evictions a second, a grant's lifetime up to ~4,000.
 const REVOKED_MAX: usize = 1 << 18;
 
-/// Versions the master invalidated before their bytes arrived. A writer cut
-/// off from the pool (its link down, its process paused) may deliver a put
-/// long after the master gave the put up; its object must not become
-/// findable then, or a scan (a restarted store, a new master leader
-/// rebuilding from inventories) would bring back a value that was replaced
-/// or removed since.
+/// Versions the master invalidated, by region. A writer cut off from the
+/// pool (its link down, its process paused) may deliver a put long after
+/// the master gave the put up, and a writer may keep its grant after its
+/// object was removed; either write must not land, since the region may
+/// hold another object by then, and its object must not become findable,
+/// or a scan (a restarted store, a new master leader rebuilding from
+/// inventories) would bring back a value that was replaced or removed.
 #[derive(Default)]
 struct Revoked {
     /// `(segment, offset)` to the generations invalidated there.
@@ -116,41 +145,133 @@ impl SegmentTable {
     /// Starts serving the disk segment `file` as `id` (object area from
     /// `base`); it takes no writes over the wire, only its store's copies.
     pub fn insert_disk(&self, id: SegmentId, file: Arc<DiskFile>, base: u64) {
-        self.disks.write().insert(id, (file, base));
+        (self.disks.write()).insert(id, (file, base, Arc::default()));
     }
 
     /// Stops serving the disk segment `id`.
     pub fn remove_disk(&self, id: SegmentId) -> Option<Arc<DiskFile>> {
-        self.disks.write().remove(&id).map(|(f, _)| f)
+        self.disks.write().remove(&id).map(|(f, ..)| f)
     }
 
     /// The disk segment `id`, if served here.
     pub fn get_disk(&self, id: SegmentId) -> Option<(Arc<DiskFile>, u64)> {
-        self.disks.read().get(&id).cloned()
+        let disks = self.disks.read();
+        disks.get(&id).map(|(f, base, _)| (f.clone(), *base))
     }
 
     /// Where segment `id`'s bytes are, if it is served here.
     fn backing(&self, id: SegmentId) -> Option<Backing> {
-        if let Some((r, base)) = self.get(id) {
-            return Some(Backing::Memory(r, base));
+        if let Some(s) = self.served(id) {
+            return Some(Backing::Memory(s.region, s.base, s.fence));
         }
-        self.get_disk(id).map(|(f, base)| Backing::Disk(f, base))
+        let disks = self.disks.read();
+        let (f, base, fence) = disks.get(&id)?;
+        Some(Backing::Disk(f.clone(), *base, fence.clone()))
     }
 
     /// Starts serving `region` as `id`; bytes below `base` (the segment's own
-    /// superblock) are never written over the wire.
+    /// superblock) are never written over the wire. It takes no writes
+    /// until its first [`Self::refence`].
     pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>, base: u64) {
-        self.map.write().insert(id, (region, base));
+        let file = region.path().and_then(|p| File::open(p).ok()).map(Arc::new);
+        let fence = Arc::default();
+        (self.map.write()).insert(
+            id,
+            Served {
+                region,
+                base,
+                fence,
+                file,
+            },
+        );
     }
 
     /// Stops serving `id`.
     pub fn remove(&self, id: SegmentId) -> Option<Arc<MappedRegion>> {
-        self.map.write().remove(&id).map(|(r, _)| r)
+        self.held.lock().remove(&id);
+        self.map.write().remove(&id).map(|s| s.region)
     }
 
     /// The region for `id` and the start of its object area.
     pub fn get(&self, id: SegmentId) -> Option<(Arc<MappedRegion>, u64)> {
+        self.served(id).map(|s| (s.region, s.base))
+    }
+
+    fn served(&self, id: SegmentId) -> Option<Served> {
         self.map.read().get(&id).cloned()
+    }
+
+    /// Starts a new mount of segment `id` (see [`crate::fence`]): a fresh
+    /// fence value, from which on nothing granted under an earlier one
+    /// lands. Returns the value, and the regions `(offset, len)` to hold
+    /// back from the pool: those of shared-memory writers of an earlier
+    /// value still in their copies after [`STALE_WAIT`]. Blocks that long
+    /// at most; `None` if `id` is not served here.
+    pub fn refence(&self, id: SegmentId) -> Option<(u64, Vec<(u64, u64)>)> {
+        let Some(s) = self.served(id) else {
+            let fence = self.disks.read().get(&id)?.2.clone();
+            let value = fresh_value(fence.value());
+            fence.set(value);
+            return Some((value, Vec::new()));
+        };
+        let value = fresh_value(s.fence.value());
+        s.fence.set(value);
+        let (Some(shared), Some(file)) = (SharedFence::new(&s.region), s.file.as_deref()) else {
+            return Some((value, Vec::new()));
+        };
+        shared.publish(value);
+        // Writers held back at an earlier mount that finished since left
+        // objects the scan after this must not find.
+        self.release_finished(id, &s, &shared, file);
+        let mut claims = shared.stale(value);
+        let until = Instant::now() + STALE_WAIT;
+        loop {
+            claims.retain(|c| shared.holds(c, file));
+            if claims.is_empty() || Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let regions = claims.iter().map(|c| (c.offset, c.len)).collect();
+        if claims.is_empty() {
+            self.held.lock().remove(&id);
+        } else {
+            tracing::warn!(segment = %id, regions = ?regions, "shared-memory writers of the previous mount are still copying (paused?): their regions are held back until they finish");
+            self.held.lock().insert(id, claims);
+        }
+        Some((value, regions))
+    }
+
+    /// The regions still held back, as `(segment, offset, len)` (a store
+    /// reports them with every heartbeat; the master releases what is no
+    /// longer reported). A writer that finished its copy since has left an
+    /// object of a put nobody will commit: it is destroyed first. Also
+    /// frees the write slots of writers that died in a copy.
+    pub fn held(&self) -> Vec<(SegmentId, u64, u64)> {
+        let mut held = self.held.lock();
+        let mut out = Vec::new();
+        for (id, s) in self.map.read().iter() {
+            let (Some(shared), Some(file)) = (SharedFence::new(&s.region), s.file.as_deref())
+            else {
+                continue;
+            };
+            if let Some(claims) = held.get_mut(id) {
+                retain_holding(claims, s, &shared, file);
+                out.extend(claims.iter().map(|c| (*id, c.offset, c.len)));
+            }
+            let reaped = shared.reap(file);
+            if reaped > 0 {
+                tracing::info!(segment = %id, reaped, "freed the write slots of shared-memory writers that died mid-copy");
+            }
+        }
+        held.retain(|_, c| !c.is_empty());
+        out
+    }
+
+    fn release_finished(&self, id: SegmentId, s: &Served, shared: &SharedFence, file: &File) {
+        if let Some(claims) = self.held.lock().get_mut(&id) {
+            retain_holding(claims, s, shared, file);
+        }
     }
 
     /// Destroys an object that a write just put at `offset` if the master
@@ -182,10 +303,10 @@ impl SegmentTable {
     }
 }
 
-/// A served segment's bytes, and the start of its object area.
+/// A served segment's bytes, the start of its object area, and its fence.
 enum Backing {
-    Memory(Arc<MappedRegion>, u64),
-    Disk(Arc<DiskFile>, u64),
+    Memory(Arc<MappedRegion>, u64, Arc<Fence>),
+    Disk(Arc<DiskFile>, u64, Arc<Fence>),
 }
 
 fn not_served(segment: SegmentId) -> KvError {
@@ -218,13 +339,19 @@ fn disk_error(e: std::io::Error) -> KvError {
     KvError::new(Code::TransferFail, format!("disk tier: {e}"))
 }
 
-fn region_for(
+/// Checks a write before any of its bytes land: the grant's signature
+/// (by `signed`), that the write is one whole object at the start of its
+/// granted region, under the segment's current fence, and that no newer
+/// object lies there (the grant is stale). Returns the segment.
+fn admit_write(
     table: &SegmentTable,
-    segment: SegmentId,
-    offset: u64,
+    req: &WriteReq,
     len: u64,
-) -> KvResult<Arc<MappedRegion>> {
-    let (region, base) = table.get(segment).ok_or_else(|| {
+    signed: impl FnOnce() -> KvResult<()>,
+) -> KvResult<Served> {
+    signed()?;
+    let (segment, g) = (req.segment, &req.grant);
+    let s = table.served(segment).ok_or_else(|| {
         if table.get_disk(segment).is_some() {
             KvError::new(
                 Code::InvalidParams,
@@ -234,19 +361,169 @@ fn region_for(
             not_served(segment)
         }
     })?;
-    in_object_area(offset, len, base, region.len())?;
-    Ok(region)
+    in_object_area(req.offset, len, s.base, s.region.len())?;
+    if req.offset != g.offset || len > g.len || len < FIXED_LEN as u64 {
+        return Err(KvError::new(
+            Code::InvalidParams,
+            format!(
+                "a write is one whole object at the start of its granted region {}+{}, not {}+{len}",
+                g.offset, g.len, req.offset
+            ),
+        ));
+    }
+    if !s.fence.admits(g.fence) {
+        return Err(refused(&table.metrics, Refusal::Fence, segment, g));
+    }
+    // A version the master invalidated (see `Revoked`): its region may be
+    // another object's by now.
+    let revoked = table.revoked.read();
+    if (revoked.at.get(&(segment, req.offset))).is_some_and(|gens| gens.contains(&g.generation)) {
+        return Err(refused(&table.metrics, Refusal::Invalidated, segment, g));
+    }
+    drop(revoked);
+    let span =
+        (s.region.len() - req.offset).min(kvpool_format::header_len(u16::MAX as usize) as u64);
+    // SAFETY: in bounds; the region is this grant's alone, so the header
+    // there is the previous object's and nobody else's write.
+    let there = unsafe { s.region.slice(req.offset, span) };
+    if let Some((h, _)) = kvpool_format::scan::header_at(there) {
+        if h.generation > g.generation {
+            return Err(refused(
+                &table.metrics,
+                Refusal::Generation(h.generation),
+                segment,
+                g,
+            ));
+        }
+    }
+    Ok(s)
+}
+
+/// Why a write was refused by the fence checks.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// Granted under an earlier mount of the segment.
+    Fence,
+    /// A newer version (this generation) lies in the region.
+    Generation(u64),
+    /// The payload's header names another version than the grant.
+    Header(Option<u64>),
+    /// The master invalidated this version (removed, replaced, or given up
+    /// before the write came).
+    Invalidated,
+}
+
+/// Counts and logs a write refused by the fence checks; the error for it,
+/// transient (the writer asks the master again).
+fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvError {
+    let (reason, detail) = match why {
+        Refusal::Fence => (
+            "fence",
+            format!(
+                "the segment was mounted again since this grant (fence {:x})",
+                g.fence
+            ),
+        ),
+        Refusal::Generation(newer) => (
+            "generation",
+            format!("region holds a newer object (generation {newer})"),
+        ),
+        Refusal::Header(named) => (
+            "generation",
+            format!("the object written names generation {named:?}, not the one granted"),
+        ),
+        Refusal::Invalidated => (
+            "invalidated",
+            "the master invalidated this version (removed, replaced or given up)".to_string(),
+        ),
+    };
+    m.write_refused(reason);
+    tracing::warn!(%segment, offset = g.offset, generation = g.generation, reason, "{detail}");
+    KvError::new(
+        Code::TransferFail,
+        format!(
+            "write of generation {} refused: {detail}; ask the master again",
+            g.generation
+        ),
+    )
+}
+
+/// Reads an admitted write's payload into the segment: the object header
+/// first, checked to name the granted version, then the rest, every read
+/// inside the segment's fence. A write refused midway has its payload read
+/// to the end and is answered `Ok(Err(..))`; `Err` is a broken connection.
+async fn write_object(
+    conn: &mut FramedConn,
+    table: &SegmentTable,
+    s: &Served,
+    req: &WriteReq,
+    len: u64,
+) -> KvResult<KvResult<()>> {
+    let g = &req.grant;
+    let mut head = [0u8; FIXED_LEN];
+    conn.read_payload(&mut head).await?;
+    let named = kvpool_format::scan::fixed_generation(&head);
+    if named != Some(g.generation) {
+        conn.discard_payload(len - FIXED_LEN as u64).await?;
+        let why = Refusal::Header(named);
+        return Ok(Err(refused(&table.metrics, why, req.segment, g)));
+    }
+    // SAFETY: range checked by admit_write; the master gave this region to
+    // this grant alone, and every write into it happens inside the fence.
+    let dst = unsafe { s.region.slice_mut(req.offset, len) };
+    let landed = s
+        .fence
+        .enter(g.fence)
+        .map(|_inside| dst[..FIXED_LEN].copy_from_slice(&head));
+    if landed.is_none() {
+        conn.discard_payload(len - FIXED_LEN as u64).await?;
+    }
+    let rest = &mut dst[FIXED_LEN..];
+    if landed.is_none()
+        || !conn
+            .read_payload_fenced(rest, || s.fence.enter(g.fence))
+            .await?
+    {
+        return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g)));
+    }
+    Ok(table.landed(req.segment, req.offset, &s.region))
+}
+
+/// Keeps the claims whose writers still copy; destroys what the others
+/// left (a put of an earlier mount, which nobody will commit).
+fn retain_holding(claims: &mut Vec<Claim>, s: &Served, shared: &SharedFence, file: &File) {
+    claims.retain(|c| {
+        let keep = shared.holds(c, file);
+        if !keep {
+            destroy_any(&s.region, c.offset);
+        }
+        keep
+    });
+}
+
+/// Destroys whatever object starts at `offset` of `region` (one no
+/// master will ever point to).
+fn destroy_any(region: &MappedRegion, offset: u64) {
+    if !region.contains(offset, FIXED_LEN as u64) {
+        return;
+    }
+    // SAFETY: in bounds (checked above); the region is held back from the
+    // pool, so nothing else writes it.
+    let head = unsafe { region.slice(offset, FIXED_LEN as u64) };
+    if let Some(generation) = kvpool_format::scan::fixed_generation(head) {
+        invalidate_object(region, offset, generation);
+    }
 }
 
 /// Reads `len` bytes at `offset` of `segment`: a region of mapped memory,
 /// or a read of a disk segment, queued now for its I/O threads.
 fn read_for(table: &SegmentTable, segment: SegmentId, offset: u64, len: u64) -> KvResult<Reply> {
     match table.backing(segment).ok_or_else(|| not_served(segment))? {
-        Backing::Memory(region, base) => {
+        Backing::Memory(region, base, _) => {
             in_object_area(offset, len, base, region.len())?;
             Ok(Reply::Region(region, offset, len))
         }
-        Backing::Disk(file, base) => {
+        Backing::Disk(file, base, _) => {
             in_object_area(offset, len, base, file.len())?;
             let read = file.submit(move |f| f.read(offset, len));
             Ok(Reply::Reading(
@@ -275,6 +552,8 @@ pub async fn serve_data(
     let grants = (security.credentials.as_ref())
         .and_then(CapabilityKey::new)
         .map(Arc::new);
+    #[cfg(feature = "planted-bugs")]
+    kvpool_net::planted::announce();
     serve_framed(
         listener,
         "store",
@@ -423,19 +702,13 @@ async fn handle(
         (FrameKind::Request, Opcode::Write) => {
             match msg::decode::<WriteReq>(meta).and_then(|req| {
                 let range = (req.offset, h.payload_len);
-                check(Capability::WRITE, req.segment, req.grant.as_ref(), range)?;
-                region_for(table, req.segment, req.offset, h.payload_len).map(|r| (r, req))
+                let signed = || check(Capability::WRITE, req.segment, Some(&req.grant), range);
+                admit_write(table, &req, h.payload_len, signed).map(|s| (s, req))
             }) {
-                Ok((region, req)) => {
-                    // SAFETY: range checked by region_for; the master gave this region
-                    // to exactly one writer (see MappedRegion).
-                    let dst = unsafe { region.slice_mut(req.offset, h.payload_len) };
-                    conn.read_payload(dst).await?;
-                    match table.landed(req.segment, req.offset, &region) {
-                        Ok(()) => Ok(Reply::Ack),
-                        Err(e) => Ok(Reply::Refused(e)),
-                    }
-                }
+                Ok((s, req)) => match write_object(conn, table, &s, &req, h.payload_len).await? {
+                    Ok(()) => Ok(Reply::Ack),
+                    Err(e) => Ok(Reply::Refused(e)),
+                },
                 Err(e) => Err(e),
             }
         }
@@ -565,7 +838,7 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
             .backing(req.segment)
             .ok_or_else(|| not_served(req.segment))?
         {
-            Backing::Memory(region, _) => {
+            Backing::Memory(region, ..) => {
                 let now = Instant::now();
                 // Under the lock a write checks after it lands (see
                 // `SegmentTable::landed`): either this finds the object, or
@@ -575,14 +848,15 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                 for &(off, gen) in &req.regions {
                     if invalidate_object(&region, off, gen) {
                         n += 1;
-                    } else if region.contains(off, FIXED_LEN as u64) {
+                    }
+                    if region.contains(off, FIXED_LEN as u64) {
                         revoked.insert(req.segment, off, gen, now);
                     }
                 }
                 m.invalidations_applied.inc_by(n);
                 Reply::Message(msg::encode(&n))
             }
-            Backing::Disk(file, _) => Reply::Pending(Box::pin(async move {
+            Backing::Disk(file, ..) => Reply::Pending(Box::pin(async move {
                 let n = file
                     .submit(move |f| f.invalidate_all(&req.regions) as u64)
                     .await
@@ -609,7 +883,7 @@ async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
             let (from, to) = (table.backing(m.from), table.backing(m.to));
             let promote = matches!(from, Some(Backing::Disk(..)));
             let disk = [&from, &to].into_iter().find_map(|b| match b {
-                Some(Backing::Disk(f, _)) => Some(f.clone()),
+                Some(Backing::Disk(f, ..)) => Some(f.clone()),
                 _ => None,
             });
             let job: Boxed<_> = match disk {
@@ -641,7 +915,7 @@ async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
 fn tier_move(from: Option<Backing>, to: Option<Backing>, m: &TierMove) -> KvResult<()> {
     let gone = || KvError::new(Code::SegmentNotFound, "segment not served here");
     let (from, to) = (from.ok_or_else(gone)?, to.ok_or_else(gone)?);
-    let stale = || {
+    let gone_stale = || {
         KvError::new(
             Code::ObjectNotFound,
             format!(
@@ -653,27 +927,40 @@ fn tier_move(from: Option<Backing>, to: Option<Backing>, m: &TierMove) -> KvResu
     // The whole copy is verified (header, generation, checksum) before it is
     // made durable: an object rewritten during the copy is refused, never torn.
     let holds = |bytes: &[u8]| kvpool_format::scan::intact(bytes, m.generation);
+    // A move planned by a leader before the destination's last mount is
+    // refused (that leader's regions are not the new one's).
+    let refenced = || {
+        KvError::new(
+            Code::TransferFail,
+            format!(
+                "the segment was mounted again since this move (fence {:x})",
+                m.fence
+            ),
+        )
+    };
     match (from, to) {
-        (Backing::Memory(src, sb), Backing::Disk(dst, db)) => {
+        (Backing::Memory(src, sb, _), Backing::Disk(dst, db, fence)) => {
             in_object_area(m.from_offset, m.len, sb, src.len())?;
             in_object_area(m.to_offset, m.len, db, dst.len())?;
             // SAFETY: in range (checked above); the master froze this object
             // for the move (no writer owns its region).
             let bytes = unsafe { src.slice(m.from_offset, m.len) };
+            let _inside = fence.enter(m.fence).ok_or_else(refenced)?;
             match dst.write_object(m.to_offset, bytes, holds) {
                 Ok(true) => Ok(()),
-                Ok(false) => Err(stale()),
+                Ok(false) => Err(gone_stale()),
                 Err(e) => Err(disk_error(e)),
             }
         }
-        (Backing::Disk(src, sb), Backing::Memory(dst, db)) => {
+        (Backing::Disk(src, sb, _), Backing::Memory(dst, db, fence)) => {
             in_object_area(m.from_offset, m.len, sb, src.len())?;
             in_object_area(m.to_offset, m.len, db, dst.len())?;
             let read = src.read(m.from_offset, m.len).map_err(disk_error)?;
             let bytes = read.bytes();
             if !holds(bytes) {
-                return Err(stale());
+                return Err(gone_stale());
             }
+            let _inside = fence.enter(m.fence).ok_or_else(refenced)?;
             // SAFETY: in range (checked above); the master reserved this
             // region for the move alone.
             let out = unsafe { dst.slice_mut(m.to_offset, m.len) };
@@ -848,6 +1135,43 @@ mod tests {
     use super::*;
     use kvpool_net::conn::accept;
 
+    /// The object `key` of version `generation` holding `value`: header and value.
+    fn object(key: &str, generation: u64, value: &[u8]) -> Vec<u8> {
+        let mut o = kvpool_format::ObjectHeader {
+            key: key.into(),
+            value_len: value.len() as u64,
+            generation,
+            checksum: kvpool_format::value_checksum(&[value]),
+        }
+        .encode();
+        o.extend_from_slice(value);
+        o
+    }
+
+    /// A write of the object `o` at `offset` of segment 7, granted under `fence`.
+    fn write_op(offset: u64, generation: u64, fence: u64, o: &[u8]) -> WriteOp<'_> {
+        let grant = Grant {
+            offset,
+            len: o.len() as u64,
+            generation,
+            fence,
+            cap: None,
+        };
+        WriteOp {
+            req: WriteReq {
+                segment: SegmentId(7),
+                offset,
+                grant,
+            },
+            parts: vec![o],
+        }
+    }
+
+    /// Segment 7's current fence in `table`.
+    fn fence(table: &SegmentTable) -> u64 {
+        table.served(SegmentId(7)).unwrap().fence.value()
+    }
+
     async fn server() -> (String, Arc<SegmentTable>, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -857,6 +1181,7 @@ mod tests {
             Arc::new(MappedRegion::anonymous(1 << 20).unwrap()),
             0,
         );
+        table.refence(SegmentId(7)).unwrap();
         let token = CancellationToken::new();
         tokio::spawn(serve_data(
             listener,
@@ -870,29 +1195,23 @@ mod tests {
 
     #[tokio::test]
     async fn pipelined_writes_and_reads_round_trip() {
-        let (addr, _t, token) = server().await;
+        let (addr, table, token) = server().await;
         let mut c = FramedConn::connect(&addr, "test", Limits::default())
             .await
             .unwrap();
         let values: Vec<Vec<u8>> = (0..200u32)
-            .map(|i| vec![i as u8; 100 + i as usize])
+            .map(|i| object("k", i as u64 + 1, &vec![i as u8; 100 + i as usize]))
             .collect();
+        let f = fence(&table);
         let writes: Vec<WriteOp> = values
             .iter()
             .enumerate()
-            .map(|(i, v)| WriteOp {
-                req: WriteReq {
-                    segment: SegmentId(7),
-                    offset: i as u64 * 512,
-                    grant: None,
-                },
-                parts: vec![b"hd", v],
-            })
+            .map(|(i, v)| write_op(i as u64 * 512, i as u64 + 1, f, v))
             .collect();
         let r = write_regions(&mut c, &writes).await.unwrap();
-        assert!(r.iter().all(|r| r.is_ok()));
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
         let mut heads = vec![[0u8; 2]; values.len()];
-        let mut bodies: Vec<Vec<u8>> = values.iter().map(|v| vec![0; v.len()]).collect();
+        let mut bodies: Vec<Vec<u8>> = values.iter().map(|v| vec![0; v.len() - 2]).collect();
         let reads: Vec<ReadOp> = heads
             .iter_mut()
             .zip(bodies.iter_mut())
@@ -909,11 +1228,13 @@ mod tests {
             .collect();
         let r = read_regions(&mut c, reads).await.unwrap();
         assert!(r.iter().all(|r| r.is_ok()));
-        assert!(heads.iter().all(|h| h == b"hd"));
-        assert_eq!(bodies, values);
+        assert!(heads.iter().all(|h| h == b"KV"));
+        for (b, v) in bodies.iter().zip(&values) {
+            assert_eq!(b[..], v[2..]);
+        }
 
         // Two connections sharing one queue read every op exactly once.
-        let mut whole: Vec<Vec<u8>> = values.iter().map(|v| vec![0; 2 + v.len()]).collect();
+        let mut whole: Vec<Vec<u8>> = values.iter().map(|v| vec![0; v.len()]).collect();
         let queue = Mutex::new(
             whole
                 .iter_mut()
@@ -948,9 +1269,7 @@ mod tests {
         seen.sort();
         assert_eq!(seen, (0..values.len()).collect::<Vec<_>>());
         drop((a, b));
-        for (w, v) in whole.iter().zip(&values) {
-            assert_eq!((&w[..2], &w[2..]), (&b"hd"[..], &v[..]));
-        }
+        assert_eq!(whole, values);
 
         token.cancel();
 
@@ -993,47 +1312,29 @@ mod tests {
 
     #[tokio::test]
     async fn bad_requests_get_errors_and_the_connection_survives() {
-        let (addr, _t, token) = server().await;
+        let (addr, table, token) = server().await;
         let mut c = FramedConn::connect(&addr, "test", Limits::default())
             .await
             .unwrap();
-        let big = vec![1u8; 4096];
+        let big = object("k", 1, &[1u8; 4000]);
+        let f = fence(&table);
+        let mut elsewhere = write_op(0, 1, f, &big);
+        elsewhere.req.segment = SegmentId(8);
         let writes = [
-            WriteOp {
-                req: WriteReq {
-                    segment: SegmentId(7),
-                    offset: (1 << 20) - 10,
-                    grant: None,
-                },
-                parts: vec![&big],
-            },
-            WriteOp {
-                req: WriteReq {
-                    segment: SegmentId(8),
-                    offset: 0,
-                    grant: None,
-                },
-                parts: vec![&big],
-            },
-            WriteOp {
-                req: WriteReq {
-                    segment: SegmentId(7),
-                    offset: 0,
-                    grant: None,
-                },
-                parts: vec![&big],
-            },
+            write_op((1 << 20) - 10, 1, f, &big),
+            elsewhere,
+            write_op(0, 1, f, &big),
         ];
         let r = write_regions(&mut c, &writes).await.unwrap();
         assert_eq!(r[0].as_ref().unwrap_err().code, Code::InvalidParams);
         assert_eq!(r[1].as_ref().unwrap_err().code, Code::SegmentNotFound);
         assert!(r[2].is_ok());
-        let mut buf = vec![0u8; 4096];
+        let mut buf = vec![0u8; big.len()];
         let reads = vec![ReadOp {
             req: ReadReq {
                 segment: SegmentId(7),
                 offset: 0,
-                len: 4096,
+                len: big.len() as u64,
                 grant: None,
             },
             dst: vec![&mut buf[..]],
@@ -1084,11 +1385,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_write_that_lands_after_its_invalidation_is_destroyed() {
+    async fn a_write_that_comes_after_its_invalidation_is_refused() {
         // A writer cut off from the pool has its frames delivered after the
-        // master gave its put up and invalidated the region: the object it
-        // writes must not be found by a later scan (a new leader would take
-        // it back from the inventory, long after the key was removed).
+        // master gave its put up and invalidated the region: the region may
+        // hold another object by then, and the object it writes must not be
+        // found by a later scan (a new leader would take it back from the
+        // inventory, long after the key was removed).
         let (addr, table, token) = server().await;
         let (region, _) = table.get(SegmentId(7)).unwrap();
         let value = b"late value";
@@ -1110,17 +1412,19 @@ mod tests {
         };
         assert_eq!(c.call(&req).await.unwrap(), 0, "nothing written yet");
         let (late, other) = (head(3), head(4));
-        let writes = [(0, &late), (4096, &other)].map(|(offset, h)| WriteOp {
-            req: WriteReq {
-                segment: SegmentId(7),
-                offset,
-                grant: None,
-            },
-            parts: vec![&h[..], &value[..]],
+        let f = fence(&table);
+        let writes = [(0, &late, 3), (4096, &other, 4)].map(|(offset, h, generation)| {
+            let mut op = write_op(offset, generation, f, h);
+            op.req.grant.len += value.len() as u64;
+            op.parts.push(&value[..]);
+            op
         });
         let r = write_regions(&mut c, &writes).await.unwrap();
         assert_eq!(r[0].as_ref().unwrap_err().code, Code::TransferFail);
         assert!(r[1].is_ok(), "another version in the same region is kept");
+        // Refused before a byte landed: the region may be another object's.
+        // SAFETY: in bounds.
+        assert!(unsafe { region.slice(0, 4096) }.iter().all(|&b| b == 0));
         // SAFETY: in bounds.
         let (found, _) = kvpool_format::scan::scan(unsafe { region.slice(0, region.len()) }, 0);
         assert_eq!(
@@ -1129,6 +1433,135 @@ mod tests {
                 .map(|f| (f.offset, f.generation))
                 .collect::<Vec<_>>(),
             [(4096, 4)]
+        );
+        // A grant kept after its object was destroyed writes nothing again.
+        let req = InvalidateReq {
+            segment: SegmentId(7),
+            regions: vec![(4096, 4)],
+        };
+        assert_eq!(c.call(&req).await.unwrap(), 1);
+        let r = write_regions(&mut c, &writes[1..]).await.unwrap();
+        assert_eq!(r[0].as_ref().unwrap_err().code, Code::TransferFail);
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn only_the_granted_version_lands_and_only_under_the_current_fence() {
+        let (addr, table, token) = server().await;
+        let mut c = FramedConn::connect(&addr, "test", Limits::default())
+            .await
+            .unwrap();
+        let (region, _) = table.get(SegmentId(7)).unwrap();
+        let refused = |r: &KvResult<()>, what: &str| {
+            let e = r.as_ref().expect_err(what);
+            assert_eq!(e.code, Code::TransferFail, "{what}: {e}");
+        };
+        // Mounted again: the old fence's grants are void, the new one's land.
+        let old = fence(&table);
+        let (new, held) = table.refence(SegmentId(7)).unwrap();
+        assert!(held.is_empty());
+        assert_ne!(new, old);
+        let o = object("k", 5, b"value");
+        let r = write_regions(
+            &mut c,
+            &[write_op(0, 5, old, &o), write_op(4096, 5, new, &o)],
+        )
+        .await
+        .unwrap();
+        refused(&r[0], "a write granted under the previous mount");
+        assert!(r[1].is_ok(), "{:?}", r[1]);
+        // SAFETY: in bounds; nothing writes meanwhile.
+        assert!(unsafe { region.slice(0, 4096) }.iter().all(|&b| b == 0));
+        // A newer object in the region: an older grant's write is refused.
+        let newer = object("k", 9, b"newer");
+        let r = write_regions(
+            &mut c,
+            &[write_op(8192, 9, new, &newer), write_op(8192, 5, new, &o)],
+        )
+        .await
+        .unwrap();
+        assert!(r[0].is_ok());
+        refused(&r[1], "a stale grant over a newer object");
+        // SAFETY: in bounds.
+        assert_eq!(
+            unsafe { region.slice(8192, newer.len() as u64) },
+            &newer[..]
+        );
+        // The object written must be the version granted.
+        let r = write_regions(&mut c, &[write_op(12288, 6, new, &o)])
+            .await
+            .unwrap();
+        refused(&r[0], "an object of another version than the grant's");
+        // Not a whole object at the start of its region: a caller's error.
+        let mut inside = write_op(16384, 5, new, &o);
+        inside.req.offset += 64;
+        let r = write_regions(&mut c, &[inside]).await.unwrap();
+        assert_eq!(r[0].as_ref().unwrap_err().code, Code::InvalidParams);
+        let count = |reason| {
+            table
+                .metrics
+                .writes_refused
+                .get_or_create(&crate::metrics::RefusedLabel { reason })
+                .get()
+        };
+        assert_eq!((count("fence"), count("generation")), (1, 2));
+        // The connection still works.
+        let r = write_regions(&mut c, &[write_op(16384, 5, new, &o)])
+            .await
+            .unwrap();
+        assert!(r[0].is_ok());
+        token.cancel();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_in_flight_stops_landing_when_its_segment_is_mounted_again() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, table, token) = server().await;
+        let (region, _) = table.get(SegmentId(7)).unwrap();
+        let o = object("k", 5, &vec![0xA5u8; 256 << 10]);
+        let req = write_op(0, 5, fence(&table), &o).req;
+        let meta = msg::encode(&req);
+        let h = FrameHeader::request(Opcode::Write, 1, meta.len() as u32, o.len() as u64);
+        let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let hello = msg::encode(&msg::Hello {
+            version: kvpool_proto::PROTOCOL_VERSION,
+            min_version: kvpool_proto::frame::MIN_PROTOCOL_VERSION,
+            role: "test".into(),
+            nonce: [0; 16],
+        });
+        let hh = FrameHeader::request(Opcode::Hello, 0, hello.len() as u32, 0);
+        raw.write_all(&hh.encode()).await.unwrap();
+        raw.write_all(&hello).await.unwrap();
+        let mut reply = [0u8; kvpool_proto::HEADER_LEN];
+        raw.read_exact(&mut reply).await.unwrap();
+        let rh = FrameHeader::decode(&reply, &Limits::default()).unwrap();
+        let mut skip = vec![0u8; rh.meta_len as usize];
+        raw.read_exact(&mut skip).await.unwrap();
+        // The header, the message and half the object; then the writer stalls.
+        let half = o.len() / 2;
+        raw.write_all(&h.encode()).await.unwrap();
+        raw.write_all(&meta).await.unwrap();
+        raw.write_all(&o[..half]).await.unwrap();
+        let t0 = Instant::now();
+        // SAFETY: in bounds; read while the server writes: compared only.
+        while unsafe { region.slice(0, half as u64) } != &o[..half] {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the first half never landed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        table.refence(SegmentId(7)).unwrap();
+        // The rest arrives after the new mount: not one byte of it lands.
+        raw.write_all(&o[half..]).await.unwrap();
+        raw.read_exact(&mut reply).await.unwrap();
+        let rh = FrameHeader::decode(&reply, &Limits::default()).unwrap();
+        assert_eq!(rh.status, Code::TransferFail.as_i32());
+        // SAFETY: in bounds; the server is done with this region.
+        let rest = unsafe { region.slice(half as u64, (o.len() - half) as u64) };
+        assert!(
+            rest.iter().all(|&b| b == 0),
+            "bytes landed after the fence moved"
         );
         token.cancel();
     }

@@ -44,6 +44,16 @@ pub struct MoveLabel {
     pub result: &'static str,
 }
 
+/// Label of writes refused by the fence checks.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabel {
+    /// `fence` (granted under an earlier mount of the segment),
+    /// `generation` (not the version granted, or a newer one is there) or
+    /// `invalidated` (the master invalidated the version: removed, replaced
+    /// or given up).
+    pub reason: &'static str,
+}
+
 /// Counters of one data-plane server.
 pub struct DataMetrics {
     /// Requests answered, per operation.
@@ -64,6 +74,8 @@ pub struct DataMetrics {
     pub invalidations_applied: Counter,
     /// Copies between this store's memory and disk tiers, per direction and result.
     pub tier_moves: Family<MoveLabel, Counter>,
+    /// Writes refused before landing: stale grants, per reason.
+    pub writes_refused: Family<RefusedLabel, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -83,6 +95,7 @@ impl Default for DataMetrics {
             invalidations_received: Counter::default(),
             invalidations_applied: Counter::default(),
             tier_moves: Family::default(),
+            writes_refused: Family::default(),
         }
     }
 }
@@ -124,6 +137,13 @@ impl DataMetrics {
         };
         self.tier_moves
             .get_or_create(&MoveLabel { direction, result })
+            .inc();
+    }
+
+    /// Counts a write refused by the fence checks, for `reason`.
+    pub fn write_refused(&self, reason: &'static str) {
+        self.writes_refused
+            .get_or_create(&RefusedLabel { reason })
             .inc();
     }
 
@@ -174,6 +194,11 @@ impl DataMetrics {
             "tier_moves",
             "Copies between this store's memory and disk tiers, per direction and result",
             self.tier_moves.clone(),
+        );
+        registry.register(
+            "writes_refused",
+            "Writes refused before landing, per reason: granted under an earlier mount (fence), for another version (generation), or for a version the master invalidated (invalidated)",
+            self.writes_refused.clone(),
         );
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, run_kvpool, Cluster, Process};
 use kvpool_client::ReplicateConfig;
+use kvpool_format::ObjectHeader;
 use kvpool_net::auth::{Credentials, Role, Security};
 use kvpool_net::conn::{HANDSHAKE_TIMEOUT, MAX_HELLO, PROGRESS_TIMEOUT};
 use kvpool_net::{CallPolicy, FramedConn, MasterLink};
@@ -115,7 +116,13 @@ async fn a_payload_that_trickles_loses_its_connection() {
     let meta = msg::encode(&msg::WriteReq {
         segment: seg.id,
         offset: seg.base,
-        grant: None,
+        grant: msg::Grant {
+            offset: seg.base,
+            len: 2 << 20,
+            generation: 1,
+            fence: 0,
+            cap: None,
+        },
     });
     let h = FrameHeader::request(Opcode::Write, 2, meta.len() as u32, 2 << 20);
     s.write_all(&h.encode()).await.expect("send header");
@@ -498,6 +505,8 @@ async fn a_store_cannot_take_over_another_stores_segment() {
             objects,
             scan_age_ms: 0,
             possession: rand::random(),
+            fence: 1,
+            held: Vec::new(),
         };
         let e = thief
             .call_once(&grab)
@@ -617,7 +626,7 @@ async fn write_as(
     conn: &mut FramedConn,
     segment: SegmentId,
     offset: u64,
-    grant: Option<msg::Grant>,
+    grant: msg::Grant,
     payload: &[u8],
 ) -> Result<(), kvpool_proto::KvError> {
     let req = msg::WriteReq {
@@ -676,7 +685,7 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
     let victim = msg::from_wire(located[0].clone()).expect("the victim is there");
     let rep = &victim.replicas[0];
     let read_grant = rep
-        .grant(victim.generation)
+        .read_grant(victim.generation)
         .expect("a secured master grants");
     let mut conn = FramedConn::connect_with(
         &rep.endpoint,
@@ -692,30 +701,27 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
         assert_eq!(e.code, Code::Unauthorized, "{what}: {e}");
     };
 
-    // Writes: without a grant, under a read grant, under a forged one.
+    // Writes: without a signed grant, under a read grant, under a forged one.
+    let unsigned = msg::Grant {
+        cap: None,
+        ..read_grant
+    };
     denied(
-        write_as(&mut conn, rep.segment, rep.offset, None, &forged).await,
-        "a write without a grant",
+        write_as(&mut conn, rep.segment, rep.offset, unsigned, &forged).await,
+        "a write without a signed grant",
     );
     denied(
-        write_as(
-            &mut conn,
-            rep.segment,
-            rep.offset,
-            Some(read_grant),
-            &forged,
-        )
-        .await,
+        write_as(&mut conn, rep.segment, rep.offset, read_grant, &forged).await,
         "a write under a read grant",
     );
     let mut upgraded = read_grant;
-    upgraded.cap.access |= msg::Capability::WRITE;
+    upgraded.cap.as_mut().unwrap().access |= msg::Capability::WRITE;
     denied(
-        write_as(&mut conn, rep.segment, rep.offset, Some(upgraded), &forged).await,
+        write_as(&mut conn, rep.segment, rep.offset, upgraded, &forged).await,
         "a write under a read grant that claims write",
     );
     let mut stretched = read_grant;
-    stretched.cap.expires_ms = u64::MAX;
+    stretched.cap.as_mut().unwrap().expires_ms = u64::MAX;
     denied(
         read_as(&mut conn, rep.segment, (rep.offset, 64), Some(stretched))
             .await
@@ -743,25 +749,41 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
         panic!("no write grant: {:?}", granted[0]);
     };
     let own = &replicas[0];
-    let write_grant = own.grant(generation).expect("a write grant");
+    let write_grant = own.grant(generation);
+    let object = |generation| {
+        let mut o = ObjectHeader {
+            key: "attacker-own".into(),
+            value_len: 64,
+            generation,
+            checksum: kvpool_format::value_checksum(&[&[1; 64]]),
+        }
+        .encode();
+        o.extend_from_slice(&[1; 64]);
+        o
+    };
     write_as(
         &mut conn,
         own.segment,
         own.offset,
-        Some(write_grant),
-        &[1; 64],
+        write_grant,
+        &object(generation),
     )
     .await
     .expect("a write inside its own grant");
+    // A grant writes only the version it names: not another object's
+    // header, nor bytes that are no object at all.
+    for (what, payload) in [
+        ("a newer generation", object(generation + 1)),
+        ("an older generation", object(generation - 1)),
+        ("no header", vec![1; 64]),
+    ] {
+        let e = write_as(&mut conn, own.segment, own.offset, write_grant, &payload)
+            .await
+            .expect_err(what);
+        assert_eq!(e.code, Code::TransferFail, "{what}: {e}");
+    }
     denied(
-        write_as(
-            &mut conn,
-            rep.segment,
-            rep.offset,
-            Some(write_grant),
-            &forged,
-        )
-        .await,
+        write_as(&mut conn, rep.segment, rep.offset, write_grant, &forged).await,
         "a write into the victim's region under another region's grant",
     );
     denied(
@@ -769,7 +791,7 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
             &mut conn,
             own.segment,
             own.offset + own.len - 8,
-            Some(write_grant),
+            write_grant,
             &[1; 64],
         )
         .await,
@@ -797,6 +819,31 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
         .map(drop),
         "a read past the end of its grant",
     );
+    // A grant kept after its object is gone writes nothing: the attacker
+    // commits and removes its own object, then writes through the grant.
+    let end = msg::PutEnd {
+        client_id: link.client_id(),
+        items: vec![msg::PutEndItem {
+            key: "attacker-own".into(),
+            generation,
+        }],
+    };
+    assert!(link.call_once(&end).await.expect("put end")[0].is_ok());
+    let remove = msg::Remove {
+        keys: vec!["attacker-own".into()],
+        force: true,
+    };
+    assert!(link.call_once(&remove).await.expect("remove")[0].is_ok());
+    let e = write_as(
+        &mut conn,
+        own.segment,
+        own.offset,
+        write_grant,
+        &object(generation),
+    )
+    .await
+    .expect_err("a write through the grant of a removed object");
+    assert_eq!(e.code, Code::TransferFail, "{e}");
     // Nothing was lost, and an engine over TCP (not shared memory) reads
     // and writes through its grants without noticing them.
     all_there(&cluster, &kept).await;

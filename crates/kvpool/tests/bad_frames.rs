@@ -218,11 +218,18 @@ async fn out_of_range_write_is_refused_and_the_connection_survives() {
     let end = segment.base + segment.size;
     // Past the end, overflowing, and into the segment's superblock below `base`.
     for offset in [end, end - 1, u64::MAX - 10, 0, segment.base - 1] {
+        let grant = msg::Grant {
+            offset,
+            len: payload.len() as u64,
+            generation: 1,
+            fence: 0,
+            cap: None,
+        };
         let op = WriteOp {
             req: WriteReq {
                 segment: segment.id,
                 offset,
-                grant: None,
+                grant,
             },
             parts: vec![&payload],
         };
@@ -235,26 +242,69 @@ async fn out_of_range_write_is_refused_and_the_connection_survives() {
         assert_eq!(e.code, Code::InvalidParams, "offset {offset}: {e}");
         assert_readable(&mut conn, &segment).await;
     }
-    // A write into the object area on the same connection lands and reads back.
+    // A granted write on the same connection lands and reads back.
+    let link = cluster.master_link("bad-frames-writer");
+    link.register().await.expect("register");
+    let key = "bad-frames/in-range";
+    let region_len = (kvpool_format::header_len(key.len()) + payload.len()) as u64;
+    let start = PutStart {
+        client_id: link.client_id(),
+        items: vec![PutItem {
+            key: key.into(),
+            value_len: payload.len() as u64,
+            region_len,
+        }],
+        config: ReplicateConfig::default(),
+        upsert: false,
+    };
+    let granted = link.call(&start).await.expect("put start").remove(0);
+    let Ok(msg::PutGrant::Write {
+        generation,
+        replicas,
+    }) = granted
+    else {
+        panic!("no write grant: {granted:?}");
+    };
+    let rep = &replicas[0];
+    let mut object = kvpool_format::ObjectHeader {
+        key: key.into(),
+        value_len: payload.len() as u64,
+        generation,
+        checksum: kvpool_format::value_checksum(&[&payload]),
+    }
+    .encode();
+    object.extend_from_slice(&payload);
     let op = WriteOp {
         req: WriteReq {
             segment: segment.id,
-            offset: segment.base,
-            grant: None,
+            offset: rep.offset,
+            grant: rep.grant(generation),
         },
-        parts: vec![&payload],
+        parts: vec![&object],
     };
     let r = timed("write", write_regions(&mut conn, &[op]))
         .await
         .expect("write");
     assert!(r[0].is_ok(), "in-range write refused: {:?}", r[0]);
-    assert!(assert_readable(&mut conn, &segment).await == payload);
+    let mut back = vec![0u8; object.len()];
+    let ops = vec![ReadOp {
+        req: ReadReq {
+            segment: segment.id,
+            offset: rep.offset,
+            len: object.len() as u64,
+            grant: None,
+        },
+        dst: vec![&mut back[..]],
+    }];
+    let r = timed("read", read_regions(&mut conn, ops)).await;
+    assert!(r.expect("read")[0].is_ok());
+    assert!(back == object, "the object reads back as written");
     // A segment the store does not serve.
     let op = WriteOp {
         req: WriteReq {
             segment: msg::SegmentId(segment.id.0 ^ 1),
             offset: segment.base,
-            grant: None,
+            grant: rep.grant(generation),
         },
         parts: vec![&payload],
     };

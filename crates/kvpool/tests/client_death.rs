@@ -63,10 +63,14 @@ async fn start_put(
     (generation, replicas)
 }
 
-/// Writes `parts` into `replica`'s region over a connection of its own,
-/// as a client's data path would (no grant: these pools have no secret);
-/// the store's answer.
-async fn write_to(replica: &Replica, parts: &[&[u8]]) -> kvpool_proto::KvResult<()> {
+/// Writes `parts` (the object of version `generation`) into `replica`'s
+/// region over a connection of its own, as a client's data path would (an
+/// unsigned grant: these pools have no secret); the store's answer.
+async fn write_to(
+    replica: &Replica,
+    generation: u64,
+    parts: &[&[u8]],
+) -> kvpool_proto::KvResult<()> {
     let mut conn = FramedConn::connect(&replica.endpoint, "test", Limits::default())
         .await
         .expect("connect to the store");
@@ -74,7 +78,7 @@ async fn write_to(replica: &Replica, parts: &[&[u8]]) -> kvpool_proto::KvResult<
         req: WriteReq {
             segment: replica.segment,
             offset: replica.offset,
-            grant: None,
+            grant: replica.grant(generation),
         },
         parts: parts.to_vec(),
     };
@@ -138,7 +142,7 @@ async fn put_abandoned_mid_write_is_invisible_then_revoked() {
     .encode();
 
     // Write the header and half of the value, then vanish: no PutEnd, no revoke.
-    let ack = write_to(&replicas[0], &[&head, &value[..VALUE_LEN / 2]]).await;
+    let ack = write_to(&replicas[0], generation, &[&head, &value[..VALUE_LEN / 2]]).await;
     assert!(ack.is_ok(), "half write refused: {ack:?}");
     drop(link);
 
@@ -216,7 +220,7 @@ async fn a_write_after_its_put_was_given_up_is_refused_and_never_comes_back() {
     wait_no_pending(&observer).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let ack = write_to(&replicas[0], &[&head, &value]).await;
+    let ack = write_to(&replicas[0], generation, &[&head, &value]).await;
     assert_eq!(
         ack.expect_err("a late write is refused").code,
         Code::TransferFail

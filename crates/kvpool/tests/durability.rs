@@ -439,7 +439,7 @@ async fn torn_write_is_never_served() {
     let meta = msg::encode(&WriteReq {
         segment: r.segment,
         offset: r.offset,
-        grant: None,
+        grant: r.grant(generation),
     });
     let h = FrameHeader::request(Opcode::Write, 1, meta.len() as u32, region_len);
     // The header and half the value arrive; then the store dies.

@@ -439,6 +439,7 @@ async fn regex_removals_are_bounded_and_never_hold_up_heartbeats() {
                 let beat = Heartbeat {
                     client_id: watcher.client_id(),
                     io: Vec::new(),
+                    held: Vec::new(),
                 };
                 let reply = watcher.call_once(&beat).await.expect("heartbeat");
                 assert!(reply.known, "the watcher expired");
@@ -551,6 +552,8 @@ async fn registrations_beyond_the_client_limit_are_refused_and_registered_client
         objects: 0,
         scan_age_ms: 0,
         possession: [0; 16],
+        fence: 1,
+        held: Vec::new(),
     };
     for (what, mount) in [
         ("endpoint without a port", segment(1, "fake", "nohost")),

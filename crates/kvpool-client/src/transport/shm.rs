@@ -5,15 +5,18 @@
 //! A segment is mapped only if its file opens here and its superblock names
 //! that very segment, which is what makes it the same host, whatever the
 //! host names say. Writes land in regions the master reserved for this put
-//! alone; reads are verified by header and checksum afterwards, which is
-//! what makes the unsynchronised copies safe to report.
+//! alone, under the segment's write fence (`kvpool_transfer::fence`: a
+//! put granted before the segment's last mount never lands); reads are
+//! verified by header and checksum afterwards, which is what makes the
+//! unsynchronised copies safe to report.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
-use kvpool_proto::msg::{SegmentId, SegmentInfo};
+use kvpool_proto::msg::{Grant, SegmentId, SegmentInfo};
 use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_transfer::fence::{SharedFence, ShmWriter};
 use kvpool_transfer::MappedRegion;
 use parking_lot::Mutex;
 
@@ -22,6 +25,10 @@ pub(crate) struct ShmMap {
     region: Arc<MappedRegion>,
     /// Start of the object area; nothing below it is ever written.
     base: u64,
+    path: PathBuf,
+    /// This process's writer id on the segment, taken at the first write
+    /// (`None`: none free, writes go over TCP).
+    writer: OnceLock<Option<ShmWriter>>,
 }
 
 impl ShmMap {
@@ -35,18 +42,46 @@ impl ShmMap {
         Ok(())
     }
 
-    /// Copies the concatenation of `parts` to `offset`.
-    pub(crate) fn write(&self, offset: u64, parts: &[&[u8]]) -> KvResult<()> {
+    /// Whether this process can write the segment (it holds a writer id,
+    /// taken now if not yet).
+    pub(crate) fn writable(&self) -> bool {
+        self.writer().is_some()
+    }
+
+    fn writer(&self) -> Option<&ShmWriter> {
+        self.writer
+            .get_or_init(|| {
+                let fence = SharedFence::new(&self.region)?;
+                ShmWriter::acquire(&self.path, &fence)
+                    .map_err(|e| tracing::info!(path = %self.path.display(), error = %e, "no shared-memory writer id; writing over tcp"))
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// Copies the concatenation of `parts` to `offset`, the start of the
+    /// region `grant` is for, if the segment's fence is still the grant's.
+    pub(crate) fn write(&self, offset: u64, parts: &[&[u8]], grant: &Grant) -> KvResult<()> {
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         self.check(offset, len)?;
-        // SAFETY: in bounds (checked); the master gave this region to this put alone.
+        let (Some(writer), Some(fence)) = (self.writer(), SharedFence::new(&self.region)) else {
+            return Err(KvError::new(
+                Code::TransferFail,
+                "no shared-memory writer id for this segment",
+            ));
+        };
+        // SAFETY: in bounds (checked); the master gave this region to this
+        // put alone, and the copy runs only under its grant's fence.
         let dst = unsafe { self.region.slice_mut(offset, len) };
-        let mut at = 0;
-        for p in parts {
-            dst[at..at + p.len()].copy_from_slice(p);
-            at += p.len();
-        }
-        Ok(())
+        let copy = || {
+            let mut at = 0;
+            for p in parts {
+                dst[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+        };
+        (writer.write(&fence, grant.fence, (offset, len), copy))
+            .map_err(|r| KvError::new(Code::TransferFail, r.0))
     }
 
     /// Fills `dst` in order from `offset`.
@@ -120,6 +155,8 @@ fn map(info: &SegmentInfo) -> Option<Arc<ShmMap>> {
         Arc::new(ShmMap {
             region,
             base: info.base,
+            path: path.into(),
+            writer: OnceLock::new(),
         })
     })
 }

@@ -53,6 +53,7 @@ use invalidation::InvalidationQueue;
 pub use invalidation::{FenceWait, Invalidations, FENCE_WAIT};
 use ledger::Ledger;
 use objects::{Shard, Tick, Version};
+pub use segments::MountSpec;
 use segments::SegmentSlot;
 use table::{SegNo, SegNumbers};
 pub use tiers::MoveTicket;
@@ -192,6 +193,8 @@ pub struct MasterState {
     /// above it was issued here, so an inventory cannot claim a newer one.
     first_generation: AtomicU64,
     evictions: AtomicU64,
+    /// Replicas dropped because a remounted store no longer had them.
+    replicas_lost: AtomicU64,
     /// Segments earlier leaders had, and which of them the list in etcd names.
     membership: Mutex<membership::Membership>,
     /// Segments expected back after a failover (a lock-free fast path).
@@ -266,6 +269,7 @@ impl MasterState {
             next_generation: AtomicU64::new(start),
             first_generation: AtomicU64::new(start),
             evictions: AtomicU64::new(0),
+            replicas_lost: AtomicU64::new(0),
             placements: AtomicU64::new(0),
             membership: Default::default(),
             expecting: Default::default(),
@@ -389,6 +393,9 @@ impl MasterState {
             evictions: self.evictions(),
             demotions: self.demotions(),
             promotions: self.promotions(),
+            replicas_lost: self
+                .replicas_lost
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

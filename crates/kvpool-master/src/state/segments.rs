@@ -38,6 +38,28 @@ pub(super) struct SegmentSlot {
     pub(super) scan_cutoff: Instant,
     /// The secret a re-mount of this id must prove.
     possession: [u8; 16],
+    /// The fence value of its latest mount, named in every grant for it.
+    pub(super) fence: u64,
+    /// Regions its store holds back (shared-memory writers of an earlier
+    /// fence still copying): reserved here until the store stops reporting
+    /// them. Those of a mount whose inventory is still coming are `wanted`.
+    held: Vec<Region>,
+    wanted: Vec<(u64, u64)>,
+}
+
+/// What a store says when it mounts a segment, besides the segment.
+#[derive(Debug, Clone, Default)]
+pub struct MountSpec {
+    /// Objects its inventory will report.
+    pub objects: u64,
+    /// How long before the mount its scan began.
+    pub scan_age: Duration,
+    /// The segment's secret.
+    pub possession: [u8; 16],
+    /// The mount's fence value (see `MountSegment::fence`).
+    pub fence: u64,
+    /// Regions to hold back (see `MountSegment::held`).
+    pub held: Vec<(u64, u64)>,
 }
 
 impl MasterState {
@@ -45,7 +67,8 @@ impl MasterState {
     /// (reported next with [`Self::report_objects`]): the segment takes no
     /// new objects until it is complete. A segment still mounted under
     /// another client is taken over: its store restarted within the TTL.
-    /// (For tools and tests: every segment proves the same zero secret.)
+    /// (For tools and tests: every segment proves the same zero secret, and
+    /// its fence is 1.)
     pub fn mount(
         &self,
         client: ClientId,
@@ -53,20 +76,31 @@ impl MasterState {
         objects: u64,
         now: Instant,
     ) -> KvResult<()> {
-        self.mount_scanned(client, info, objects, Duration::ZERO, [0; 16], now)
+        let spec = MountSpec {
+            objects,
+            fence: 1,
+            ..MountSpec::default()
+        };
+        self.mount_scanned(client, info, spec, now)
     }
 
-    /// [`Self::mount`] for a store whose scan began `scan_age` ago: objects
-    /// committed since then are missing from its inventory but not lost.
+    /// [`Self::mount`] as a store says it: a scan that began `scan_age` ago
+    /// (objects committed since then are missing from its inventory but not
+    /// lost), a secret, a fence, and regions to hold back.
     pub fn mount_scanned(
         &self,
         client: ClientId,
         info: SegmentInfo,
-        objects: u64,
-        scan_age: Duration,
-        possession: [u8; 16],
+        spec: MountSpec,
         now: Instant,
     ) -> KvResult<()> {
+        let MountSpec {
+            objects,
+            scan_age,
+            possession,
+            fence,
+            held,
+        } = spec;
         self.require_client(client, now)?;
         // A margin for the time the mount message took to arrive.
         let cutoff = now
@@ -138,6 +172,11 @@ impl MasterState {
                     format!("segment {} is mounted with another size", info.id),
                 ));
             }
+            // Grants from now on name the new fence; the old ones' writes are
+            // refused by the store. This master's own records of them (puts
+            // in flight, abandoned puts' regions) keep their regions reserved
+            // until they can no longer land: held regions add nothing here.
+            s.fence = fence;
             if s.owner == client && s.info == info && s.recovering.is_none() && recovering.is_none()
             {
                 return Ok(());
@@ -158,7 +197,19 @@ impl MasterState {
             }
             return Ok(());
         }
-        tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, objects, "segment mounted");
+        tracing::info!(segment = %info.id, name = %info.name, endpoint = %info.endpoint, size = info.size, objects, held = held.len(), "segment mounted");
+        // With an inventory to come, held regions are reserved with it.
+        let (alloc, held, wanted) = if objects == 0 {
+            let (alloc, _, held) = rebuild(&info, &[], &held).map_err(|e| {
+                KvError::new(
+                    Code::InvalidParams,
+                    format!("held regions of {}: {e}", info.id),
+                )
+            })?;
+            (alloc, held, Vec::new())
+        } else {
+            (OffsetAllocator::new(info.base, info.size), Vec::new(), held)
+        };
         if objects == 0 {
             // Empty: nothing to wait for.
             self.arrived(info.id);
@@ -166,7 +217,7 @@ impl MasterState {
         segs.insert(
             info.id,
             SegmentSlot {
-                alloc: Mutex::new(OffsetAllocator::new(info.base, info.size)),
+                alloc: Mutex::new(alloc),
                 info,
                 owner: client,
                 recovering,
@@ -175,6 +226,9 @@ impl MasterState {
                 io: None,
                 scan_cutoff: cutoff,
                 possession,
+                fence,
+                held,
+                wanted,
             },
         );
         Ok(())
@@ -192,7 +246,7 @@ impl MasterState {
     ) -> KvResult<InventoryVerdict> {
         // Reporting is a sign of life: a big inventory can outlast the TTL.
         self.require_client(client, now)?;
-        let (all, fresh, base, size) = {
+        let (mut all, fresh, info, wanted) = {
             let mut segs = self.segments.write();
             let s = segs.get_mut(&id).ok_or_else(|| {
                 KvError::new(
@@ -235,26 +289,27 @@ impl MasterState {
             let all = std::mem::take(inv);
             // A segment that holds no live region yet was new to this master.
             let fresh = s.alloc.lock().live_regions() == 0;
-            (all, fresh, s.info.base, s.info.size)
+            (all, fresh, s.info.clone(), std::mem::take(&mut s.wanted))
         };
-        let mut all = all;
         // A part sent again (its answer was lost) reports the same regions.
         all.sort_unstable_by_key(|i| i.offset);
         all.dedup_by_key(|i| i.offset);
         // The regions of a fresh segment's inventory, in its (offset) order.
         let mut regions = Vec::new();
         if fresh {
-            let used = all.iter().map(|i| (i.offset, i.region_len));
-            let alloc = OffsetAllocator::with_used(base, size, used).map_err(|e| e.to_string());
-            if let Ok(a) = &alloc {
-                regions = a.live_list();
-            }
+            let alloc = rebuild(&info, &all, &wanted).map(|(alloc, items, held)| {
+                regions = items;
+                (alloc, held)
+            });
             let mut segs = self.segments.write();
             let slot = segs
                 .get_mut(&id)
                 .filter(|s| s.owner == client && s.recovering.is_some());
             match (slot, alloc) {
-                (Some(s), Ok(alloc)) => *s.alloc.lock() = alloc,
+                (Some(s), Ok((alloc, held))) => {
+                    *s.alloc.lock() = alloc;
+                    s.held = held;
+                }
                 (None, _) => {
                     return Err(KvError::new(
                         Code::SegmentNotFound,
@@ -431,12 +486,24 @@ impl MasterState {
                 None => lost.push((shard, offset, generation)),
             }
         }
-        // Replicas whose bytes did not survive, one pass per shard that has any.
+        // Replicas whose bytes did not survive, one pass per shard that has
+        // any. Each is named in the log: an acknowledged object may be gone.
         lost.sort_unstable();
         let mut freed = Vec::new();
         for group in lost.chunk_by(|a, b| a.0 == b.0) {
             let gone: HashSet<(u64, u64)> = group.iter().map(|&(_, o, g)| (o, g)).collect();
             let mut sh = self.shards[group[0].0 as usize].lock();
+            for (i, v) in sh.objects.iter() {
+                for (s, r) in sh.objects.replicas(i) {
+                    if s == no && gone.contains(&(r.offset, v.generation)) {
+                        let key = sh.objects.key(i);
+                        tracing::warn!(segment = %id, key, offset = r.offset, generation = v.generation,
+                            "replica lost: missing from its remounted store's inventory");
+                    }
+                }
+            }
+            self.replicas_lost
+                .fetch_add(group.len() as u64, Ordering::Relaxed);
             sh.objects.retain_replicas(|v, s, r| {
                 let lost = s == no && gone.contains(&(r.offset, v.generation));
                 if lost {
@@ -564,6 +631,32 @@ impl MasterState {
             .collect()
     }
 
+    /// Releases the regions held back on `client`'s segments that its store
+    /// no longer reports as held (`held`: `(segment, offset, len)`); the
+    /// store destroyed what the late writer left there first.
+    pub fn record_held(&self, client: ClientId, held: &[(SegmentId, u64, u64)]) {
+        let mut released = Vec::new();
+        {
+            let mut segs = self.segments.write();
+            for (id, s) in segs.iter_mut() {
+                if s.owner != client || s.held.is_empty() {
+                    continue;
+                }
+                s.held.retain(|r| {
+                    let keep = held.iter().any(|&(h, o, _)| h == *id && o == r.offset);
+                    if !keep {
+                        released.push((*id, *r));
+                    }
+                    keep
+                });
+            }
+        }
+        if !released.is_empty() {
+            tracing::info!(regions = ?released, "held regions released: their late writers finished or died");
+            self.free_now(&released, None);
+        }
+    }
+
     /// Records a store's report of its I/O on its segments.
     pub fn record_io(&self, client: ClientId, io: &[SegmentIo]) {
         if io.is_empty() {
@@ -675,10 +768,34 @@ impl MasterState {
                     len: r.len,
                     cap: None,
                     tier: s.info.tier,
+                    fence: s.fence,
                 })
             })
             .collect()
     }
+}
+
+impl MasterState {
+    /// The fence value of segment `id`'s latest mount (0 if not mounted).
+    pub(super) fn fence_of(&self, id: SegmentId) -> u64 {
+        self.segments.read().get(&id).map_or(0, |s| s.fence)
+    }
+}
+
+/// An allocator for `info`'s segment with `items`' regions and the `held`
+/// ones in use; returns it with the items' regions (in offset order, as
+/// the items must be) and the held ones.
+fn rebuild(
+    info: &SegmentInfo,
+    items: &[InventoryItem],
+    held: &[(u64, u64)],
+) -> Result<(OffsetAllocator, Vec<Region>, Vec<Region>), String> {
+    let used = items.iter().map(|i| (i.offset, i.region_len));
+    let alloc = OffsetAllocator::with_used(info.base, info.size, used.chain(held.iter().copied()))
+        .map_err(|e| e.to_string())?;
+    let (held, items) =
+        (alloc.live_list().into_iter()).partition(|r| held.iter().any(|&(o, _)| o == r.offset));
+    Ok((alloc, items, held))
 }
 
 /// Compares two secrets in time that does not depend on where they differ.

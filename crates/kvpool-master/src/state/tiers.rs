@@ -268,6 +268,7 @@ impl MasterState {
                     to: g.disk,
                     to_offset: to.offset,
                     generation,
+                    fence: self.fence_of(g.disk),
                 },
                 to,
             });
@@ -376,6 +377,7 @@ impl MasterState {
                         to: mem,
                         to_offset: to.offset,
                         generation,
+                        fence: self.fence_of(mem),
                     },
                     to,
                 },

@@ -59,7 +59,8 @@ pub fn free_port() -> u16 {
 }
 
 /// A `kvpool` command without the caller's `KVPOOL_*`/`MOONCAKE_*` env, logging
-/// uncoloured at `$KVPOOL_TEST_LOG` (default `info`).
+/// uncoloured at `$KVPOOL_TEST_LOG` (default `info`), with the bug
+/// `$KVPOOL_TEST_PLANTED_BUG` planted if set.
 pub fn kvpool_command<I, S>(args: I) -> Command
 where
     I: IntoIterator<Item = S>,
@@ -87,6 +88,11 @@ where
         "KVPOOL_LOG",
         std::env::var("KVPOOL_TEST_LOG").unwrap_or_else(|_| "info".into()),
     );
+    // A bug planted on purpose, to see a test catch it (docs/chaos.md,
+    // "Planted bugs"); acts only in a binary built with the feature.
+    if let Ok(bug) = std::env::var("KVPOOL_TEST_PLANTED_BUG") {
+        cmd.env("KVPOOL_PLANTED_BUG", bug);
+    }
     cmd
 }
 
@@ -488,6 +494,8 @@ pub fn black_hole_mount(client_id: ClientId) -> msg::MountSegment {
         objects: 0,
         scan_age_ms: 0,
         possession: [0; 16],
+        fence: 1,
+        held: Vec::new(),
     }
 }
 
