@@ -1297,9 +1297,13 @@ impl Sim {
                         prop_assert_eq!(code(got), OBJECT_HAS_LEASE)
                     }
                     Some(_) => {
-                        // Freed at once, even under a lease (forced).
+                        // Freed at once, even under a lease (forced), unless
+                        // an older version of the key is still to be
+                        // destroyed (the next delivery frees it then).
                         prop_assert_eq!(got, Ok(()));
-                        self.committed.remove(&key);
+                        let v = self.committed.remove(&key).expect("committed");
+                        self.deferred
+                            .extend(v.replicas.into_iter().map(|r| (now, r)));
                     }
                     None => prop_assert_eq!(code(got), OBJECT_NOT_FOUND),
                 }
@@ -1992,6 +1996,64 @@ fn an_undelivered_invalidation_fences_until_no_young_lease_can_read_the_old_vers
     p.st.invalidations_delivered(inv[0].0);
     p.st.invalidations_sent(through);
     assert!(p.st.fence_done(&w, t(12_100)));
+}
+
+/// A key's last version is destroyed only after every older version of it
+/// is (chaos finding 13): the old version of "k" stays on an unreachable
+/// store, the new one is removed, and if the new one's bytes went first, a
+/// new leader rebuilding from the stores would serve the old value again.
+#[test]
+fn a_last_version_is_destroyed_only_after_the_older_ones() {
+    let p = Pool::new(config());
+    let (a, b) = (p.client(1), p.client(2));
+    p.mount(a, 1, "a", MIB);
+    let now = p.at(0);
+    let on = |seg: &str| ReplicateConfig {
+        preferred_segments: vec![seg.into()],
+        ..replicas(1)
+    };
+    p.start_with(a, "k", OBJ, &on("a"), false, now);
+    p.end(a, "k", now).unwrap();
+    p.mount(b, 2, "b", MIB);
+    // The new version goes to "b"; the old one's store cannot be told.
+    let (g2, reps) = p.start_with(a, "k", OBJ, &on("b"), true, now);
+    assert_eq!(reps[0].segment, SegmentId(2));
+    p.end(a, "k", now).unwrap();
+    let undelivered = |p: &Pool| {
+        let (inv, through) = p.st.take_invalidations();
+        for (id, _, regions) in inv.iter().cloned() {
+            if id == SegmentId(1) {
+                p.st.requeue_invalidations(id, regions);
+            }
+        }
+        p.st.invalidations_sent(through);
+        inv
+    };
+    undelivered(&p);
+    let used = p.used();
+    p.remove("k", true, now).unwrap();
+    let inv = undelivered(&p);
+    assert!(
+        inv.iter().all(|(id, ..)| *id == SegmentId(1)),
+        "the new version is not destroyed before the old one: {inv:?}"
+    );
+    assert_eq!(p.used(), used, "its region is held meanwhile");
+    assert!(
+        p.st.fence(["k"], now).is_some(),
+        "the removal's reply waits"
+    );
+    // Delivered at last: the new version goes next.
+    let (inv, through) = p.st.take_invalidations();
+    for (id, ..) in &inv {
+        p.st.invalidations_delivered(*id);
+    }
+    p.st.invalidations_sent(through);
+    let (inv, through) = p.st.take_invalidations();
+    assert_eq!(inv.len(), 1);
+    assert_eq!(inv[0].0, SegmentId(2));
+    assert_eq!(inv[0].2[0].1, g2);
+    p.st.invalidations_sent(through);
+    assert_eq!(p.used(), used - OBJ);
 }
 
 /// A removal whose store cannot be told answers only once it is, for as

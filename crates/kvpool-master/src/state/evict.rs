@@ -155,7 +155,7 @@ impl MasterState {
             let v = self.unpack(v);
             out.objects += 1;
             out.bytes += v.replicas.iter().map(|(_, r)| r.len).sum::<u64>();
-            self.retire(&key, &v);
+            self.retire(&key, &v, true);
         }
     }
 

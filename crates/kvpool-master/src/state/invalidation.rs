@@ -34,6 +34,47 @@ pub(super) struct InvalidationQueue {
     /// cut off from this master while clients may still reach it): a
     /// fence over them holds until they are delivered.
     pub(super) owing: HashSet<SegmentId>,
+    /// Keys with a destroyed version whose destruction is not delivered yet
+    /// (not sent, or its segment owes it): unlike a fence, this stays until
+    /// delivery, however long (see [`MasterState::retire_last`]).
+    older: HashMap<String, Older>,
+    /// Destructions of keys' last versions waiting for an older version's.
+    held_back: HashMap<String, Copies>,
+}
+
+/// Copies of a version to destroy: `(segment, region, generation)`.
+type Copies = Vec<(SegmentId, Region, u64)>;
+
+/// Where an older version of a key still waits to be destroyed.
+#[derive(Debug, Clone)]
+struct Older {
+    /// The invalidation batch that destroys it.
+    seq: u64,
+    /// The segments it lies on.
+    segments: Vec<SegmentId>,
+}
+
+impl InvalidationQueue {
+    /// Whether `key` has a version whose destruction is not delivered yet,
+    /// with batches through `sent` sent.
+    fn older_pending(&self, key: &str, sent: u64) -> bool {
+        (self.older.get(key))
+            .is_some_and(|o| o.seq > sent || o.segments.iter().any(|s| self.owing.contains(s)))
+    }
+
+    /// Records that `key`'s copies on `segments` are destroyed by batch `seq`.
+    fn note_older(&mut self, key: &str, seq: u64, segments: impl Iterator<Item = SegmentId>) {
+        let o = (self.older.entry(key.to_string())).or_insert(Older {
+            seq,
+            segments: Vec::new(),
+        });
+        o.seq = o.seq.max(seq);
+        for s in segments {
+            if !o.segments.contains(&s) {
+                o.segments.push(s);
+            }
+        }
+    }
 }
 
 /// What must happen before a reply about a key with a replaced or removed
@@ -174,13 +215,18 @@ impl MasterState {
 
     /// Frees the regions of `key`'s version `v`, which was evicted or
     /// replaced without a live lease, and fences the key until its headers
-    /// are destroyed.
-    pub(super) fn retire(&self, key: &str, v: &Version) {
+    /// are destroyed. `last`: nothing newer of the key stays (see
+    /// [`Self::retire_last`]).
+    pub(super) fn retire(&self, key: &str, v: &Version, last: bool) {
+        let young = self.young_until(v);
+        if last && self.retire_last(key, v, young) {
+            return;
+        }
         self.free_now(&v.replicas, Some(v.generation));
         let mut inv = self.invalidations.lock();
         let seq = inv.seq;
-        let young = self.young_until(v);
         self.fence_key(&mut inv, key, v, seq, young);
+        inv.note_older(key, seq, v.replicas.iter().map(|(s, _)| *s));
     }
 
     /// Frees the regions of `key`'s version `v`, removed by a client, and
@@ -190,11 +236,95 @@ impl MasterState {
     /// survives on an unreachable store: a new leader, which knows nothing
     /// of the removal, would take the key back from that store's inventory.
     pub(super) fn retire_removed(&self, key: &str, v: &Version, now: Instant) {
+        let until = now + self.cfg.client_ttl + self.cfg.store_grace;
+        if self.retire_last(key, v, until) {
+            return;
+        }
         self.free_now(&v.replicas, Some(v.generation));
         let mut inv = self.invalidations.lock();
         let seq = inv.seq;
-        let until = now + self.cfg.client_ttl + self.cfg.store_grace;
         self.fence_key(&mut inv, key, v, seq, until);
+        inv.note_older(key, seq, v.replicas.iter().map(|(s, _)| *s));
+    }
+
+    /// Retires `key`'s last version `v` (removed, evicted: nothing newer of
+    /// the key stays) after any older version of the key whose destruction
+    /// is not delivered yet: until then `v` keeps its regions and its bytes,
+    /// and the key is fenced until `until`. Destroyed first, `v` would leave
+    /// the older version the newest on the stores, and a new leader
+    /// rebuilding from their inventories would serve it, a value replaced
+    /// long before (chaos finding 13: a store holding the older version was
+    /// cut off, the newer one was removed, then the leader died). Returns
+    /// false when nothing older waits, and `v` is retired as usual.
+    pub(super) fn retire_last(&self, key: &str, v: &Version, until: Instant) -> bool {
+        let sent = self.invalidated_through.load(Ordering::Acquire);
+        let mut inv = self.invalidations.lock();
+        if !inv.older_pending(key, sent) {
+            return false;
+        }
+        let older = inv.older[key].clone();
+        let copies = v.replicas.iter().map(|(s, r)| (*s, *r, v.generation));
+        inv.held_back
+            .entry(key.to_string())
+            .or_default()
+            .extend(copies);
+        self.fence_key(&mut inv, key, v, older.seq, until);
+        if let Some(f) = inv.fences.get_mut(key) {
+            for s in older.segments {
+                if !f.segments.contains(&s) {
+                    f.segments.push(s);
+                }
+            }
+        }
+        true
+    }
+
+    /// Retires the versions held back behind older ones that are destroyed
+    /// now (see [`Self::retire_last`]).
+    pub(super) fn release_held_back(&self) {
+        let sent = self.invalidated_through.load(Ordering::Acquire);
+        let ready: Vec<(String, Copies)> = {
+            let mut inv = self.invalidations.lock();
+            if inv.held_back.is_empty() {
+                return;
+            }
+            let keys: Vec<String> = (inv.held_back.keys())
+                .filter(|k| !inv.older_pending(k, sent))
+                .cloned()
+                .collect();
+            (keys.into_iter())
+                .filter_map(|k| inv.held_back.remove(&k).map(|c| (k, c)))
+                .collect()
+        };
+        for (key, copies) in ready {
+            for &(s, r, generation) in &copies {
+                self.free_now(&[(s, r)], Some(generation));
+            }
+            let mut inv = self.invalidations.lock();
+            let seq = inv.seq;
+            inv.note_older(&key, seq, copies.iter().map(|c| c.0));
+            if let Some(f) = inv.fences.get_mut(&key) {
+                f.seq = f.seq.max(seq);
+            }
+        }
+    }
+
+    /// Forgets what segment `id` owed and held back: it is gone, and its
+    /// copies with it.
+    pub(super) fn forget_segment_copies(&self, id: SegmentId) {
+        {
+            let mut inv = self.invalidations.lock();
+            inv.regions.remove(&id);
+            inv.owing.remove(&id);
+            for o in inv.older.values_mut() {
+                o.segments.retain(|s| *s != id);
+            }
+            for copies in inv.held_back.values_mut() {
+                copies.retain(|c| c.0 != id);
+            }
+            inv.held_back.retain(|_, c| !c.is_empty());
+        }
+        self.release_held_back();
     }
 
     /// Retires `key`'s version `v`, replaced by a newer one: its headers are
@@ -214,13 +344,14 @@ impl MasterState {
             let seq = inv.seq;
             let young = self.young_until(&v);
             self.fence_key(&mut inv, key, &v, seq, young);
+            inv.note_older(key, seq, v.replicas.iter().map(|(s, _)| *s));
             drop(inv);
             let until = self.instant(v.lease_until);
             self.deferred
                 .lock()
                 .extend(v.replicas.into_iter().map(|(s, r)| (until, s, r, None)));
         } else {
-            self.retire(key, &v);
+            self.retire(key, &v, false);
         }
     }
 
@@ -313,8 +444,11 @@ impl MasterState {
         let owing = std::mem::take(&mut inv.owing);
         inv.fences
             .retain(|_, f| f.seq > seq || f.segments.iter().any(|s| owing.contains(s)));
+        inv.older
+            .retain(|_, o| o.seq > seq || o.segments.iter().any(|s| owing.contains(s)));
         inv.owing = owing;
         drop(inv);
+        self.release_held_back();
         let due: Vec<(SegmentId, Region)> = {
             let mut waiting = self.after_invalidation.lock();
             let (due, keep): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|(s, ..)| *s <= seq);
@@ -326,7 +460,16 @@ impl MasterState {
 
     /// Records that everything queued for segment `id` was delivered.
     pub fn invalidations_delivered(&self, id: SegmentId) {
-        self.invalidations.lock().owing.remove(&id);
+        let sent = self.invalidated_through.load(Ordering::Acquire);
+        let mut inv = self.invalidations.lock();
+        if inv.owing.remove(&id) {
+            let owing = std::mem::take(&mut inv.owing);
+            inv.older
+                .retain(|_, o| o.seq > sent || o.segments.iter().any(|s| owing.contains(s)));
+            inv.owing = owing;
+            drop(inv);
+            self.release_held_back();
+        }
     }
 
     /// Bytes of regions on `seg` freed as soon as their invalidations are

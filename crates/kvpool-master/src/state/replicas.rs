@@ -311,7 +311,7 @@ impl MasterState {
                     let v = shard.objects.remove_at(i);
                     drop(shard);
                     let v = self.unpack(v);
-                    self.retire(k, &v);
+                    self.retire(k, &v, true);
                     return true;
                 }
                 let (Some(id), Some(no)) = (target, no) else {
@@ -330,7 +330,7 @@ impl MasterState {
                         committed_at: Tick(0),
                         hard_pin: None,
                     };
-                    self.retire(k, &v);
+                    self.retire(k, &v, false);
                 }
                 true
             })

@@ -47,6 +47,9 @@ pub(super) struct SegmentSlot {
     wanted: Vec<(u64, u64)>,
 }
 
+/// Replicas a reconcile names one by one in the log; the rest are counted.
+const LOST_LOGGED: usize = 100;
+
 /// What a store says when it mounts a segment, besides the segment.
 #[derive(Debug, Clone, Default)]
 pub struct MountSpec {
@@ -376,14 +379,19 @@ impl MasterState {
         let at = self.tick(now);
         let bound = self.generation_bound();
         debug_assert_eq!(items.len(), regions.len());
+        let mut logged = 0;
         for (it, region) in items.into_iter().zip(regions) {
             let mut shard = self.shard(&it.key).lock();
             let objects = &mut shard.objects;
             let first = self.first_generation.load(Ordering::Relaxed);
-            let keep = match objects.find(&it.key) {
+            let found = objects.find(&it.key);
+            let held = found.map(|i| objects.at(i).generation);
+            let keep = match found {
                 // Never issued by anyone: forged (or a clock far off).
-                _ if it.generation > bound => false,
-                Some(i) if objects.at(i).generation > it.generation => false,
+                _ if it.generation > bound => Err("never issued"),
+                Some(i) if objects.at(i).generation > it.generation => {
+                    Err("older than the version known")
+                }
                 // This master issued the version it holds, so it would have
                 // issued the newer one too, and committed it: forged, or a
                 // put that never committed.
@@ -391,11 +399,11 @@ impl MasterState {
                     if objects.at(i).generation >= first
                         && it.generation > objects.at(i).generation =>
                 {
-                    false
+                    Err("newer than this master's own version: never committed")
                 }
                 Some(i) if objects.at(i).generation == it.generation => {
                     objects.add_replica(i, no, region);
-                    true
+                    Ok(())
                 }
                 _ => {
                     let old = objects.insert(
@@ -415,14 +423,20 @@ impl MasterState {
                     if let Some(old) = old {
                         self.release(&it.key, self.unpack(old), now);
                     }
-                    true
+                    Ok(())
                 }
             };
-            if keep {
-                v.accepted += 1;
-            } else {
-                self.free_now(&[(id, region)], None);
-                v.rejected.push((it.offset, it.generation));
+            match keep {
+                Ok(()) => v.accepted += 1,
+                Err(why) => {
+                    if logged < LOST_LOGGED {
+                        logged += 1;
+                        tracing::info!(segment = %id, key = it.key, generation = it.generation, offset = it.offset,
+                            known = ?held, "inventory object not taken: {why}");
+                    }
+                    self.free_now(&[(id, region)], None);
+                    v.rejected.push((it.offset, it.generation));
+                }
             }
         }
         self.open_segment(id);
@@ -487,15 +501,18 @@ impl MasterState {
             }
         }
         // Replicas whose bytes did not survive, one pass per shard that has
-        // any. Each is named in the log: an acknowledged object may be gone.
+        // any. Each is named in the log (the first LOST_LOGGED of them): an
+        // acknowledged object may be gone.
         lost.sort_unstable();
         let mut freed = Vec::new();
+        let mut logged = 0;
         for group in lost.chunk_by(|a, b| a.0 == b.0) {
             let gone: HashSet<(u64, u64)> = group.iter().map(|&(_, o, g)| (o, g)).collect();
             let mut sh = self.shards[group[0].0 as usize].lock();
             for (i, v) in sh.objects.iter() {
                 for (s, r) in sh.objects.replicas(i) {
-                    if s == no && gone.contains(&(r.offset, v.generation)) {
+                    if logged < LOST_LOGGED && s == no && gone.contains(&(r.offset, v.generation)) {
+                        logged += 1;
                         let key = sh.objects.key(i);
                         tracing::warn!(segment = %id, key, offset = r.offset, generation = v.generation,
                             "replica lost: missing from its remounted store's inventory");
@@ -511,6 +528,9 @@ impl MasterState {
                 }
                 !lost
             });
+        }
+        if lost.len() > LOST_LOGGED {
+            tracing::warn!(segment = %id, lost = lost.len(), "replicas lost in all (the first {LOST_LOGGED} named above)");
         }
         self.free_now(&freed, None);
         self.open_segment(id);
@@ -581,7 +601,7 @@ impl MasterState {
         tracing::info!(segment = %id, "segment unmounted");
         self.deferred.lock().retain(|(_, s, _, _)| *s != id);
         self.after_invalidation.lock().retain(|(_, s, _)| *s != id);
-        self.invalidations.lock().regions.remove(&id);
+        self.forget_segment_copies(id);
         let no = self.numbers.read().get(id);
         for shard in self.shards.iter() {
             let mut sh = shard.lock();
@@ -635,6 +655,12 @@ impl MasterState {
     /// no longer reports as held (`held`: `(segment, offset, len)`); the
     /// store destroyed what the late writer left there first.
     pub fn record_held(&self, client: ClientId, held: &[(SegmentId, u64, u64)]) {
+        // Every heartbeat comes here: the common case takes no write lock.
+        let segs = self.segments.read();
+        if !(segs.values()).any(|s| s.owner == client && !s.held.is_empty()) {
+            return;
+        }
+        drop(segs);
         let mut released = Vec::new();
         {
             let mut segs = self.segments.write();
@@ -793,8 +819,8 @@ fn rebuild(
     let used = items.iter().map(|i| (i.offset, i.region_len));
     let alloc = OffsetAllocator::with_used(info.base, info.size, used.chain(held.iter().copied()))
         .map_err(|e| e.to_string())?;
-    let (held, items) =
-        (alloc.live_list().into_iter()).partition(|r| held.iter().any(|&(o, _)| o == r.offset));
+    let held: HashSet<u64> = held.iter().map(|&(o, _)| o).collect();
+    let (held, items) = (alloc.live_list().into_iter()).partition(|r| held.contains(&r.offset));
     Ok((alloc, items, held))
 }
 
