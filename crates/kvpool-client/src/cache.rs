@@ -252,7 +252,9 @@ mod tests {
     /// stores would refuse the read.
     #[test]
     fn locations_with_expiring_grants_are_dropped() {
-        let c = LocationCache::new(16);
+        // Room for both in any shard (16 entries are one per shard: the two
+        // keys shared one 1 time in 16, and the second pushed out the first).
+        let c = LocationCache::new(1024);
         let granted = |expires_ms| {
             let mut l = loc(1);
             l.replicas[0].cap = Some(kvpool_proto::msg::Capability {

@@ -1381,7 +1381,11 @@ impl Sim {
                     );
                     objects += 1;
                     freed += bytes(&v.replicas);
-                    self.committed.remove(&k);
+                    // Its regions go at once, or at the next delivery when
+                    // an older version of the key is still to be destroyed.
+                    let v = self.committed.remove(&k).expect("committed");
+                    self.deferred
+                        .extend(v.replicas.into_iter().map(|r| (now, r)));
                 }
                 (None, Some(i)) => prop_assert!(false, "key {k} came back: {i:?}"),
                 (None, None) => {}
