@@ -12,9 +12,13 @@
 # and its ratio to plain. Objects are kept (--keep) in every pool, so all
 # three are full and evicting alike after the first round (a client key
 # may not RemoveAll, so cleaning up would favour the plain pool).
+# With BEFORE=<kvpool binary of an earlier build> a fourth pool, "before",
+# runs that binary with no secret: plain / before is what the change between
+# the two builds costs (the write fence, say), on this machine in this run.
 # Usage: bench/security_cost.sh [OUTDIR]   (builds the release binary first)
 # Env: ROUNDS (default 5), DURATION (per bench phase, default 3s),
-#      SIZES (default 4KiB,512KiB), SEGMENT (per store, default 1GiB).
+#      SIZES (default 4KiB,512KiB), SEGMENT (per store, default 1GiB),
+#      BEFORE (optional, see above).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-/tmp/kvpool-bench/security}"; mkdir -p "$OUT"
@@ -34,9 +38,13 @@ trap cleanup EXIT
 chmod 600 "$DATA"/*.key
 "$K" tls new --out "$DATA/tls" --cert master --cert store >/dev/null
 
+POOLS=(plain auth tls)
+declare -A BIN=([plain]="$K" [auth]="$K" [tls]="$K")
+if [ -n "${BEFORE:-}" ]; then POOLS=(before "${POOLS[@]}"); BIN[before]="$BEFORE"; fi
+
 # pool NAME PORT -> starts it; the client flags go to $DATA/NAME.flags
 pool() {
-  local name=$1 port=$2 mflags=() sflags=() cflags=()
+  local name=$1 port=$2 mflags=() sflags=() cflags=() bin=${BIN[$1]}
   case $name in
     auth|tls)
       mflags+=(--secret-file "$DATA/admin.key"); sflags+=(--secret-file "$DATA/store.key")
@@ -47,27 +55,27 @@ pool() {
     sflags+=(--tls-ca "$DATA/tls/ca.pem" --tls-cert "$DATA/tls/store.pem" --tls-key "$DATA/tls/store.key")
     cflags+=(--tls-ca "$DATA/tls/ca.pem")
   fi
-  "$K" master --rpc-port "$port" --metrics-port $((port + 1)) "${mflags[@]}" >"$OUT/$name-master.log" 2>&1 & PIDS+=($!)
+  "$bin" master --rpc-port "$port" --metrics-port $((port + 1)) "${mflags[@]}" >"$OUT/$name-master.log" 2>&1 & PIDS+=($!)
   for i in 1 2; do
-    "$K" store --master "127.0.0.1:$port" --segment-size "$SEGMENT" --data-dir "$DATA/$name-s$i" \
+    "$bin" store --master "127.0.0.1:$port" --segment-size "$SEGMENT" --data-dir "$DATA/$name-s$i" \
       "${sflags[@]}" >"$OUT/$name-store$i.log" 2>&1 & PIDS+=($!)
   done
   echo "${cflags[@]}" >"$DATA/$name.flags"
   for _ in $(seq 1 60); do
     # shellcheck disable=SC2046
-    "$K" status --master "127.0.0.1:$port" $(cat "$DATA/$name.flags") 2>/dev/null | grep -q "segments: 2" && return
+    "$bin" status --master "127.0.0.1:$port" $(cat "$DATA/$name.flags") 2>/dev/null | grep -q "segments: 2" && return
     sleep 0.5
   done
   echo "pool $name did not start; see $OUT/$name-*.log" >&2; exit 1
 }
-pool plain 50451; pool auth 50461; pool tls 50471
-declare -A PORT=([plain]=50451 [auth]=50461 [tls]=50471)
+declare -A PORT=([before]=50441 [plain]=50451 [auth]=50461 [tls]=50471)
+for name in "${POOLS[@]}"; do pool "$name" "${PORT[$name]}"; done
 
 : >"$OUT/raw.tsv"
 for r in $(seq 1 "$ROUNDS"); do
-  for name in plain auth tls; do
+  for name in "${POOLS[@]}"; do
     # shellcheck disable=SC2046
-    "$K" bench --master "127.0.0.1:${PORT[$name]}" $(cat "$DATA/$name.flags") --protocol tcp \
+    "${BIN[$name]}" bench --master "127.0.0.1:${PORT[$name]}" $(cat "$DATA/$name.flags") --protocol tcp \
       --sizes "$SIZES" --batch 32 --concurrency 4 --duration "$DURATION" --prefix "r$r" --keep 2>/dev/null |
       awk -v pool="$name" -v round="$r" '($1 == "put" || $1 == "get") && $2 ~ /B$/ { print pool "\t" round "\t" $1 "\t" $2 "\t" $5 "\t" $6 "\t" $8 }' >>"$OUT/raw.tsv"
   done
@@ -79,13 +87,22 @@ rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     pool, _, op, size, items, gbs, p99 = line.split("\t")
     rows[(op, size, pool)].append((float(items), float(gbs), float(p99)))
-print("| op | size | plain GB/s | auth GB/s | auth / plain | auth+TLS GB/s | TLS / plain | p99 plain / auth / TLS (us) |")
-print("|---|---|---|---|---|---|---|---|")
+before = any(p == "before" for _, _, p in rows)
+head = "| op | size | plain GB/s | auth GB/s | auth / plain | auth+TLS GB/s | TLS / plain | p99 plain / auth / TLS (us) |"
+line = "|---|---|---|---|---|---|---|---|"
+if before:
+    head += " before GB/s | plain / before | p99 before (us) |"
+    line += "---|---|---|"
+print(head)
+print(line)
 for op, size in sorted({(o, s) for o, s, _ in rows}, key=lambda k: (k[0] != "put", k[1])):
     med = {p: (statistics.median(x[1] for x in rows[(op, size, p)]), statistics.median(x[2] for x in rows[(op, size, p)]))
-           for p in ("plain", "auth", "tls")}
+           for p in ("plain", "auth", "tls") + (("before",) if before else ())}
     base = med["plain"][0]
-    print(f"| {op} | {size} | {base:.3f} | {med['auth'][0]:.3f} | {med['auth'][0] / base:.3f} | "
-          f"{med['tls'][0]:.3f} | {med['tls'][0] / base:.3f} | "
-          f"{med['plain'][1]:.0f} / {med['auth'][1]:.0f} / {med['tls'][1]:.0f} |")
+    row = (f"| {op} | {size} | {base:.3f} | {med['auth'][0]:.3f} | {med['auth'][0] / base:.3f} | "
+           f"{med['tls'][0]:.3f} | {med['tls'][0] / base:.3f} | "
+           f"{med['plain'][1]:.0f} / {med['auth'][1]:.0f} / {med['tls'][1]:.0f} |")
+    if before:
+        row += f" {med['before'][0]:.3f} | {base / med['before'][0]:.3f} | {med['before'][1]:.0f} |"
+    print(row)
 EOF

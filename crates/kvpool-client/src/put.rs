@@ -95,11 +95,13 @@ impl Client {
         upsert: bool,
     ) -> Vec<KvResult<()>> {
         let t0 = Instant::now();
+        // Every pass is this one operation to the master (see `PutStart::op`).
+        let op = rand::random::<u64>() | 1;
         // Another writer holding a key, or a store restarting, is worth a retry.
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {
             let round: Vec<Item> = retry.todo().iter().map(|&i| items[i]).collect();
-            let out = self.put_round(&round, config, upsert).await;
+            let out = self.put_round(&round, config, (upsert, op)).await;
             if !retry.settle(out).await {
                 let out = retry.finish();
                 let len = |i: usize, _: &()| value_len(items[i].1);
@@ -109,12 +111,13 @@ impl Client {
         }
     }
 
-    /// One pass of a batch put: start, write, commit or revoke.
+    /// One pass of a batch put (an upsert or not, of operation `op`):
+    /// start, write, commit or revoke.
     async fn put_round(
         &self,
         items: &[Item<'_>],
         config: &ReplicateConfig,
-        upsert: bool,
+        (upsert, op): (bool, u64),
     ) -> Vec<KvResult<()>> {
         let (mut results, put_items, index) = plan(items);
         if put_items.is_empty() {
@@ -123,6 +126,7 @@ impl Client {
         let client_id = self.client_id();
         let start = |items| msg::PutStart {
             client_id,
+            op,
             items,
             config: config.clone(),
             upsert,

@@ -228,6 +228,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
         Opcode::PutStart => both(
             PutStart {
                 client_id: ID,
+                op: 1,
                 items: keys()
                     .into_iter()
                     .map(|key| PutItem {

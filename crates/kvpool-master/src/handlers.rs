@@ -227,8 +227,8 @@ impl Handle for msg::PutStart {
         }
         cx.count_bad_keys("PutStart", self.items.iter().map(|i| i.key.as_str()));
         let m = cx.master;
-        let mut v = m.state.put_start(
-            self.client_id,
+        let mut v = m.state.put_start_op(
+            (self.client_id, self.op),
             &self.items,
             &self.config,
             self.upsert,

@@ -453,6 +453,24 @@ fn only_the_writer_ends_or_revokes_and_retries_are_idempotent() {
     assert_eq!(p.put(a, "k", 4 * KIB, now).unwrap(), grant);
     assert_eq!((p.st.status().pending, p.used()), (1, 4 * KIB));
 
+    // So does the same operation asking again, and only it: another call
+    // of the same client is another writer (the chaos harness saw a
+    // write-once put and an upsert of one client granted one region, both
+    // acknowledged, one's bytes in it).
+    let it = [item("j", 4 * KIB)];
+    let first =
+        p.st.put_start_op((a, 7), &it, &replicas(1), true, now)
+            .remove(0);
+    let again =
+        p.st.put_start_op((a, 7), &it, &replicas(1), true, now)
+            .remove(0);
+    assert_eq!(again, first);
+    let other =
+        p.st.put_start_op((a, 8), &it, &replicas(1), false, now)
+            .remove(0);
+    assert_eq!(code(other), REPLICA_IS_NOT_READY);
+    p.revoke(a, "j").unwrap();
+
     // Anyone else must wait, insert or upsert.
     assert_eq!(code(p.put(b, "k", 4 * KIB, now)), REPLICA_IS_NOT_READY);
     assert_eq!(

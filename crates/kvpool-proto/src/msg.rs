@@ -608,6 +608,12 @@ pub struct PutItem {
 pub struct PutStart {
     /// The writer; only it may end or revoke these puts.
     pub client_id: ClientId,
+    /// The writer's operation, the same on each of its retries (a lost
+    /// answer, another pass after a transient failure): a key whose put by
+    /// this very operation is in flight gets the same regions back, and one
+    /// whose put by another operation is in flight is busy, as for another
+    /// writer.
+    pub op: u64,
     /// The objects.
     pub items: Vec<PutItem>,
     /// Placement and pinning, for every item.
@@ -635,7 +641,7 @@ impl Rpc for PutStart {
     type Response = Vec<WireResult<PutGrant>>;
 
     fn batch_len(meta: &[u8]) -> Option<u64> {
-        seq_len_after::<ClientId>(meta)
+        seq_len_after::<(ClientId, u64)>(meta)
     }
 }
 
@@ -1062,6 +1068,7 @@ mod tests {
     fn messages_round_trip() {
         let m = PutStart {
             client_id: ClientId(u128::MAX - 3),
+            op: 1,
             items: vec![PutItem {
                 key: "k".repeat(100),
                 value_len: 4096,
@@ -1150,6 +1157,7 @@ mod tests {
             check(
                 &PutStart {
                     client_id: id,
+                    op: 1,
                     items,
                     config,
                     upsert: true,

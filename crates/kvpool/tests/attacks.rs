@@ -732,6 +732,7 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
     // region, not for the victim's, nor past its end.
     let start = msg::PutStart {
         client_id: link.client_id(),
+        op: 1,
         items: vec![msg::PutItem {
             key: "attacker-own".into(),
             value_len: 64,

@@ -249,6 +249,7 @@ async fn out_of_range_write_is_refused_and_the_connection_survives() {
     let region_len = (kvpool_format::header_len(key.len()) + payload.len()) as u64;
     let start = PutStart {
         client_id: link.client_id(),
+        op: 1,
         items: vec![PutItem {
             key: key.into(),
             value_len: payload.len() as u64,
@@ -356,6 +357,7 @@ async fn oversized_key_is_invalid_key() {
     let grants = link
         .call(&PutStart {
             client_id: link.client_id(),
+            op: 1,
             items: vec![PutItem {
                 key: long.clone(),
                 value_len: 1,

@@ -42,6 +42,7 @@ async fn start_put(
     let grants = link
         .call(&PutStart {
             client_id: link.client_id(),
+            op: 1,
             items: vec![PutItem {
                 key: key.into(),
                 value_len,

@@ -406,6 +406,7 @@ async fn torn_write_is_never_served() {
     let grant = link
         .call(&msg::PutStart {
             client_id: link.client_id(),
+            op: 1,
             items: vec![PutItem {
                 key: key.into(),
                 value_len: value.len() as u64,

@@ -198,6 +198,7 @@ async fn grants(link: &MasterLink) -> Vec<Stale> {
         .collect();
     let start = msg::PutStart {
         client_id: link.client_id(),
+        op: 1,
         items,
         config: ReplicateConfig::default(),
         upsert: true,

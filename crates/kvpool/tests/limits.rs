@@ -129,6 +129,7 @@ async fn over_limit_batches_are_refused_whole_and_nothing_is_lost() {
     );
     let start = PutStart {
         client_id: id,
+        op: 1,
         items: over
             .iter()
             .map(|k| PutItem {
@@ -344,6 +345,7 @@ async fn fill_map(cluster: &Cluster, n: usize) {
     for chunk in keys.chunks(MAX_BATCH_KEYS) {
         let start = PutStart {
             client_id: link.client_id(),
+            op: 1,
             items: chunk
                 .iter()
                 .map(|k| PutItem {

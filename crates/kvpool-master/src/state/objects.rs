@@ -67,6 +67,8 @@ impl<S> Version<S> {
 /// A put in flight: who writes it, since when, and the version it will commit.
 pub(super) struct Pending {
     pub(super) owner: ClientId,
+    /// The writer's operation (see `msg::PutStart::op`).
+    pub(super) op: u64,
     pub(super) started: Instant,
     pub(super) version: Version,
 }
@@ -121,6 +123,20 @@ impl MasterState {
         upsert: bool,
         now: Instant,
     ) -> Vec<KvResult<PutGrant>> {
+        self.put_start_op((client, 0), items, config, upsert, now)
+    }
+
+    /// [`Self::put_start`] for the writer's operation `op` (see
+    /// `msg::PutStart::op`): only the same operation asking again gets a
+    /// put of its own in flight back.
+    pub fn put_start_op(
+        &self,
+        (client, op): (ClientId, u64),
+        items: &[PutItem],
+        config: &ReplicateConfig,
+        upsert: bool,
+        now: Instant,
+    ) -> Vec<KvResult<PutGrant>> {
         if let Err(e) = self.require_client(client, now) {
             return items.iter().map(|_| Err(e.clone())).collect();
         }
@@ -139,7 +155,8 @@ impl MasterState {
                 if i >= allowed {
                     validate_key(&item.key)?;
                     let shard = self.shard(&item.key).lock();
-                    if let Some(answer) = self.existing_answer(&shard, client, item, upsert) {
+                    if let Some(answer) = self.existing_answer(&shard, (client, op), item, upsert)
+                    {
                         return answer;
                     }
                     refused += 1;
@@ -150,7 +167,7 @@ impl MasterState {
                         ),
                     ));
                 }
-                let r = self.put_start_one(client, item, config, upsert, &placeable, now);
+                let r = self.put_start_one((client, op), item, config, upsert, &placeable, now);
                 if matches!(&r, Ok(Started::New(_))) {
                     started += 1;
                 }
@@ -180,13 +197,18 @@ impl MasterState {
     pub(super) fn existing_answer(
         &self,
         shard: &Shard,
-        client: ClientId,
+        (client, op): (ClientId, u64),
         item: &PutItem,
         upsert: bool,
     ) -> Option<KvResult<PutGrant>> {
         if let Some(p) = shard.pending.get(item.key.as_str()) {
-            // The same writer retrying (its answer was lost): hand back the same regions.
-            if p.owner == client && p.version.value_len == item.value_len {
+            // The same operation retrying (its answer was lost): hand back
+            // the same regions. Another operation of the same writer is
+            // another writer: two calls of one client granted one region
+            // would both be acknowledged with one's bytes in it (a
+            // write-once put took over an upsert that way in the chaos
+            // harness).
+            if p.owner == client && p.op == op && p.version.value_len == item.value_len {
                 return Some(Ok(PutGrant::Write {
                     generation: p.version.generation,
                     replicas: self.describe(&p.version.replicas),
@@ -205,7 +227,7 @@ impl MasterState {
 
     pub(super) fn put_start_one(
         &self,
-        client: ClientId,
+        (client, op): (ClientId, u64),
         item: &PutItem,
         config: &ReplicateConfig,
         upsert: bool,
@@ -226,7 +248,7 @@ impl MasterState {
             ));
         }
         if let Some(answer) =
-            self.existing_answer(&self.shard(&item.key).lock(), client, item, upsert)
+            self.existing_answer(&self.shard(&item.key).lock(), (client, op), item, upsert)
         {
             return answer.map(Started::Held);
         }
@@ -297,7 +319,7 @@ impl MasterState {
             }
         };
         let mut shard = self.shard(&item.key).lock();
-        if let Some(answer) = self.existing_answer(&shard, client, item, upsert) {
+        if let Some(answer) = self.existing_answer(&shard, (client, op), item, upsert) {
             // Lost a race with another writer of the same key.
             drop(shard);
             self.free_now(&replicas, None);
@@ -320,6 +342,7 @@ impl MasterState {
         let at = self.tick(now);
         let pending = Pending {
             owner: client,
+            op,
             started: now,
             version: Version {
                 value_len: item.value_len,
