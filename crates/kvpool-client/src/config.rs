@@ -53,6 +53,11 @@ pub struct ClientConfig {
     pub hostname: String,
     /// Limit for each master call attempt and each transfer.
     pub timeout: Duration,
+    /// Limit for opening a connection to a store, handshake included: sized
+    /// to the network, not to the call, so a store that does not answer
+    /// (dead host, partition, paused process) is known within it, and then
+    /// skipped by every call of the process until a probe finds it back.
+    pub connect_timeout: Duration,
     /// Most extra attempts after transient failures (master calls, and keys
     /// whose store was unreachable or busy).
     pub retries: u32,
@@ -84,6 +89,7 @@ impl ClientConfig {
             master: master.to_string(),
             hostname: "127.0.0.1".into(),
             timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(1),
             retries: 50,
             retry_for: Duration::from_secs(10),
             conns_per_store: 4,
@@ -107,6 +113,7 @@ mod tests {
         assert_eq!(c.master, "10.0.0.1:50051");
         assert_eq!(c.hostname, "127.0.0.1");
         assert_eq!(c.timeout, Duration::from_secs(10));
+        assert_eq!(c.connect_timeout, Duration::from_secs(1));
         assert_eq!((c.retries, c.retry_for), (50, Duration::from_secs(10)));
         assert_eq!(c.conns_per_store, 4);
         assert_eq!(c.segment_size, 0, "lends no memory unless asked");

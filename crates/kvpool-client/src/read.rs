@@ -69,6 +69,14 @@ impl Client {
                 }
             }
         }
+        // Replicas on stores known to be down go last: tried only when no
+        // other is left, and then they fail at once.
+        let tcp = &self.inner.transports.tcp;
+        for l in locations.iter_mut().flatten() {
+            if l.replicas.iter().any(|r| tcp.is_down(&r.endpoint)) {
+                l.replicas.sort_by_key(|r| tcp.is_down(&r.endpoint));
+            }
+        }
         let replicas: Vec<usize> = locations
             .iter()
             .map(|l| l.as_ref().map_or(0, |l| l.replicas.len()))
@@ -206,6 +214,20 @@ impl Client {
                     tracing::debug!(key = items[i].key, round, error = %e, "replica read failed");
                 }
                 results[i] = r;
+            }
+        }
+        // An object whose every replica is on a store known to be down is a
+        // miss for this call: asking again would find the same stores down
+        // (until a probe finds one back), and would keep the caller waiting.
+        for (r, l) in results.iter_mut().zip(&locations) {
+            let Some(l) = l else { continue };
+            if r.as_ref().is_err_and(|e| e.is_retryable())
+                && l.replicas.iter().all(|rep| {
+                    (rep.tier == Tier::Disk || matches!(routes.to(rep.segment), Route::Tcp))
+                        && tcp.is_down(&rep.endpoint)
+                })
+            {
+                *r = r.clone().map_err(KvError::settled);
             }
         }
         results

@@ -23,7 +23,7 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// Whether a failed key goes again: only transient errors, only while the
 /// budget lasts.
 pub(crate) fn retryable(e: &KvError, budget_left: bool) -> bool {
-    budget_left && e.code.is_transient()
+    budget_left && e.is_retryable()
 }
 
 /// Doubling delays from [`FIRST_BACKOFF`], capped at [`MAX_BACKOFF`].

@@ -18,6 +18,7 @@ use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
 
 use crate::auth::{Credentials, Role, Security, SECRET_FILE_ENV};
+use crate::breaker::Breaker;
 use crate::tls::{Tls, TLS_HANDSHAKE_BYTE};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
@@ -589,6 +590,8 @@ pub struct ConnPool {
     connect_timeout: Duration,
     max_idle: usize,
     idle: Mutex<Vec<FramedConn>>,
+    /// Set by [`ConnPool::with_breaker`]: connect failures open it.
+    breaker: Option<Mutex<Breaker>>,
 }
 
 impl ConnPool {
@@ -608,7 +611,23 @@ impl ConnPool {
             connect_timeout,
             max_idle,
             idle: Mutex::new(Vec::new()),
+            breaker: None,
         }
+    }
+
+    /// Fails connects at once while the peer is known to be unreachable
+    /// (see [`Breaker`]): for peers a caller can do without, like one
+    /// store among many, not for the master a caller must wait for.
+    pub fn with_breaker(mut self) -> Self {
+        self.breaker = Some(Mutex::new(Breaker::default()));
+        self
+    }
+
+    /// Whether the breaker is refusing connects now: the peer's last
+    /// connect failed and its next probe is not due.
+    pub fn is_down(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        self.breaker.as_ref().is_some_and(|b| b.lock().is_open(now))
     }
 
     /// Connects with `security` (its TLS, proving its key) from now on.
@@ -627,12 +646,39 @@ impl ConnPool {
         if let Some(c) = self.idle.lock().pop() {
             return Ok(c);
         }
-        tokio::time::timeout(
+        if let Some(b) = &self.breaker {
+            let now = tokio::time::Instant::now();
+            b.lock().admit(now).map_err(|wait| {
+                KvError::new(
+                    Code::RpcFail,
+                    format!("{} is unreachable (next try in {wait:?})", self.addr),
+                )
+            })?;
+        }
+        let r = tokio::time::timeout(
             self.connect_timeout,
             FramedConn::connect_with(&self.addr, &self.role, self.limits, &self.security),
         )
         .await
-        .map_err(|_| KvError::new(Code::RpcTimeout, format!("connect {} timed out", self.addr)))?
+        .unwrap_or_else(|_| {
+            Err(KvError::new(
+                Code::RpcTimeout,
+                format!("connect {} timed out", self.addr),
+            ))
+        });
+        if let Some(b) = &self.breaker {
+            match &r {
+                Ok(_) => b.lock().succeeded(),
+                // Refused, reset or silent; a refusal of our key or
+                // version is an answer, not an absence.
+                Err(e) if matches!(e.code, Code::RpcFail | Code::RpcTimeout) => {
+                    b.lock().failed(tokio::time::Instant::now());
+                    self.clear();
+                }
+                Err(_) => {}
+            }
+        }
+        r
     }
 
     /// Returns a connection whose last exchange completed cleanly.

@@ -1,5 +1,6 @@
 //! kvpool's networking: framed connections with handshake and pooling
-//! ([`conn`]), the server loops that speak the frame protocol ([`server`]),
+//! ([`conn`], with a [`breaker`] per peer that can be done without), the
+//! server loops that speak the frame protocol ([`server`]),
 //! data-plane capabilities ([`capability`]), TLS ([`tls`]),
 //! the link every client and store keeps to the master ([`master`]), and the
 //! etcd client behind `etcd://` master addresses and leader election
@@ -9,6 +10,7 @@
 //! without the data plane (that lives in `kvpool-transfer`, on top of this).
 
 pub mod auth;
+pub mod breaker;
 pub mod capability;
 pub mod conn;
 pub mod etcd;

@@ -179,6 +179,8 @@ pub struct KvError {
     pub code: Code,
     /// Human-readable detail.
     pub message: String,
+    /// Set by [`KvError::settled`]: not worth another try within this call.
+    settled: bool,
 }
 
 impl KvError {
@@ -187,7 +189,23 @@ impl KvError {
         KvError {
             code,
             message: message.into(),
+            settled: false,
         }
+    }
+
+    /// This error, final for the call that met it although its code is
+    /// transient: what caused it will not change within the call (every
+    /// replica of an object is on a store this process knows is down), so
+    /// retrying would only spend the caller's time. Never sent on the wire.
+    pub fn settled(mut self) -> Self {
+        self.settled = true;
+        self
+    }
+
+    /// Whether trying the call again may succeed: a transient code, not
+    /// [settled](KvError::settled).
+    pub fn is_retryable(&self) -> bool {
+        self.code.is_transient() && !self.settled
     }
 }
 

@@ -111,6 +111,8 @@ pub struct Settings {
     /// Limit for each master call attempt and each transfer (`None`: the
     /// Rust client's default).
     pub timeout: Option<Duration>,
+    /// Limit for opening a connection to a store (`None`: client default).
+    pub connect_timeout: Option<Duration>,
     /// Most extra attempts after transient failures (`None`: client default).
     pub retries: Option<u32>,
     /// Parallel connections a big batch uses per store (`None`: client default).
@@ -140,6 +142,9 @@ impl Settings {
         c.hostname = self.local_hostname.clone();
         if let Some(t) = self.timeout {
             c.timeout = t;
+        }
+        if let Some(t) = self.connect_timeout {
+            c.connect_timeout = t;
         }
         if let Some(r) = self.retries {
             c.retries = r;
@@ -226,6 +231,12 @@ const KEYS: &[Key] = &[
         aliases: &[],
         kvpool_env: "KVPOOL_TIMEOUT",
         mooncake_env: &["MC_RPC_TIMEOUT_MS"],
+    },
+    Key {
+        name: "connect_timeout",
+        aliases: &[],
+        kvpool_env: "KVPOOL_CONNECT_TIMEOUT",
+        mooncake_env: &[],
     },
     Key {
         name: "retries",
@@ -481,19 +492,22 @@ pub fn resolve(
         }
         _ => protocol,
     };
-    let timeout = match get("timeout") {
-        None => None,
-        Some((v, from)) => Some(
-            raw_duration(&v)
-                .map_err(|e| KvError::new(Code::InvalidParams, format!("{from}: {e}")))?,
-        ),
+    let duration = |name: &str| -> KvResult<Option<Duration>> {
+        let Some((v, from)) = get(name) else {
+            return Ok(None);
+        };
+        let t = raw_duration(&v)
+            .map_err(|e| KvError::new(Code::InvalidParams, format!("{from}: {e}")))?;
+        if t.is_zero() {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!("{name} must be positive"),
+            ));
+        }
+        Ok(Some(t))
     };
-    if timeout.is_some_and(|t| t.is_zero()) {
-        return Err(KvError::new(
-            Code::InvalidParams,
-            "timeout must be positive",
-        ));
-    }
+    let timeout = duration("timeout")?;
+    let connect_timeout = duration("connect_timeout")?;
     let segment_address = {
         let a = text("segment_address", "");
         if a.trim().is_empty() {
@@ -533,6 +547,7 @@ pub fn resolve(
         device_name,
         master_server_addr: master,
         timeout,
+        connect_timeout,
         retries: count("retries", 1000)?.map(|n| n as u32),
         conns_per_store: count("conns_per_store", 256)?.map(|n| n.max(1) as usize),
         location_cache: count("location_cache", 1 << 26)?.map(|n| n as usize),
@@ -878,6 +893,8 @@ mod tests {
             ("local_buffer_size", Raw::Bool(true)),
             ("timeout", Raw::Str("soon".into())),
             ("timeout", Raw::Int(0)),
+            ("connect_timeout", Raw::Str("soon".into())),
+            ("connect_timeout", Raw::Int(0)),
             ("retries", Raw::Int(-3)),
             ("conns_per_store", Raw::Str("many".into())),
             ("location_cache", Raw::Int(-1)),

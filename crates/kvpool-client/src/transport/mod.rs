@@ -31,7 +31,7 @@ impl Transports {
     /// Nothing connected or mapped yet; both happen on first use.
     pub(crate) fn new(cfg: &ClientConfig) -> Self {
         Transports {
-            tcp: tcp::Pools::new(cfg.timeout, cfg.security.clone()),
+            tcp: tcp::Pools::new(cfg.connect_timeout.min(cfg.timeout), cfg.security.clone()),
             shm: Mappings::default(),
         }
     }

@@ -26,19 +26,27 @@ const IDLE_CONNS_PER_STORE: usize = 64;
 /// Connection pools by store endpoint.
 pub(crate) struct Pools {
     stores: Mutex<HashMap<String, Arc<ConnPool>>>,
-    timeout: Duration,
+    connect_timeout: Duration,
     security: Security,
 }
 
 impl Pools {
-    /// No pools yet; connections get `timeout` to connect and handshake,
-    /// and connect with `security` (TLS, and the key stores ask for).
-    pub(crate) fn new(timeout: Duration, security: Security) -> Self {
+    /// No pools yet; connections get `connect_timeout` to connect and
+    /// handshake, and connect with `security` (TLS, and the key stores ask
+    /// for).
+    pub(crate) fn new(connect_timeout: Duration, security: Security) -> Self {
         Pools {
             stores: Mutex::new(HashMap::new()),
-            timeout,
+            connect_timeout,
             security,
         }
+    }
+
+    /// Whether the store at `endpoint` is known to be unreachable now (its
+    /// last connect failed; see [`kvpool_net::breaker`]).
+    pub(crate) fn is_down(&self, endpoint: &str) -> bool {
+        let pool = self.stores.lock().get(endpoint).cloned();
+        pool.is_some_and(|p| p.is_down())
     }
 
     /// The pool for the store at `endpoint`, made on first use.
@@ -52,10 +60,11 @@ impl Pools {
                         endpoint,
                         "client",
                         Limits::default(),
-                        self.timeout,
+                        self.connect_timeout,
                         IDLE_CONNS_PER_STORE,
                     )
-                    .with_security(self.security.clone()),
+                    .with_security(self.security.clone())
+                    .with_breaker(),
                 )
             })
             .clone()
@@ -73,17 +82,24 @@ where
     let run = async {
         let conn = pool.take().await?;
         let (back, t) = f(conn).await;
-        if let Some(conn) = back {
-            pool.give(conn);
+        match back {
+            Some(conn) => pool.give(conn),
+            // A store that broke one connection (it died or restarted) most
+            // likely broke its idle ones too: each would cost the next
+            // caller a failed exchange.
+            None => pool.clear(),
         }
         Ok(t)
     };
     match tokio::time::timeout(timeout, run).await {
         Ok(r) => r,
-        Err(_) => Err(KvError::new(
-            Code::RpcTimeout,
-            format!("transfer with {} timed out", pool.addr()),
-        )),
+        Err(_) => {
+            pool.clear();
+            Err(KvError::new(
+                Code::RpcTimeout,
+                format!("transfer with {} timed out", pool.addr()),
+            ))
+        }
     }
 }
 

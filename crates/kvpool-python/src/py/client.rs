@@ -249,7 +249,7 @@ impl Client {
                     out.push(Ok(b));
                 }
                 Err(e) => {
-                    if e.code.is_transient() {
+                    if e.is_retryable() {
                         again.push(i);
                     }
                     out.push(Err(e));
@@ -260,7 +260,7 @@ impl Client {
         for (&i, r) in read_idx.iter().zip(read) {
             match r {
                 Ok(_) => {}
-                Err(e) if e.code.is_transient() => again.push(i),
+                Err(e) if e.is_retryable() => again.push(i),
                 Err(e) => out[i] = Err(e),
             }
         }

@@ -1,0 +1,116 @@
+//! A circuit breaker for one peer: after a connect fails, callers fail at
+//! once instead of each waiting for its own refused or timed-out connect,
+//! and one probe goes through per interval (doubling while the peer stays
+//! away) until a connect succeeds.
+//!
+//! A dead store would otherwise cost every reader a connect per attempt and
+//! keep its batch waiting; with the breaker it costs one failed connect per
+//! interval for the whole process. Pure apart from the instants passed in,
+//! so the state machine is unit-tested.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How long the breaker stays open after the first failed connect.
+pub const FIRST_OPEN: Duration = Duration::from_millis(100);
+/// Longest it stays open between probes: a store back from a restart is
+/// used again within this.
+pub const MAX_OPEN: Duration = Duration::from_secs(2);
+
+/// Connect health of one peer.
+#[derive(Debug, Default)]
+pub struct Breaker {
+    /// Failed connects since the last one that worked.
+    failures: u32,
+    /// While set and in the future, connects are refused without trying.
+    retry_at: Option<Instant>,
+}
+
+impl Breaker {
+    /// Whether a connect may be tried at `now`. Once the open interval has
+    /// passed, the caller admitted is the probe: the breaker stays shut to
+    /// the others for another interval, so a probe that never reports back
+    /// (its caller gave up) does not wedge it. `Err` holds how long until
+    /// the next probe.
+    pub fn admit(&mut self, now: Instant) -> Result<(), Duration> {
+        match self.retry_at {
+            Some(t) if now < t => Err(t - now),
+            Some(_) => {
+                self.retry_at = Some(now + self.interval());
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// A connect failed at `now`: open for the next interval.
+    pub fn failed(&mut self, now: Instant) {
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(now + self.interval());
+    }
+
+    /// A connect worked: closed.
+    pub fn succeeded(&mut self) {
+        *self = Breaker::default();
+    }
+
+    /// Whether connects are being refused at `now`.
+    pub fn is_open(&self, now: Instant) -> bool {
+        self.retry_at.is_some_and(|t| now < t)
+    }
+
+    /// The open interval after the failures so far.
+    fn interval(&self) -> Duration {
+        let doublings = self.failures.saturating_sub(1).min(16);
+        (FIRST_OPEN * (1 << doublings)).min(MAX_OPEN)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_connect_opens_it_and_one_probe_goes_per_interval() {
+        let t0 = Instant::now();
+        let mut b = Breaker::default();
+        assert_eq!(b.admit(t0), Ok(()));
+        assert!(!b.is_open(t0));
+        b.failed(t0);
+        assert!(b.is_open(t0));
+        assert_eq!(
+            b.admit(t0 + Duration::from_millis(40)),
+            Err(FIRST_OPEN - Duration::from_millis(40))
+        );
+        // Half open: one probe, the others still refused.
+        let t1 = t0 + FIRST_OPEN;
+        assert_eq!(b.admit(t1), Ok(()));
+        assert!(b.admit(t1).is_err(), "a second caller waits for the probe");
+        b.failed(t1);
+        assert_eq!(b.admit(t1), Err(2 * FIRST_OPEN), "the interval doubles");
+        b.succeeded();
+        assert!(!b.is_open(t1));
+        assert_eq!(b.admit(t1), Ok(()));
+    }
+
+    #[test]
+    fn the_interval_stops_doubling_at_its_cap() {
+        let t0 = Instant::now();
+        let mut b = Breaker::default();
+        for _ in 0..100 {
+            b.failed(t0);
+        }
+        assert_eq!(b.admit(t0), Err(MAX_OPEN));
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_back_does_not_wedge_it() {
+        let t0 = Instant::now();
+        let mut b = Breaker::default();
+        b.failed(t0);
+        assert_eq!(b.admit(t0 + FIRST_OPEN), Ok(()));
+        // Its caller was cancelled: the next probe goes an interval later.
+        assert_eq!(b.admit(t0 + 2 * FIRST_OPEN), Ok(()));
+    }
+}

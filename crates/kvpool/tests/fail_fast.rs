@@ -1,0 +1,134 @@
+//! The serving path through a dead store: once a store is `kill -9`ed, a
+//! reader of an object whose only replica was there gets its miss at once
+//! (not after the client's whole retry budget), live keys in the same batch
+//! never wait for it, replicated objects read from the live replica, new
+//! puts go to the live store, and the store is used again once it is back.
+//!
+//! The clients here get a 30 s retry budget on purpose: a call that rode it
+//! out would take 30 s, so the bounds below (a few seconds, for slow debug
+//! builds on busy CI machines) fail on any stall, not on a slow machine.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Cluster;
+use kvpool_client::{Client, GetInto, Protocol, ReplicateConfig};
+use kvpool_proto::Code;
+use tokio::time::Instant;
+
+/// Far above any answer that does not wait out the retry budget, far below it.
+const FAST: Duration = Duration::from_secs(3);
+
+/// A client reading over TCP (a same-host client would map the segment
+/// file, which outlives its store) with a long retry budget.
+async fn patient_tcp_client(cluster: &Cluster) -> Client {
+    cluster
+        .client_with(|c| {
+            c.protocol = Protocol::Tcp;
+            c.retry_for = Duration::from_secs(30);
+            c.retries = 1_000;
+        })
+        .await
+}
+
+fn on(segments: &[&str], replicas: u32) -> ReplicateConfig {
+    ReplicateConfig {
+        replica_num: replicas,
+        preferred_segments: segments.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Runs `f`, asserting it answers within [`FAST`]; returns its answer.
+async fn fast<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    let t0 = Instant::now();
+    let out = f.await;
+    let took = t0.elapsed();
+    assert!(
+        took < FAST,
+        "{what} took {took:?}: it waited for a dead store"
+    );
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_store_costs_readers_no_retry_budget() {
+    // The master's defaults: it keeps a dead store's objects for its client
+    // TTL and grace (40 s), as in production, so readers meet the dead
+    // store rather than a master that already forgot it.
+    let mut cluster = Cluster::builder()
+        .stores(2)
+        .segment_size("32MiB")
+        .master_flag("--client-ttl", "10s")
+        .master_flag("--store-grace", "30s")
+        .start()
+        .await;
+    let (dead, live) = (Cluster::store_name(0), Cluster::store_name(1));
+    let client = patient_tcp_client(&cluster).await;
+    let value = vec![7u8; 4096];
+    for (k, rc) in [
+        ("only-dead", on(&[&dead], 1)),
+        ("only-dead-2", on(&[&dead], 1)),
+        ("only-live", on(&[&live], 1)),
+        ("both", on(&[&dead, &live], 2)),
+    ] {
+        client.put(k, &value, &rc).await.expect(k);
+    }
+    // Every location cached and every connection pooled, as in a warm engine.
+    for k in ["only-dead", "only-live", "both"] {
+        assert_eq!(client.get(k).await.expect(k), value);
+    }
+
+    cluster.kill9_store(0);
+
+    let e = fast("get of a key on the dead store", client.get("only-dead"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::TransferFail, "{e}");
+    // Again, now that the client knows the store is down, and for a key
+    // whose location was never cached.
+    for k in ["only-dead", "only-dead-2"] {
+        let e = fast("another get", client.get(k)).await.unwrap_err();
+        assert_eq!(e.code, Code::TransferFail, "{k}: {e}");
+    }
+
+    // A batch: the dead key fails, the live ones answer, nobody waits.
+    let keys = ["only-dead", "only-live", "both"];
+    let mut bufs = vec![vec![0u8; 4096]; 3];
+    let mut items = GetInto::each(&keys, &mut bufs);
+    let got = fast(
+        "a batch with one dead key",
+        client.batch_get_into(&mut items),
+    )
+    .await;
+    drop(items);
+    assert_eq!(got[0].as_ref().unwrap_err().code, Code::TransferFail);
+    for i in [1, 2] {
+        assert_eq!(got[i].as_ref().ok(), Some(&4096), "{}", keys[i]);
+        assert_eq!(bufs[i], value, "{}", keys[i]);
+    }
+    let got = fast("batch_get", client.batch_get(&keys)).await;
+    assert!(got[0].is_err());
+    assert_eq!(got[1].as_ref().unwrap(), &value);
+    assert_eq!(got[2].as_ref().unwrap(), &value);
+
+    // New puts go to the live store.
+    fast(
+        "a put after the kill",
+        client.put("new", &value, &on(&[], 1)),
+    )
+    .await
+    .expect("put");
+    assert_eq!(client.get("new").await.expect("new"), value);
+
+    // The store comes back: its objects are read again (the client probes
+    // the endpoint it had given up on).
+    cluster.restart_store(0, None);
+    common::eventually(
+        "the restarted store's object",
+        Duration::from_secs(30),
+        async || client.get("only-dead").await.ok(),
+    )
+    .await;
+}
