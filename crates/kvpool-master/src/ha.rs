@@ -7,7 +7,9 @@
 //!
 //! The leader also keeps in etcd the list of segments that may hold
 //! objects, and a new leader expects those back before it answers for keys
-//! it does not know (see `state/membership.rs`).
+//! it does not know (see `state/membership.rs`); and the removals some
+//! store has not heard of, which a new leader honours when the store comes
+//! back (see `state/tombstones.rs`).
 //!
 //! A leader that cannot renew its lease within the TTL steps down by exiting
 //! (its supervisor restarts it as a standby): it cannot know whether another
@@ -16,13 +18,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_net::etcd::{leader_key, segments_key, Etcd};
+use kvpool_net::etcd::{leader_key, segments_key, tombstones_key, Etcd};
 use kvpool_net::tls::TlsClientConfig;
 use kvpool_proto::msg::SegmentId;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::state::Tombstone;
 use crate::{Master, MasterError, Role};
 
 /// Settings of `--enable-ha`.
@@ -91,6 +94,20 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     master.state.expect_segments(listed, Instant::now());
+    let tombstones = tombstones_key(&ha.cluster_id);
+    let loaded = loop {
+        match tokio::time::timeout_at(valid_until, etcd.get(&tombstones)).await {
+            Ok(Ok(v)) => break v.map(|v| parse_tombstones(&v)).unwrap_or_default(),
+            Ok(Err(e)) => warn!(error = %e, "cannot read the tombstones"),
+            Err(_) => {}
+        }
+        if Instant::now() + Duration::from_millis(100) >= valid_until {
+            return Err(lost("etcd unreachable while reading the tombstones"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    master.state.keep_tombstones(loaded, Instant::now());
+    let (mut tombs_version, mut tombs_written) = (0, String::new());
     let every = (ha.lease_ttl / 3).max(Duration::from_millis(100));
     let mut next_renewal = Instant::now() + every;
     let mut written: Option<Vec<SegmentId>> = None;
@@ -123,6 +140,37 @@ pub async fn run(
                 Err(_) => return Err(lost("etcd did not answer before the lease could lapse")),
             }
         }
+        let changed = master
+            .state
+            .tombstones_to_write(tombs_version, Instant::now());
+        if let Some((version, through, tombs)) = changed {
+            let value = serde_json::json!({ "tombstones": tombs }).to_string();
+            // Removals delivered before they were ever written change
+            // nothing in etcd: no write for them.
+            let written = if value == tombs_written {
+                true
+            } else {
+                match tokio::time::timeout_at(
+                    valid_until,
+                    etcd.put_if_held(&tombstones, &value, &key, lease),
+                )
+                .await
+                {
+                    Ok(Ok(true)) => true,
+                    Ok(Ok(false)) => return Err(lost("the leader key is no longer this master's")),
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "cannot write the tombstones");
+                        false
+                    }
+                    Err(_) => return Err(lost("etcd did not answer before the lease could lapse")),
+                }
+            };
+            if written {
+                master.state.tombstones_written(through);
+                tombs_version = version;
+                tombs_written = value;
+            }
+        }
         if Instant::now() < next_renewal {
             continue;
         }
@@ -149,6 +197,21 @@ pub async fn run(
 
 /// How often the leader checks whether the segment list in etcd is current.
 const MEMBERSHIP_EVERY: Duration = Duration::from_millis(100);
+
+/// Reads the tombstones a leader wrote (`{"tombstones": [{"key", "generation"}, ...]}`);
+/// a value that does not parse is skipped with a warning.
+fn parse_tombstones(v: &str) -> Vec<Tombstone> {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        tombstones: Vec<Tombstone>,
+    }
+    serde_json::from_str::<Stored>(v)
+        .map(|s| s.tombstones)
+        .unwrap_or_else(|e| {
+            warn!(error = %e, "tombstones in etcd do not parse; ignored");
+            Vec::new()
+        })
+}
 
 /// The segment list as stored in etcd: `{"segments": ["<32 hex digits>", ...]}`.
 fn segments_value(ids: &[SegmentId]) -> String {

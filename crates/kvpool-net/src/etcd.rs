@@ -33,6 +33,12 @@ pub fn segments_key(cluster: &str) -> String {
     format!("/kvpool/{cluster}/segments")
 }
 
+/// The etcd key under which the leader of `cluster` keeps the removals
+/// some store has not heard of, for the next leader to honour.
+pub fn tombstones_key(cluster: &str) -> String {
+    format!("/kvpool/{cluster}/tombstones")
+}
+
 /// A set of etcd endpoints, tried in order.
 #[derive(Clone)]
 pub struct Etcd {

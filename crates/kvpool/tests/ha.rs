@@ -246,3 +246,96 @@ async fn a_store_started_before_etcd_waits_for_it() {
     .await;
     wait_for_segments(&pool, 1, &mut [&mut store]).await;
 }
+
+/// A removal made while the store holding the object is down answers
+/// success (not a timeout: the master made it), and stays made when the
+/// leader dies before the store is back: the new leader reads the
+/// removal's tombstone from etcd and rejects the copy the store's
+/// inventory still holds, while the store's other objects come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_made_while_its_store_is_down_survives_a_failover() {
+    let dir = scratch_dir();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let (_etcd, endpoint) = spawn_etcd(&logs).await;
+    let pool = format!("etcd://{endpoint}/tombs");
+    let mut masters: Vec<MasterProcess> = Vec::new();
+    for i in 0..2 {
+        let ep = endpoint.clone();
+        masters.push(
+            spawn_master(&format!("master-{i}"), &logs, move |rpc, metrics| {
+                [
+                    "master",
+                    "--rpc-port",
+                    &rpc.to_string(),
+                    "--metrics-port",
+                    &metrics.to_string(),
+                    "--enable-ha",
+                    "--etcd-endpoints",
+                    &ep,
+                    "--cluster-id",
+                    "tombs",
+                    "--client-ttl",
+                    "2s",
+                    "--store-grace",
+                    "60s",
+                    "--ha-lease-ttl",
+                    "2s",
+                ]
+                .map(String::from)
+                .to_vec()
+            })
+            .await,
+        );
+    }
+    let store = |name: &str, log: &str| {
+        spawn_store_bin(
+            std::path::Path::new(BIN),
+            log,
+            name,
+            &pool,
+            "32MiB",
+            &dir.path().join(name),
+            &logs,
+        )
+    };
+    let mut doomed = store("store-0", "store-0");
+    let _live = store("store-1", "store-1");
+    let rpcs: Vec<String> = masters.iter().map(|m| m.rpc.clone()).collect();
+    let leader = leader_of(&rpcs).await;
+    wait_for_segments(&pool, 2, &mut []).await;
+    let client = Client::connect(ClientConfig::new(&pool))
+        .await
+        .unwrap_or_else(|e| panic!("client on {pool}: {e}"));
+    let on_doomed = ReplicateConfig {
+        preferred_segments: vec!["store-0".into()],
+        ..Default::default()
+    };
+    for k in ["gone", "kept"] {
+        client.put(k, k.as_bytes(), &on_doomed).await.expect(k);
+    }
+
+    doomed.kill9();
+    client
+        .remove("gone", false)
+        .await
+        .expect("the master made the removal: success, not a timeout");
+    masters[leader].process.kill9();
+    let _back = store("store-0", "store-0.restart");
+    let kept = eventually(
+        "the restarted store's objects",
+        Duration::from_secs(60),
+        async || client.get("kept").await.ok(),
+    )
+    .await;
+    assert_eq!(kept, b"kept");
+    assert_eq!(leader_of(&rpcs).await, 1 - leader);
+    assert!(
+        !client.exist("gone").await.expect("exist"),
+        "a removed key came back"
+    );
+    assert_eq!(
+        client.get("gone").await.unwrap_err().code,
+        Code::ObjectNotFound
+    );
+}

@@ -89,6 +89,11 @@ pub(super) struct KeyFence {
     /// location under the first half of a read lease, without asking this
     /// master: the fence holds at least that long if it is not delivered.
     young_until: Instant,
+    /// For a removal: its tombstone's number; the fence also holds until
+    /// the removal is durable (see [`MasterState::removal_durable`]).
+    durable: u64,
+    /// The fence holds no longer than this.
+    hard_until: Instant,
 }
 
 /// What a reply waits for (see [`MasterState::fence_done`]).
@@ -96,6 +101,11 @@ pub(super) struct KeyFence {
 pub struct FenceWait {
     seq: u64,
     segments: Vec<SegmentId>,
+    /// Undelivered, the reply goes from this instant once its removals are
+    /// durable.
+    young: Instant,
+    /// Tombstones it waits to be durable through.
+    durable: u64,
     /// The reply goes at this instant whatever happened.
     pub until: Instant,
 }
@@ -171,12 +181,15 @@ impl MasterState {
                     }
                 }
                 f.young_until = f.young_until.max(young_until);
+                f.hard_until = f.hard_until.max(young_until);
             }
             None => {
                 let fence = KeyFence {
                     seq,
                     segments: segments.collect(),
                     young_until,
+                    durable: 0,
+                    hard_until: young_until,
                 };
                 inv.fences.insert(key.to_string(), fence);
             }
@@ -230,21 +243,35 @@ impl MasterState {
     }
 
     /// Frees the regions of `key`'s version `v`, removed by a client, and
-    /// fences the key until its headers are destroyed on every store, for
-    /// as long as a store holding one may come back (the client TTL plus
-    /// the store grace). A removal must not be reported done while a copy
-    /// survives on an unreachable store: a new leader, which knows nothing
-    /// of the removal, would take the key back from that store's inventory.
+    /// fences the key until its headers are destroyed on every store, or
+    /// until young leases are over and its tombstone makes the removal
+    /// durable. A removal must not be reported done while a copy survives
+    /// on an unreachable store and nothing else records it: a new leader,
+    /// which knows nothing of the removal, would take the key back from
+    /// that store's inventory (see `tombstones.rs`). Without a durable
+    /// tombstone (etcd unreachable) the fence holds as long as the store
+    /// may come back: the client TTL plus the store grace.
     pub(super) fn retire_removed(&self, key: &str, v: &Version, now: Instant) {
-        let until = now + self.cfg.client_ttl + self.cfg.store_grace;
-        if self.retire_last(key, v, until) {
-            return;
+        let young = self.young_until(v);
+        let segments: Vec<SegmentId> = v.replicas.iter().map(|(s, _)| *s).collect();
+        // Held back behind an older version, it is destroyed by a batch not
+        // numbered yet: its tombstone is kept for its whole life (0).
+        let seq = if self.retire_last(key, v, young) {
+            0
+        } else {
+            self.free_now(&v.replicas, Some(v.generation));
+            let mut inv = self.invalidations.lock();
+            let seq = inv.seq;
+            self.fence_key(&mut inv, key, v, seq, young);
+            inv.note_older(key, seq, segments.iter().copied());
+            seq
+        };
+        let tomb = self.tombstone(key, v.generation, segments, seq, now);
+        let hard = now + self.cfg.client_ttl + self.cfg.store_grace;
+        if let Some(f) = self.invalidations.lock().fences.get_mut(key) {
+            f.durable = f.durable.max(tomb);
+            f.hard_until = f.hard_until.max(hard);
         }
-        self.free_now(&v.replicas, Some(v.generation));
-        let mut inv = self.invalidations.lock();
-        let seq = inv.seq;
-        self.fence_key(&mut inv, key, v, seq, until);
-        inv.note_older(key, seq, v.replicas.iter().map(|(s, _)| *s));
     }
 
     /// Retires `key`'s last version `v` (removed, evicted: nothing newer of
@@ -372,17 +399,22 @@ impl MasterState {
         let mut wait: Option<FenceWait> = None;
         for f in keys.into_iter().filter_map(|k| inv.fences.get(k)) {
             let owing = f.segments.iter().any(|s| inv.owing.contains(s));
-            if f.seq <= done && !(owing && now < f.young_until) {
+            let durable = self.removal_durable(f.durable);
+            if f.seq <= done && !(owing && (now < f.young_until || !durable)) {
                 continue;
             }
             let w = wait.get_or_insert_with(|| FenceWait {
                 seq: 0,
                 segments: Vec::new(),
+                young: now + FENCE_WAIT,
+                durable: 0,
                 until: now + FENCE_WAIT,
             });
             w.seq = w.seq.max(f.seq);
             w.segments.extend_from_slice(&f.segments);
-            w.until = w.until.max(f.young_until);
+            w.young = w.young.max(f.young_until);
+            w.durable = w.durable.max(f.durable);
+            w.until = w.until.max(f.young_until).max(f.hard_until);
         }
         wait
     }
@@ -391,7 +423,7 @@ impl MasterState {
     /// its sequence number was sent and none of its segments still owes an
     /// invalidation, or its time is up.
     pub fn fence_done(&self, w: &FenceWait, now: Instant) -> bool {
-        if now >= w.until {
+        if now >= w.until || (now >= w.young && self.removal_durable(w.durable)) {
             return true;
         }
         if self.invalidated_through.load(Ordering::Acquire) < w.seq {
@@ -413,6 +445,8 @@ impl MasterState {
         (seq > self.invalidated_through.load(Ordering::Acquire)).then(|| FenceWait {
             seq,
             segments: Vec::new(),
+            young: now + FENCE_WAIT,
+            durable: 0,
             until: now + FENCE_WAIT,
         })
     }
@@ -526,10 +560,11 @@ impl MasterState {
     /// asking this master.
     pub(super) fn expire_fences(&self, now: Instant) {
         let done = self.invalidated_through.load(Ordering::Acquire);
-        self.invalidations
-            .lock()
-            .fences
-            .retain(|_, f| f.seq > done || now < f.young_until);
+        self.invalidations.lock().fences.retain(|_, f| {
+            f.seq > done
+                || now < f.young_until
+                || (now < f.hard_until && !self.removal_durable(f.durable))
+        });
     }
 
     pub(super) fn free_expired_deferred(&self, now: Instant) {

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +45,7 @@ mod replicas;
 mod segments;
 mod table;
 mod tiers;
+mod tombstones;
 
 use clients::ClientEntry;
 pub use clients::ClientInfo;
@@ -58,6 +59,7 @@ use segments::SegmentSlot;
 use table::{SegNo, SegNumbers};
 pub use tiers::MoveTicket;
 use tiers::TierState;
+pub use tombstones::Tombstone;
 
 /// Enough shards that one holds few keys even at 100M: growing a shard's
 /// table copies it under its lock, so its size bounds the longest wait.
@@ -183,6 +185,12 @@ pub struct MasterState {
     invalidations: Mutex<InvalidationQueue>,
     /// Invalidations up to this sequence number have been sent to stores.
     invalidated_through: AtomicU64,
+    /// Removals stores may not have heard of (see `tombstones.rs`).
+    tombstones: Mutex<tombstones::Tombstones>,
+    /// etcd holds the tombstones through this number.
+    tombstones_written: AtomicU64,
+    /// Tombstones are kept in etcd (HA): a removal waits for its own.
+    tombstones_in_etcd: AtomicBool,
     /// Serializes eviction passes so concurrent puts do not evict twice.
     evicting: Mutex<()>,
     /// Generations start at the wall clock in nanoseconds when a master
@@ -265,6 +273,9 @@ impl MasterState {
             after_invalidation: Mutex::new(Vec::new()),
             invalidations: Mutex::new(InvalidationQueue::default()),
             invalidated_through: AtomicU64::new(0),
+            tombstones: Default::default(),
+            tombstones_written: AtomicU64::new(0),
+            tombstones_in_etcd: AtomicBool::new(false),
             evicting: Mutex::new(()),
             next_generation: AtomicU64::new(start),
             first_generation: AtomicU64::new(start),

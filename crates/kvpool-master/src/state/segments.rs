@@ -389,6 +389,8 @@ impl MasterState {
             let keep = match found {
                 // Never issued by anyone: forged (or a clock far off).
                 _ if it.generation > bound => Err("never issued"),
+                // Removed while its store was away.
+                _ if self.tombstoned(&it.key, it.generation) => Err("removed"),
                 Some(i) if objects.at(i).generation > it.generation => {
                     Err("older than the version known")
                 }

@@ -1,0 +1,188 @@
+//! Removals a store has not heard of yet. A removed version stays on a
+//! store that is down or cut off until its destruction is delivered; if the
+//! store comes back to a master that never saw the removal (a new leader)
+//! or that forgot the segment (back after the client TTL and store grace),
+//! its inventory would hand the key back. A tombstone (key, generation)
+//! makes every inventory copy of that version or an older one a rejected
+//! object instead.
+//!
+//! With HA the leader keeps its tombstones in etcd beside the segment list
+//! (see `ha.rs`), and a removal whose destruction is not delivered is
+//! reported once its tombstone is written there: the removal is then
+//! durable without waiting for the store (before, the reply waited up to
+//! the client TTL plus the store grace, longer than any client waits, so a
+//! remove the master had made answered a timeout).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kvpool_proto::msg::SegmentId;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::MasterState;
+
+/// How long a tombstone is kept at least: a store may come back with its
+/// inventory long after its segment was forgotten.
+const LIFE: Duration = Duration::from_secs(600);
+
+/// Most bytes of tombstones written to etcd (an etcd value is limited to
+/// about 1.5 MiB); removals beyond it wait for their stores as before.
+const WRITTEN_BYTES: usize = 512 << 10;
+
+/// A removed version as kept in etcd: inventory copies of `key` at
+/// `generation` or older are rejected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    /// The removed key.
+    pub key: String,
+    /// The removed version's generation.
+    pub generation: u64,
+}
+
+/// One tombstone held here.
+#[derive(Debug)]
+struct Tomb {
+    generation: u64,
+    /// Numbered when added, so replies wait for "written through `seq`".
+    seq: u64,
+    /// The invalidation batch that destroys the version (0: not known, as
+    /// for one loaded from etcd: kept for its whole life).
+    destroyed_by: u64,
+    segments: Vec<SegmentId>,
+    until: Instant,
+}
+
+/// The tombstones of this master.
+#[derive(Debug, Default)]
+pub(super) struct Tombstones {
+    by_key: HashMap<String, Tomb>,
+    /// Sequence number of the last tombstone added.
+    seq: u64,
+    /// Bumped on every change, so the writer knows when to write.
+    version: u64,
+}
+
+impl MasterState {
+    /// Records that `key`'s version `generation` on `segments` was removed
+    /// and is destroyed by invalidation batch `destroyed_by`; returns the
+    /// tombstone's number (see [`Self::removal_durable`]).
+    pub(super) fn tombstone(
+        &self,
+        key: &str,
+        generation: u64,
+        segments: Vec<SegmentId>,
+        destroyed_by: u64,
+        now: Instant,
+    ) -> u64 {
+        let until = now + LIFE.max(self.cfg.client_ttl + self.cfg.store_grace);
+        let mut t = self.tombstones.lock();
+        t.seq += 1;
+        t.version += 1;
+        let seq = t.seq;
+        let tomb = Tomb {
+            generation,
+            seq,
+            destroyed_by,
+            segments,
+            until,
+        };
+        match t.by_key.get_mut(key) {
+            Some(old) if old.generation > generation => {}
+            Some(old) => *old = tomb,
+            None => {
+                t.by_key.insert(key.to_string(), tomb);
+            }
+        }
+        seq
+    }
+
+    /// Whether an inventory copy of `key` at `generation` was removed.
+    pub(super) fn tombstoned(&self, key: &str, generation: u64) -> bool {
+        let t = self.tombstones.lock();
+        !t.by_key.is_empty()
+            && t.by_key
+                .get(key)
+                .is_some_and(|t| generation <= t.generation)
+    }
+
+    /// Whether the removal numbered `seq` survives a failover: always
+    /// without HA (no other master can take over), with HA once its
+    /// tombstone is in etcd.
+    pub(super) fn removal_durable(&self, seq: u64) -> bool {
+        seq == 0
+            || !self.tombstones_in_etcd.load(Ordering::Acquire)
+            || self.tombstones_written.load(Ordering::Acquire) >= seq
+    }
+
+    /// Starts keeping tombstones in etcd (HA), with those `loaded` from
+    /// the previous leader.
+    pub fn keep_tombstones(&self, loaded: Vec<Tombstone>, now: Instant) {
+        self.tombstones_in_etcd.store(true, Ordering::Release);
+        if loaded.is_empty() {
+            return;
+        }
+        tracing::info!(
+            tombstones = loaded.len(),
+            "removals from before the failover are kept"
+        );
+        for l in loaded {
+            self.tombstone(&l.key, l.generation, Vec::new(), 0, now);
+        }
+    }
+
+    /// The tombstones to keep in etcd, if they changed since `version`:
+    /// `(version, written through, tombstones)`. Those destroyed on every
+    /// store (or past their life) are dropped first; beyond
+    /// [`WRITTEN_BYTES`], the newest are left out.
+    pub fn tombstones_to_write(
+        &self,
+        version: u64,
+        now: Instant,
+    ) -> Option<(u64, u64, Vec<Tombstone>)> {
+        let sent = self.invalidated_through.load(Ordering::Acquire);
+        let (owing, mounted) = {
+            let inv = self.invalidations.lock();
+            let segs = self.segments.read();
+            (inv.owing.clone(), segs.keys().copied().collect::<Vec<_>>())
+        };
+        let mut t = self.tombstones.lock();
+        let before = t.by_key.len();
+        t.by_key.retain(|_, tomb| {
+            let delivered = tomb.destroyed_by != 0
+                && tomb.destroyed_by <= sent
+                && tomb
+                    .segments
+                    .iter()
+                    .all(|s| mounted.contains(s) && !owing.contains(s));
+            now < tomb.until && !delivered
+        });
+        if t.by_key.len() != before {
+            t.version += 1;
+        }
+        if t.version == version {
+            return None;
+        }
+        let mut all: Vec<(&String, &Tomb)> = t.by_key.iter().collect();
+        all.sort_unstable_by_key(|(_, tomb)| tomb.seq);
+        let (mut bytes, mut through, mut out) = (0, t.seq, Vec::new());
+        for (key, tomb) in all {
+            bytes += key.len() + 40;
+            if bytes > WRITTEN_BYTES {
+                through = tomb.seq - 1;
+                break;
+            }
+            out.push(Tombstone {
+                key: key.clone(),
+                generation: tomb.generation,
+            });
+        }
+        Some((t.version, through, out))
+    }
+
+    /// Records that etcd holds every tombstone through `through`.
+    pub fn tombstones_written(&self, through: u64) {
+        self.tombstones_written.fetch_max(through, Ordering::AcqRel);
+    }
+}
