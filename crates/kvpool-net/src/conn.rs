@@ -694,6 +694,16 @@ impl ConnPool {
         self.idle.lock().clear();
     }
 
+    /// An exchange with the peer got no answer in time: it is stuck (paused,
+    /// cut off) or gone. Drops the idle connections and opens the breaker,
+    /// so the next calls do not each wait out their own timeout.
+    pub fn stalled(&self) {
+        self.clear();
+        if let Some(b) = &self.breaker {
+            b.lock().failed(tokio::time::Instant::now());
+        }
+    }
+
     /// Runs one typed call on a pooled connection.
     pub async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
         let mut conn = self.take().await?;

@@ -144,3 +144,57 @@ async fn a_dead_store_costs_readers_no_retry_budget() {
     )
     .await;
 }
+
+/// A paused store (SIGSTOP: it accepts connections but never answers) costs
+/// the call that finds it one timeout; later calls know it is stuck and
+/// fail or go to a live replica at once, until it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_store_costs_one_timeout_not_one_per_call() {
+    let mut cluster = Cluster::builder()
+        .stores(2)
+        .segment_size("32MiB")
+        .master_flag("--client-ttl", "10s")
+        .master_flag("--store-grace", "30s")
+        .start()
+        .await;
+    let (paused, live) = (Cluster::store_name(0), Cluster::store_name(1));
+    let client = cluster
+        .client_with(|c| {
+            c.protocol = Protocol::Tcp;
+            c.timeout = Duration::from_secs(5);
+            c.retry_for = Duration::from_secs(30);
+            c.retries = 1_000;
+        })
+        .await;
+    let value = vec![9u8; 4096];
+    for (k, rc) in [
+        ("only-paused", on(&[&paused], 1)),
+        ("both", on(&[&paused, &live], 2)),
+    ] {
+        client.put(k, &value, &rc).await.expect(k);
+        assert_eq!(client.get(k).await.expect(k), value);
+    }
+
+    cluster.store(0).freeze(true);
+    // The first call meets the silent store and waits its timeout.
+    let e = client.get("only-paused").await.unwrap_err();
+    assert!(e.code.is_transient(), "{e}");
+    // The next ones do not wait for it (a probe may cost one connect
+    // timeout, 1 s, far less than the call's 5 s).
+    for _ in 0..3 {
+        let e = fast("a get from the paused store", client.get("only-paused"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::TransferFail, "{e}");
+        let got = fast("a get of a replicated key", client.get("both")).await;
+        assert_eq!(got.expect("the live replica"), value);
+    }
+
+    cluster.store(0).freeze(false);
+    common::eventually(
+        "the store to answer again",
+        Duration::from_secs(30),
+        async || client.get("only-paused").await.ok(),
+    )
+    .await;
+}

@@ -94,7 +94,7 @@ where
     match tokio::time::timeout(timeout, run).await {
         Ok(r) => r,
         Err(_) => {
-            pool.clear();
+            pool.stalled();
             Err(KvError::new(
                 Code::RpcTimeout,
                 format!("transfer with {} timed out", pool.addr()),
