@@ -135,6 +135,20 @@ pub struct Failover {
     pub serves_after_ms: Option<u64>,
 }
 
+/// Whether the pool kept taking writes through the faults: counted from the
+/// history over the fault window (first fault's start to last fault's end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Availability {
+    /// Whole seconds in the window.
+    pub window_s: u64,
+    /// Of those, the seconds in which no write (put, upsert) completed
+    /// successfully.
+    pub seconds_without_write: u64,
+    /// The longest time in the window between successful write completions
+    /// (or from the window's start to the first, or the last to its end).
+    pub longest_gap_ms: u64,
+}
+
 /// What a campaign found.
 #[derive(Debug, Clone, Serialize)]
 pub struct CampaignResult {
@@ -152,6 +166,8 @@ pub struct CampaignResult {
     pub skipped: u32,
     /// Leader kills and their failover times.
     pub failovers: Vec<Failover>,
+    /// Writes taken through the fault window; `None` without faults.
+    pub availability: Option<Availability>,
     /// Processes that exited or panicked unasked (a master stepping down
     /// after losing etcd is not one).
     pub crashes: Vec<String>,
@@ -241,6 +257,14 @@ impl CampaignResult {
             if none > 0 {
                 let _ = writeln!(s, "  {none} kills were followed by no successful write");
             }
+        }
+        if let Some(a) = self.availability {
+            let pct = 100 * a.seconds_without_write / a.window_s.max(1);
+            let _ = writeln!(
+                s,
+                "availability: {} of {} s of faults without an acknowledged write ({pct}%), longest gap {} ms",
+                a.seconds_without_write, a.window_s, a.longest_gap_ms
+            );
         }
         let _ = writeln!(
             s,
@@ -1071,6 +1095,65 @@ pub fn failovers(events: &[Event]) -> Vec<Failover> {
         .collect()
 }
 
+/// Writes taken through the fault window of `events` (see [`Availability`]).
+pub fn availability(events: &[Event]) -> Option<Availability> {
+    let faults = events.iter().filter_map(|e| match e {
+        Event::Fault { t, phase, .. } => Some((*t, phase == "start")),
+        _ => None,
+    });
+    let (mut from, mut to) = (u64::MAX, 0);
+    for (t, start) in faults {
+        if start {
+            from = from.min(t);
+        } else {
+            to = to.max(t);
+        }
+    }
+    if from >= to {
+        return None;
+    }
+    let mut writes: HashMap<u64, bool> = HashMap::new();
+    let mut done: Vec<u64> = Vec::new();
+    for e in events {
+        match e {
+            Event::Invoke { id, op, .. } => {
+                writes.insert(*id, matches!(op, Op::Put { .. } | Op::Upsert { .. }));
+            }
+            Event::Complete { id, t, results }
+                if writes.get(id) == Some(&true)
+                    && (from..to).contains(t)
+                    && results.iter().any(|r| matches!(r, Outcome::Ok)) =>
+            {
+                done.push(*t)
+            }
+            _ => {}
+        }
+    }
+    done.sort_unstable();
+    const SEC: u64 = 1_000_000_000;
+    let window_s = (to - from) / SEC;
+    let mut served = vec![false; window_s as usize];
+    for t in &done {
+        if let Some(s) = served.get_mut(((t - from) / SEC) as usize) {
+            *s = true;
+        }
+    }
+    let edges = std::iter::once(from)
+        .chain(done.iter().copied())
+        .chain([to]);
+    let longest = edges
+        .clone()
+        .zip(edges.skip(1))
+        .map(|(a, b)| b - a)
+        .max()
+        .unwrap_or(0);
+    Some(Availability {
+        window_s,
+        seconds_without_write: served.iter().filter(|s| !**s).count() as u64,
+        longest_gap_ms: longest / 1_000_000,
+    })
+}
+
 /// Runs one campaign: the whole life of a pool under a fault schedule.
 pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
     let started = Instant::now();
@@ -1263,6 +1346,7 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
         faults: kinds,
         skipped,
         failovers: failovers(&events),
+        availability: availability(&events),
         crashes,
         step_downs,
         evictions_possible: evictions,
@@ -1414,4 +1498,69 @@ pub async fn run_join(mut cfg: CampaignConfig, fill_to: f64) -> anyhow::Result<J
     std::fs::write(dir.join("report.txt"), r.render())?;
     std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&r)?)?;
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn fault(t: u64, phase: &str) -> Event {
+        Event::Fault {
+            t: t * MS,
+            n: 1,
+            phase: phase.into(),
+            kind: "kill".into(),
+            target: "store-0".into(),
+        }
+    }
+
+    /// Invoke and completion of operation `id`, done at `done` ms.
+    fn call(id: u64, op: Op, done: u64, ok: bool) -> [Event; 2] {
+        let outcome = if ok {
+            Outcome::Ok
+        } else {
+            Outcome::Err {
+                code: -800,
+                msg: "down".into(),
+            }
+        };
+        [
+            Event::Invoke {
+                id,
+                t: done * MS - MS,
+                client: "client-0.0".into(),
+                op,
+            },
+            Event::Complete {
+                id,
+                t: done * MS,
+                results: vec![outcome],
+            },
+        ]
+    }
+
+    #[test]
+    fn availability_counts_seconds_and_the_longest_gap_of_acknowledged_writes() {
+        let put = || Op::Put { items: Vec::new() };
+        let mut events = vec![fault(0, "start")];
+        events.extend(call(1, put(), 500, true));
+        events.extend(call(2, put(), 1_500, true));
+        events.extend(call(3, put(), 2_500, false));
+        events.extend(call(4, Op::Get { keys: Vec::new() }, 3_000, true));
+        events.extend(call(5, Op::Upsert { items: Vec::new() }, 6_200, true));
+        events.push(fault(10_000, "end"));
+        events.extend(call(6, put(), 10_500, true));
+        let a = availability(&events).expect("a fault window");
+        assert_eq!(
+            a,
+            Availability {
+                window_s: 10,
+                seconds_without_write: 7,
+                longest_gap_ms: 4_700,
+            }
+        );
+        assert_eq!(availability(&events[1..7]), None, "no faults");
+    }
 }
