@@ -141,6 +141,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
         Opcode::Invalidate => both(
             InvalidateReq {
                 segment: SEG,
+                fence: 1,
                 regions: vec![(4096, 1), (8192, u64::MAX)],
             },
             2,

@@ -97,11 +97,15 @@ pub(crate) async fn invalidator(
                 .clone();
             // A store takes at most MAX_BATCH_KEYS regions per request:
             // the parts go one after another on one connection.
+            // Under the segment's current mount: this master's decisions
+            // hold across a remount it took the inventory of.
+            let fence = master.state.fence_of(id);
             sends.push(async move {
                 let mut parts = regions.chunks(kvpool_proto::MAX_BATCH_KEYS);
                 while let Some(part) = parts.next() {
                     let req = msg::InvalidateReq {
                         segment: id,
+                        fence,
                         regions: part.to_vec(),
                     };
                     let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;

@@ -234,6 +234,11 @@ impl Rpc for ReadReq {
 pub struct InvalidateReq {
     /// The segment.
     pub segment: SegmentId,
+    /// The mount of the segment the master decided under (see
+    /// [`Grant::fence`]): a store mounted again since refuses, because a
+    /// master that does not know the new mount (a leader deposed meanwhile)
+    /// may destroy objects the new leader took from the inventory.
+    pub fence: u64,
     /// Regions freed by the master.
     pub regions: Vec<(u64, u64)>,
 }
@@ -244,7 +249,7 @@ impl Rpc for InvalidateReq {
     type Response = u64;
 
     fn batch_len(meta: &[u8]) -> Option<u64> {
-        seq_len_after::<SegmentId>(meta)
+        seq_len_after::<(SegmentId, u64)>(meta)
     }
 }
 
@@ -1124,6 +1129,7 @@ mod tests {
             check(
                 &InvalidateReq {
                     segment: seg,
+                    fence: u64::MAX,
                     regions: vec![(u64::MAX, 7); n],
                 },
                 nn,

@@ -833,12 +833,28 @@ fn outcome(h: &FrameHeader, reply: &KvResult<Reply>) -> (u64, Option<Code>) {
 fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
     let m = table.metrics.clone();
     m.invalidations_received.inc_by(req.regions.len() as u64);
+    let refused = || {
+        m.invalidations_refused.inc();
+        tracing::warn!(segment = %req.segment, fence = req.fence, regions = req.regions.len(),
+            "invalidations from before the segment's last mount refused");
+        KvError::new(
+            Code::TransferFail,
+            format!(
+                "the segment was mounted again since these invalidations (fence {:x})",
+                req.fence
+            ),
+        )
+    };
     Ok(
         match table
             .backing(req.segment)
             .ok_or_else(|| not_served(req.segment))?
         {
-            Backing::Memory(region, ..) => {
+            Backing::Memory(region, _, fence) => {
+                // Held across the destruction: a remount (and the scan of
+                // its inventory) waits for it, or it waits for the remount
+                // and is refused.
+                let _inside = fence.enter(req.fence).ok_or_else(refused)?;
                 let now = Instant::now();
                 // Under the lock a write checks after it lands (see
                 // `SegmentTable::landed`): either this finds the object, or
@@ -856,6 +872,7 @@ fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<Reply> {
                 m.invalidations_applied.inc_by(n);
                 Reply::Message(msg::encode(&n))
             }
+            Backing::Disk(_, _, fence) if !fence.admits(req.fence) => return Err(refused()),
             Backing::Disk(file, ..) => Reply::Pending(Box::pin(async move {
                 let n = file
                     .submit(move |f| f.invalidate_all(&req.regions) as u64)
@@ -1365,9 +1382,17 @@ mod tests {
         let mut c = FramedConn::connect(&addr, "test", Limits::default())
             .await
             .unwrap();
-        let req = InvalidateReq {
+        // Decided under an earlier mount (a deposed leader): refused, and
+        // nothing destroyed.
+        let stale = InvalidateReq {
             segment: SegmentId(7),
+            fence: fence(&table) ^ 1,
             regions: vec![(0, 3), (4096, 2), (1 << 20, 3)],
+        };
+        assert_eq!(c.call(&stale).await.unwrap_err().code, Code::TransferFail);
+        let req = InvalidateReq {
+            fence: fence(&table),
+            ..stale
         };
         assert_eq!(c.call(&req).await.unwrap(), 1);
         // SAFETY: in bounds.
@@ -1375,6 +1400,7 @@ mod tests {
         assert_eq!(found.iter().map(|f| f.offset).collect::<Vec<_>>(), [4096]);
         let unknown = InvalidateReq {
             segment: SegmentId(8),
+            fence: 1,
             regions: vec![(0, 3)],
         };
         assert_eq!(
@@ -1408,6 +1434,7 @@ mod tests {
             .unwrap();
         let req = InvalidateReq {
             segment: SegmentId(7),
+            fence: fence(&table),
             regions: vec![(0, 3), (4096, 3)],
         };
         assert_eq!(c.call(&req).await.unwrap(), 0, "nothing written yet");
@@ -1437,6 +1464,7 @@ mod tests {
         // A grant kept after its object was destroyed writes nothing again.
         let req = InvalidateReq {
             segment: SegmentId(7),
+            fence: fence(&table),
             regions: vec![(4096, 4)],
         };
         assert_eq!(c.call(&req).await.unwrap(), 1);

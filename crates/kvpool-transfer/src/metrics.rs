@@ -72,6 +72,8 @@ pub struct DataMetrics {
     pub invalidations_received: Counter,
     /// Of those, objects destroyed (the rest were gone or newer already).
     pub invalidations_applied: Counter,
+    /// Invalidation requests refused: decided under an earlier mount.
+    pub invalidations_refused: Counter,
     /// Copies between this store's memory and disk tiers, per direction and result.
     pub tier_moves: Family<MoveLabel, Counter>,
     /// Writes refused before landing: stale grants, per reason.
@@ -94,6 +96,7 @@ impl Default for DataMetrics {
             connections_accepted: Counter::default(),
             invalidations_received: Counter::default(),
             invalidations_applied: Counter::default(),
+            invalidations_refused: Counter::default(),
             tier_moves: Family::default(),
             writes_refused: Family::default(),
         }
@@ -189,6 +192,11 @@ impl DataMetrics {
             "invalidations_applied",
             "Objects destroyed on the master's request (the rest were gone or newer)",
             self.invalidations_applied.clone(),
+        );
+        registry.register(
+            "invalidations_refused",
+            "Invalidation requests refused: decided under an earlier mount of the segment (a deposed leader's)",
+            self.invalidations_refused.clone(),
         );
         registry.register(
             "tier_moves",

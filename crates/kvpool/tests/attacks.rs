@@ -336,6 +336,7 @@ async fn each_role_does_only_what_it_may() {
     let e = conn
         .call(&msg::InvalidateReq {
             segment: seg.id,
+            fence: 1,
             regions: vec![(seg.base, 1)],
         })
         .await

@@ -253,6 +253,7 @@ async fn over_limit_batches_are_refused_whole_and_nothing_is_lost() {
         .expect("connect to the store");
     let invalidate = InvalidateReq {
         segment: st.segments[0].info.id,
+        fence: 1,
         regions: vec![(4096, 1); MAX_BATCH_KEYS + 1],
     };
     refused(

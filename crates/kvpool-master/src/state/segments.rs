@@ -805,7 +805,7 @@ impl MasterState {
 
 impl MasterState {
     /// The fence value of segment `id`'s latest mount (0 if not mounted).
-    pub(super) fn fence_of(&self, id: SegmentId) -> u64 {
+    pub fn fence_of(&self, id: SegmentId) -> u64 {
         self.segments.read().get(&id).map_or(0, |s| s.fence)
     }
 }
