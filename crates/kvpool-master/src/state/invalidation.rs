@@ -2,7 +2,7 @@
 //! destruction of their object headers on the stores, the per-key fences a
 //! reply waits on, and regions whose reuse waits for a read lease to end.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -40,7 +40,17 @@ pub(super) struct InvalidationQueue {
     older: HashMap<String, Older>,
     /// Destructions of keys' last versions waiting for an older version's.
     held_back: HashMap<String, Copies>,
+    /// `(segment, offset)` to the generation last queued for destruction
+    /// there, the newest [`RECENT_MAX`]: a store refuses a later write of
+    /// that generation at that offset (it cannot tell it from a late one),
+    /// so a copy of the same version is placed elsewhere
+    /// (see [`MasterState::invalidated_at`]).
+    recent: HashMap<(SegmentId, u64), u64>,
+    recent_order: VecDeque<(SegmentId, u64)>,
 }
+
+/// Destructions remembered for [`InvalidationQueue::recent`].
+const RECENT_MAX: usize = 1 << 16;
 
 /// Copies of a version to destroy: `(segment, region, generation)`.
 type Copies = Vec<(SegmentId, Region, u64)>;
@@ -55,6 +65,23 @@ struct Older {
 }
 
 impl InvalidationQueue {
+    /// Queues the destruction of the object of `generation` at `offset` of
+    /// segment `s`.
+    fn queue(&mut self, s: SegmentId, offset: u64, generation: u64) {
+        self.regions
+            .entry(s)
+            .or_default()
+            .push((offset, generation));
+        if self.recent.insert((s, offset), generation).is_none() {
+            self.recent_order.push_back((s, offset));
+            if self.recent_order.len() > RECENT_MAX {
+                if let Some(old) = self.recent_order.pop_front() {
+                    self.recent.remove(&old);
+                }
+            }
+        }
+    }
+
     /// Whether `key` has a version whose destruction is not delivered yet,
     /// with batches through `sent` sent.
     fn older_pending(&self, key: &str, sent: u64) -> bool {
@@ -128,7 +155,7 @@ impl MasterState {
             let Some(s) = segs.get(id) else { continue };
             match (inv.as_mut(), written) {
                 (Some(inv), Some(gen)) => {
-                    inv.regions.entry(*id).or_default().push((r.offset, gen));
+                    inv.queue(*id, r.offset, gen);
                     if s.info.tier == Tier::Disk {
                         later.push((*id, *r));
                     } else {
@@ -211,10 +238,7 @@ impl MasterState {
         {
             let mut inv = self.invalidations.lock();
             for (s, r) in replicas {
-                inv.regions
-                    .entry(*s)
-                    .or_default()
-                    .push((r.offset, generation));
+                inv.queue(*s, r.offset, generation);
             }
             inv.seq += 1;
         }
@@ -362,10 +386,7 @@ impl MasterState {
         if v.lease_until > self.tick(now) {
             let mut inv = self.invalidations.lock();
             for (s, r) in &v.replicas {
-                inv.regions
-                    .entry(*s)
-                    .or_default()
-                    .push((r.offset, v.generation));
+                inv.queue(*s, r.offset, v.generation);
             }
             inv.seq += 1;
             let seq = inv.seq;
@@ -380,6 +401,16 @@ impl MasterState {
         } else {
             self.retire(key, &v, false);
         }
+    }
+
+    /// The offsets of segment `id` where an object of `generation` was
+    /// queued for destruction lately (see [`InvalidationQueue::recent`]).
+    pub(super) fn invalidated_at(&self, id: SegmentId, generation: u64) -> HashSet<u64> {
+        let inv = self.invalidations.lock();
+        (inv.recent.iter())
+            .filter(|((s, _), g)| *s == id && **g == generation)
+            .map(|((_, offset), _)| *offset)
+            .collect()
     }
 
     /// What a reply about `keys` must wait for, if anything: their old

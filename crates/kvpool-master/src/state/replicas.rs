@@ -146,17 +146,35 @@ impl MasterState {
                 format!("a copy of {key:?} to {target:?} is already in flight"),
             ));
         }
-        let region = self
-            .segments
-            .read()
-            .get(&id)
-            .and_then(|s| s.alloc.lock().alloc(region_len))
-            .ok_or_else(|| {
-                KvError::new(
-                    Code::NoAvailableHandle,
-                    format!("segment {target:?} has no {region_len} free bytes"),
-                )
-            })?;
+        // Not where this version was destroyed lately: the store would take
+        // the copy for a late write of it and refuse it.
+        let banned = self.invalidated_at(id, location.generation);
+        let region = {
+            let segs = self.segments.read();
+            let mut alloc = segs.get(&id).map(|s| s.alloc.lock());
+            let mut passed = Vec::new();
+            let found = loop {
+                let Some(r) = alloc.as_mut().and_then(|a| a.alloc(region_len)) else {
+                    break None;
+                };
+                if !banned.contains(&r.offset) {
+                    break Some(r);
+                }
+                passed.push(r);
+            };
+            if let Some(a) = alloc.as_mut() {
+                for r in passed {
+                    a.free(r);
+                }
+            }
+            found
+        }
+        .ok_or_else(|| {
+            KvError::new(
+                Code::NoAvailableHandle,
+                format!("segment {target:?} has no {region_len} free bytes"),
+            )
+        })?;
         copies.insert(
             slot,
             PendingCopy {
@@ -554,6 +572,33 @@ mod tests {
             .remove(0)
             .unwrap();
         l.replicas.iter().map(|r| r.segment.0).collect()
+    }
+
+    /// A store refuses a write of a version at an offset where it
+    /// destroyed that version (it takes it for a late write): a copy back
+    /// to a segment the version was dropped from goes elsewhere on it. The
+    /// Python suite's move back (`create_move_task`) failed that way.
+    #[test]
+    fn a_copy_avoids_the_offset_its_version_was_destroyed_at() {
+        let (st, c, now, g) = pool();
+        let first = |st: &MasterState, target: &str| {
+            let plan = st.replica_add(c, "k", &[target.into()], now).unwrap();
+            plan.targets[0].clone().unwrap().unwrap()
+        };
+        first(&st, "b");
+        st.replica_commit(c, "k", g, &[SegmentId(2)], &[], &[], now)
+            .unwrap();
+        let at_a = st
+            .get_replica_list(&["k".into()], now)
+            .remove(0)
+            .unwrap()
+            .replicas[0]
+            .offset;
+        st.replica_clear(&["k".into()], Some("a"), now + Duration::from_secs(2));
+        assert_eq!(on(&st, "k", now + Duration::from_secs(2)), [2]);
+        let back = first(&st, "a");
+        assert_eq!(back.segment, SegmentId(1));
+        assert_ne!(back.offset, at_a, "the destroyed copy's offset");
     }
 
     #[test]
