@@ -82,30 +82,13 @@ pub async fn run(
     // The segments the previous leader had: expected back before keys they
     // may hold are answered (see state/membership.rs).
     let segments = segments_key(&ha.cluster_id);
-    let listed = loop {
-        match tokio::time::timeout_at(valid_until, etcd.get(&segments)).await {
-            Ok(Ok(v)) => break v.map(|v| parse_segments(&v)),
-            Ok(Err(e)) => warn!(error = %e, "cannot read the segment list"),
-            Err(_) => {}
-        }
-        if Instant::now() + Duration::from_millis(100) >= valid_until {
-            return Err(lost("etcd unreachable while reading the segment list"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    master.state.expect_segments(listed, Instant::now());
+    let listed = read_while_leading(&etcd, &segments, valid_until, "the segment list").await?;
+    master
+        .state
+        .expect_segments(listed.map(|v| parse_segments(&v)), Instant::now());
     let tombstones = tombstones_key(&ha.cluster_id);
-    let loaded = loop {
-        match tokio::time::timeout_at(valid_until, etcd.get(&tombstones)).await {
-            Ok(Ok(v)) => break v.map(|v| parse_tombstones(&v)).unwrap_or_default(),
-            Ok(Err(e)) => warn!(error = %e, "cannot read the tombstones"),
-            Err(_) => {}
-        }
-        if Instant::now() + Duration::from_millis(100) >= valid_until {
-            return Err(lost("etcd unreachable while reading the tombstones"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let loaded = read_while_leading(&etcd, &tombstones, valid_until, "the tombstones").await?;
+    let loaded = loaded.map(|v| parse_tombstones(&v)).unwrap_or_default();
     master.state.keep_tombstones(loaded, Instant::now());
     let (mut tombs_version, mut tombs_written) = (0, String::new());
     let every = (ha.lease_ttl / 3).max(Duration::from_millis(100));
@@ -197,6 +180,27 @@ pub async fn run(
 
 /// How often the leader checks whether the segment list in etcd is current.
 const MEMBERSHIP_EVERY: Duration = Duration::from_millis(100);
+
+/// Reads `key` at the start of a term, retrying until `valid_until` (the
+/// lease may lapse then): `what` names it in logs and in the error.
+async fn read_while_leading(
+    etcd: &Etcd,
+    key: &str,
+    valid_until: Instant,
+    what: &str,
+) -> Result<Option<String>, MasterError> {
+    loop {
+        match tokio::time::timeout_at(valid_until, etcd.get(key)).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => warn!(error = %e, "cannot read {what}"),
+            Err(_) => {}
+        }
+        if Instant::now() + Duration::from_millis(100) >= valid_until {
+            return Err(lost(&format!("etcd unreachable while reading {what}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// Reads the tombstones a leader wrote (`{"tombstones": [{"key", "generation"}, ...]}`);
 /// a value that does not parse is skipped with a warning.
