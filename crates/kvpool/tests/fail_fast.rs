@@ -21,6 +21,19 @@ use tokio::time::Instant;
 /// Far above any answer that does not wait out the retry budget, far below it.
 const FAST: Duration = Duration::from_secs(3);
 
+/// Two stores, and a master with its defaults: it keeps a dead store's
+/// objects for its client TTL and grace (40 s), as in production, so
+/// readers meet the dead store rather than a master that already forgot it.
+async fn two_stores() -> Cluster {
+    Cluster::builder()
+        .stores(2)
+        .segment_size("32MiB")
+        .master_flag("--client-ttl", "10s")
+        .master_flag("--store-grace", "30s")
+        .start()
+        .await
+}
+
 /// A client reading over TCP (a same-host client would map the segment
 /// file, which outlives its store) with a long retry budget.
 async fn patient_tcp_client(cluster: &Cluster) -> Client {
@@ -55,16 +68,7 @@ async fn fast<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_store_costs_readers_no_retry_budget() {
-    // The master's defaults: it keeps a dead store's objects for its client
-    // TTL and grace (40 s), as in production, so readers meet the dead
-    // store rather than a master that already forgot it.
-    let mut cluster = Cluster::builder()
-        .stores(2)
-        .segment_size("32MiB")
-        .master_flag("--client-ttl", "10s")
-        .master_flag("--store-grace", "30s")
-        .start()
-        .await;
+    let mut cluster = two_stores().await;
     let (dead, live) = (Cluster::store_name(0), Cluster::store_name(1));
     let client = patient_tcp_client(&cluster).await;
     let value = vec![7u8; 4096];
@@ -150,13 +154,7 @@ async fn a_dead_store_costs_readers_no_retry_budget() {
 /// fail or go to a live replica at once, until it answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_store_costs_one_timeout_not_one_per_call() {
-    let mut cluster = Cluster::builder()
-        .stores(2)
-        .segment_size("32MiB")
-        .master_flag("--client-ttl", "10s")
-        .master_flag("--store-grace", "30s")
-        .start()
-        .await;
+    let mut cluster = two_stores().await;
     let (paused, live) = (Cluster::store_name(0), Cluster::store_name(1));
     let client = cluster
         .client_with(|c| {

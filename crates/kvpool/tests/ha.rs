@@ -30,19 +30,21 @@ async fn leader_of(masters: &[String]) -> usize {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standby_takes_over_when_the_leader_dies() {
-    let dir = scratch_dir();
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("log dir");
-    let (_etcd, endpoint) = spawn_etcd(&logs).await;
-    let pool = format!("etcd://{endpoint}/ha-test");
-    let mut masters: Vec<MasterProcess> = Vec::new();
+/// Two masters of `cluster` on the etcd at `endpoint` (2 s client TTL and
+/// leadership lease), with `extra` flags.
+async fn spawn_ha_masters(
+    logs: &std::path::Path,
+    endpoint: &str,
+    cluster: &str,
+    extra: &[&str],
+) -> Vec<MasterProcess> {
+    let mut masters = Vec::new();
     for i in 0..2 {
-        let ep = endpoint.clone();
+        let (ep, cluster) = (endpoint.to_string(), cluster.to_string());
+        let extra: Vec<String> = extra.iter().map(|f| f.to_string()).collect();
         masters.push(
-            spawn_master(&format!("master-{i}"), &logs, move |rpc, metrics| {
-                [
+            spawn_master(&format!("master-{i}"), logs, move |rpc, metrics| {
+                let mut args = [
                     "master",
                     "--rpc-port",
                     &rpc.to_string(),
@@ -52,18 +54,31 @@ async fn standby_takes_over_when_the_leader_dies() {
                     "--etcd-endpoints",
                     &ep,
                     "--cluster-id",
-                    "ha-test",
+                    &cluster,
                     "--client-ttl",
                     "2s",
                     "--ha-lease-ttl",
                     "2s",
                 ]
                 .map(String::from)
-                .to_vec()
+                .to_vec();
+                args.extend(extra.iter().cloned());
+                args
             })
             .await,
         );
     }
+    masters
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_takes_over_when_the_leader_dies() {
+    let dir = scratch_dir();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let (_etcd, endpoint) = spawn_etcd(&logs).await;
+    let pool = format!("etcd://{endpoint}/ha-test");
+    let mut masters = spawn_ha_masters(&logs, &endpoint, "ha-test", &[]).await;
     let _stores: Vec<Process> = (0..2)
         .map(|i| {
             let name = format!("store-{i}");
@@ -259,35 +274,7 @@ async fn a_removal_made_while_its_store_is_down_survives_a_failover() {
     std::fs::create_dir_all(&logs).expect("log dir");
     let (_etcd, endpoint) = spawn_etcd(&logs).await;
     let pool = format!("etcd://{endpoint}/tombs");
-    let mut masters: Vec<MasterProcess> = Vec::new();
-    for i in 0..2 {
-        let ep = endpoint.clone();
-        masters.push(
-            spawn_master(&format!("master-{i}"), &logs, move |rpc, metrics| {
-                [
-                    "master",
-                    "--rpc-port",
-                    &rpc.to_string(),
-                    "--metrics-port",
-                    &metrics.to_string(),
-                    "--enable-ha",
-                    "--etcd-endpoints",
-                    &ep,
-                    "--cluster-id",
-                    "tombs",
-                    "--client-ttl",
-                    "2s",
-                    "--store-grace",
-                    "60s",
-                    "--ha-lease-ttl",
-                    "2s",
-                ]
-                .map(String::from)
-                .to_vec()
-            })
-            .await,
-        );
-    }
+    let mut masters = spawn_ha_masters(&logs, &endpoint, "tombs", &["--store-grace", "60s"]).await;
     let store = |name: &str, log: &str| {
         spawn_store_bin(
             std::path::Path::new(BIN),
