@@ -74,7 +74,7 @@ impl Client {
         let tcp = &self.inner.transports.tcp;
         for l in locations.iter_mut().flatten() {
             if l.replicas.iter().any(|r| tcp.is_down(&r.endpoint)) {
-                l.replicas.sort_by_key(|r| tcp.is_down(&r.endpoint));
+                l.replicas.sort_by_cached_key(|r| tcp.is_down(&r.endpoint));
             }
         }
         let replicas: Vec<usize> = locations
