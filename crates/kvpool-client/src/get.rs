@@ -128,7 +128,7 @@ impl Client {
         let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
         loop {
             let round: Vec<&str> = retry.todo().iter().map(|&i| keys[i]).collect();
-            let out = self.get_pass(&round).await;
+            let out = retry.pass(self.get_pass(&round)).await;
             if !retry.settle(out).await {
                 let out = retry.finish();
                 let len = |_, v: &Vec<u8>| v.len() as u64;
@@ -275,19 +275,7 @@ impl Client {
         loop {
             let todo = retry.todo();
             let mut round = reborrow(items, &todo);
-            let keys: Vec<&str> = round.iter().map(|i| i.key).collect();
-            let found = self.find(&keys).await;
-            let cached = cached_flags(&found);
-            let mut out = self.read_found(&mut round, found).await;
-            let stale = self.stale(&keys, &cached, &out);
-            if !stale.is_empty() {
-                let mut again = reborrow(&mut round, &stale);
-                let keys: Vec<&str> = again.iter().map(|i| i.key).collect();
-                let found = self.locate_keys(&keys).await;
-                for (&i, r) in stale.iter().zip(self.read_located(&mut again, found).await) {
-                    out[i] = r;
-                }
-            }
+            let out = retry.pass(self.get_into_pass(&mut round)).await;
             drop(round);
             if !retry.settle(out).await {
                 let out = retry.finish();
@@ -296,6 +284,25 @@ impl Client {
                 return out;
             }
         }
+    }
+
+    /// One pass of [`Self::batch_get_into`]: locate, read, and ask the
+    /// master again for cached locations that turned out stale.
+    async fn get_into_pass(&self, round: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
+        let keys: Vec<&str> = round.iter().map(|i| i.key).collect();
+        let found = self.find(&keys).await;
+        let cached = cached_flags(&found);
+        let mut out = self.read_found(round, found).await;
+        let stale = self.stale(&keys, &cached, &out);
+        if !stale.is_empty() {
+            let mut again = reborrow(round, &stale);
+            let keys: Vec<&str> = again.iter().map(|i| i.key).collect();
+            let found = self.locate_keys(&keys).await;
+            for (&i, r) in stale.iter().zip(self.read_located(&mut again, found).await) {
+                out[i] = r;
+            }
+        }
+        out
     }
 
     /// Reads `items` from `found` locations. Hints are read while the master

@@ -101,7 +101,9 @@ impl Client {
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {
             let round: Vec<Item> = retry.todo().iter().map(|&i| items[i]).collect();
-            let out = self.put_round(&round, config, (upsert, op)).await;
+            let out = retry
+                .pass(self.put_round(&round, config, (upsert, op)))
+                .await;
             if !retry.settle(out).await {
                 let out = retry.finish();
                 let len = |i: usize, _: &()| value_len(items[i].1);
@@ -257,7 +259,7 @@ impl Client {
             }));
         }
         let mut total = local_bytes;
-        let timeout = self.inner.cfg.timeout;
+        let timeout = kvpool_net::deadline::cap(self.inner.cfg.timeout);
         for (ep, group) in groups {
             let bytes: u64 = group.iter().map(|(_, o)| value_len(&o.parts)).sum();
             total += bytes;

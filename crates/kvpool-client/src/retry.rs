@@ -1,12 +1,15 @@
 //! Per-key retries of batch calls: the keys that failed transiently (a
 //! store restarting, a master failing over, another writer holding the key)
 //! go again, with backoff, while the client's retry budget lasts; the others
-//! keep their first answer.
+//! keep their first answer. The call has one deadline ([`KeyRetry::pass`]
+//! runs each pass under it): every master attempt and transfer of every
+//! pass takes what is left of it.
 //!
 //! The bookkeeping ([`KeyRetry::record`]) is pure apart from reading the
 //! clock, so the classification and the backoff are unit-tested; only
 //! [`KeyRetry::settle`] sleeps.
 
+use std::future::Future;
 use std::time::Duration;
 
 use kvpool_proto::{Code, KvError, KvResult};
@@ -36,6 +39,11 @@ impl Backoff {
         Backoff(FIRST_BACKOFF)
     }
 
+    /// The delay [`Self::next`] will give.
+    fn peek(&self) -> Duration {
+        self.0
+    }
+
     /// The delay to wait now; the next one doubles.
     pub(crate) fn next(&mut self) -> Duration {
         let d = self.0;
@@ -50,8 +58,8 @@ pub(crate) struct KeyRetry<T> {
     todo: Vec<usize>,
     attempt: u32,
     retries: u32,
-    retry_for: Duration,
-    start: Instant,
+    /// When the call must answer by.
+    deadline: Instant,
     backoff: Backoff,
 }
 
@@ -63,10 +71,14 @@ impl<T> KeyRetry<T> {
             todo: (0..n).collect(),
             attempt: 0,
             retries: cfg.retries,
-            retry_for: cfg.retry_for,
-            start: Instant::now(),
+            deadline: Instant::now() + cfg.retry_for.max(cfg.timeout),
             backoff: Backoff::new(),
         }
+    }
+
+    /// Runs one pass under the call's deadline.
+    pub(crate) async fn pass<F: Future>(&self, f: F) -> F::Output {
+        kvpool_net::deadline::within(self.deadline, f).await
     }
 
     /// Item indexes for the next pass, ascending.
@@ -77,7 +89,9 @@ impl<T> KeyRetry<T> {
     /// Records a pass's results (one per `todo` index); returns the delay
     /// before another pass, or `None` when every key has its answer.
     pub(crate) fn record(&mut self, out: Vec<KvResult<T>>) -> Option<Duration> {
-        let more = self.attempt < self.retries && self.start.elapsed() < self.retry_for;
+        // Another pass only if its first backoff fits before the deadline.
+        let more = self.attempt < self.retries
+            && self.backoff.peek() < self.deadline.saturating_duration_since(Instant::now());
         let mut again = Vec::new();
         for (&i, r) in self.todo.iter().zip(out) {
             match r {
@@ -175,6 +189,28 @@ mod tests {
         assert!(r.record(vec![err(Code::RpcTimeout)]).is_some());
         assert_eq!(r.record(vec![err(Code::RpcTimeout)]), None);
         assert_eq!(r.finish()[0].as_ref().unwrap_err().code, Code::RpcTimeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_pass_starts_that_its_backoff_would_carry_past_the_deadline() {
+        let mut cfg = ClientConfig::new("m");
+        cfg.timeout = Duration::from_millis(100);
+        cfg.retry_for = Duration::from_millis(100);
+        let mut r = KeyRetry::<()>::new(1, &cfg);
+        assert!(r.record(vec![err(Code::RpcTimeout)]).is_some());
+        tokio::time::sleep(Duration::from_millis(95)).await;
+        assert_eq!(r.record(vec![err(Code::RpcTimeout)]), None);
+        assert_eq!(r.finish()[0].as_ref().unwrap_err().code, Code::RpcTimeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_runs_under_the_calls_deadline() {
+        let cfg = ClientConfig::new("m");
+        let r = KeyRetry::<()>::new(1, &cfg);
+        let left = r
+            .pass(async { kvpool_net::deadline::cap(Duration::MAX) })
+            .await;
+        assert_eq!(left, cfg.retry_for.max(cfg.timeout));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_proto::frame::{
@@ -72,7 +73,24 @@ pub struct FramedConn {
     /// The most the peer may prove: the client role over TLS without a
     /// client certificate (servers only).
     ceiling: Role,
+    /// Set on connections from a pool with a breaker: see [`Silence`].
+    silence: Option<Silence>,
 }
+
+/// How long a peer behind a breaker may take to start an answer. A peer
+/// that says nothing for that long (paused, cut off, wedged) is taken for
+/// gone: the connection fails and the breaker opens, so callers learn it
+/// within this instead of within their whole call's timeout. Sized to the
+/// network (a multiple of the connect timeout), not to the transfer: only
+/// the start of each answer is timed; its bytes have their own progress
+/// limit ([`PROGRESS_TIMEOUT`]).
+struct Silence {
+    within: Duration,
+    breaker: Arc<Mutex<Breaker>>,
+}
+
+/// A peer's answer must start within this many connect timeouts.
+const ANSWER_CONNECT_TIMEOUTS: u32 = 2;
 
 impl FramedConn {
     /// Connects to `addr` and performs the version handshake as `role`,
@@ -198,6 +216,7 @@ impl FramedConn {
             peer,
             peer_role: Role::Client,
             ceiling: Role::Admin,
+            silence: None,
         }
     }
 
@@ -490,7 +509,22 @@ impl FramedConn {
     /// Reads a response header for request `id`, turning an error status into
     /// an `Err` (its message is consumed).
     pub async fn read_response(&mut self, id: u64) -> KvResult<FrameHeader> {
-        let h = self.read_header().await?.ok_or_else(|| {
+        let header = match self.silence.as_ref().map(|s| s.within) {
+            None => self.read_header().await,
+            Some(within) => match tokio::time::timeout(within, self.read_header()).await {
+                Ok(h) => h,
+                Err(_) => {
+                    if let Some(s) = &self.silence {
+                        s.breaker.lock().failed(tokio::time::Instant::now());
+                    }
+                    return Err(KvError::new(
+                        Code::RpcFail,
+                        format!("{} sent no answer within {within:?}", self.peer),
+                    ));
+                }
+            },
+        };
+        let h = header?.ok_or_else(|| {
             KvError::new(
                 Code::RpcFail,
                 format!("{} closed the connection", self.peer),
@@ -590,8 +624,9 @@ pub struct ConnPool {
     connect_timeout: Duration,
     max_idle: usize,
     idle: Mutex<Vec<FramedConn>>,
-    /// Set by [`ConnPool::with_breaker`]: connect failures open it.
-    breaker: Option<Mutex<Breaker>>,
+    /// Set by [`ConnPool::with_breaker`]: connect failures and silent
+    /// answers open it.
+    breaker: Option<Arc<Mutex<Breaker>>>,
 }
 
 impl ConnPool {
@@ -616,10 +651,12 @@ impl ConnPool {
     }
 
     /// Fails connects at once while the peer is known to be unreachable
-    /// (see [`Breaker`]): for peers a caller can do without, like one
-    /// store among many, not for the master a caller must wait for.
+    /// (see [`Breaker`]), and takes a peer that does not start an answer
+    /// within two connect timeouts for unreachable: for peers a caller can
+    /// do without, like one store among many, not for the master a caller
+    /// must wait for.
     pub fn with_breaker(mut self) -> Self {
-        self.breaker = Some(Mutex::new(Breaker::default()));
+        self.breaker = Some(Arc::new(Mutex::new(Breaker::default())));
         self
     }
 
@@ -655,7 +692,7 @@ impl ConnPool {
                 )
             })?;
         }
-        let r = tokio::time::timeout(
+        let mut r = tokio::time::timeout(
             self.connect_timeout,
             FramedConn::connect_with(&self.addr, &self.role, self.limits, &self.security),
         )
@@ -667,8 +704,14 @@ impl ConnPool {
             ))
         });
         if let Some(b) = &self.breaker {
-            match &r {
-                Ok(_) => b.lock().succeeded(),
+            match &mut r {
+                Ok(conn) => {
+                    b.lock().succeeded();
+                    conn.silence = Some(Silence {
+                        within: self.connect_timeout * ANSWER_CONNECT_TIMEOUTS,
+                        breaker: b.clone(),
+                    });
+                }
                 // Refused, reset or silent; a refusal of our key or
                 // version is an answer, not an absence.
                 Err(e) if matches!(e.code, Code::RpcFail | Code::RpcTimeout) => {

@@ -1,5 +1,6 @@
 //! kvpool's networking: framed connections with handshake and pooling
-//! ([`conn`], with a [`breaker`] per peer that can be done without), the
+//! ([`conn`], with a [`breaker`] per peer that can be done without), one
+//! [`deadline`] per call shared by its attempts, the
 //! server loops that speak the frame protocol ([`server`]),
 //! data-plane capabilities ([`capability`]), TLS ([`tls`]),
 //! the link every client and store keeps to the master ([`master`]), and the
@@ -13,6 +14,7 @@ pub mod auth;
 pub mod breaker;
 pub mod capability;
 pub mod conn;
+pub mod deadline;
 pub mod etcd;
 pub mod master;
 #[cfg(feature = "planted-bugs")]

@@ -28,8 +28,9 @@ pub struct CallPolicy {
     pub timeout: Duration,
     /// Most extra attempts after transient failures.
     pub retries: u32,
-    /// Transient failures are retried only while the call is younger than
-    /// this (long enough to ride out a master failover).
+    /// The call's deadline: transient failures are retried only until it
+    /// (long enough to ride out a master failover); with a shorter
+    /// `timeout`, the last attempt gets what is left.
     pub retry_for: Duration,
     /// First backoff; doubles per retry.
     pub backoff: Duration,
@@ -47,7 +48,10 @@ impl Default for CallPolicy {
 }
 
 /// Runs `attempt` with a timeout each time, retrying transient failures with
-/// exponential backoff.
+/// exponential backoff. The call has one deadline, `retry_for` (or one
+/// whole `timeout` if longer) from now, or sooner if the caller's
+/// [`deadline`](crate::deadline) says so: each attempt gets what is left of
+/// it, at most `timeout`.
 pub async fn with_retries<T, F, Fut>(policy: &CallPolicy, mut attempt: F) -> KvResult<T>
 where
     F: FnMut() -> Fut,
@@ -56,29 +60,34 @@ where
     let mut backoff = policy.backoff;
     let mut tries = 0;
     let start = tokio::time::Instant::now();
-    loop {
-        let r = match tokio::time::timeout(policy.timeout, attempt()).await {
-            Ok(r) => r,
-            Err(_) => Err(KvError::new(
-                Code::RpcTimeout,
-                format!("no answer within {:?}", policy.timeout),
-            )),
-        };
-        match r {
-            Err(e)
-                if e.code.is_transient()
-                    && tries < policy.retries
-                    && start.elapsed() < policy.retry_for =>
-            {
-                tries += 1;
-                // Jitter spreads out clients that failed together.
-                let jitter = backoff.mul_f64(rand::random::<f64>());
-                tokio::time::sleep(backoff + jitter).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
+    let end = start + policy.retry_for.max(policy.timeout);
+    crate::deadline::within(end, async {
+        loop {
+            let limit = crate::deadline::cap(policy.timeout);
+            let r = match tokio::time::timeout(limit, attempt()).await {
+                Ok(r) => r,
+                Err(_) => Err(KvError::new(
+                    Code::RpcTimeout,
+                    format!("no answer within {limit:?}"),
+                )),
+            };
+            match r {
+                Err(e) if e.code.is_transient() && tries < policy.retries => {
+                    // Jitter spreads out clients that failed together.
+                    let jitter = backoff.mul_f64(rand::random::<f64>());
+                    let pause = crate::deadline::cap(backoff + jitter);
+                    if pause < backoff {
+                        return Err(e);
+                    }
+                    tries += 1;
+                    tokio::time::sleep(pause).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                r => return r,
             }
-            r => return r,
         }
-    }
+    })
+    .await
 }
 
 /// Called after re-registering, to mount the caller's segments again;
@@ -249,14 +258,17 @@ impl MasterLink {
 
     /// A typed call with one attempt bounded by the policy timeout.
     pub async fn call_once<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        tokio::time::timeout(self.policy.timeout, self.attempt(req, false))
-            .await
-            .unwrap_or_else(|_| {
-                Err(KvError::new(
-                    Code::RpcTimeout,
-                    "master did not answer in time",
-                ))
-            })
+        tokio::time::timeout(
+            crate::deadline::cap(self.policy.timeout),
+            self.attempt(req, false),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(KvError::new(
+                Code::RpcTimeout,
+                "master did not answer in time",
+            ))
+        })
     }
 
     /// Reports what `source` says with every heartbeat from now on (a
@@ -346,5 +358,61 @@ impl MasterLink {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    fn policy() -> CallPolicy {
+        CallPolicy {
+            timeout: Duration::from_secs(2),
+            retries: 50,
+            retry_for: Duration::from_secs(5),
+            backoff: Duration::from_millis(20),
+        }
+    }
+
+    async fn silent() -> KvResult<()> {
+        std::future::pending().await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_share_one_deadline() {
+        let t0 = Instant::now();
+        let e = with_retries(&policy(), silent).await.unwrap_err();
+        assert_eq!(e.code, Code::RpcTimeout);
+        let took = t0.elapsed();
+        assert!(took <= Duration::from_secs(5), "{took:?}");
+        assert!(took >= Duration::from_millis(4500), "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_callers_deadline_wins_when_sooner() {
+        let t0 = Instant::now();
+        let soon = t0 + Duration::from_millis(700);
+        let e = crate::deadline::within(soon, with_retries(&policy(), silent))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::RpcTimeout);
+        assert_eq!(t0.elapsed(), Duration::from_millis(700));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_timeout_still_gets_one_whole_attempt() {
+        let p = CallPolicy {
+            timeout: Duration::from_secs(8),
+            retry_for: Duration::from_secs(1),
+            ..policy()
+        };
+        let t0 = Instant::now();
+        let slow = || async {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            Ok(())
+        };
+        with_retries(&p, slow).await.expect("within the timeout");
+        assert_eq!(t0.elapsed(), Duration::from_secs(6));
     }
 }
