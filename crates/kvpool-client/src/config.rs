@@ -51,7 +51,8 @@ pub struct ClientConfig {
     pub master: String,
     /// Name of this client (and of its embedded segment).
     pub hostname: String,
-    /// Limit for each master call attempt and each transfer.
+    /// Limit for each master call attempt and each transfer (less when the
+    /// call's deadline, `retry_for`, comes sooner).
     pub timeout: Duration,
     /// Limit for opening a connection to a store, handshake included: sized
     /// to the network, not to the call, so a store that does not answer
@@ -61,8 +62,9 @@ pub struct ClientConfig {
     /// Most extra attempts after transient failures (master calls, and keys
     /// whose store was unreachable or busy).
     pub retries: u32,
-    /// Transient failures are retried only while the call is younger than
-    /// this: long enough to ride out a store restart or a master failover.
+    /// Each call's deadline (or one whole `timeout`, if longer): its
+    /// attempts share it, and transient failures are retried only until
+    /// it. Long enough to ride out a store restart or a master failover.
     pub retry_for: Duration,
     /// Connections one big batch uses in parallel per store.
     pub conns_per_store: usize,
@@ -77,6 +79,9 @@ pub struct ClientConfig {
     /// Keys whose locations are remembered for one-round-trip repeat reads
     /// (0 turns the location cache off).
     pub location_cache: usize,
+    /// Whether a read of a replicated object that is slower than most asks
+    /// the next replica too (first verified answer wins; see `hedge`).
+    pub hedge_reads: bool,
     /// The key proved to the master and stores (and asked of peers of the
     /// embedded segment); lending memory takes a store key.
     pub security: Security,
@@ -98,6 +103,7 @@ impl ClientConfig {
             segment_port: 0,
             protocol: Protocol::Auto,
             location_cache: 65_536,
+            hedge_reads: true,
             security: Security::default(),
         }
     }
@@ -121,6 +127,7 @@ mod tests {
         assert_eq!(c.protocol, Protocol::Auto);
         assert_eq!(Protocol::default(), Protocol::Auto);
         assert_eq!(c.location_cache, 65_536);
+        assert!(c.hedge_reads);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! inference engine does; it goes away with the client.
 //!
 //! Modules: `config` (settings), `put` and `get`/`read` (the two
-//! protocols), `transport` (TCP and shared memory), `placement` (which
+//! protocols), `hedge` (when a slow read asks a second replica), `transport` (TCP and shared memory), `placement` (which
 //! replica and transport a read uses), `retry` (per-key retries),
 //! `fanout` (batches over stores, connections and cores), `rpc` (master
 //! calls), `query` (metadata-only calls), `cache` (the location cache),
@@ -28,6 +28,7 @@ mod cache;
 mod config;
 mod fanout;
 mod get;
+mod hedge;
 mod metrics;
 mod placement;
 mod put;
@@ -75,6 +76,8 @@ struct Inner {
     metrics: metrics::ClientMetrics,
     /// Big batches in flight: only a lone one spreads over threads.
     big_calls: AtomicUsize,
+    /// When a slow read asks its object's next replica too.
+    hedge: hedge::HedgeDelay,
     shutdown: CancellationToken,
 }
 
@@ -148,6 +151,7 @@ impl Client {
                 cache,
                 metrics: Default::default(),
                 big_calls: AtomicUsize::new(0),
+                hedge: Default::default(),
                 cfg,
                 shutdown,
             }),

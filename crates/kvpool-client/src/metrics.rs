@@ -59,6 +59,8 @@ pub struct ClientMetrics {
     bytes: Family<OpLabel, Counter>,
     transfer: Family<TransferLabel, Counter>,
     latency: Family<OpLabel, Histogram, fn() -> Histogram>,
+    hedges: Counter,
+    hedge_wins: Counter,
 }
 
 impl Default for ClientMetrics {
@@ -74,6 +76,8 @@ impl Default for ClientMetrics {
             latency: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(1e-5, 4.0, 11))
             }),
+            hedges: Counter::default(),
+            hedge_wins: Counter::default(),
         };
         registry.register(
             "keys",
@@ -99,6 +103,16 @@ impl Default for ClientMetrics {
             "call_seconds",
             "Time of one call (a batch is one call), retries included",
             m.latency.clone(),
+        );
+        registry.register(
+            "hedged_reads",
+            "Second reads of an object from its next replica, asked because the first was slower than most",
+            m.hedges.clone(),
+        );
+        registry.register(
+            "hedge_wins",
+            "Hedged reads whose answer was used (the first replica's reads were dropped)",
+            m.hedge_wins.clone(),
         );
         ClientMetrics { registry, ..m }
     }
@@ -165,6 +179,16 @@ impl ClientMetrics {
                 self.transfer.get_or_create(&l).inc_by(n);
             }
         }
+    }
+
+    /// Counts `n` hedged reads asked.
+    pub(crate) fn hedged(&self, n: u64) {
+        self.hedges.inc_by(n);
+    }
+
+    /// Counts `n` hedged reads whose answer was used.
+    pub(crate) fn hedges_won(&self, n: u64) {
+        self.hedge_wins.inc_by(n);
     }
 
     /// Prometheus text exposition of every counter.

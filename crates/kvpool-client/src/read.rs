@@ -5,22 +5,61 @@
 //! a mapped segment, or the store's TCP data plane. Each read lands header
 //! first, then the value straight into the caller's buffers, and counts
 //! only once [`Check::verify`] passes.
+//!
+//! A small round whose reads over TCP are slower than most is hedged
+//! ([`crate::hedge`]): the objects of a store that has not answered yet are
+//! read from their next replica into buffers of their own, and once every
+//! object of that store has a verified answer, its reads are dropped and
+//! the answers copied to the caller.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
+use futures::future::{abortable, join_all, AbortHandle};
+use futures::stream::{FuturesUnordered, StreamExt};
 use kvpool_format::{header_len, value_checksum, ObjectHeader};
 use kvpool_proto::msg::{ObjectLocation, ReadReq, Tier};
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::data::ReadOp;
+use kvpool_transfer::data::{read_regions, ReadOp};
 use tokio::time::Instant;
 
 use crate::fanout::{cores, lanes, split, Job, SPREAD_BYTES};
 use crate::get::{reborrow, Found, GetInto};
 use crate::placement::{due, rounds, Route};
-use crate::transport::not_mappable;
-use crate::transport::tcp::{broken, StoreReads};
+use crate::transport::tcp::{broken, with_conn, StoreReads};
+use crate::transport::{not_mappable, Routes};
 use crate::Client;
+
+/// A second read of one object, from another replica, for a hedge.
+struct Hedge<'a> {
+    /// The item it answers.
+    item: usize,
+    key: &'a str,
+    location: &'a ObjectLocation,
+    /// Which replica to read.
+    replica: usize,
+    lease_from: Instant,
+}
+
+/// What a round's reads came to: per-item results, and the objects read
+/// aside by hedges (header, then value) that answered first.
+type Raced = (Vec<(usize, KvResult<usize>)>, HashMap<usize, Vec<u8>>);
+
+/// A round's reads from one store, or its shared-memory copies (no store):
+/// all answered together, or dropped once hedged.
+type Share<'a> = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Option<usize>,
+                    Result<Vec<(usize, KvResult<usize>)>, futures::future::Aborted>,
+                ),
+            > + Send
+            + 'a,
+    >,
+>;
 
 /// A TCP read queued for its store: (item index, its check) and the op.
 type TcpRead<'a> = ((usize, Check<'a>), ReadOp<'a>);
@@ -50,6 +89,7 @@ impl Client {
         items: &mut [GetInto<'_>],
         found: Vec<KvResult<Found>>,
     ) -> Vec<KvResult<usize>> {
+        let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
         let mut results: Vec<KvResult<usize>> = Vec::with_capacity(items.len());
         let mut locations: Vec<Option<ObjectLocation>> = Vec::with_capacity(items.len());
         let leases: Vec<Instant> = found
@@ -106,6 +146,7 @@ impl Client {
                 .map(|&i| vec![0u8; header_len(items[i].key.len())])
                 .collect();
             let mut groups: HashMap<String, Vec<TcpRead>> = HashMap::new();
+            let mut hedges: HashMap<String, Vec<Hedge>> = HashMap::new();
             let mut done: Vec<(usize, KvResult<usize>)> = Vec::new();
             let mut local = Vec::new();
             let (mut bytes, mut local_bytes) = (0u64, 0u64);
@@ -144,6 +185,9 @@ impl Client {
                     }
                     Route::Unmappable => done.push((i, Err(not_mappable(rep.segment)))),
                     Route::Tcp => {
+                        if let Some(h) = self.hedge_for(i, keys[i], l, round, leases[i], &routes) {
+                            hedges.entry(rep.endpoint.clone()).or_default().push(h);
+                        }
                         bytes += hl + l.value_len;
                         let req = ReadReq {
                             segment: rep.segment,
@@ -161,20 +205,29 @@ impl Client {
             }
             // A store's reads wait in one queue its connections take from,
             // so one that runs ahead does more and none idles on a tail.
+            let mut hedged: Vec<Vec<Hedge>> = Vec::new();
             let stores: Vec<StoreReads<(usize, Check)>> = groups
                 .into_iter()
                 .map(|(ep, group)| {
+                    // Hedged only if every read there is: a store is waited
+                    // for as long as one of its objects has no other way.
+                    let h = hedges.remove(&ep).unwrap_or_default();
+                    hedged.push(if h.len() == group.len() {
+                        h
+                    } else {
+                        Vec::new()
+                    });
                     let bytes: u64 = group.iter().map(|(_, o)| o.req.len).sum();
                     let lanes = lanes(bytes, group.len(), self.inner.cfg.conns_per_store);
                     let pool = self.inner.transports.tcp.pool(&ep);
                     StoreReads::new(pool, lanes, group.into_iter().collect::<VecDeque<_>>())
                 })
                 .collect();
-            let mut jobs: Vec<Job<usize>> = Vec::new();
+            let mut copies: Vec<Job<usize>> = Vec::new();
             // Shared-memory reads are copies and checksums: big batches
             // spread them over the cores too.
             for chunk in split(local, local_bytes, cores()) {
-                jobs.push(Box::pin(async move {
+                copies.push(Box::pin(async move {
                     chunk
                         .into_iter()
                         .map(|(i, map, offset, mut dst, check)| {
@@ -184,25 +237,32 @@ impl Client {
                         .collect()
                 }));
             }
-            let timeout = self.inner.cfg.timeout;
-            for store in &stores {
-                for _ in 0..store.lanes {
-                    jobs.push(Box::pin(async move {
-                        // Verified here, so a big batch checksums on every core.
-                        store
-                            .lane(timeout)
-                            .await
-                            .into_iter()
-                            .map(|((i, check), op, r)| {
-                                (i, r.map_err(broken).and_then(|()| check.verify(&op.dst)))
-                            })
-                            .collect()
-                    }));
-                }
-            }
+            let timeout = kvpool_net::deadline::cap(self.inner.cfg.timeout);
             let big = bytes + local_bytes >= SPREAD_BYTES;
             (self.inner.metrics).transferred("read", bytes, local_bytes);
-            done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
+            let t0 = Instant::now();
+            let mut wins = HashMap::new();
+            if !big && self.inner.cfg.hedge_reads && hedged.iter().any(|h| !h.is_empty()) {
+                let shares: Vec<Job<usize>> = stores
+                    .iter()
+                    .map(|s| -> Job<usize> {
+                        let lanes = join_all((0..s.lanes).map(|_| lane(s, timeout)));
+                        Box::pin(async move { lanes.await.concat() })
+                    })
+                    .collect();
+                let (got, won) = self.race(copies, shares, hedged, &routes, timeout).await;
+                done.extend(got);
+                wins = won;
+            } else {
+                let mut jobs = copies;
+                for store in &stores {
+                    jobs.extend((0..store.lanes).map(|_| lane(store, timeout)));
+                }
+                done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
+            }
+            if !big && !stores.is_empty() {
+                self.inner.hedge.record(t0.elapsed());
+            }
             // What no connection took fails with the reason.
             for store in stores {
                 for ((i, _), e) in store.unread() {
@@ -215,6 +275,16 @@ impl Client {
                 }
                 results[i] = r;
             }
+            drop(heads);
+            let mut used = 0;
+            for (i, object) in wins {
+                if results[i].is_err() {
+                    let value = &object[header_len(keys[i].len())..];
+                    results[i] = Ok(copy_value(value, &mut items[i].dst));
+                    used += 1;
+                }
+            }
+            self.inner.metrics.hedges_won(used);
         }
         // An object whose every replica is on a store known to be down is a
         // miss for this call: asking again would find the same stores down
@@ -231,6 +301,195 @@ impl Client {
             }
         }
         results
+    }
+}
+
+/// One lane of a store's reads, each verified as it lands (so a big batch
+/// checksums on every core).
+fn lane<'s, 'a>(
+    store: &'s StoreReads<'a, (usize, Check<'a>)>,
+    timeout: Duration,
+) -> Job<'s, usize> {
+    Box::pin(async move {
+        store
+            .lane(timeout)
+            .await
+            .into_iter()
+            .map(|((i, check), op, r)| (i, r.map_err(broken).and_then(|()| check.verify(&op.dst))))
+            .collect()
+    })
+}
+
+/// Copies an object's `value` into `dst` in order; returns its length.
+fn copy_value(mut value: &[u8], dst: &mut [&mut [u8]]) -> usize {
+    let len = value.len();
+    for d in dst.iter_mut() {
+        let n = d.len().min(value.len());
+        d[..n].copy_from_slice(&value[..n]);
+        value = &value[n..];
+    }
+    len
+}
+
+impl Client {
+    /// The hedge for item `i`, read in `round` over TCP: its first later
+    /// replica on another store that is not known to be down. `None` when
+    /// there is none (or hedging is off).
+    fn hedge_for<'a>(
+        &self,
+        i: usize,
+        key: &'a str,
+        l: &'a ObjectLocation,
+        round: usize,
+        lease_from: Instant,
+        routes: &Routes,
+    ) -> Option<Hedge<'a>> {
+        if !self.inner.cfg.hedge_reads {
+            return None;
+        }
+        let first = &l.replicas[round].endpoint;
+        let tcp = &self.inner.transports.tcp;
+        let replica = (round + 1..l.replicas.len()).find(|&j| {
+            let r = &l.replicas[j];
+            let route = match r.tier {
+                Tier::Disk => Route::Tcp,
+                Tier::Memory => routes.to(r.segment),
+            };
+            match route {
+                Route::Shm(_) => true,
+                Route::Tcp => &r.endpoint != first && !tcp.is_down(&r.endpoint),
+                Route::Unmappable => false,
+            }
+        })?;
+        Some(Hedge {
+            item: i,
+            key,
+            location: l,
+            replica,
+            lease_from,
+        })
+    }
+
+    /// Runs a small round: `copies` (shared memory) and each store's
+    /// `shares`; a store still reading after the hedge delay has its
+    /// `hedged` objects (all of its objects, or none) read from their next
+    /// replica, and is dropped once they all answered.
+    async fn race<'a>(
+        &self,
+        copies: Vec<Job<'a, usize>>,
+        shares: Vec<Job<'a, usize>>,
+        hedged: Vec<Vec<Hedge<'a>>>,
+        routes: &'a Routes,
+        timeout: Duration,
+    ) -> Raced {
+        let mut running: FuturesUnordered<Share<'a>> = FuturesUnordered::new();
+        running.push(Box::pin(async move {
+            (None, Ok(join_all(copies).await.concat()))
+        }));
+        let mut stop: Vec<Option<AbortHandle>> = Vec::new();
+        for (s, share) in shares.into_iter().enumerate() {
+            let (share, handle) = abortable(share);
+            stop.push(Some(handle));
+            running.push(Box::pin(async move { (Some(s), share.await) }));
+        }
+        let mut unanswered: Vec<usize> = hedged.iter().map(Vec::len).collect();
+        let mut hedged = Some(hedged);
+        let mut asked = FuturesUnordered::new();
+        let mut done = Vec::new();
+        let mut wins = HashMap::new();
+        let timer = tokio::time::sleep(self.inner.hedge.delay());
+        tokio::pin!(timer);
+        loop {
+            tokio::select! {
+                next = running.next() => match next {
+                    None => break,
+                    Some((store, Ok(got))) => {
+                        if let Some(s) = store {
+                            stop[s] = None;
+                        }
+                        done.extend(got);
+                    }
+                    Some((_, Err(_aborted))) => {}
+                },
+                () = &mut timer, if hedged.is_some() => {
+                    for (s, hs) in hedged.take().unwrap_or_default().into_iter().enumerate() {
+                        if stop[s].is_some() {
+                            for h in hs {
+                                asked.push(async move { (s, h.item, self.read_aside(&h, routes, timeout).await) });
+                            }
+                        }
+                    }
+                    self.inner.metrics.hedged(asked.len() as u64);
+                }
+                Some((s, item, r)) = asked.next(), if !asked.is_empty() => match r {
+                    Ok(object) => {
+                        wins.insert(item, object);
+                        unanswered[s] -= 1;
+                        if unanswered[s] == 0 {
+                            if let Some(h) = stop[s].take() {
+                                h.abort();
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(item, error = %e, "hedged read failed"),
+                },
+            }
+        }
+        (done, wins)
+    }
+
+    /// Reads `h`'s replica of its object into a buffer of its own (header,
+    /// then value), verified.
+    async fn read_aside(
+        &self,
+        h: &Hedge<'_>,
+        routes: &Routes,
+        timeout: Duration,
+    ) -> KvResult<Vec<u8>> {
+        let (l, rep) = (h.location, &h.location.replicas[h.replica]);
+        let hl = header_len(h.key.len());
+        let mut object = vec![0u8; hl + l.value_len as usize];
+        let route = match rep.tier {
+            Tier::Disk => Route::Tcp,
+            Tier::Memory => routes.to(rep.segment),
+        };
+        {
+            let (head, value) = object.split_at_mut(hl);
+            let mut dst = vec![head, value];
+            match route {
+                Route::Shm(map) => map.read(rep.offset, &mut dst)?,
+                Route::Unmappable => return Err(not_mappable(rep.segment)),
+                Route::Tcp => {
+                    let req = ReadReq {
+                        segment: rep.segment,
+                        offset: rep.offset,
+                        len: hl as u64 + l.value_len,
+                        grant: rep.read_grant(l.generation),
+                    };
+                    let pool = self.inner.transports.tcp.pool(&rep.endpoint);
+                    with_conn(&pool, timeout, |mut conn| async move {
+                        match read_regions(&mut conn, vec![ReadOp { req, dst }]).await {
+                            Ok(mut r) => (
+                                Some(conn),
+                                r.pop().unwrap_or(Err(KvError::from(Code::InternalError))),
+                            ),
+                            Err(e) => (None, Err(e)),
+                        }
+                    })
+                    .await
+                    .and_then(|r| r)
+                    .map_err(broken)?;
+                }
+            }
+        }
+        let (head, value) = object.split_at_mut(hl);
+        let check = Check {
+            key: h.key,
+            location: l,
+            lease_from: h.lease_from,
+        };
+        check.verify(&[head, value])?;
+        Ok(object)
     }
 }
 

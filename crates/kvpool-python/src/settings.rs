@@ -120,6 +120,9 @@ pub struct Settings {
     /// Keys whose locations are remembered for one-round-trip repeat reads
     /// (0 turns the cache off; `None`: client default).
     pub location_cache: Option<usize>,
+    /// Whether slow reads of replicated objects ask the next replica too
+    /// (`None`: client default, on).
+    pub hedge_reads: Option<bool>,
     /// IP the embedded segment binds and advertises.
     pub segment_address: String,
     /// The key proved to the master and stores (`secret_file` or `secret`).
@@ -154,6 +157,9 @@ impl Settings {
         }
         if let Some(n) = self.location_cache {
             c.location_cache = n;
+        }
+        if let Some(h) = self.hedge_reads {
+            c.hedge_reads = h;
         }
         c.segment_size = self.global_segment_size;
         c.segment_address = self.segment_address.clone();
@@ -236,6 +242,12 @@ const KEYS: &[Key] = &[
         name: "connect_timeout",
         aliases: &[],
         kvpool_env: "KVPOOL_CONNECT_TIMEOUT",
+        mooncake_env: &[],
+    },
+    Key {
+        name: "hedge_reads",
+        aliases: &[],
+        kvpool_env: "KVPOOL_HEDGE_READS",
         mooncake_env: &[],
     },
     Key {
@@ -535,6 +547,17 @@ pub fn resolve(
         key: path("tls_key").map(Into::into),
         require_client_cert: false,
     };
+    let hedge_reads = match text("hedge_reads", "").trim().to_ascii_lowercase().as_str() {
+        "" => None,
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        other => {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!("hedge_reads must be true or false, not {other:?}"),
+            ))
+        }
+    };
     let device_name = text("device_name", "");
     if !device_name.is_empty() {
         ignored.push("device_name".into());
@@ -551,6 +574,7 @@ pub fn resolve(
         retries: count("retries", 1000)?.map(|n| n as u32),
         conns_per_store: count("conns_per_store", 256)?.map(|n| n.max(1) as usize),
         location_cache: count("location_cache", 1 << 26)?.map(|n| n as usize),
+        hedge_reads,
         segment_address,
         local_hostname,
         credentials,
@@ -706,6 +730,10 @@ mod tests {
         let env = |k: &str| (k == "KVPOOL_LOCATION_CACHE").then(|| "0".to_string());
         let s = resolve(&BTreeMap::new(), &env, None).unwrap();
         assert_eq!(s.client_config().unwrap().location_cache, 0);
+        assert!(c.hedge_reads, "hedged reads are on unless turned off");
+        let env = |k: &str| (k == "KVPOOL_HEDGE_READS").then(|| "off".to_string());
+        let s = resolve(&BTreeMap::new(), &env, None).unwrap();
+        assert!(!s.client_config().unwrap().hedge_reads);
     }
 
     #[test]
@@ -898,6 +926,7 @@ mod tests {
             ("retries", Raw::Int(-3)),
             ("conns_per_store", Raw::Str("many".into())),
             ("location_cache", Raw::Int(-1)),
+            ("hedge_reads", Raw::Str("sometimes".into())),
         ] {
             let e = resolve(&args(&[(k, v.clone())]), &no_env, None).unwrap_err();
             assert_eq!(e.code, Code::InvalidParams, "{k}={v:?}");

@@ -150,20 +150,14 @@ async fn a_dead_store_costs_readers_no_retry_budget() {
 }
 
 /// A paused store (SIGSTOP: it accepts connections but never answers) costs
-/// the call that finds it one timeout; later calls know it is stuck and
-/// fail or go to a live replica at once, until it answers again.
+/// the call that finds it one silence (two connect timeouts, 2 s), not its
+/// 10 s timeout; later calls know it is stuck and fail or go to a live
+/// replica at once, until it answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_store_costs_one_timeout_not_one_per_call() {
+async fn a_paused_store_costs_one_silence_not_one_timeout_per_call() {
     let mut cluster = two_stores().await;
     let (paused, live) = (Cluster::store_name(0), Cluster::store_name(1));
-    let client = cluster
-        .client_with(|c| {
-            c.protocol = Protocol::Tcp;
-            c.timeout = Duration::from_secs(5);
-            c.retry_for = Duration::from_secs(30);
-            c.retries = 1_000;
-        })
-        .await;
+    let client = patient_tcp_client(&cluster).await;
     let value = vec![9u8; 4096];
     for (k, rc) in [
         ("only-paused", on(&[&paused], 1)),
@@ -174,11 +168,18 @@ async fn a_paused_store_costs_one_timeout_not_one_per_call() {
     }
 
     cluster.store(0).freeze(true);
-    // The first call meets the silent store and waits its timeout.
+    // The first call meets the silent store and waits out its silence:
+    // well under the call's 10 s timeout.
+    let t0 = Instant::now();
     let e = client.get("only-paused").await.unwrap_err();
     assert!(e.code.is_transient(), "{e}");
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "{took:?}: waited the timeout"
+    );
     // The next ones do not wait for it (a probe may cost one connect
-    // timeout, 1 s, far less than the call's 5 s).
+    // timeout, 1 s).
     for _ in 0..3 {
         let e = fast("a get from the paused store", client.get("only-paused"))
             .await
@@ -195,4 +196,56 @@ async fn a_paused_store_costs_one_timeout_not_one_per_call() {
         async || client.get("only-paused").await.ok(),
     )
     .await;
+}
+
+/// A read of a replicated object whose first replica is on a paused store
+/// asks the next replica after the hedge delay (milliseconds) and answers
+/// from it, verified; a batch of such objects too. Without the hedge each
+/// read would wait out the store's silence (2 s) first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_read_answers_from_the_live_replica_while_the_first_is_paused() {
+    let mut cluster = two_stores().await;
+    let (paused, live) = (Cluster::store_name(0), Cluster::store_name(1));
+    let client = patient_tcp_client(&cluster).await;
+    let keys: Vec<String> = (0..8).map(|i| format!("hedged-{i}")).collect();
+    let value = |i: usize| vec![i as u8 + 1; 64 << 10];
+    for (i, k) in keys.iter().enumerate() {
+        client
+            .put(k, &value(i), &on(&[&paused, &live], 2))
+            .await
+            .expect(k);
+        assert_eq!(client.get(k).await.expect(k), value(i));
+    }
+    let wins = |c: &Client| {
+        c.metrics()
+            .snapshot()
+            .get("kvpool_client_hedge_wins_total")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(wins(&client), 0.0, "no hedge while both stores answer");
+
+    cluster.store(0).freeze(true);
+    // Under the store's 2 s silence, so only a hedge can answer in time.
+    let quick = Duration::from_secs(1);
+    for (i, k) in keys.iter().enumerate() {
+        let t0 = Instant::now();
+        let got = client.get(k).await.expect(k);
+        let took = t0.elapsed();
+        assert_eq!(got, value(i), "{k}");
+        assert!(took < quick, "{k} took {took:?}: the read was not hedged");
+    }
+    assert!(wins(&client) >= 1.0, "hedges answered: {}", wins(&client));
+    let mut bufs = vec![vec![0u8; 64 << 10]; keys.len()];
+    let t0 = Instant::now();
+    let got = client
+        .batch_get_into(&mut GetInto::each(&keys, &mut bufs))
+        .await;
+    let took = t0.elapsed();
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.as_ref().ok(), Some(&(64 << 10)), "{}", keys[i]);
+        assert_eq!(bufs[i], value(i), "{}", keys[i]);
+    }
+    assert!(took < quick, "the batch took {took:?}");
+    cluster.store(0).freeze(false);
 }

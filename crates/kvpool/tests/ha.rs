@@ -326,3 +326,76 @@ async fn a_removal_made_while_its_store_is_down_survives_a_failover() {
         Code::ObjectNotFound
     );
 }
+
+/// Reads of objects a client read lately keep being served while the
+/// leader is dead and no master answers: their cached locations are under a
+/// live read lease (the first half of it), so the reads go straight to the
+/// stores, which verify them as always. Every read in the first 1.5 s after
+/// the kill (well inside the 2.5 s lease half the last renewal covers)
+/// returns the right bytes without waiting for a master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_recently_read_objects_go_on_while_the_leader_is_dead() {
+    let dir = scratch_dir();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let (_etcd, endpoint) = spawn_etcd(&logs).await;
+    let pool = format!("etcd://{endpoint}/reads");
+    let mut masters = spawn_ha_masters(&logs, &endpoint, "reads", &[]).await;
+    let _stores: Vec<Process> = (0..2)
+        .map(|i| {
+            let name = format!("store-{i}");
+            spawn_store(&name, &pool, "32MiB", &dir.path().join(&name), &logs)
+        })
+        .collect();
+    let rpcs: Vec<String> = masters.iter().map(|m| m.rpc.clone()).collect();
+    let leader = leader_of(&rpcs).await;
+    wait_for_segments(&pool, 2, &mut []).await;
+    let client = Client::connect(ClientConfig::new(&pool))
+        .await
+        .unwrap_or_else(|e| panic!("client on {pool}: {e}"));
+    let keys: Vec<String> = (0..16).map(|i| format!("hot-{i}")).collect();
+    for k in &keys {
+        let v = value_for(k, VALUE_MAX);
+        client
+            .put(k, &v, &ReplicateConfig::default())
+            .await
+            .expect(k);
+        assert_eq!(client.get(k).await.expect(k), v);
+    }
+    // Steady reads, so the touches keep the leases (and cache entries) fresh.
+    let read_all = async || {
+        let mut slowest = Duration::ZERO;
+        for k in &keys {
+            let t0 = Instant::now();
+            let got = client.get(k).await;
+            slowest = slowest.max(t0.elapsed());
+            assert_eq!(
+                got.as_deref().ok(),
+                Some(&value_for(k, VALUE_MAX)[..]),
+                "{k}: {got:?}"
+            );
+        }
+        slowest
+    };
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_secs(1) {
+        read_all().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    masters[leader].process.kill9();
+    let killed = Instant::now();
+    let (mut passes, mut slowest) = (0, Duration::ZERO);
+    while killed.elapsed() < Duration::from_millis(1500) {
+        slowest = slowest.max(read_all().await);
+        passes += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(passes >= 5, "only {passes} passes of reads in 1.5 s");
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a read waited {slowest:?} for the dead leader"
+    );
+    let hits = client.cache_stats().hits;
+    assert!(hits > 0, "no read was served from a cached location");
+}
