@@ -110,11 +110,12 @@ impl Client {
             }
         }
         // Replicas on stores known to be down go last: tried only when no
-        // other is left, and then they fail at once.
+        // other is left, and then they fail at once; those on stores that
+        // lost a hedge race lately go after the live ones.
         let tcp = &self.inner.transports.tcp;
         for l in locations.iter_mut().flatten() {
-            if l.replicas.iter().any(|r| tcp.is_down(&r.endpoint)) {
-                l.replicas.sort_by_cached_key(|r| tcp.is_down(&r.endpoint));
+            if l.replicas.len() > 1 && l.replicas.iter().any(|r| tcp.rank(&r.endpoint) > 0) {
+                l.replicas.sort_by_cached_key(|r| tcp.rank(&r.endpoint));
             }
         }
         let replicas: Vec<usize> = locations
@@ -250,7 +251,10 @@ impl Client {
                         Box::pin(async move { lanes.await.concat() })
                     })
                     .collect();
-                let (got, won) = self.race(copies, shares, hedged, &routes, timeout).await;
+                let names: Vec<&str> = stores.iter().map(StoreReads::addr).collect();
+                let (got, won) = self
+                    .race(copies, shares, (hedged, &names), &routes, timeout)
+                    .await;
                 done.extend(got);
                 wins = won;
             } else {
@@ -373,12 +377,14 @@ impl Client {
     /// Runs a small round: `copies` (shared memory) and each store's
     /// `shares`; a store still reading after the hedge delay has its
     /// `hedged` objects (all of its objects, or none) read from their next
-    /// replica, and is dropped once they all answered.
+    /// replica, and is dropped once they all answered (and ranked after
+    /// its peers for a while: see `tcp::Pools::outrun`). `names` are the
+    /// stores' addresses.
     async fn race<'a>(
         &self,
         copies: Vec<Job<'a, usize>>,
         shares: Vec<Job<'a, usize>>,
-        hedged: Vec<Vec<Hedge<'a>>>,
+        (hedged, names): (Vec<Vec<Hedge<'a>>>, &[&str]),
         routes: &'a Routes,
         timeout: Duration,
     ) -> Raced {
@@ -428,6 +434,7 @@ impl Client {
                         if unanswered[s] == 0 {
                             if let Some(h) = stop[s].take() {
                                 h.abort();
+                                self.inner.transports.tcp.outrun(names[s]);
                             }
                         }
                     }

@@ -216,13 +216,9 @@ async fn a_hedged_read_answers_from_the_live_replica_while_the_first_is_paused()
             .expect(k);
         assert_eq!(client.get(k).await.expect(k), value(i));
     }
-    let wins = |c: &Client| {
-        c.metrics()
-            .snapshot()
-            .get("kvpool_client_hedge_wins_total")
-            .copied()
-            .unwrap_or(0.0)
-    };
+    let count =
+        |c: &Client, series: &str| c.metrics().snapshot().get(series).copied().unwrap_or(0.0);
+    let wins = |c: &Client| count(c, "kvpool_client_hedge_wins_total");
     assert_eq!(wins(&client), 0.0, "no hedge while both stores answer");
 
     cluster.store(0).freeze(true);
@@ -236,6 +232,14 @@ async fn a_hedged_read_answers_from_the_live_replica_while_the_first_is_paused()
         assert!(took < quick, "{k} took {took:?}: the read was not hedged");
     }
     assert!(wins(&client) >= 1.0, "hedges answered: {}", wins(&client));
+    // The store that lost the race is read last for a while: the later
+    // reads went to the live replica first, without a hedge each.
+    let asked = count(&client, "kvpool_client_hedged_reads_total");
+    assert!(
+        asked < keys.len() as f64,
+        "{asked} hedges for {} reads",
+        keys.len()
+    );
     let mut bufs = vec![vec![0u8; 64 << 10]; keys.len()];
     let t0 = Instant::now();
     let got = client

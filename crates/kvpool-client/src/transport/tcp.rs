@@ -17,15 +17,23 @@ use kvpool_proto::frame::Limits;
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::{read_regions_shared, write_regions, ReadOp, WriteOp};
 use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use crate::fanout::Job;
 
 /// Idle connections kept per store, enough for many concurrent callers.
 const IDLE_CONNS_PER_STORE: usize = 64;
 
+/// How long a store that lost a hedged read's race is read after its
+/// peers: a store stalled for longer than a hedge is then skipped by
+/// replicated reads instead of costing each of them the hedge delay.
+const SLOW_FOR: Duration = Duration::from_secs(2);
+
 /// Connection pools by store endpoint.
 pub(crate) struct Pools {
     stores: Mutex<HashMap<String, Arc<ConnPool>>>,
+    /// Stores that lost a hedged read's race, until when they rank last.
+    slow: Mutex<HashMap<String, Instant>>,
     connect_timeout: Duration,
     security: Security,
 }
@@ -37,6 +45,7 @@ impl Pools {
     pub(crate) fn new(connect_timeout: Duration, security: Security) -> Self {
         Pools {
             stores: Mutex::new(HashMap::new()),
+            slow: Mutex::new(HashMap::new()),
             connect_timeout,
             security,
         }
@@ -47,6 +56,27 @@ impl Pools {
     pub(crate) fn is_down(&self, endpoint: &str) -> bool {
         let pool = self.stores.lock().get(endpoint).cloned();
         pool.is_some_and(|p| p.is_down())
+    }
+
+    /// The store at `endpoint` lost a hedged read's race (its reads were
+    /// dropped for another replica's answer).
+    pub(crate) fn outrun(&self, endpoint: &str) {
+        let mut slow = self.slow.lock();
+        let now = Instant::now();
+        slow.retain(|_, until| *until > now);
+        slow.insert(endpoint.to_string(), now + SLOW_FOR);
+    }
+
+    /// Where reads try the store at `endpoint` among an object's replicas:
+    /// 0 for a live one, 1 for one that lost a hedge race lately, 2 for one
+    /// known to be down.
+    pub(crate) fn rank(&self, endpoint: &str) -> u8 {
+        if self.is_down(endpoint) {
+            2
+        } else {
+            let slow = self.slow.lock();
+            u8::from(slow.get(endpoint).is_some_and(|t| Instant::now() < *t))
+        }
     }
 
     /// The pool for the store at `endpoint`, made on first use.
@@ -183,6 +213,11 @@ impl<'a, T> StoreReads<'a, T> {
             *self.failure.lock() = Some(e);
             Vec::new()
         })
+    }
+
+    /// The store's address.
+    pub(crate) fn addr(&self) -> &str {
+        self.pool.addr()
     }
 
     /// The reads no lane took, each with the reason.
