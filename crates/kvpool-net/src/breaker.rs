@@ -1,7 +1,8 @@
 //! A circuit breaker for one peer: after a connect fails, callers fail at
 //! once instead of each waiting for its own refused or timed-out connect,
 //! and one probe goes through per interval (doubling while the peer stays
-//! away) until a connect succeeds.
+//! away) until a connect succeeds. The pool runs the probe in the
+//! background, so no caller waits on a peer that may still be gone.
 //!
 //! A dead store would otherwise cost every reader a connect per attempt and
 //! keep its batch waiting; with the breaker it costs one failed connect per
@@ -18,6 +19,16 @@ pub const FIRST_OPEN: Duration = Duration::from_millis(100);
 /// used again within this.
 pub const MAX_OPEN: Duration = Duration::from_secs(2);
 
+/// What [`Breaker::admit`] lets a caller do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Connect: the peer is believed reachable.
+    Connect,
+    /// Probe whether the peer is back: the breaker was open and its
+    /// interval has passed.
+    Probe,
+}
+
 /// Connect health of one peer.
 #[derive(Debug, Default)]
 pub struct Breaker {
@@ -33,14 +44,14 @@ impl Breaker {
     /// the others for another interval, so a probe that never reports back
     /// (its caller gave up) does not wedge it. `Err` holds how long until
     /// the next probe.
-    pub fn admit(&mut self, now: Instant) -> Result<(), Duration> {
+    pub fn admit(&mut self, now: Instant) -> Result<Admit, Duration> {
         match self.retry_at {
             Some(t) if now < t => Err(t - now),
             Some(_) => {
                 self.retry_at = Some(now + self.interval());
-                Ok(())
+                Ok(Admit::Probe)
             }
-            None => Ok(()),
+            None => Ok(Admit::Connect),
         }
     }
 
@@ -75,7 +86,7 @@ mod tests {
     fn a_failed_connect_opens_it_and_one_probe_goes_per_interval() {
         let t0 = Instant::now();
         let mut b = Breaker::default();
-        assert_eq!(b.admit(t0), Ok(()));
+        assert_eq!(b.admit(t0), Ok(Admit::Connect));
         assert!(!b.is_open(t0));
         b.failed(t0);
         assert!(b.is_open(t0));
@@ -85,13 +96,13 @@ mod tests {
         );
         // Half open: one probe, the others still refused.
         let t1 = t0 + FIRST_OPEN;
-        assert_eq!(b.admit(t1), Ok(()));
+        assert_eq!(b.admit(t1), Ok(Admit::Probe));
         assert!(b.admit(t1).is_err(), "a second caller waits for the probe");
         b.failed(t1);
         assert_eq!(b.admit(t1), Err(2 * FIRST_OPEN), "the interval doubles");
         b.succeeded();
         assert!(!b.is_open(t1));
-        assert_eq!(b.admit(t1), Ok(()));
+        assert_eq!(b.admit(t1), Ok(Admit::Connect));
     }
 
     #[test]
@@ -109,8 +120,8 @@ mod tests {
         let t0 = Instant::now();
         let mut b = Breaker::default();
         b.failed(t0);
-        assert_eq!(b.admit(t0 + FIRST_OPEN), Ok(()));
+        assert_eq!(b.admit(t0 + FIRST_OPEN), Ok(Admit::Probe));
         // Its caller was cancelled: the next probe goes an interval later.
-        assert_eq!(b.admit(t0 + 2 * FIRST_OPEN), Ok(()));
+        assert_eq!(b.admit(t0 + 2 * FIRST_OPEN), Ok(Admit::Probe));
     }
 }

@@ -19,7 +19,7 @@ use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
 
 use crate::auth::{Credentials, Role, Security, SECRET_FILE_ENV};
-use crate::breaker::Breaker;
+use crate::breaker::{Admit, Breaker};
 use crate::tls::{Tls, TLS_HANDSHAKE_BYTE};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
@@ -88,6 +88,11 @@ struct Silence {
     within: Duration,
     breaker: Arc<Mutex<Breaker>>,
 }
+
+/// How long the caller that triggers a breaker's probe waits for it: a
+/// peer back from a restart connects within it; a silent one is left to
+/// the probe, which reports to the breaker when its connect times out.
+const PROBE_WAIT: Duration = Duration::from_millis(100);
 
 /// A peer's answer must start within this many connect timeouts.
 const ANSWER_CONNECT_TIMEOUTS: u32 = 2;
@@ -678,50 +683,57 @@ impl ConnPool {
         &self.addr
     }
 
-    /// Checks out an idle connection or opens a new one.
+    /// Checks out an idle connection or opens a new one. While the breaker
+    /// is open this fails at once; when its probe is due, the probe runs
+    /// on its own and this caller waits for it at most [`PROBE_WAIT`]: no
+    /// caller waits a connect timeout on a peer that may still be gone.
     pub async fn take(&self) -> KvResult<FramedConn> {
         if let Some(c) = self.idle.lock().pop() {
             return Ok(c);
         }
-        if let Some(b) = &self.breaker {
-            let now = tokio::time::Instant::now();
-            b.lock().admit(now).map_err(|wait| {
-                KvError::new(
-                    Code::RpcFail,
-                    format!("{} is unreachable (next try in {wait:?})", self.addr),
-                )
-            })?;
-        }
-        let mut r = tokio::time::timeout(
-            self.connect_timeout,
-            FramedConn::connect_with(&self.addr, &self.role, self.limits, &self.security),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(KvError::new(
-                Code::RpcTimeout,
-                format!("connect {} timed out", self.addr),
-            ))
-        });
-        if let Some(b) = &self.breaker {
-            match &mut r {
-                Ok(conn) => {
-                    b.lock().succeeded();
-                    conn.silence = Some(Silence {
-                        within: self.connect_timeout * ANSWER_CONNECT_TIMEOUTS,
-                        breaker: b.clone(),
-                    });
-                }
-                // Refused, reset or silent; a refusal of our key or
-                // version is an answer, not an absence.
-                Err(e) if matches!(e.code, Code::RpcFail | Code::RpcTimeout) => {
-                    b.lock().failed(tokio::time::Instant::now());
+        let Some(b) = &self.breaker else {
+            return self.dial().dial().await;
+        };
+        let admit = b.lock().admit(tokio::time::Instant::now());
+        match admit {
+            Ok(Admit::Connect) => {
+                let r = self.dial().dial().await;
+                if r.is_err() {
                     self.clear();
                 }
-                Err(_) => {}
+                r
             }
+            Ok(Admit::Probe) => {
+                // A peer back from a restart answers at once and this caller
+                // uses the connection; one still silent is left to the probe.
+                let dial = self.dial();
+                let mut probe = tokio::spawn(async move { dial.dial().await });
+                match tokio::time::timeout(PROBE_WAIT, &mut probe).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => Err(KvError::from(Code::InternalError)),
+                    Err(_) => Err(KvError::new(
+                        Code::RpcFail,
+                        format!("{} is unreachable (probing it again)", self.addr),
+                    )),
+                }
+            }
+            Err(wait) => Err(KvError::new(
+                Code::RpcFail,
+                format!("{} is unreachable (next try in {wait:?})", self.addr),
+            )),
         }
-        r
+    }
+
+    /// What a connect to the peer needs, owned (a probe runs on its own).
+    fn dial(&self) -> Dial {
+        Dial {
+            addr: self.addr.clone(),
+            role: self.role.clone(),
+            security: self.security.clone(),
+            limits: self.limits,
+            timeout: self.connect_timeout,
+            breaker: self.breaker.clone(),
+        }
     }
 
     /// Returns a connection whose last exchange completed cleanly.
@@ -754,6 +766,53 @@ impl ConnPool {
         // An error status leaves the stream in sync; only transport errors poison it.
         if !matches!(&r, Err(e) if e.code == Code::RpcFail) {
             self.give(conn);
+        }
+        r
+    }
+}
+
+/// One connect to a pool's peer, reported to its breaker.
+struct Dial {
+    addr: String,
+    role: String,
+    security: Security,
+    limits: Limits,
+    timeout: Duration,
+    breaker: Option<Arc<Mutex<Breaker>>>,
+}
+
+impl Dial {
+    /// Connects within the timeout. With a breaker: a connect that works
+    /// closes it (and the connection must start each answer within
+    /// [`ANSWER_CONNECT_TIMEOUTS`] timeouts, see [`Silence`]); one refused,
+    /// reset or silent opens it (a refusal of our key or version is an
+    /// answer, not an absence).
+    async fn dial(&self) -> KvResult<FramedConn> {
+        let mut r = tokio::time::timeout(
+            self.timeout,
+            FramedConn::connect_with(&self.addr, &self.role, self.limits, &self.security),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(KvError::new(
+                Code::RpcTimeout,
+                format!("connect {} timed out", self.addr),
+            ))
+        });
+        if let Some(b) = &self.breaker {
+            match &mut r {
+                Ok(conn) => {
+                    b.lock().succeeded();
+                    conn.silence = Some(Silence {
+                        within: self.timeout * ANSWER_CONNECT_TIMEOUTS,
+                        breaker: b.clone(),
+                    });
+                }
+                Err(e) if matches!(e.code, Code::RpcFail | Code::RpcTimeout) => {
+                    b.lock().failed(tokio::time::Instant::now());
+                }
+                Err(_) => {}
+            }
         }
         r
     }
@@ -922,5 +981,48 @@ fn refused_auth(peer: &str, why: &str) {
         .map_or(0, |d| d.as_secs());
     if LAST.swap(now, Ordering::Relaxed) != now {
         tracing::warn!(%peer, why, "authentication failed; closing (logged once a second)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::FIRST_OPEN;
+    use tokio::time::Instant;
+
+    /// A peer that accepts TCP connections and never answers (a paused
+    /// process) costs the first caller one connect timeout; then callers
+    /// fail at once, and the one that triggers a probe waits for it at
+    /// most [`PROBE_WAIT`], while the probe itself keeps the breaker open.
+    #[tokio::test]
+    async fn a_silent_peer_costs_one_connect_timeout_and_probes_run_aside() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let timeout = Duration::from_secs(1);
+        let pool = ConnPool::new(&addr, "client", Limits::default(), timeout, 4).with_breaker();
+        let t0 = Instant::now();
+        assert_eq!(
+            pool.take().await.err().map(|e| e.code),
+            Some(Code::RpcTimeout)
+        );
+        assert!(t0.elapsed() >= timeout);
+        assert!(pool.is_down());
+
+        let t1 = Instant::now();
+        assert!(pool.take().await.is_err());
+        assert!(
+            t1.elapsed() < timeout / 2,
+            "an open breaker answers at once"
+        );
+
+        tokio::time::sleep(FIRST_OPEN).await;
+        let t2 = Instant::now();
+        let e = pool.take().await.err().expect("a silent peer");
+        assert!(e.message.contains("probing"), "{e}");
+        let took = t2.elapsed();
+        assert!(took >= PROBE_WAIT && took < timeout / 2, "{took:?}");
+        // The probe times out on its own and keeps the peer down.
+        tokio::time::sleep(timeout).await;
+        assert!(pool.is_down());
     }
 }
