@@ -17,7 +17,7 @@ use tracing::info;
 
 use crate::refusals::Refusal;
 use crate::state::MountSpec;
-use crate::Master;
+use crate::{Master, Role};
 
 /// Compiled size a remove-by-regex pattern may reach (its NFA, and each of
 /// its lazy DFA caches): compiling stops there, so a small pattern that
@@ -227,6 +227,14 @@ impl Handle for msg::PutStart {
         }
         cx.count_bad_keys("PutStart", self.items.iter().map(|i| i.key.as_str()));
         let m = cx.master;
+        if !self.upsert && !matches!(m.role(cx.now), Role::Leader) {
+            // A segment not back yet may hold the key: a write-once put
+            // must not install over it (see `Master::serves_upserts`).
+            return Err(KvError::new(
+                Code::UnavailableInCurrentStatus,
+                "new master leader: stores are re-mounting, retry shortly (upserts are served)",
+            ));
+        }
         let mut v = m.state.put_start_op(
             (self.client_id, self.op),
             &self.items,

@@ -115,7 +115,9 @@ pub enum MasterError {
 pub enum Role {
     /// Serves everything.
     Leader,
-    /// Newly leading: stores re-mount; object calls wait until the instant.
+    /// Newly leading: stores re-mount; object calls wait until the instant
+    /// (and until every listed segment is back), except upserts (see
+    /// [`Master::serves_upserts`]).
     Recovering(Instant),
     /// Another master leads: every call but `Status` is refused (retryable).
     Standby,
@@ -248,6 +250,21 @@ impl Master {
         }
     }
 
+    /// Whether upserts are served now: while recovering, as soon as one
+    /// segment is back and reconciled. An upsert needs no segment still
+    /// missing: its version is newer than any an earlier leader issued, so
+    /// a copy of the key that a late segment brings back is older and is
+    /// rejected when it is reconciled. Reads, removals, existence and
+    /// write-once puts wait for every segment: each would answer for a key
+    /// a late segment may still hold.
+    pub(crate) fn serves_upserts(&self, now: Instant) -> bool {
+        match self.role(now) {
+            Role::Leader => true,
+            Role::Recovering(_) => self.state.takes_new_objects(now),
+            Role::Standby => false,
+        }
+    }
+
     /// Refuses what the current role does not serve.
     fn admit(&self, op: Opcode, now: Instant) -> KvResult<()> {
         let membership = matches!(
@@ -259,6 +276,7 @@ impl Master {
                 | Opcode::ReportObjects
                 | Opcode::UnmountSegment
         );
+        let writes = matches!(op, Opcode::PutStart | Opcode::PutEnd | Opcode::PutRevoke);
         // A leader cut off from etcd, or paused past its lease, must not
         // serve beside the master that took over: not even membership,
         // which would pull stores away from the real leader.
@@ -271,6 +289,8 @@ impl Master {
         match self.role(now) {
             Role::Leader => Ok(()),
             Role::Recovering(_) if membership => Ok(()),
+            // Write-once puts are refused in the handler: only upserts go.
+            Role::Recovering(_) if writes && self.serves_upserts(now) => Ok(()),
             Role::Recovering(_) => Err(KvError::new(
                 Code::UnavailableInCurrentStatus,
                 "new master leader: stores are re-mounting, retry shortly",
@@ -958,6 +978,55 @@ mod tests {
         master.state.sweep(t0 + s(32));
         master.recovery_tick(t0 + s(32), Duration::ZERO);
         assert_eq!(master.role(t0), Role::Leader);
+    }
+
+    /// While a new leader waits for a segment its predecessor listed, it
+    /// serves upserts into the segments already back (their versions beat
+    /// any copy the late segment brings), and nothing that could answer for
+    /// a key the late segment holds: write-once puts, existence, reads.
+    #[test]
+    fn a_recovering_leader_serves_upserts_once_a_segment_is_back() {
+        let master = Master::new(StateConfig::default());
+        let t0 = Instant::now();
+        let st = &master.state;
+        st.expect_segments(Some(vec![SegmentId(1), SegmentId(2)]), t0);
+        master.set_role(Role::Recovering(t0));
+        let c = ClientId(1);
+        st.register_client(c, "client", t0).unwrap();
+        let start = |upsert| {
+            msg::encode(&msg::PutStart {
+                client_id: c,
+                op: if upsert { 3 } else { 5 },
+                items: vec![msg::PutItem {
+                    key: "k".into(),
+                    value_len: 10,
+                    region_len: 4096,
+                }],
+                config: Default::default(),
+                upsert,
+            })
+        };
+        let code = |op, meta: &[u8]| {
+            let r = master.handle(PeerRole::Admin, op, meta).0;
+            r.err().map(|e| e.code)
+        };
+        let busy = Some(Code::UnavailableInCurrentStatus);
+        assert_eq!(
+            code(Opcode::PutStart, &start(true)),
+            busy,
+            "no segment back"
+        );
+        st.mount(c, segment(1), 0, t0).unwrap();
+        assert!(matches!(master.role(t0), Role::Recovering(_)));
+        assert_eq!(code(Opcode::PutStart, &start(true)), None, "an upsert goes");
+        assert_eq!(code(Opcode::PutStart, &start(false)), busy, "a put waits");
+        let exist = msg::encode(&msg::Exist {
+            keys: vec!["k".into()],
+        });
+        assert_eq!(code(Opcode::Exist, &exist), busy);
+        st.mount(c, segment(2), 0, t0).unwrap();
+        assert_eq!(master.role(t0), Role::Leader);
+        assert_eq!(code(Opcode::PutStart, &start(false)), None);
     }
 
     /// A leader whose etcd lease may have lapsed (etcd unreachable, or the

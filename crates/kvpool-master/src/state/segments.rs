@@ -704,6 +704,11 @@ impl MasterState {
         cap > 0 && used as f64 >= cap as f64 * self.cfg.high_watermark
     }
 
+    /// Whether any memory segment may take new objects now.
+    pub fn takes_new_objects(&self, now: Instant) -> bool {
+        !self.placeable(now).is_empty()
+    }
+
     /// Memory segments that may take new objects now: not recovering an
     /// inventory, not draining, with an owner that heartbeats, and (with HA)
     /// named by the segment list in etcd.
