@@ -71,23 +71,60 @@ async fn spawn_ha_masters(
     masters
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standby_takes_over_when_the_leader_dies() {
+/// A pool on a fresh etcd: two masters (see [`spawn_ha_masters`]) and two
+/// stores, every segment mounted.
+struct HaPool {
+    /// `etcd://.../<cluster>`, for stores and clients.
+    pool: String,
+    masters: Vec<MasterProcess>,
+    /// The masters' RPC addresses, in `masters` order.
+    rpcs: Vec<String>,
+    /// Which of `masters` leads.
+    leader: usize,
+    _stores: Vec<Process>,
+    _etcd: Process,
+    _dir: tempfile::TempDir,
+}
+
+async fn ha_pool(cluster: &str, segment_size: &str) -> HaPool {
     let dir = scratch_dir();
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).expect("log dir");
-    let (_etcd, endpoint) = spawn_etcd(&logs).await;
-    let pool = format!("etcd://{endpoint}/ha-test");
-    let mut masters = spawn_ha_masters(&logs, &endpoint, "ha-test", &[]).await;
-    let _stores: Vec<Process> = (0..2)
+    let (etcd, endpoint) = spawn_etcd(&logs).await;
+    let pool = format!("etcd://{endpoint}/{cluster}");
+    let masters = spawn_ha_masters(&logs, &endpoint, cluster, &[]).await;
+    let stores: Vec<Process> = (0..2)
         .map(|i| {
             let name = format!("store-{i}");
-            spawn_store(&name, &pool, "64MiB", &dir.path().join(&name), &logs)
+            spawn_store(&name, &pool, segment_size, &dir.path().join(&name), &logs)
         })
         .collect();
     let rpcs: Vec<String> = masters.iter().map(|m| m.rpc.clone()).collect();
     let leader = leader_of(&rpcs).await;
     wait_for_segments(&pool, 2, &mut []).await;
+    HaPool {
+        pool,
+        masters,
+        rpcs,
+        leader,
+        _stores: stores,
+        _etcd: etcd,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_takes_over_when_the_leader_dies() {
+    // Every field bound: the ones not used keep the processes alive.
+    let HaPool {
+        pool,
+        mut masters,
+        rpcs,
+        leader,
+        _stores,
+        _etcd,
+        _dir,
+    } = ha_pool("ha-test", "64MiB").await;
 
     let connect = || async {
         Client::connect(ClientConfig::new(&pool))
@@ -335,21 +372,15 @@ async fn a_removal_made_while_its_store_is_down_survives_a_failover() {
 /// returns the right bytes without waiting for a master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_of_recently_read_objects_go_on_while_the_leader_is_dead() {
-    let dir = scratch_dir();
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("log dir");
-    let (_etcd, endpoint) = spawn_etcd(&logs).await;
-    let pool = format!("etcd://{endpoint}/reads");
-    let mut masters = spawn_ha_masters(&logs, &endpoint, "reads", &[]).await;
-    let _stores: Vec<Process> = (0..2)
-        .map(|i| {
-            let name = format!("store-{i}");
-            spawn_store(&name, &pool, "32MiB", &dir.path().join(&name), &logs)
-        })
-        .collect();
-    let rpcs: Vec<String> = masters.iter().map(|m| m.rpc.clone()).collect();
-    let leader = leader_of(&rpcs).await;
-    wait_for_segments(&pool, 2, &mut []).await;
+    let HaPool {
+        pool,
+        mut masters,
+        leader,
+        _stores,
+        _etcd,
+        _dir,
+        ..
+    } = ha_pool("reads", "32MiB").await;
     let client = Client::connect(ClientConfig::new(&pool))
         .await
         .unwrap_or_else(|e| panic!("client on {pool}: {e}"));
