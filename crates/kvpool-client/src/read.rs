@@ -6,11 +6,11 @@
 //! first, then the value straight into the caller's buffers, and counts
 //! only once [`Check::verify`] passes.
 //!
-//! A small round whose reads over TCP are slower than most is hedged
-//! ([`crate::hedge`]): the objects of a store that has not answered yet are
-//! read from their next replica into buffers of their own, and once every
-//! object of that store has a verified answer, its reads are dropped and
-//! the answers copied to the caller.
+//! With `hedge_reads`, a small round whose reads over TCP are slower than
+//! most is hedged ([`crate::hedge`]): the objects of a store that has not
+//! answered yet are read from their next replica into buffers of their own,
+//! and once every object of that store has a verified answer, its reads are
+//! dropped and the answers copied to the caller.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -146,8 +146,8 @@ impl Client {
                 .iter()
                 .map(|&i| vec![0u8; header_len(items[i].key.len())])
                 .collect();
-            let mut groups: HashMap<String, Vec<TcpRead>> = HashMap::new();
-            let mut hedges: HashMap<String, Vec<Hedge>> = HashMap::new();
+            // Per store: its reads, and the hedges of those that have one.
+            let mut groups: HashMap<&str, (Vec<TcpRead>, Vec<Hedge>)> = HashMap::new();
             let mut done: Vec<(usize, KvResult<usize>)> = Vec::new();
             let mut local = Vec::new();
             let (mut bytes, mut local_bytes) = (0u64, 0u64);
@@ -186,8 +186,9 @@ impl Client {
                     }
                     Route::Unmappable => done.push((i, Err(not_mappable(rep.segment)))),
                     Route::Tcp => {
+                        let group = groups.entry(&rep.endpoint).or_default();
                         if let Some(h) = self.hedge_for(i, keys[i], l, round, leases[i], &routes) {
-                            hedges.entry(rep.endpoint.clone()).or_default().push(h);
+                            group.1.push(h);
                         }
                         bytes += hl + l.value_len;
                         let req = ReadReq {
@@ -196,11 +197,7 @@ impl Client {
                             len: hl + l.value_len,
                             grant: rep.read_grant(l.generation),
                         };
-                        let op = ReadOp { req, dst };
-                        groups
-                            .entry(rep.endpoint.clone())
-                            .or_default()
-                            .push(((i, check), op));
+                        group.0.push(((i, check), ReadOp { req, dst }));
                     }
                 }
             }
@@ -209,10 +206,9 @@ impl Client {
             let mut hedged: Vec<Vec<Hedge>> = Vec::new();
             let stores: Vec<StoreReads<(usize, Check)>> = groups
                 .into_iter()
-                .map(|(ep, group)| {
+                .map(|(ep, (group, h))| {
                     // Hedged only if every read there is: a store is waited
                     // for as long as one of its objects has no other way.
-                    let h = hedges.remove(&ep).unwrap_or_default();
                     hedged.push(if h.len() == group.len() {
                         h
                     } else {
@@ -220,7 +216,7 @@ impl Client {
                     });
                     let bytes: u64 = group.iter().map(|(_, o)| o.req.len).sum();
                     let lanes = lanes(bytes, group.len(), self.inner.cfg.conns_per_store);
-                    let pool = self.inner.transports.tcp.pool(&ep);
+                    let pool = self.inner.transports.tcp.pool(ep);
                     StoreReads::new(pool, lanes, group.into_iter().collect::<VecDeque<_>>())
                 })
                 .collect();

@@ -8,6 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +35,8 @@ pub(crate) struct Pools {
     stores: Mutex<HashMap<String, Arc<ConnPool>>>,
     /// Stores that lost a hedged read's race, until when they rank last.
     slow: Mutex<HashMap<String, Instant>>,
+    /// Whether `slow` ever had an entry: until then reads skip its lock.
+    any_slow: AtomicBool,
     connect_timeout: Duration,
     security: Security,
 }
@@ -46,6 +49,7 @@ impl Pools {
         Pools {
             stores: Mutex::new(HashMap::new()),
             slow: Mutex::new(HashMap::new()),
+            any_slow: AtomicBool::new(false),
             connect_timeout,
             security,
         }
@@ -65,6 +69,7 @@ impl Pools {
         let now = Instant::now();
         slow.retain(|_, until| *until > now);
         slow.insert(endpoint.to_string(), now + SLOW_FOR);
+        self.any_slow.store(true, Ordering::Relaxed);
     }
 
     /// Where reads try the store at `endpoint` among an object's replicas:
@@ -73,6 +78,8 @@ impl Pools {
     pub(crate) fn rank(&self, endpoint: &str) -> u8 {
         if self.is_down(endpoint) {
             2
+        } else if !self.any_slow.load(Ordering::Relaxed) {
+            0
         } else {
             let slow = self.slow.lock();
             u8::from(slow.get(endpoint).is_some_and(|t| Instant::now() < *t))
