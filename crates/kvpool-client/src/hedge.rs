@@ -1,4 +1,5 @@
-//! Hedged reads: when a read of a replicated object has not answered by the
+//! Hedged reads (`ClientConfig::hedge_reads`, off by default for their cost
+//! in throughput): when a read of a replicated object has not answered by the
 //! time most reads have (the 95th percentile of this process's recent read
 //! rounds), the next replica is asked too and the first verified answer
 //! wins. A store that stalls (paused, swapping, cut off but not yet known to

@@ -121,7 +121,7 @@ pub struct Settings {
     /// (0 turns the cache off; `None`: client default).
     pub location_cache: Option<usize>,
     /// Whether slow reads of replicated objects ask the next replica too
-    /// (`None`: client default, on).
+    /// (`None`: client default, off).
     pub hedge_reads: Option<bool>,
     /// IP the embedded segment binds and advertises.
     pub segment_address: String,
@@ -730,10 +730,10 @@ mod tests {
         let env = |k: &str| (k == "KVPOOL_LOCATION_CACHE").then(|| "0".to_string());
         let s = resolve(&BTreeMap::new(), &env, None).unwrap();
         assert_eq!(s.client_config().unwrap().location_cache, 0);
-        assert!(c.hedge_reads, "hedged reads are on unless turned off");
-        let env = |k: &str| (k == "KVPOOL_HEDGE_READS").then(|| "off".to_string());
+        assert!(!c.hedge_reads, "hedged reads are off unless asked for");
+        let env = |k: &str| (k == "KVPOOL_HEDGE_READS").then(|| "on".to_string());
         let s = resolve(&BTreeMap::new(), &env, None).unwrap();
-        assert!(!s.client_config().unwrap().hedge_reads);
+        assert!(s.client_config().unwrap().hedge_reads);
     }
 
     #[test]

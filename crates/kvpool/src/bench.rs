@@ -55,10 +55,10 @@ pub struct BenchArgs {
     /// Transport for object bytes: tcp, shm (same host), or auto.
     #[arg(long, default_value = "auto")]
     pub protocol: String,
-    /// Do not hedge slow reads of replicated objects (to measure what
-    /// hedging costs or saves).
+    /// Hedge slow reads of replicated objects (off by default, as in the
+    /// client; to measure what hedging costs or saves).
     #[arg(long)]
-    pub no_hedge: bool,
+    pub hedge: bool,
     /// Calls per second over all workers, evenly paced (0: as fast as they
     /// go), to measure latency at a load the pool sustains.
     #[arg(long, default_value_t = 0.0)]
@@ -162,7 +162,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<bool> {
     cfg.hostname = "kvpool-bench".into();
     cfg.conns_per_store = a.concurrency.max(4);
     cfg.protocol = a.protocol.parse()?;
-    cfg.hedge_reads = !a.no_hedge;
+    cfg.hedge_reads = a.hedge;
     cfg.security = a.security.to_security()?;
     let client = Client::connect(cfg)
         .await

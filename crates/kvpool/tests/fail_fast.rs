@@ -198,15 +198,23 @@ async fn a_paused_store_costs_one_silence_not_one_timeout_per_call() {
     .await;
 }
 
-/// A read of a replicated object whose first replica is on a paused store
-/// asks the next replica after the hedge delay (milliseconds) and answers
-/// from it, verified; a batch of such objects too. Without the hedge each
-/// read would wait out the store's silence (2 s) first.
+/// With hedged reads on, a read of a replicated object whose first replica
+/// is on a paused store asks the next replica after the hedge delay
+/// (milliseconds) and answers from it, verified; a batch of such objects
+/// too. Without the hedge each read would wait out the store's silence
+/// (2 s) first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hedged_read_answers_from_the_live_replica_while_the_first_is_paused() {
     let mut cluster = two_stores().await;
     let (paused, live) = (Cluster::store_name(0), Cluster::store_name(1));
-    let client = patient_tcp_client(&cluster).await;
+    let client = cluster
+        .client_with(|c| {
+            c.protocol = Protocol::Tcp;
+            c.retry_for = Duration::from_secs(30);
+            c.retries = 1_000;
+            c.hedge_reads = true;
+        })
+        .await;
     let keys: Vec<String> = (0..8).map(|i| format!("hedged-{i}")).collect();
     let value = |i: usize| vec![i as u8 + 1; 64 << 10];
     for (i, k) in keys.iter().enumerate() {
