@@ -22,13 +22,13 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use kvpool_format::{header_len, value_checksum, ObjectHeader};
 use kvpool_proto::msg::{ObjectLocation, ReadReq, Tier};
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::data::{read_regions, ReadOp};
+use kvpool_transfer::data::ReadOp;
 use tokio::time::Instant;
 
 use crate::fanout::{cores, lanes, split, Job, SPREAD_BYTES};
 use crate::get::{reborrow, Found, GetInto};
 use crate::placement::{due, rounds, Route};
-use crate::transport::tcp::{broken, with_conn, StoreReads};
+use crate::transport::tcp::{broken, StoreReads};
 use crate::transport::{not_mappable, Routes};
 use crate::Client;
 
@@ -89,7 +89,13 @@ impl Client {
         items: &mut [GetInto<'_>],
         found: Vec<KvResult<Found>>,
     ) -> Vec<KvResult<usize>> {
-        let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+        let hedging = self.inner.cfg.hedge_reads;
+        // Hedges outlive the round's borrow of `items`: they hold the keys.
+        let keys: Vec<&str> = if hedging {
+            items.iter().map(|i| i.key).collect()
+        } else {
+            Vec::new()
+        };
         let mut results: Vec<KvResult<usize>> = Vec::with_capacity(items.len());
         let mut locations: Vec<Option<ObjectLocation>> = Vec::with_capacity(items.len());
         let leases: Vec<Instant> = found
@@ -175,10 +181,7 @@ impl Client {
                     dst.push(&mut d[..n]);
                     left -= n as u64;
                 }
-                let route = match rep.tier {
-                    Tier::Disk => Route::Tcp,
-                    Tier::Memory => routes.to(rep.segment),
-                };
+                let route = routes.to_replica(rep);
                 match route {
                     Route::Shm(map) => {
                         local_bytes += hl + l.value_len;
@@ -187,8 +190,10 @@ impl Client {
                     Route::Unmappable => done.push((i, Err(not_mappable(rep.segment)))),
                     Route::Tcp => {
                         let group = groups.entry(&rep.endpoint).or_default();
-                        if let Some(h) = self.hedge_for(i, keys[i], l, round, leases[i], &routes) {
-                            group.1.push(h);
+                        if hedging {
+                            group
+                                .1
+                                .extend(self.hedge_for(i, keys[i], l, round, leases[i], &routes));
                         }
                         bytes += hl + l.value_len;
                         let req = ReadReq {
@@ -239,7 +244,7 @@ impl Client {
             (self.inner.metrics).transferred("read", bytes, local_bytes);
             let t0 = Instant::now();
             let mut wins = HashMap::new();
-            if !big && self.inner.cfg.hedge_reads && hedged.iter().any(|h| !h.is_empty()) {
+            if !big && hedged.iter().any(|h| !h.is_empty()) {
                 let shares: Vec<Job<usize>> = stores
                     .iter()
                     .map(|s| -> Job<usize> {
@@ -260,7 +265,7 @@ impl Client {
                 }
                 done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
             }
-            if !big && !stores.is_empty() {
+            if hedging && !big && !stores.is_empty() {
                 self.inner.hedge.record(t0.elapsed());
             }
             // What no connection took fails with the reason.
@@ -279,7 +284,7 @@ impl Client {
             let mut used = 0;
             for (i, object) in wins {
                 if results[i].is_err() {
-                    let value = &object[header_len(keys[i].len())..];
+                    let value = &object[header_len(items[i].key.len())..];
                     results[i] = Ok(copy_value(value, &mut items[i].dst));
                     used += 1;
                 }
@@ -293,8 +298,7 @@ impl Client {
             let Some(l) = l else { continue };
             if r.as_ref().is_err_and(|e| e.is_retryable())
                 && l.replicas.iter().all(|rep| {
-                    (rep.tier == Tier::Disk || matches!(routes.to(rep.segment), Route::Tcp))
-                        && tcp.is_down(&rep.endpoint)
+                    matches!(routes.to_replica(rep), Route::Tcp) && tcp.is_down(&rep.endpoint)
                 })
             {
                 *r = r.clone().map_err(KvError::settled);
@@ -334,7 +338,7 @@ fn copy_value(mut value: &[u8], dst: &mut [&mut [u8]]) -> usize {
 impl Client {
     /// The hedge for item `i`, read in `round` over TCP: its first later
     /// replica on another store that is not known to be down. `None` when
-    /// there is none (or hedging is off).
+    /// there is none.
     fn hedge_for<'a>(
         &self,
         i: usize,
@@ -344,18 +348,11 @@ impl Client {
         lease_from: Instant,
         routes: &Routes,
     ) -> Option<Hedge<'a>> {
-        if !self.inner.cfg.hedge_reads {
-            return None;
-        }
         let first = &l.replicas[round].endpoint;
         let tcp = &self.inner.transports.tcp;
         let replica = (round + 1..l.replicas.len()).find(|&j| {
             let r = &l.replicas[j];
-            let route = match r.tier {
-                Tier::Disk => Route::Tcp,
-                Tier::Memory => routes.to(r.segment),
-            };
-            match route {
+            match routes.to_replica(r) {
                 Route::Shm(_) => true,
                 Route::Tcp => &r.endpoint != first && !tcp.is_down(&r.endpoint),
                 Route::Unmappable => false,
@@ -452,46 +449,41 @@ impl Client {
         let (l, rep) = (h.location, &h.location.replicas[h.replica]);
         let hl = header_len(h.key.len());
         let mut object = vec![0u8; hl + l.value_len as usize];
-        let route = match rep.tier {
-            Tier::Disk => Route::Tcp,
-            Tier::Memory => routes.to(rep.segment),
-        };
-        {
-            let (head, value) = object.split_at_mut(hl);
-            let mut dst = vec![head, value];
-            match route {
-                Route::Shm(map) => map.read(rep.offset, &mut dst)?,
-                Route::Unmappable => return Err(not_mappable(rep.segment)),
-                Route::Tcp => {
-                    let req = ReadReq {
-                        segment: rep.segment,
-                        offset: rep.offset,
-                        len: hl as u64 + l.value_len,
-                        grant: rep.read_grant(l.generation),
-                    };
-                    let pool = self.inner.transports.tcp.pool(&rep.endpoint);
-                    with_conn(&pool, timeout, |mut conn| async move {
-                        match read_regions(&mut conn, vec![ReadOp { req, dst }]).await {
-                            Ok(mut r) => (
-                                Some(conn),
-                                r.pop().unwrap_or(Err(KvError::from(Code::InternalError))),
-                            ),
-                            Err(e) => (None, Err(e)),
-                        }
-                    })
-                    .await
-                    .and_then(|r| r)
-                    .map_err(broken)?;
-                }
-            }
-        }
         let (head, value) = object.split_at_mut(hl);
+        let mut dst = vec![head, value];
         let check = Check {
             key: h.key,
             location: l,
             lease_from: h.lease_from,
         };
-        check.verify(&[head, value])?;
+        match routes.to_replica(rep) {
+            Route::Shm(map) => {
+                map.read(rep.offset, &mut dst)?;
+                check.verify(&dst)?;
+            }
+            Route::Unmappable => return Err(not_mappable(rep.segment)),
+            Route::Tcp => {
+                let req = ReadReq {
+                    segment: rep.segment,
+                    offset: rep.offset,
+                    len: hl as u64 + l.value_len,
+                    grant: rep.read_grant(l.generation),
+                };
+                let pool = self.inner.transports.tcp.pool(&rep.endpoint);
+                let read = VecDeque::from([((h.item, check), ReadOp { req, dst })]);
+                let store = StoreReads::new(pool, 1, read);
+                let got = lane(&store, timeout).await.pop();
+                match got {
+                    Some((_, r)) => r?,
+                    None => {
+                        return Err(store
+                            .unread()
+                            .pop()
+                            .map_or_else(|| KvError::from(Code::InternalError), |(_, e)| e))
+                    }
+                };
+            }
+        }
         Ok(object)
     }
 }

@@ -12,7 +12,7 @@ pub(crate) mod tcp;
 
 use std::sync::Arc;
 
-use kvpool_proto::msg::SegmentId;
+use kvpool_proto::msg::{Replica, SegmentId, Tier};
 use kvpool_proto::{Code, KvError};
 
 use crate::placement::{route, Route};
@@ -51,6 +51,17 @@ impl Routes {
             self.maps.get(&segment).and_then(|m| m.as_ref()),
             self.protocol,
         )
+    }
+}
+
+impl Routes {
+    /// The route to `replica`: a disk replica is read over TCP whatever
+    /// the protocol (there is no mapping to find).
+    pub(crate) fn to_replica(&self, replica: &Replica) -> Route<Arc<ShmMap>> {
+        match replica.tier {
+            Tier::Disk => Route::Tcp,
+            Tier::Memory => self.to(replica.segment),
+        }
     }
 }
 

@@ -8,7 +8,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,13 +29,16 @@ const IDLE_CONNS_PER_STORE: usize = 64;
 /// replicated reads instead of costing each of them the hedge delay.
 const SLOW_FOR: Duration = Duration::from_secs(2);
 
+/// What this client keeps per store: its connections, and until when it
+/// ranks after its peers for losing a hedged read's race.
+struct Store {
+    pool: Arc<ConnPool>,
+    slow_until: Option<Instant>,
+}
+
 /// Connection pools by store endpoint.
 pub(crate) struct Pools {
-    stores: Mutex<HashMap<String, Arc<ConnPool>>>,
-    /// Stores that lost a hedged read's race, until when they rank last.
-    slow: Mutex<HashMap<String, Instant>>,
-    /// Whether `slow` ever had an entry: until then reads skip its lock.
-    any_slow: AtomicBool,
+    stores: Mutex<HashMap<String, Store>>,
     connect_timeout: Duration,
     security: Security,
 }
@@ -48,8 +50,6 @@ impl Pools {
     pub(crate) fn new(connect_timeout: Duration, security: Security) -> Self {
         Pools {
             stores: Mutex::new(HashMap::new()),
-            slow: Mutex::new(HashMap::new()),
-            any_slow: AtomicBool::new(false),
             connect_timeout,
             security,
         }
@@ -58,53 +58,48 @@ impl Pools {
     /// Whether the store at `endpoint` is known to be unreachable now (its
     /// last connect failed; see [`kvpool_net::breaker`]).
     pub(crate) fn is_down(&self, endpoint: &str) -> bool {
-        let pool = self.stores.lock().get(endpoint).cloned();
-        pool.is_some_and(|p| p.is_down())
+        let stores = self.stores.lock();
+        stores.get(endpoint).is_some_and(|s| s.pool.is_down())
     }
 
     /// The store at `endpoint` lost a hedged read's race (its reads were
     /// dropped for another replica's answer).
     pub(crate) fn outrun(&self, endpoint: &str) {
-        let mut slow = self.slow.lock();
-        let now = Instant::now();
-        slow.retain(|_, until| *until > now);
-        slow.insert(endpoint.to_string(), now + SLOW_FOR);
-        self.any_slow.store(true, Ordering::Relaxed);
+        if let Some(s) = self.stores.lock().get_mut(endpoint) {
+            s.slow_until = Some(Instant::now() + SLOW_FOR);
+        }
     }
 
     /// Where reads try the store at `endpoint` among an object's replicas:
     /// 0 for a live one, 1 for one that lost a hedge race lately, 2 for one
     /// known to be down.
     pub(crate) fn rank(&self, endpoint: &str) -> u8 {
-        if self.is_down(endpoint) {
-            2
-        } else if !self.any_slow.load(Ordering::Relaxed) {
-            0
-        } else {
-            let slow = self.slow.lock();
-            u8::from(slow.get(endpoint).is_some_and(|t| Instant::now() < *t))
+        let stores = self.stores.lock();
+        match stores.get(endpoint) {
+            Some(s) if s.pool.is_down() => 2,
+            Some(s) => u8::from(s.slow_until.is_some_and(|t| Instant::now() < t)),
+            None => 0,
         }
     }
 
     /// The pool for the store at `endpoint`, made on first use.
     pub(crate) fn pool(&self, endpoint: &str) -> Arc<ConnPool> {
         let mut stores = self.stores.lock();
-        stores
-            .entry(endpoint.to_string())
-            .or_insert_with(|| {
-                Arc::new(
-                    ConnPool::new(
-                        endpoint,
-                        "client",
-                        Limits::default(),
-                        self.connect_timeout,
-                        IDLE_CONNS_PER_STORE,
-                    )
-                    .with_security(self.security.clone())
-                    .with_breaker(),
+        let store = stores.entry(endpoint.to_string()).or_insert_with(|| Store {
+            pool: Arc::new(
+                ConnPool::new(
+                    endpoint,
+                    "client",
+                    Limits::default(),
+                    self.connect_timeout,
+                    IDLE_CONNS_PER_STORE,
                 )
-            })
-            .clone()
+                .with_security(self.security.clone())
+                .with_breaker(),
+            ),
+            slow_until: None,
+        });
+        store.pool.clone()
     }
 }
 
