@@ -34,6 +34,8 @@ pub(crate) struct Ctx<'a> {
     pub master: &'a Master,
     /// The time of the request, for every decision that depends on time.
     pub now: Instant,
+    /// The role the request was admitted under.
+    pub role: Role,
     /// What the reply must wait for, if anything: a new value or a removal
     /// is reported only once the key's old versions are destroyed on their
     /// stores (or can no longer be read without asking this master).
@@ -227,9 +229,9 @@ impl Handle for msg::PutStart {
         }
         cx.count_bad_keys("PutStart", self.items.iter().map(|i| i.key.as_str()));
         let m = cx.master;
-        if !self.upsert && !matches!(m.role(cx.now), Role::Leader) {
+        if !self.upsert && !matches!(cx.role, Role::Leader) {
             // A segment not back yet may hold the key: a write-once put
-            // must not install over it (see `Master::serves_upserts`).
+            // must not install over it (see `Master::admit`).
             return Err(KvError::new(
                 Code::UnavailableInCurrentStatus,
                 "new master leader: stores are re-mounting, retry shortly (upserts are served)",

@@ -117,7 +117,7 @@ pub enum Role {
     Leader,
     /// Newly leading: stores re-mount; object calls wait until the instant
     /// (and until every listed segment is back), except upserts (see
-    /// [`Master::serves_upserts`]).
+    /// `Master::admit`).
     Recovering(Instant),
     /// Another master leads: every call but `Status` is refused (retryable).
     Standby,
@@ -250,23 +250,9 @@ impl Master {
         }
     }
 
-    /// Whether upserts are served now: while recovering, as soon as one
-    /// segment is back and reconciled. An upsert needs no segment still
-    /// missing: its version is newer than any an earlier leader issued, so
-    /// a copy of the key that a late segment brings back is older and is
-    /// rejected when it is reconciled. Reads, removals, existence and
-    /// write-once puts wait for every segment: each would answer for a key
-    /// a late segment may still hold.
-    pub(crate) fn serves_upserts(&self, now: Instant) -> bool {
-        match self.role(now) {
-            Role::Leader => true,
-            Role::Recovering(_) => self.state.takes_new_objects(now),
-            Role::Standby => false,
-        }
-    }
-
-    /// Refuses what the current role does not serve.
-    fn admit(&self, op: Opcode, now: Instant) -> KvResult<()> {
+    /// Refuses what the current role does not serve; returns the role the
+    /// request is served under.
+    fn admit(&self, op: Opcode, now: Instant) -> KvResult<Role> {
         let membership = matches!(
             op,
             Opcode::Status
@@ -286,16 +272,23 @@ impl Master {
                 "this master's leadership lease may have lapsed; the leader is published in etcd",
             ));
         }
-        match self.role(now) {
-            Role::Leader => Ok(()),
-            Role::Recovering(_) if membership => Ok(()),
-            // Write-once puts are refused in the handler: only upserts go.
-            Role::Recovering(_) if writes && self.serves_upserts(now) => Ok(()),
+        let role = self.role(now);
+        match role {
+            Role::Leader => Ok(role),
+            Role::Recovering(_) if membership => Ok(role),
+            // Upserts go as soon as one segment takes new objects: an
+            // upsert's version is newer than any an earlier leader issued,
+            // so the copy of the key a late segment brings back is older
+            // and is rejected when it is reconciled. Reads, removals,
+            // existence and write-once puts (refused in their handler) wait
+            // for every segment: each would answer for a key a late segment
+            // may still hold.
+            Role::Recovering(_) if writes && self.state.takes_new_objects(now) => Ok(role),
             Role::Recovering(_) => Err(KvError::new(
                 Code::UnavailableInCurrentStatus,
                 "new master leader: stores are re-mounting, retry shortly",
             )),
-            Role::Standby if op == Opcode::Status => Ok(()),
+            Role::Standby if op == Opcode::Status => Ok(role),
             Role::Standby => Err(KvError::new(
                 Code::UnavailableInCurrentStatus,
                 "this master is a standby; the leader is published in etcd",
@@ -416,10 +409,11 @@ impl Master {
         fence: &mut Option<state::FenceWait>,
     ) -> KvResult<Vec<u8>> {
         let now = Instant::now();
-        self.admit(op, now)?;
+        let role = self.admit(op, now)?;
         let mut cx = Ctx {
             master: self,
             now,
+            role,
             fence: None,
         };
         let cx = &mut cx;
