@@ -71,7 +71,7 @@ impl<T> KeyRetry<T> {
             todo: (0..n).collect(),
             attempt: 0,
             retries: cfg.retries,
-            deadline: Instant::now() + cfg.retry_for.max(cfg.timeout),
+            deadline: kvpool_net::deadline::for_call(cfg.retry_for, cfg.timeout),
             backoff: Backoff::new(),
         }
     }

@@ -692,12 +692,12 @@ impl ConnPool {
             return Ok(c);
         }
         let Some(b) = &self.breaker else {
-            return self.dial().dial().await;
+            return self.dialer().dial().await;
         };
         let admit = b.lock().admit(tokio::time::Instant::now());
         match admit {
             Ok(Admit::Connect) => {
-                let r = self.dial().dial().await;
+                let r = self.dialer().dial().await;
                 if r.is_err() {
                     self.clear();
                 }
@@ -706,7 +706,7 @@ impl ConnPool {
             Ok(Admit::Probe) => {
                 // A peer back from a restart answers at once and this caller
                 // uses the connection; one still silent is left to the probe.
-                let dial = self.dial();
+                let dial = self.dialer();
                 let mut probe = tokio::spawn(async move { dial.dial().await });
                 match tokio::time::timeout(PROBE_WAIT, &mut probe).await {
                     Ok(Ok(r)) => r,
@@ -725,7 +725,7 @@ impl ConnPool {
     }
 
     /// What a connect to the peer needs, owned (a probe runs on its own).
-    fn dial(&self) -> Dial {
+    fn dialer(&self) -> Dial {
         Dial {
             addr: self.addr.clone(),
             role: self.role.clone(),

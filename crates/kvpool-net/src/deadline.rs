@@ -16,6 +16,13 @@ tokio::task_local! {
     static DEADLINE: Instant;
 }
 
+/// The deadline of a call starting now that may retry for `retry_for`, each
+/// attempt at most `timeout`: `retry_for` away, or one whole `timeout` if
+/// that is longer (a caller that asked for a long timeout gets it once).
+pub fn for_call(retry_for: Duration, timeout: Duration) -> Instant {
+    Instant::now() + retry_for.max(timeout)
+}
+
 /// Runs `f` under `deadline`, or under the one already in force if that is
 /// sooner: an inner call never outlives the call it is part of.
 pub async fn within<F: Future>(deadline: Instant, f: F) -> F::Output {

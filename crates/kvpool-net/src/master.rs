@@ -59,8 +59,7 @@ where
 {
     let mut backoff = policy.backoff;
     let mut tries = 0;
-    let start = tokio::time::Instant::now();
-    let end = start + policy.retry_for.max(policy.timeout);
+    let end = crate::deadline::for_call(policy.retry_for, policy.timeout);
     crate::deadline::within(end, async {
         loop {
             let limit = crate::deadline::cap(policy.timeout);
