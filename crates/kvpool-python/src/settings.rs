@@ -533,13 +533,19 @@ pub fn resolve(
         (_, s) if !s.is_empty() => Some(Credentials::parse(&s)?),
         _ => None,
     };
-    let insecure = matches!(
-        text("insecure", "false")
-            .trim()
-            .to_ascii_lowercase()
-            .as_str(),
-        "1" | "true" | "yes"
-    );
+    // A yes/no setting (`None` when not given); anything else is an error.
+    let flag = |name: &str| -> KvResult<Option<bool>> {
+        match text(name, "").trim().to_ascii_lowercase().as_str() {
+            "" => Ok(None),
+            "1" | "true" | "yes" | "on" => Ok(Some(true)),
+            "0" | "false" | "no" | "off" => Ok(Some(false)),
+            other => Err(KvError::new(
+                Code::InvalidParams,
+                format!("{name} must be true or false, not {other:?}"),
+            )),
+        }
+    };
+    let insecure = flag("insecure")?.unwrap_or(false);
     let path = |name: &str| Some(text(name, "").trim().to_string()).filter(|p| !p.is_empty());
     let tls = TlsFiles {
         ca: path("tls_ca").map(Into::into),
@@ -547,17 +553,7 @@ pub fn resolve(
         key: path("tls_key").map(Into::into),
         require_client_cert: false,
     };
-    let hedge_reads = match text("hedge_reads", "").trim().to_ascii_lowercase().as_str() {
-        "" => None,
-        "1" | "true" | "yes" | "on" => Some(true),
-        "0" | "false" | "no" | "off" => Some(false),
-        other => {
-            return Err(KvError::new(
-                Code::InvalidParams,
-                format!("hedge_reads must be true or false, not {other:?}"),
-            ))
-        }
-    };
+    let hedge_reads = flag("hedge_reads")?;
     let device_name = text("device_name", "");
     if !device_name.is_empty() {
         ignored.push("device_name".into());
@@ -927,6 +923,7 @@ mod tests {
             ("conns_per_store", Raw::Str("many".into())),
             ("location_cache", Raw::Int(-1)),
             ("hedge_reads", Raw::Str("sometimes".into())),
+            ("insecure", Raw::Str("maybe".into())),
         ] {
             let e = resolve(&args(&[(k, v.clone())]), &no_env, None).unwrap_err();
             assert_eq!(e.code, Code::InvalidParams, "{k}={v:?}");
