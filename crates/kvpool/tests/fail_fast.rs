@@ -35,13 +35,15 @@ async fn two_stores() -> Cluster {
 }
 
 /// A client reading over TCP (a same-host client would map the segment
-/// file, which outlives its store) with a long retry budget.
-async fn patient_tcp_client(cluster: &Cluster) -> Client {
+/// file, which outlives its store) with a long retry budget, and
+/// `hedge_reads` as given.
+async fn patient_tcp_client(cluster: &Cluster, hedge_reads: bool) -> Client {
     cluster
         .client_with(|c| {
             c.protocol = Protocol::Tcp;
             c.retry_for = Duration::from_secs(30);
             c.retries = 1_000;
+            c.hedge_reads = hedge_reads;
         })
         .await
 }
@@ -70,7 +72,7 @@ async fn fast<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 async fn a_dead_store_costs_readers_no_retry_budget() {
     let mut cluster = two_stores().await;
     let (dead, live) = (Cluster::store_name(0), Cluster::store_name(1));
-    let client = patient_tcp_client(&cluster).await;
+    let client = patient_tcp_client(&cluster, false).await;
     let value = vec![7u8; 4096];
     for (k, rc) in [
         ("only-dead", on(&[&dead], 1)),
@@ -157,7 +159,7 @@ async fn a_dead_store_costs_readers_no_retry_budget() {
 async fn a_paused_store_costs_one_silence_not_one_timeout_per_call() {
     let mut cluster = two_stores().await;
     let (paused, live) = (Cluster::store_name(0), Cluster::store_name(1));
-    let client = patient_tcp_client(&cluster).await;
+    let client = patient_tcp_client(&cluster, false).await;
     let value = vec![9u8; 4096];
     for (k, rc) in [
         ("only-paused", on(&[&paused], 1)),
@@ -207,14 +209,7 @@ async fn a_paused_store_costs_one_silence_not_one_timeout_per_call() {
 async fn a_hedged_read_answers_from_the_live_replica_while_the_first_is_paused() {
     let mut cluster = two_stores().await;
     let (paused, live) = (Cluster::store_name(0), Cluster::store_name(1));
-    let client = cluster
-        .client_with(|c| {
-            c.protocol = Protocol::Tcp;
-            c.retry_for = Duration::from_secs(30);
-            c.retries = 1_000;
-            c.hedge_reads = true;
-        })
-        .await;
+    let client = patient_tcp_client(&cluster, true).await;
     let keys: Vec<String> = (0..8).map(|i| format!("hedged-{i}")).collect();
     let value = |i: usize| vec![i as u8 + 1; 64 << 10];
     for (i, k) in keys.iter().enumerate() {
