@@ -20,7 +20,7 @@
 # For each system (bench/faults/run.py does the work, with that system's Python):
 #  cluster 1: one master and two storage nodes, "victim" and "survivor",
 #    each its own process (kvpool: `kvpool store --segment-size 256MiB
-#    --data-dir <tmp> --name ...`; Mooncake: bench/faults/store_proc.py,
+#    --data-dir <tmp> --name ...`; Mooncake: bench/compare/store_proc.py,
 #    as bench/compare/run_mooncake.sh runs it, HTTP metadata server).
 #  cluster 2 (phase leader): two masters in HA through a real etcd that this
 #    script starts on 127.0.0.1 with a temp data dir (kvpool: --enable-ha

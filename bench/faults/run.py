@@ -233,6 +233,24 @@ class System:
                 raise RuntimeError(f"no master serving after {timeout} s (leader: {serving})")
             time.sleep(0.2)
 
+    def wait_log(self, role, ready, timeout):
+        """Waits until `ready(text of the store's log)` holds, or fails when
+        the store exits or `timeout` passes."""
+        log = self._store_log[role]
+        end = now() + timeout
+        while now() < end:
+            try:
+                with open(log) as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            if ready(text):
+                return
+            if self.procs.procs[f"store-{role}"].poll() is not None:
+                raise RuntimeError(f"{self.name} store {role} exited; see {log}")
+            time.sleep(0.3)
+        raise RuntimeError(f"{self.name} store {role} did not come up; see {log}")
+
     def leader_name(self, key):
         port = etcd_leader_port(self.a.etcd, key.encode())
         for name, p in self.master_ports.items():
@@ -242,6 +260,7 @@ class System:
 
 
 class Kvpool(System):
+    name = "kvpool"
     module = "kvpool.mooncake"
 
     def start_cluster(self):
@@ -291,28 +310,22 @@ class Kvpool(System):
 
     def wait_store(self, role, timeout=60):
         seg = self.store_names[role]
-        end = now() + timeout
-        while now() < end:
-            try:
-                with open(self._store_log[role]) as f:
-                    mounted = "segment mounted" in f.read()
-            except OSError:
-                mounted = False
-            if mounted:
-                st = subprocess.run([self.a.kvpool_bin, "status", "--master", self.addr],
-                                    capture_output=True, text=True, timeout=10).stdout
-                if any(l.split()[:1] == [seg] and l.split()[-1] == "live" for l in st.splitlines()):
-                    return
-            if self.procs.procs[f"store-{role}"].poll() is not None:
-                raise RuntimeError(f"kvpool store {role} exited; see {self._store_log[role]}")
-            time.sleep(0.3)
-        raise RuntimeError(f"kvpool store {role} did not come up; see {self._store_log[role]}")
+
+        def ready(log):
+            if "segment mounted" not in log:
+                return False
+            st = subprocess.run([self.a.kvpool_bin, "status", "--master", self.addr],
+                                capture_output=True, text=True, timeout=10).stdout
+            return any(l.split()[:1] == [seg] and l.split()[-1] == "live" for l in st.splitlines())
+
+        self.wait_log(role, ready, timeout)
 
     def leader(self):
         return self.leader_name(f"/kvpool/{self.cluster}/master")
 
 
 class Mooncake(System):
+    name = "Mooncake"
     module = "mooncake.store"
 
     def env(self, role=None):
@@ -365,29 +378,21 @@ class Mooncake(System):
         log = os.path.join(self.out, f"store-{self.tag}-{role}.{self.gen}.log")
         self._store_log[role] = log
         self.store_names.pop(role, None)
-        argv = [sys.executable, os.path.join(HERE, "store_proc.py"), "--module", self.module,
+        argv = [sys.executable, os.path.join(HERE, "..", "compare", "store_proc.py"), "--module", self.module,
                 "--segment", str(self.a.segment), "--master", self.addr, "--metadata", self.metadata,
                 "--hostname", self.store_ip(role)]
         self.procs.start(f"store-{role}", self.wrap(role, argv), env=self.env(role), log=log)
 
     def wait_store(self, role, timeout=60):
-        end = now() + timeout
-        while now() < end:
-            try:
-                with open(self._store_log[role]) as f:
-                    for line in f:
-                        m = re.match(r"READY (-?\d+) (\S+)", line)
-                        if m:
-                            if m.group(1) != "0":
-                                raise RuntimeError(f"Mooncake store {role} setup rc={m.group(1)}")
-                            self.store_names[role] = m.group(2)
-                            return
-            except OSError:
-                pass
-            if self.procs.procs[f"store-{role}"].poll() is not None:
-                raise RuntimeError(f"Mooncake store {role} exited; see {self._store_log[role]}")
-            time.sleep(0.3)
-        raise RuntimeError(f"Mooncake store {role} did not come up; see {self._store_log[role]}")
+        def ready(log):
+            m = re.search(r"store setup rc=(-?\d+) .* name=(\S+)", log)
+            if m and m.group(1) != "0":
+                raise RuntimeError(f"Mooncake store {role} setup rc={m.group(1)}")
+            if m:
+                self.store_names[role] = m.group(2)
+            return m is not None
+
+        self.wait_log(role, ready, timeout)
 
     def leader(self):
         return self.leader_name(f"mooncake-store/{self.cluster}/master_view")

@@ -109,6 +109,23 @@ def fmt_ms(v, unfinished=0):
     return (">" + s) if unfinished else s
 
 
+def table_head(first, systems, columns):
+    """The header and rule lines of a table: `first` (markdown cells, with
+    their rule, e.g. [("fault", "---")]), then `columns` once per system,
+    the first named after it, all right-aligned."""
+    hdr = "|" + "".join(f" {c} |" for c, _ in first)
+    sep = "|" + "".join(f"{r}|" for _, r in first)
+    for s in systems:
+        hdr += "".join(f" {c.format(NAMES[s])} |" for c in columns)
+        sep += "---:|" * len(columns)
+    return [hdr, sep]
+
+
+def skipped(fr):
+    """Whether a system's results for a fault are missing (not run, or skipped)."""
+    return fr is None or "skipped" in fr
+
+
 def main():
     out = sys.argv[1]
     data = {s: load(out, s) for s in SYSTEMS}
@@ -185,12 +202,8 @@ def main():
                  f"SIGSTOP: {cfg.get('stop_secs'):g} s, leader: {cfg.get('fault'):g} s until restart as standby). "
                  "err counts failed calls other than misses (−704), unfinished ones included.")
         L.append("")
-    hdr = "| fault | op class |"
-    sep = "|---|---|"
-    for s in sysl:
-        hdr += f" {NAMES[s]} n | p50 | p99 | max | err | miss |"
-        sep += "---:|---:|---:|---:|---:|---:|"
-    L += [hdr, sep]
+    L += table_head([("fault", "---"), ("op class", "---")], sysl,
+                    ["{} n", "p50", "p99", "max", "err", "miss"])
     na_notes = []
 
     def cells(st):
@@ -215,7 +228,7 @@ def main():
                     line += cells(r["steady"].get(c))
                 else:
                     fr = r["faults"].get(fault)
-                    if fr is None or "skipped" in fr:
+                    if skipped(fr):
                         why = (fr or {}).get("skipped", "phase not run")
                         if c == "live":
                             na_notes.append(f"{NAMES[s]}, {label}: n/a: {why}")
@@ -226,19 +239,15 @@ def main():
     L.append("")
     L.append("Writes during each fault (from the fault's start to the end of the period after it):")
     L.append("")
-    hdr = "| fault | span s |"
-    sep = "|---|---:|"
-    for s in sysl:
-        hdr += f" {NAMES[s]}: s without a successful put | longest put gap s |"
-        sep += "---:|---:|"
-    L += [hdr, sep]
+    L += table_head([("fault", "---"), ("span s", "---:")], sysl,
+                    ["{}: s without a successful put", "longest put gap s"])
     for fault, label in faults:
         line = f"| {label} |"
         span = None
         cellz = ""
         for s in sysl:
             fr = summary["systems"][s]["faults"].get(fault)
-            if fr is None or "skipped" in fr:
+            if skipped(fr):
                 cellz += " n/a | n/a |"
             else:
                 span = fr["writes_span_s"]
@@ -251,7 +260,7 @@ def main():
     for s in sysl:
         for fault, label in faults:
             fr = summary["systems"][s]["faults"].get(fault)
-            if not fr or "skipped" in fr:
+            if skipped(fr):
                 continue
             parts = []
             for c in ("get_B", "get_C", "dead", "put"):
