@@ -233,6 +233,23 @@ class System:
                 raise RuntimeError(f"no master serving after {timeout} s (leader: {serving})")
             time.sleep(0.2)
 
+    def start_masters(self, base):
+        """Starts the cluster's masters (two with HA) on ports from `base`
+        and waits for them."""
+        for i in range(2 if self.ha else 1):
+            name = f"{self.tag}-master{i}"
+            self.master_ports[name] = base + i
+            self.master_names.append(name)
+            self.start_master(name)
+        self.wait_masters()
+
+    def start_stores(self):
+        """Starts the victim and the survivor and waits for both."""
+        for role in ("victim", "survivor"):
+            self.start_store(role)
+        for role in ("victim", "survivor"):
+            self.wait_store(role)
+
     def wait_log(self, role, ready, timeout):
         """Waits until `ready(text of the store's log)` holds, or fails when
         the store exits or `timeout` passes."""
@@ -267,12 +284,7 @@ class Kvpool(System):
         a = self.a
         base = a.base_port + {"c1": 0, "ha": 20, "ns": 80}[self.tag]
         self.cluster = f"faults{os.getpid()}"
-        for i in range(2 if self.ha else 1):
-            name = f"{self.tag}-master{i}"
-            self.master_ports[name] = base + i
-            self.master_names.append(name)
-            self.start_master(name)
-        self.wait_masters()
+        self.start_masters(base)
         self.addr = f"etcd://{a.etcd}/{self.cluster}" if self.ha else f"{self.ip}:{base}"
         self.metadata = "P2PHANDSHAKE"
         self.datadirs = {}
@@ -280,9 +292,7 @@ class Kvpool(System):
             d = os.path.join(a.tmp, f"{self.tag}-{role}")
             os.makedirs(d, exist_ok=True)
             self.datadirs[role] = d
-            self.start_store(role)
-        for role in ("victim", "survivor"):
-            self.wait_store(role)
+        self.start_stores()
 
     def start_master(self, name):
         a = self.a
@@ -339,12 +349,7 @@ class Mooncake(System):
         base = a.base_port + {"c1": 40, "ha": 60, "ns": 100}[self.tag]
         # Mooncake clients find the leader under the default cluster id.
         self.cluster = "mooncake_cluster"
-        for i in range(2 if self.ha else 1):
-            name = f"{self.tag}-master{i}"
-            self.master_ports[name] = base + i
-            self.master_names.append(name)
-            self.start_master(name)
-        self.wait_masters()
+        self.start_masters(base)
         if self.ha:
             # The HTTP metadata server lives in a master and would die with
             # the leader, so the HA cluster uses the peer-to-peer handshake.
@@ -354,10 +359,7 @@ class Mooncake(System):
             self.addr = f"{self.ip}:{base}"
             self.metadata = f"http://{self.ip}:{base + 5}/metadata"
         time.sleep(2)
-        for role in ("victim", "survivor"):
-            self.start_store(role)
-        for role in ("victim", "survivor"):
-            self.wait_store(role)
+        self.start_stores()
 
     def start_master(self, name):
         a = self.a
