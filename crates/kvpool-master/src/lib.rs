@@ -321,11 +321,15 @@ impl Master {
 }
 
 impl ControlHandler for Master {
+    /// The client whose heartbeats the connection carries.
+    type Conn = Option<msg::ClientId>;
+
     /// A commit or a removal is reported once the key's old versions are
     /// destroyed on their stores, so no client's cached location can read
     /// them afterwards.
     fn handle(
         &self,
+        conn: &mut Option<msg::ClientId>,
         peer: PeerRole,
         op: Opcode,
         meta: &[u8],
@@ -342,8 +346,19 @@ impl ControlHandler for Master {
             self.answer(op, meta, &mut fence)
         };
         self.metrics.observe_handling(op, start.elapsed());
+        if op == Opcode::Heartbeat && conn.is_none() && r.is_ok() {
+            *conn = msg::decode::<msg::Heartbeat>(meta)
+                .ok()
+                .map(|h| h.client_id);
+        }
         let wait = fence.filter(|_| r.is_ok()).map(|w| self.wait_fence(w));
         (r, wait)
+    }
+
+    fn closed(&self, conn: Option<msg::ClientId>) {
+        if let Some(id) = conn {
+            self.state.hung_up(id);
+        }
     }
 }
 
@@ -720,6 +735,57 @@ mod tests {
         }
     }
 
+    /// A store whose heartbeat connection closes (a crash closes it at once)
+    /// takes no new objects until it is heard from again, long before its
+    /// heartbeats would be missed.
+    #[test]
+    fn a_store_that_hangs_up_takes_no_new_objects_until_it_is_heard_from() {
+        let master = Master::new(StateConfig::default());
+        let s = &master.state;
+        let (gone, other, writer) = (ClientId(1), ClientId(2), ClientId(3));
+        for (id, name) in [(gone, "gone"), (other, "other"), (writer, "writer")] {
+            s.register_client(id, name, Instant::now()).unwrap();
+        }
+        s.mount(gone, segment(1), 0, Instant::now()).unwrap();
+        s.mount(other, segment(2), 0, Instant::now()).unwrap();
+        let mut conn = None;
+        let beat = msg::encode(&msg::Heartbeat {
+            client_id: gone,
+            io: Default::default(),
+            held: Default::default(),
+        });
+        let (r, _) = master.handle(&mut conn, PeerRole::Admin, Opcode::Heartbeat, &beat);
+        r.unwrap();
+        assert_eq!(conn, Some(gone), "the connection carries its heartbeats");
+        let placed = |key: &str| {
+            let item = PutItem {
+                key: key.into(),
+                value_len: 10,
+                region_len: 100,
+            };
+            let rc = ReplicateConfig {
+                preferred_segments: vec!["s1".into()],
+                ..Default::default()
+            };
+            match s
+                .put_start(writer, &[item], &rc, false, Instant::now())
+                .remove(0)
+            {
+                Ok(msg::PutGrant::Write { replicas, .. }) => replicas[0].segment,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(placed("a"), SegmentId(1));
+        master.closed(conn);
+        assert_eq!(
+            placed("b"),
+            SegmentId(2),
+            "hung up: placed elsewhere at once"
+        );
+        assert!(s.heartbeat(gone, Instant::now()));
+        assert_eq!(placed("c"), SegmentId(1), "heard from again: placeable");
+    }
+
     /// The sweeper task, driven by paused tokio time, drops a silent client's
     /// segment and revokes its put, while a heartbeating client survives.
     #[tokio::test(start_paused = true)]
@@ -807,7 +873,7 @@ mod tests {
                 segment: "s1".into(),
                 unmount_after_ms: Some(10_000),
             });
-            let (r, _) = master.handle(PeerRole::Admin, Opcode::DrainSegment, &drain);
+            let (r, _) = master.handle(&mut None, PeerRole::Admin, Opcode::DrainSegment, &drain);
             r.unwrap();
             tokio::time::sleep(Duration::from_secs(5)).await;
             if stop_first {
@@ -837,7 +903,7 @@ mod tests {
                 force: true,
             });
             master
-                .handle(PeerRole::Admin, Opcode::RemoveByRegex, &req)
+                .handle(&mut None, PeerRole::Admin, Opcode::RemoveByRegex, &req)
                 .0
         };
         let long = remove("a".repeat(4097)).unwrap_err();
@@ -869,6 +935,7 @@ mod tests {
         let keys = |n: usize| (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>();
         let exist = |n| msg::encode(&msg::Exist { keys: keys(n) });
         let over = master.handle(
+            &mut None,
             PeerRole::Admin,
             Opcode::Exist,
             &exist(kvpool_proto::MAX_BATCH_KEYS + 1),
@@ -878,6 +945,7 @@ mod tests {
         assert!(e.message.contains("16384"), "{e}");
         assert_eq!(master.state.refusals().count(Refusal::BatchKeys), 1);
         let at = master.handle(
+            &mut None,
             PeerRole::Admin,
             Opcode::Exist,
             &exist(kvpool_proto::MAX_BATCH_KEYS),
@@ -889,7 +957,7 @@ mod tests {
         lying[0] = 0xff;
         lying.insert(1, 0xff);
         let e = master
-            .handle(PeerRole::Admin, Opcode::GetReplicaList, &lying)
+            .handle(&mut None, PeerRole::Admin, Opcode::GetReplicaList, &lying)
             .0
             .unwrap_err();
         assert!(e.message.contains("exceeds the limit"), "{e}");
@@ -910,7 +978,7 @@ mod tests {
             keys: vec!["k".into()],
         });
         let refused = |m: &Master| {
-            m.handle(PeerRole::Admin, Opcode::Exist, &exist)
+            m.handle(&mut None, PeerRole::Admin, Opcode::Exist, &exist)
                 .0
                 .is_err_and(|e| e.code == Code::UnavailableInCurrentStatus)
         };
@@ -1001,7 +1069,7 @@ mod tests {
             })
         };
         let code = |op, meta: &[u8]| {
-            let r = master.handle(PeerRole::Admin, op, meta).0;
+            let r = master.handle(&mut None, PeerRole::Admin, op, meta).0;
             r.err().map(|e| e.code)
         };
         let busy = Some(Code::UnavailableInCurrentStatus);
@@ -1034,7 +1102,7 @@ mod tests {
         let exist = msg::encode(&msg::Exist {
             keys: vec!["k".into()],
         });
-        let answer = |m: &Master, op, meta: &[u8]| m.handle(PeerRole::Admin, op, meta).0;
+        let answer = |m: &Master, op, meta: &[u8]| m.handle(&mut None, PeerRole::Admin, op, meta).0;
         master.lead_until(Some(Instant::now() + Duration::from_secs(60)));
         assert!(answer(&master, Opcode::Exist, &exist).is_ok());
         master.lead_until(Some(Instant::now()));

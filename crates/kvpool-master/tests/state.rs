@@ -844,7 +844,7 @@ fn silent_client_loses_its_segment_and_puts() {
     let reply = p.st.register_client(w, "host-3", p.t0).expect("register");
     assert_eq!(
         (reply.heartbeat_interval_ms, reply.client_ttl_ms),
-        (2500, 10_000)
+        (1000, 10_000)
     );
     p.mount(s1, 1, "s1", MIB);
     p.mount(s2, 2, "s2", MIB);

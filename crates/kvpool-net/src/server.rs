@@ -25,6 +25,10 @@ pub type ReplyWait = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 /// Answers control-plane requests. Handlers are synchronous: the master's
 /// work is short critical sections, never I/O.
 pub trait ControlHandler: Send + Sync + 'static {
+    /// What the handler remembers about one connection between its
+    /// requests (the master: whose heartbeats it carries).
+    type Conn: Default + Send;
+
     /// Handles one request's message: the response message, and what the
     /// reply must wait for, if anything (the master: old versions destroyed
     /// on their stores before a new value or a removal is reported). Only
@@ -32,10 +36,15 @@ pub trait ControlHandler: Send + Sync + 'static {
     /// `role` is what the peer proved in the handshake.
     fn handle(
         &self,
+        conn: &mut Self::Conn,
         role: Role,
         opcode: Opcode,
         meta: &[u8],
     ) -> (KvResult<Vec<u8>>, Option<ReplyWait>);
+
+    /// The connection ended: closed or reset by the peer, broken, or shut
+    /// down.
+    fn closed(&self, conn: Self::Conn);
 }
 
 /// Most connections one server keeps open; more are closed on accept, so a
@@ -196,21 +205,27 @@ pub async fn serve_control<H: ControlHandler>(
         move |mut conn, token| {
             let handler = handler.clone();
             async move {
+                let mut state = H::Conn::default();
                 tokio::select! {
                     _ = token.cancelled() => {}
-                    r = control_conn(&mut conn, &*handler) => {
+                    r = control_conn(&mut conn, &*handler, &mut state) => {
                         if let Err(e) = r {
                             debug!(peer = conn.peer(), error = %e, "control connection closed");
                         }
                     }
                 }
+                handler.closed(state);
             }
         },
     )
     .await;
 }
 
-async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> KvResult<()> {
+async fn control_conn<H: ControlHandler>(
+    conn: &mut FramedConn,
+    handler: &H,
+    state: &mut H::Conn,
+) -> KvResult<()> {
     loop {
         let h = match conn.next_request().await {
             Ok(Some(h)) => h,
@@ -231,7 +246,8 @@ async fn control_conn<H: ControlHandler>(conn: &mut FramedConn, handler: &H) -> 
                 "control requests carry no payload",
             ))
         } else {
-            let (result, wait) = handler.handle(conn.peer_role(), h.opcode, conn.last_meta());
+            let (result, wait) =
+                handler.handle(state, conn.peer_role(), h.opcode, conn.last_meta());
             if let Some(wait) = wait {
                 wait.await;
             }

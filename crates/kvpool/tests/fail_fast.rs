@@ -2,7 +2,7 @@
 //! reader of an object whose only replica was there gets its miss at once
 //! (not after the client's whole retry budget), live keys in the same batch
 //! never wait for it, replicated objects read from the live replica, a
-//! remove answers success, new puts go to the live store, and the store is
+//! remove answers success, new puts go to the live store at once, and the store is
 //! used again once it is back (without the removed key).
 //!
 //! The clients here get a 30 s retry budget on purpose: a call that rode it
@@ -131,14 +131,25 @@ async fn a_dead_store_costs_readers_no_retry_budget() {
         .expect("the master removed it");
     assert!(!client.exist("removed").await.expect("exist"));
 
-    // New puts go to the live store.
-    fast(
-        "a put after the kill",
-        client.put("new", &value, &on(&[], 1)),
+    // The master saw the dead store's heartbeat connection close...
+    common::eventually(
+        "the master to see the dead store hang up",
+        Duration::from_secs(10),
+        async || {
+            let (code, body) = common::http_get(&cluster.metrics_addr, "/api/clients").await;
+            (code == 200 && body.contains("\"hung_up\":true")).then_some(())
+        },
     )
-    .await
-    .expect("put");
-    assert_eq!(client.get("new").await.expect("new"), value);
+    .await;
+    // ...so new puts go to the live store, even one that prefers the dead
+    // one (before, the master placed there until three heartbeats were
+    // missed, and such a put retried all that time).
+    for (k, rc) in [("new", on(&[], 1)), ("new-pref", on(&[&dead], 1))] {
+        fast("a put after the kill", client.put(k, &value, &rc))
+            .await
+            .expect(k);
+        assert_eq!(client.get(k).await.expect(k), value);
+    }
 
     // The store comes back: its objects are read again (the client probes
     // the endpoint it had given up on).

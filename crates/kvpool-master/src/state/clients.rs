@@ -20,12 +20,24 @@ pub(super) struct ClientEntry {
     pub(super) hostname: String,
     /// Silent past the TTL while lending segments: kept for the grace period.
     pub(super) suspect: bool,
+    /// The connection its heartbeats came over closed: a store that crashed
+    /// closes it at once, so its segments take no new objects from then
+    /// until it is heard from again, instead of for its late heartbeats.
+    pub(super) hung_up: bool,
 }
+
+/// Most time between two heartbeats, whatever the TTL: a store that stops
+/// is noticed within a few of them, not within half a long TTL.
+const HEARTBEAT_AT_MOST: Duration = Duration::from_secs(1);
+
+/// Heartbeats a lender may miss before its segments take no new objects.
+const LATE_AFTER_BEATS: u32 = 3;
 
 impl ClientEntry {
     /// Records a sign of life; true when a suspect store is live again.
     pub(super) fn seen(&mut self, id: ClientId, now: Instant) -> bool {
         self.last_seen = self.last_seen.max(now);
+        self.hung_up = false;
         let back = std::mem::take(&mut self.suspect);
         if back {
             tracing::info!(client = %id, hostname = %self.hostname, "suspect store heartbeats again; its segments are live");
@@ -45,6 +57,9 @@ pub struct ClientInfo {
     pub idle_ms: u64,
     /// Silent past the TTL while lending segments (kept for the grace).
     pub suspect: bool,
+    /// The connection its heartbeats came over closed, and it has not been
+    /// heard from since.
+    pub hung_up: bool,
     /// Segments it lends (a store's); 0 for an engine's client.
     pub segments: usize,
 }
@@ -65,6 +80,7 @@ impl MasterState {
                 hostname: c.hostname.clone(),
                 idle_ms: ms(now.saturating_duration_since(c.last_seen)),
                 suspect: c.suspect,
+                hung_up: c.hung_up,
                 segments: lends.get(id).copied().unwrap_or(0),
             })
             .collect();
@@ -101,6 +117,7 @@ impl MasterState {
                     last_seen: now,
                     hostname: hostname.to_string(),
                     suspect: false,
+                    hung_up: false,
                 },
             )
         };
@@ -108,9 +125,30 @@ impl MasterState {
             self.suspect_count.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(RegisterReply {
-            heartbeat_interval_ms: ms(self.cfg.client_ttl / 4).max(1),
+            heartbeat_interval_ms: ms(self.heartbeat_interval()).max(1),
             client_ttl_ms: ms(self.cfg.client_ttl),
         })
+    }
+
+    /// How often clients heartbeat: four times per TTL, and at least every
+    /// [`HEARTBEAT_AT_MOST`].
+    fn heartbeat_interval(&self) -> Duration {
+        (self.cfg.client_ttl / 4).min(HEARTBEAT_AT_MOST)
+    }
+
+    /// The connection `id`'s heartbeats came over closed. A live client
+    /// reconnects and is heard from within a heartbeat; a dead store takes
+    /// no new objects from now on.
+    pub fn hung_up(&self, id: ClientId) {
+        let Some(c) = self.clients.lock().get_mut(&id).map(|c| {
+            c.hung_up = true;
+            c.hostname.clone()
+        }) else {
+            return;
+        };
+        if self.segments.read().values().any(|s| s.owner == id) {
+            tracing::info!(client = %id, hostname = %c, "store's heartbeat connection closed: its segments take no new objects until it is heard from again");
+        }
     }
 
     /// Records a heartbeat; false when the client is unknown (it must register).
@@ -172,9 +210,10 @@ impl MasterState {
         ))
     }
 
-    /// Which of `owners` (the clients lending segments) have been silent
-    /// for half the client TTL: probably dead, so their segments get no new
-    /// objects while the TTL runs out. One look-up per owner: every put asks,
+    /// Which of `owners` (the clients lending segments) have missed
+    /// [`LATE_AFTER_BEATS`] heartbeats (at most half the client TTL), or hung
+    /// up: probably dead, so their segments get no new objects while the TTL
+    /// runs out. One look-up per owner: every put asks,
     /// so its cost must not grow with the number of registered clients
     /// (walking them all made each put over 3000x slower at 300k clients).
     pub(super) fn late_owners(
@@ -182,14 +221,14 @@ impl MasterState {
         owners: impl IntoIterator<Item = ClientId>,
         now: Instant,
     ) -> HashSet<ClientId> {
-        let grace = self.cfg.client_ttl / 2;
+        let grace = (self.heartbeat_interval() * LATE_AFTER_BEATS).min(self.cfg.client_ttl / 2);
         let clients = self.clients.lock();
         owners
             .into_iter()
             .filter(|id| {
-                clients
-                    .get(id)
-                    .is_some_and(|c| now.saturating_duration_since(c.last_seen) > grace)
+                clients.get(id).is_some_and(|c| {
+                    c.hung_up || now.saturating_duration_since(c.last_seen) > grace
+                })
             })
             .collect()
     }
