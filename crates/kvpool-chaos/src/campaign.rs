@@ -147,6 +147,62 @@ pub struct Availability {
     /// The longest time in the window between successful write completions
     /// (or from the window's start to the first, or the last to its end).
     pub longest_gap_ms: u64,
+    /// The seconds without a write, by what was faulted in them.
+    pub without_write_by_cause: Causes,
+}
+
+impl std::fmt::Display for Availability {
+    /// Two report lines: the share of seconds without a write, then why.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let pct = 100 * self.seconds_without_write / self.window_s.max(1);
+        writeln!(
+            f,
+            "availability: {} of {} s of faults without an acknowledged write ({pct}%), longest gap {} ms",
+            self.seconds_without_write, self.window_s, self.longest_gap_ms
+        )?;
+        let c = self.without_write_by_cause;
+        writeln!(
+            f,
+            "  of those, faulted: leader, etcd or a split {} s; only stores {} s; only clients or standbys {} s; nothing (aftermath) {} s",
+            c.leader_etcd_or_split, c.stores, c.others, c.none
+        )
+    }
+}
+
+/// Seconds without an acknowledged write, each counted once, under the
+/// first of these that had a fault active in it: what kvpool could still
+/// serve through (stores) apart from what no lease-based pool serves
+/// through (the leader and etcd).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Causes {
+    /// The master leader, an etcd member, or a split (which may cut off
+    /// either) was faulted.
+    pub leader_etcd_or_split: u64,
+    /// Only stores (and maybe clients or standby masters) were faulted.
+    pub stores: u64,
+    /// Only clients or standby masters were faulted.
+    pub others: u64,
+    /// No fault was active (the aftermath of one that had just ended).
+    pub none: u64,
+}
+
+impl Causes {
+    /// Counts one second in which the faults with `targets` were active.
+    fn count<'a>(&mut self, targets: impl Iterator<Item = &'a str> + Clone) {
+        let any = |f: fn(&str) -> bool| targets.clone().any(f);
+        let slot =
+            if any(|t| t.ends_with("(leader)") || t.starts_with("etcd-") || t.starts_with("split"))
+            {
+                &mut self.leader_etcd_or_split
+            } else if any(|t| t.contains("store-")) {
+                &mut self.stores
+            } else if any(|_| true) {
+                &mut self.others
+            } else {
+                &mut self.none
+            };
+        *slot += 1;
+    }
 }
 
 /// What a campaign found.
@@ -259,12 +315,7 @@ impl CampaignResult {
             }
         }
         if let Some(a) = self.availability {
-            let pct = 100 * a.seconds_without_write / a.window_s.max(1);
-            let _ = writeln!(
-                s,
-                "availability: {} of {} s of faults without an acknowledged write ({pct}%), longest gap {} ms",
-                a.seconds_without_write, a.window_s, a.longest_gap_ms
-            );
+            let _ = write!(s, "{a}");
         }
         let _ = writeln!(
             s,
@@ -1097,21 +1148,38 @@ pub fn failovers(events: &[Event]) -> Vec<Failover> {
 
 /// Writes taken through the fault window of `events` (see [`Availability`]).
 pub fn availability(events: &[Event]) -> Option<Availability> {
-    let faults = events.iter().filter_map(|e| match e {
-        Event::Fault { t, phase, .. } => Some((*t, phase == "start")),
-        _ => None,
-    });
+    // Each fault's span and target (an end names no target).
+    let mut spans: Vec<(u64, u64, &str)> = Vec::new();
+    let mut open: HashMap<u32, (u64, &str)> = HashMap::new();
     let (mut from, mut to) = (u64::MAX, 0);
-    for (t, start) in faults {
-        if start {
-            from = from.min(t);
+    for e in events {
+        let Event::Fault {
+            t,
+            n,
+            phase,
+            target,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        if phase == "start" {
+            from = from.min(*t);
+            open.insert(*n, (*t, target));
         } else {
-            to = to.max(t);
+            to = to.max(*t);
+            if let Some((start, target)) = open.remove(n) {
+                spans.push((start, *t, target));
+            }
         }
     }
     if from >= to {
         return None;
     }
+    spans.extend(
+        open.into_values()
+            .map(|(start, target)| (start, to, target)),
+    );
     let mut writes: HashMap<u64, bool> = HashMap::new();
     let mut done: Vec<u64> = Vec::new();
     for e in events {
@@ -1147,10 +1215,20 @@ pub fn availability(events: &[Event]) -> Option<Availability> {
         .map(|(a, b)| b - a)
         .max()
         .unwrap_or(0);
+    let mut causes = Causes::default();
+    for (i, _) in served.iter().enumerate().filter(|(_, s)| !**s) {
+        let a = from + i as u64 * SEC;
+        let active = spans
+            .iter()
+            .filter(|(start, end, _)| *start < a + SEC && *end > a)
+            .map(|(_, _, target)| *target);
+        causes.count(active);
+    }
     Some(Availability {
         window_s,
         seconds_without_write: served.iter().filter(|s| !**s).count() as u64,
         longest_gap_ms: longest / 1_000_000,
+        without_write_by_cause: causes,
     })
 }
 
@@ -1507,12 +1585,20 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn fault(t: u64, phase: &str) -> Event {
+        fault_on(t, phase, 1, "store-0")
+    }
+
+    fn fault_on(t: u64, phase: &str, n: u32, target: &str) -> Event {
         Event::Fault {
             t: t * MS,
-            n: 1,
+            n,
             phase: phase.into(),
             kind: "kill".into(),
-            target: "store-0".into(),
+            target: if phase == "start" {
+                target.into()
+            } else {
+                String::new()
+            },
         }
     }
 
@@ -1559,8 +1645,44 @@ mod tests {
                 window_s: 10,
                 seconds_without_write: 7,
                 longest_gap_ms: 4_700,
+                without_write_by_cause: Causes {
+                    stores: 7,
+                    ..Causes::default()
+                },
             }
         );
         assert_eq!(availability(&events[1..7]), None, "no faults");
+    }
+
+    #[test]
+    fn seconds_without_a_write_are_put_down_to_the_most_central_fault() {
+        let mut events = vec![
+            fault_on(0, "start", 1, "store-1"),
+            fault_on(1_500, "start", 2, "master-0 (leader)"),
+            fault_on(3_000, "end", 2, ""),
+            fault_on(4_000, "end", 1, ""),
+            fault_on(5_000, "start", 3, "client-2"),
+            fault_on(6_000, "end", 3, ""),
+            fault_on(7_000, "start", 4, "split {etcd-0,store-1} from the rest"),
+        ];
+        // One write in second 8 only; the split never ends: it lasts to the
+        // window's end (the last end seen, 9 s).
+        events.extend(call(1, Op::Put { items: Vec::new() }, 8_500, true));
+        events.push(fault_on(9_000, "end", 9, ""));
+        let a = availability(&events).expect("a fault window");
+        assert_eq!(a.seconds_without_write, 8);
+        assert_eq!(
+            a.without_write_by_cause,
+            Causes {
+                // Seconds 1-2 (the leader), 7 (the split).
+                leader_etcd_or_split: 3,
+                // Seconds 0 and 3: the store alone.
+                stores: 2,
+                // Second 5: a client.
+                others: 1,
+                // Seconds 4 and 6: nothing active.
+                none: 2,
+            }
+        );
     }
 }

@@ -167,6 +167,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
             );
             print!("{}", checker::render(&report, show));
+            if let Some(a) = campaign::availability(&events) {
+                print!("\n{a}");
+            }
             let fo = campaign::failovers(&events);
             if !fo.is_empty() {
                 println!("\nleader kills:");
