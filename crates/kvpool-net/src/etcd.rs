@@ -8,6 +8,7 @@
 //! are resolved here: the leader publishes its RPC address under
 //! [`leader_key`].
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,11 +40,20 @@ pub fn tombstones_key(cluster: &str) -> String {
     format!("/kvpool/{cluster}/tombstones")
 }
 
-/// A set of etcd endpoints, tried in order.
+/// How long a request waits on one endpoint before the next is asked too.
+/// etcd answers in milliseconds; a member cut off from its quorum holds a
+/// request until the timeout (3 s), longer than a 2 s leadership lease, so
+/// waiting it out costs the leader its lease.
+const NEXT_ENDPOINT_AFTER: Duration = Duration::from_millis(250);
+
+/// A set of etcd endpoints: the one that answered last is asked first, and
+/// the next ones too when it is slow or fails.
 #[derive(Clone)]
 pub struct Etcd {
     endpoints: Vec<String>,
     agent: ureq::Agent,
+    /// The endpoint that answered last.
+    preferred: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -130,37 +140,62 @@ impl Etcd {
         Ok(Etcd {
             endpoints,
             agent: agent.build(),
+            preferred: Arc::new(AtomicUsize::new(0)),
         })
     }
 
-    /// POSTs `body` to `path` on the first endpoint that answers.
+    /// POSTs `body` to `path`: to the endpoint that answered last, then to
+    /// the next one as soon as that fails or after [`NEXT_ENDPOINT_AFTER`]
+    /// without an answer, and so on; the first answer wins. Every request
+    /// kvpool makes may be sent twice: reads, keep-alives and revokes are
+    /// idempotent, the writes are compare-and-set transactions, and a
+    /// second lease granted is never kept alive, so it expires.
     async fn post<T: serde::de::DeserializeOwned + Send + 'static>(
         &self,
         path: &str,
         body: Value,
     ) -> KvResult<T> {
-        let this = self.clone();
-        let path = path.to_string();
-        tokio::task::spawn_blocking(move || {
-            let mut last = String::new();
-            for e in &this.endpoints {
-                match this
-                    .agent
-                    .post(&format!("{e}{path}"))
-                    .send_json(body.clone())
-                {
-                    Ok(r) => {
-                        return r
-                            .into_json::<T>()
-                            .map_err(|err| etcd_error(format!("{e}{path}: {err}")))
-                    }
-                    Err(err) => last = format!("{e}{path}: {err}"),
-                }
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(n);
+        let mut last = String::new();
+        let (mut asked, mut answered) = (0, 0);
+        while answered < n {
+            if asked < n {
+                let i = (first + asked) % n;
+                asked += 1;
+                let (agent, tx) = (self.agent.clone(), tx.clone());
+                let url = format!("{}{path}", self.endpoints[i]);
+                let body = body.clone();
+                tokio::task::spawn_blocking(move || {
+                    let r = agent
+                        .post(&url)
+                        .send_json(body)
+                        .map_err(|e| e.to_string())
+                        .and_then(|r| r.into_json::<T>().map_err(|e| e.to_string()))
+                        .map_err(|e| format!("{url}: {e}"));
+                    let _ = tx.try_send((i, r));
+                });
             }
-            Err(etcd_error(last))
-        })
-        .await
-        .map_err(|e| etcd_error(e.to_string()))?
+            let got = if asked < n {
+                match tokio::time::timeout(NEXT_ENDPOINT_AFTER, rx.recv()).await {
+                    Ok(got) => got,
+                    Err(_) => continue,
+                }
+            } else {
+                rx.recv().await
+            };
+            let Some((i, r)) = got else { break };
+            answered += 1;
+            match r {
+                Ok(v) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(etcd_error(last))
     }
 
     /// The value of `key`, if set.
@@ -308,6 +343,72 @@ fn default_cluster() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::sync::atomic::AtomicU64;
+
+    /// An endpoint that accepts connections and never answers (an etcd
+    /// member cut off from its quorum); counts the connections.
+    fn silent() -> (String, Arc<AtomicU64>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let seen = Arc::new(AtomicU64::new(0));
+        let count = seen.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for c in l.incoming().flatten() {
+                count.fetch_add(1, Ordering::Relaxed);
+                held.push(c);
+            }
+        });
+        (addr, seen)
+    }
+
+    /// An endpoint that answers every range request with `value`.
+    fn answering(value: &str) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let body = json!({ "kvs": [{ "value": B64.encode(value) }] }).to_string();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        addr
+    }
+
+    /// A member that holds requests costs a read [`NEXT_ENDPOINT_AFTER`],
+    /// not its whole timeout (3 s, past a 2 s lease), and once another
+    /// has answered it is not asked first again.
+    #[tokio::test]
+    async fn a_silent_member_is_overtaken_and_then_asked_last() {
+        let (hung, seen) = silent();
+        let good = answering("10.0.0.1:50051");
+        let etcd = Etcd::new(&format!("{hung};{good}"), None).unwrap();
+        let t0 = std::time::Instant::now();
+        let got = etcd.get("/kvpool/x/master").await.unwrap();
+        assert_eq!(got.as_deref(), Some("10.0.0.1:50051"));
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "waited out the silent member's timeout: {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(seen.load(Ordering::Relaxed), 1);
+        for _ in 0..3 {
+            assert!(etcd.get("/kvpool/x/master").await.unwrap().is_some());
+        }
+        assert_eq!(
+            seen.load(Ordering::Relaxed),
+            1,
+            "the silent one was asked again first"
+        );
+    }
 
     #[test]
     fn addresses_parse() {
