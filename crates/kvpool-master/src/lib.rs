@@ -31,6 +31,7 @@ use kvpool_net::capability::CapabilityKey;
 use kvpool_net::server::{serve_control, ControlHandler, ReplyWait};
 use kvpool_proto::frame::{Limits, Opcode};
 use kvpool_proto::msg;
+use kvpool_proto::Plane;
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -253,29 +254,20 @@ impl Master {
     /// Refuses what the current role does not serve; returns the role the
     /// request is served under.
     fn admit(&self, op: Opcode, now: Instant) -> KvResult<Role> {
-        let membership = matches!(
-            op,
-            Opcode::Status
-                | Opcode::RegisterClient
-                | Opcode::Heartbeat
-                | Opcode::MountSegment
-                | Opcode::ReportObjects
-                | Opcode::UnmountSegment
-        );
-        let writes = matches!(op, Opcode::PutStart | Opcode::PutEnd | Opcode::PutRevoke);
+        let (serves, _) = serving(op);
         // A leader cut off from etcd, or paused past its lease, must not
         // serve beside the master that took over: not even membership,
         // which would pull stores away from the real leader.
-        if op != Opcode::Status && (*self.lead_until.lock()).is_some_and(|until| now >= until) {
+        if serves != Serves::Always && (*self.lead_until.lock()).is_some_and(|until| now >= until) {
             return Err(KvError::new(
                 Code::UnavailableInCurrentStatus,
                 "this master's leadership lease may have lapsed; the leader is published in etcd",
             ));
         }
         let role = self.role(now);
-        match role {
-            Role::Leader => Ok(role),
-            Role::Recovering(_) if membership => Ok(role),
+        match (role, serves) {
+            (Role::Leader, _) | (_, Serves::Always) => Ok(role),
+            (Role::Recovering(_), Serves::Membership) => Ok(role),
             // Upserts go as soon as one segment takes new objects: an
             // upsert's version is newer than any an earlier leader issued,
             // so the copy of the key a late segment brings back is older
@@ -283,16 +275,70 @@ impl Master {
             // existence and write-once puts (refused in their handler) wait
             // for every segment: each would answer for a key a late segment
             // may still hold.
-            Role::Recovering(_) if writes && self.state.takes_new_objects(now) => Ok(role),
-            Role::Recovering(_) => Err(KvError::new(
+            (Role::Recovering(_), Serves::Writes) if self.state.takes_new_objects(now) => Ok(role),
+            (Role::Recovering(_), _) => Err(KvError::new(
                 Code::UnavailableInCurrentStatus,
                 "new master leader: stores are re-mounting, retry shortly",
             )),
-            Role::Standby if op == Opcode::Status => Ok(role),
-            Role::Standby => Err(KvError::new(
+            (Role::Standby, _) => Err(KvError::new(
                 Code::UnavailableInCurrentStatus,
                 "this master is a standby; the leader is published in etcd",
             )),
+        }
+    }
+}
+
+/// When a master that is not a serving leader still answers a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serves {
+    /// Always, standby included: status.
+    Always,
+    /// While recovering too: stores re-mount, clients register.
+    Membership,
+    /// While recovering once a segment takes new objects: puts (upserts).
+    Writes,
+    /// Only as the serving leader.
+    Objects,
+}
+
+/// Whether a request's work grows with the number of keys (and so runs off
+/// the runtime worker, see [`off_the_runtime`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    /// Short critical sections.
+    Short,
+    /// Grows with the keys or segments involved.
+    Long,
+    /// Long when the pool is above its watermark: it may evict inline.
+    MayEvict,
+}
+
+/// How the master serves each request. One exhaustive match, so a new
+/// request must decide both (the roles that may send it are in the
+/// request table, `kvpool_proto::frame`).
+fn serving(op: Opcode) -> (Serves, Work) {
+    use Opcode as O;
+    match op {
+        O::Status => (Serves::Always, Work::Long),
+        O::RegisterClient | O::Heartbeat => (Serves::Membership, Work::Short),
+        O::MountSegment | O::ReportObjects | O::UnmountSegment => (Serves::Membership, Work::Long),
+        O::PutStart => (Serves::Writes, Work::MayEvict),
+        O::PutEnd | O::PutRevoke => (Serves::Writes, Work::Short),
+        O::GetReplicaList
+        | O::Exist
+        | O::Touch
+        | O::Remove
+        | O::DrainSegment
+        | O::ReplicaAdd
+        | O::ReplicaCommit
+        | O::ReplicaClear
+        | O::TaskCreate
+        | O::TaskUpdate
+        | O::TaskQuery => (Serves::Objects, Work::Short),
+        O::RemoveByRegex | O::RemoveAll => (Serves::Objects, Work::Long),
+        // Refused by `permitted` before they get here.
+        O::Hello | O::Auth | O::Write | O::Read | O::Invalidate | O::StoreAbout | O::TierMove => {
+            (Serves::Objects, Work::Short)
         }
     }
 }
@@ -362,29 +408,22 @@ impl ControlHandler for Master {
     }
 }
 
-/// Refuses a request the peer's role may not make: lending memory and
-/// inventories take a store key; dropping what others stored, forced
-/// unmounts and drains with a deadline take the admin key.
+/// Refuses a request the peer's role may not make, by the request table
+/// (`kvpool_proto::frame`, closed by default), and a drain with a deadline
+/// (a forced unmount), which takes the admin key.
 fn permitted(peer: PeerRole, op: Opcode, meta: &[u8]) -> KvResult<()> {
-    let needs = match op {
-        Opcode::MountSegment | Opcode::ReportObjects | Opcode::UnmountSegment => PeerRole::Store,
-        Opcode::DrainSegment => match msg::decode::<msg::DrainSegment>(meta) {
-            Ok(d) if d.unmount_after_ms.is_none() => PeerRole::Store,
-            _ => PeerRole::Admin,
-        },
-        Opcode::RemoveAll | Opcode::RemoveByRegex => PeerRole::Admin,
-        _ => PeerRole::Client,
-    };
-    if peer >= needs {
-        return Ok(());
+    let forced_unmount = op == Opcode::DrainSegment
+        && msg::decode::<msg::DrainSegment>(meta).map_or(true, |d| d.unmount_after_ms.is_some());
+    if forced_unmount && peer < PeerRole::Admin {
+        return Err(KvError::new(
+            Code::Unauthorized,
+            format!(
+                "{} takes the admin key to unmount; this connection proved {peer}",
+                op.name()
+            ),
+        ));
     }
-    Err(KvError::new(
-        Code::Unauthorized,
-        format!(
-            "{} takes the {needs} key; this connection proved {peer}",
-            op.name()
-        ),
-    ))
+    op.admit(Plane::Control, peer)
 }
 
 /// Runs `f`, which may take long, without holding up the other tasks of
@@ -400,18 +439,13 @@ pub(crate) fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
 }
 
 impl Master {
-    /// Requests whose work grows with the number of keys: inventories,
-    /// unmounts, bulk removals, status, and puts that may evict inline.
+    /// Whether `op`'s work may grow with the number of keys now (see
+    /// [`Work`]).
     fn may_take_long(&self, op: Opcode) -> bool {
-        match op {
-            Opcode::ReportObjects
-            | Opcode::MountSegment
-            | Opcode::UnmountSegment
-            | Opcode::RemoveAll
-            | Opcode::RemoveByRegex
-            | Opcode::Status => true,
-            Opcode::PutStart => self.state.above_watermark(),
-            _ => false,
+        match serving(op).1 {
+            Work::Short => false,
+            Work::Long => true,
+            Work::MayEvict => self.state.above_watermark(),
         }
     }
 
@@ -455,16 +489,16 @@ impl Master {
             Opcode::TaskCreate => handle::<msg::TaskCreate>(cx, meta),
             Opcode::TaskUpdate => handle::<msg::TaskUpdate>(cx, meta),
             Opcode::TaskQuery => handle::<msg::TaskQuery>(cx, meta),
-            Opcode::Hello | Opcode::Auth => {
-                Err(KvError::new(Code::InvalidParams, "handshake already done"))
-            }
-            Opcode::Write
+            // Other planes' requests: `permitted` refused them already.
+            Opcode::Hello
+            | Opcode::Auth
+            | Opcode::Write
             | Opcode::Read
             | Opcode::Invalidate
             | Opcode::StoreAbout
             | Opcode::TierMove => Err(KvError::new(
                 Code::NotSupported,
-                "the master does not serve data; write to the segment's endpoint",
+                format!("{} is not served by the master", op.name()),
             )),
         };
         *fence = cx.fence.take();

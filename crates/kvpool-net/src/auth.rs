@@ -30,62 +30,8 @@ pub const INSECURE_ENV: &str = "KVPOOL_INSECURE";
 /// Shortest cluster secret accepted, in bytes.
 pub const MIN_SECRET_LEN: usize = 16;
 
-/// What an authenticated peer may do; each role may do everything the roles
-/// below it may.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
-    /// An engine: puts, gets, removes of its own keys, status.
-    Client = 1,
-    /// A storage node: lends segments, reports inventories, takes
-    /// invalidations; also everything a client may.
-    Store = 2,
-    /// An operator: remove-all, remove-by-regex, drain, the HTTP admin API.
-    Admin = 3,
-}
-
-impl Role {
-    /// Every role, lowest first.
-    pub const ALL: [Role; 3] = [Role::Client, Role::Store, Role::Admin];
-
-    /// The wire number.
-    pub fn as_u8(self) -> u8 {
-        self as u8
-    }
-
-    /// Decodes a wire number.
-    pub fn from_u8(v: u8) -> Option<Role> {
-        Role::ALL.into_iter().find(|r| r.as_u8() == v)
-    }
-
-    /// Lower-case name, as in secret files and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Client => "client",
-            Role::Store => "store",
-            Role::Admin => "admin",
-        }
-    }
-
-    /// Parses a name written by [`Role::name`].
-    pub fn parse(s: &str) -> Option<Role> {
-        Role::ALL.into_iter().find(|r| r.name() == s)
-    }
-
-    /// The role just below this one, whose key derives from this one's.
-    fn below(self) -> Option<Role> {
-        match self {
-            Role::Client => None,
-            Role::Store => Some(Role::Client),
-            Role::Admin => Some(Role::Store),
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// What an authenticated peer may do (defined with the request table).
+pub use kvpool_proto::Role;
 
 /// A role key: what one process holds to prove (and verify) its role and
 /// every role below it.

@@ -26,7 +26,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::{client, server, TlsConnector};
 
-use crate::auth::Role;
+use kvpool_proto::Role;
 
 /// rustls's client configuration, for crates that pass one along.
 pub use rustls::ClientConfig as TlsClientConfig;

@@ -28,6 +28,7 @@
 //! before anything is allocated, so a hostile or corrupt header costs nothing.
 
 use crate::code::{Code, KvError};
+use crate::policy::{Plane, Role};
 
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 32;
@@ -48,7 +49,7 @@ pub enum FrameKind {
 }
 
 macro_rules! opcodes {
-    ($($(#[$doc:meta])* $name:ident = $v:expr,)*) => {
+    ($($(#[$doc:meta])* $name:ident = $v:expr => $plane:ident, $needs:ident;)*) => {
         /// What a frame asks for; stable numbers on the wire.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u16)]
@@ -65,70 +66,90 @@ macro_rules! opcodes {
             pub fn name(self) -> &'static str {
                 match self { $(Opcode::$name => stringify!($name),)* }
             }
+            /// The server that answers it.
+            pub fn plane(self) -> Plane {
+                match self { $(Opcode::$name => Plane::$plane,)* }
+            }
+            /// The least role a peer must have proved to ask it (see
+            /// [`Opcode::admit`]).
+            pub fn needs(self) -> Role {
+                match self { $(Opcode::$name => Role::$needs,)* }
+            }
         }
     };
 }
 
+// The one request table: wire number, the plane that serves it and the
+// least role that may ask. A new request must name both to compile.
+// Servers refuse a request of another plane, or from a lower role, before
+// reading it (`Opcode::admit`); some ask more of particular messages, said
+// where they are listed.
 opcodes! {
     /// Version handshake; first frame on every connection.
-    Hello = 1,
+    Hello = 1 => Handshake, Client;
     /// Handshake: proof of the role key, when the server asks for one.
-    Auth = 2,
-    /// Data plane: write the payload into a segment region.
-    Write = 10,
-    /// Data plane: read a segment region into the response payload.
-    Read = 11,
-    /// Data plane: destroy freed objects so a restart cannot find them.
-    Invalidate = 12,
+    Auth = 2 => Handshake, Client;
+    /// Data plane: write the payload into a segment region. A client also
+    /// needs the master's grant for the region.
+    Write = 10 => Data, Client;
+    /// Data plane: read a segment region into the response payload. A
+    /// client also needs the master's grant for the region.
+    Read = 11 => Data, Client;
+    /// Data plane: destroy freed objects so a restart cannot find them
+    /// (the master's, which proves the store role).
+    Invalidate = 12 => Data, Store;
     /// Control: a client or store announces itself to the master.
-    RegisterClient = 20,
+    RegisterClient = 20 => Control, Client;
     /// Control: liveness ping from a registered client.
-    Heartbeat = 21,
+    Heartbeat = 21 => Control, Client;
     /// Control: lend a segment to the pool.
-    MountSegment = 22,
+    MountSegment = 22 => Control, Store;
     /// Control: withdraw a segment.
-    UnmountSegment = 23,
+    UnmountSegment = 23 => Control, Store;
     /// Control: the objects a remounted segment holds (restart recovery).
-    ReportObjects = 24,
-    /// Control: stop placing objects on segments, optionally unmount later.
-    DrainSegment = 25,
+    ReportObjects = 24 => Control, Store;
+    /// Control: stop placing objects on segments, optionally unmount later
+    /// (that, a forced unmount, takes the admin key).
+    DrainSegment = 25 => Control, Store;
     /// Control: reserve regions for new objects.
-    PutStart = 30,
+    PutStart = 30 => Control, Client;
     /// Control: commit written objects.
-    PutEnd = 31,
+    PutEnd = 31 => Control, Client;
     /// Control: abandon started puts.
-    PutRevoke = 32,
+    PutRevoke = 32 => Control, Client;
     /// Control: locate objects and take read leases.
-    GetReplicaList = 33,
+    GetReplicaList = 33 => Control, Client;
     /// Control: existence and size, without extending anyone's life.
-    Exist = 34,
+    Exist = 34 => Control, Client;
     /// Control: remove objects.
-    Remove = 35,
+    Remove = 35 => Control, Client;
     /// Control: objects read through cached locations (recency only).
-    Touch = 38,
+    Touch = 38 => Control, Client;
     /// Control: remove objects whose key matches a regex.
-    RemoveByRegex = 36,
+    RemoveByRegex = 36 => Control, Admin;
     /// Control: remove every object.
-    RemoveAll = 37,
+    RemoveAll = 37 => Control, Admin;
     /// Control: cluster status for `kvpool status` and tools.
-    Status = 40,
-    /// Data plane: what a data server serves, and its master.
-    StoreAbout = 13,
+    Status = 40 => Control, Client;
+    /// Data plane: what a data server serves, and its master (not secret:
+    /// an engine on the host learns where to attach).
+    StoreAbout = 13 => Data, Client;
     /// Control: regions on more segments for an object's replicas (copy, move).
-    ReplicaAdd = 50,
+    ReplicaAdd = 50 => Control, Client;
     /// Control: attach written replica copies, drop moved-away ones.
-    ReplicaCommit = 51,
+    ReplicaCommit = 51 => Control, Client;
     /// Control: drop objects' replicas on a segment (or whole objects).
-    ReplicaClear = 52,
+    ReplicaClear = 52 => Control, Client;
     /// Control: record a replica copy or move task.
-    TaskCreate = 53,
+    TaskCreate = 53 => Control, Client;
     /// Control: report a task's progress.
-    TaskUpdate = 54,
+    TaskUpdate = 54 => Control, Client;
     /// Control: a task's status.
-    TaskQuery = 55,
-    /// Data plane: copy objects between a store's segments (tiering).
+    TaskQuery = 55 => Control, Client;
+    /// Data plane: copy objects between a store's segments (tiering; the
+    /// master's).
     /// Last in the list: fuzz corpora index messages by position here.
-    TierMove = 16,
+    TierMove = 16 => Data, Store;
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes

@@ -1,7 +1,7 @@
 //! kvpool's wire protocol, with no I/O: the frame codec ([`frame`]), the typed
 //! messages of the control and data planes ([`msg`]), the stable error codes
 //! shared with Mooncake ([`code`]), the limits every receiver enforces on
-//! well-formed requests ([`limits`]), and parsers for human sizes ([`units`]).
+//! well-formed requests ([`limits`]), who may ask what ([`policy`]), and parsers for human sizes ([`units`]).
 //!
 //! Everything that crosses a socket is defined here so that the master, the
 //! storage node and the clients cannot disagree about it.
@@ -10,8 +10,10 @@ pub mod code;
 pub mod frame;
 pub mod limits;
 pub mod msg;
+pub mod policy;
 pub mod units;
 
 pub use code::{Code, KvError, KvResult};
 pub use frame::{FrameHeader, FrameKind, Opcode, HEADER_LEN, PROTOCOL_VERSION};
 pub use limits::{validate_key, MAX_BATCH_KEYS, MAX_KEY_LEN};
+pub use policy::{Plane, Role};

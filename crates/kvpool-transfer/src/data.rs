@@ -22,7 +22,7 @@ use kvpool_proto::msg::{
     self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, StoreAboutReply, TierMove,
     TierMoveReq, WriteReq,
 };
-use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_proto::{Code, KvError, KvResult, Plane};
 use parking_lot::{Mutex, RwLock};
 use std::fs::File;
 use tokio::net::TcpListener;
@@ -698,8 +698,16 @@ async fn handle(
         _ => Ok(()),
     };
     let meta = conn.read_meta(h.meta_len).await?;
-    let reply = match (h.kind, h.opcode) {
-        (FrameKind::Request, Opcode::Write) => {
+    let admitted = match h.kind {
+        FrameKind::Request => h.opcode.admit(Plane::Data, peer_role),
+        FrameKind::Response => Err(KvError::new(
+            Code::InvalidParams,
+            "expected a request frame",
+        )),
+    };
+    let reply = match (admitted, h.opcode) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Opcode::Write) => {
             match msg::decode::<WriteReq>(meta).and_then(|req| {
                 let range = (req.offset, h.payload_len);
                 let signed = || check(Capability::WRITE, req.segment, Some(&req.grant), range);
@@ -712,24 +720,18 @@ async fn handle(
                 Err(e) => Err(e),
             }
         }
-        (FrameKind::Request, _) if h.payload_len != 0 => Err(KvError::new(
+        (Ok(()), _) if h.payload_len != 0 => Err(KvError::new(
             Code::InvalidParams,
             "only writes carry a payload",
         )),
-        (FrameKind::Request, Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
+        (Ok(()), Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
             let range = (req.offset, req.len);
             check(Capability::READ, req.segment, req.grant.as_ref(), range)?;
             read_for(table, req.segment, req.offset, req.len)
         }),
-        // Not secret: an engine on this host learns where to attach.
-        (FrameKind::Request, Opcode::StoreAbout) => msg::decode::<msg::StoreAbout>(meta)
+        (Ok(()), Opcode::StoreAbout) => msg::decode::<msg::StoreAbout>(meta)
             .map(|_| Reply::Message(msg::encode(&*table.about.read()))),
-        // Copies between a store's own segments are the master's.
-        (FrameKind::Request, Opcode::TierMove) if peer_role < Role::Store => Err(KvError::new(
-            Code::Unauthorized,
-            "only the master may move objects between tiers",
-        )),
-        (FrameKind::Request, Opcode::TierMove) => {
+        (Ok(()), Opcode::TierMove) => {
             let req = TierMoveReq::batch_len(meta)
                 .map_or(Ok(()), |n| check_batch("TierMove", n))
                 .and_then(|()| msg::decode::<TierMoveReq>(meta));
@@ -738,19 +740,15 @@ async fn handle(
                 Err(e) => Err(e),
             }
         }
-        // Destroying objects is the master's (which proves the store role).
-        (FrameKind::Request, Opcode::Invalidate) if peer_role < Role::Store => Err(KvError::new(
-            Code::Unauthorized,
-            "only the master may invalidate objects",
-        )),
         // More regions than a batch may carry are refused before decoding.
-        (FrameKind::Request, Opcode::Invalidate) => InvalidateReq::batch_len(meta)
+        (Ok(()), Opcode::Invalidate) => InvalidateReq::batch_len(meta)
             .map_or(Ok(()), |n| check_batch("Invalidate", n))
             .and_then(|()| msg::decode::<InvalidateReq>(meta))
             .and_then(|req| invalidate(table, req)),
-        _ => Err(KvError::new(
+        // `admit` refused every other plane's request.
+        (Ok(()), op) => Err(KvError::new(
             Code::NotSupported,
-            format!("{} is not served on the data plane", h.opcode.name()),
+            format!("{} is not served by the data plane", op.name()),
         )),
     };
     if reply.is_err() {
