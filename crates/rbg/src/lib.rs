@@ -7,10 +7,13 @@
 //! addresses, environments and the discovery file (pure), and [`runtime`]
 //! is the thin I/O shell that runs the group as local processes.
 //!
-//! [`graph`], [`naming`] and [`field_path`] are leaves that depend on
-//! nothing else in the crate: spec validation and the planner/discovery both
-//! need them, and keeping them apart keeps the module graph acyclic
-//! (`spec` never reaches into `planner` or `discovery`).
+//! [`graph`], [`naming`], [`field_path`] and [`merge`] are leaves that
+//! depend on nothing else in the crate: spec validation and the
+//! planner/discovery both need them. The module graph is acyclic, and
+//! `crates/kvpool/tests/architecture.rs` checks it: `spec` never reaches
+//! into `planner`, `discovery` or `status` (the status *shape*, which the
+//! custom resources carry, lives in `spec`; [`status`] computes it from the
+//! planner's view), so `status` and `planner` can read the spec freely.
 
 pub mod discovery;
 pub mod field_path;

@@ -2,61 +2,15 @@
 //! `conditions` (`Ready`, `Progressing`, `RollingUpdateInProgress`,
 //! `RestartInProgress`) and `roleStatuses`. One pure function computes it
 //! from the planner's view, so `rbg status -o yaml` and the operator's
-//! status subresource say the same thing.
-
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+//! status subresource say the same thing. The shape itself ([`RbgStatus`])
+//! is defined in `spec`, with the custom resources that carry it.
 
 use crate::planner::{self, DesiredRole, Observed};
 
-/// `status` of a RoleBasedGroup.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RbgStatus {
-    /// The spec generation this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// Conditions, one per type.
-    #[serde(default)]
-    pub conditions: Vec<Condition>,
-    /// One entry per role, in spec order.
-    #[serde(default)]
-    pub role_statuses: Vec<RoleStatusEntry>,
-}
-
-/// One condition (the shape of metav1.Condition).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    /// `Ready`, `Progressing`, `RollingUpdateInProgress`, `RestartInProgress`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// CamelCase reason.
-    pub reason: String,
-    /// Human-readable detail.
-    pub message: String,
-    /// RFC 3339 time the status last flipped.
-    pub last_transition_time: String,
-    /// Generation the condition was computed for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
-
-/// `roleStatuses[]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RoleStatusEntry {
-    /// Role name.
-    pub name: String,
-    /// Desired instances.
-    pub replicas: u32,
-    /// Ready (available) instances.
-    pub ready_replicas: u32,
-    /// Instances at the desired revision.
-    pub updated_replicas: u32,
-}
+// The shape is defined with the custom resources in `spec` (their CRD derive
+// needs it, and `spec` must not depend on this module); re-exported so
+// callers keep reading the status from one place.
+pub use crate::spec::{Condition, RbgStatus, RoleStatusEntry};
 
 /// What the status is computed from.
 pub struct StatusInput<'a> {

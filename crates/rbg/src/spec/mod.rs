@@ -13,8 +13,9 @@
 //! resources) and `pod` hold the serde structs; `convert` turns v1alpha1
 //! into v1alpha2; `load` splits a file into documents; `validate` and
 //! `template` hold the rules; `walk` reports unimplemented fields; `group`
-//! is the validated model; `schema` the CRD schema helpers. Everything
-//! callers need is re-exported here.
+//! is the validated model; `schema` the CRD schema helpers; `status` the
+//! shape of the custom resources' status block (computed by
+//! [`crate::status`]). Everything callers need is re-exported here.
 
 mod amount;
 pub mod convert;
@@ -22,6 +23,7 @@ mod group;
 mod load;
 mod pod;
 mod schema;
+mod status;
 mod template;
 mod types;
 pub mod v2;
@@ -38,6 +40,7 @@ pub use group::{
 };
 pub use load::{load, load_all, Bundle, Loaded};
 pub use pod::*;
+pub use status::{Condition, RbgStatus, RoleStatusEntry};
 pub use template::resolve_port;
 pub use types::*;
 pub use v2::{PodManagementPolicy, RoleBasedGroupV2};

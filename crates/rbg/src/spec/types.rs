@@ -84,7 +84,7 @@ pub struct ObjectMeta {
     root = "RoleBasedGroupV1Resource",
     storage = false,
     namespaced,
-    status = "crate::status::RbgStatus",
+    status = "super::status::RbgStatus",
     shortname = "rbg",
     deprecated = "workloads.x-k8s.io/v1alpha1 RoleBasedGroup is deprecated; use workloads.x-k8s.io/v1alpha2",
     printcolumn = r#"{"name":"READY","type":"string","jsonPath":".status.conditions[?(@.type=='Ready')].status"}"#,

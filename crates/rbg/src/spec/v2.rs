@@ -18,11 +18,11 @@ use serde_yaml::Value;
 
 use super::pod::PodTemplateSpec;
 use super::schema::{pod_template, preserve_unknown};
+use super::status::RbgStatus;
 use super::types::{
     ComponentSpec, Coordination, EngineRuntime, Extra, ObjectMeta, RestartPolicy, RoleTemplate,
     RolloutStrategy, ScalingAdapterSwitch, ServicePort, Workload,
 };
-use crate::status::RbgStatus;
 
 /// A v1alpha2 RoleBasedGroup document as written in a file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
