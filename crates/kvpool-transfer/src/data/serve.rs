@@ -1,0 +1,472 @@
+//! The data server: one loop per connection that reads pipelined requests,
+//! admits each for its plane and the peer's role, checks a write's grant
+//! (signature, mount fence, version) before a byte of it lands, reads its
+//! payload straight into segment memory, and answers in request order while
+//! later disk reads run meanwhile.
+//!
+//! What a request does to a segment's bytes depends on its medium and lives
+//! in `media`; the segments themselves are looked up in `table`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvpool_format::FIXED_LEN;
+use kvpool_net::auth::{Role, Security};
+use kvpool_net::capability::{unix_ms, CapabilityKey};
+use kvpool_net::conn::FramedConn;
+use kvpool_net::server::{reject_and_close, serve_framed};
+use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
+use kvpool_proto::limits::check_batch;
+use kvpool_proto::msg::{
+    self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, TierMoveReq, WriteReq,
+};
+use kvpool_proto::{Code, KvError, KvResult, Plane};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::media::{in_object_area, invalidate, not_served, read_for, tier_moves};
+use super::table::{SegmentTable, Served};
+use super::WINDOW;
+use crate::disk::DiskRead;
+use crate::mapped::MappedRegion;
+use crate::metrics::DataMetrics;
+
+/// Serves reads and writes of `table`'s segments until `shutdown`,
+/// authenticating peers under `security`; with a key, a client's read or
+/// write must carry the master's grant for it. A request being served when
+/// the token fires is finished first.
+pub async fn serve_data(
+    listener: TcpListener,
+    table: Arc<SegmentTable>,
+    limits: Limits,
+    security: Security,
+    shutdown: CancellationToken,
+) {
+    let grants = (security.credentials.as_ref())
+        .and_then(CapabilityKey::new)
+        .map(Arc::new);
+    #[cfg(feature = "planted-bugs")]
+    kvpool_net::planted::announce();
+    serve_framed(
+        listener,
+        "store",
+        limits,
+        security,
+        shutdown,
+        move |mut conn, token| {
+            let table = table.clone();
+            let grants = grants.clone();
+            async move {
+                let m = table.metrics.clone();
+                m.connections_accepted.inc();
+                m.connections_open.inc();
+                if let Err(e) = data_conn(&mut conn, &table, grants.as_deref(), &token).await {
+                    debug!(peer = conn.peer(), error = %e, "data connection closed");
+                }
+                m.connections_open.dec();
+            }
+        },
+    )
+    .await;
+}
+
+/// Requests one connection takes ahead while the oldest waits on the
+/// disk, so a batch's disk reads reach the I/O threads together rather
+/// than one after another.
+const READ_AHEAD: usize = WINDOW;
+
+/// Bytes of disk reads one connection keeps pending at most: their
+/// buffers are held until sent.
+const READ_AHEAD_BYTES: u64 = 4 << 20;
+
+/// A request whose answer is not sent yet.
+struct Answer {
+    h: FrameHeader,
+    t0: Instant,
+    reply: KvResult<Reply>,
+    /// Bytes of disk read it holds (or will).
+    held: u64,
+}
+
+impl Answer {
+    /// Whether it can be sent without waiting on the disk. Polls a pending
+    /// read once; its waker is not kept (a later [`Self::wait`] polls again).
+    fn ready(&mut self) -> bool {
+        let Ok(Reply::Reading(read, _)) = &mut self.reply else {
+            return true;
+        };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match read.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => {
+                self.reply = r.map(Reply::Disk);
+                true
+            }
+            std::task::Poll::Pending => false,
+        }
+    }
+
+    /// Waits for its disk read, if it has one still pending.
+    async fn wait(&mut self) {
+        if let Ok(Reply::Reading(read, _)) = &mut self.reply {
+            let r = read.await;
+            self.reply = r.map(Reply::Disk);
+        }
+    }
+}
+
+/// Serves one connection. Answers leave in request order; while the oldest
+/// waits on the disk, requests already pipelined behind it are taken (up
+/// to [`READ_AHEAD`]), so their disk reads run meanwhile.
+async fn data_conn(
+    conn: &mut FramedConn,
+    table: &SegmentTable,
+    grants: Option<&CapabilityKey>,
+    shutdown: &CancellationToken,
+) -> KvResult<()> {
+    let mut answers: VecDeque<Answer> = VecDeque::new();
+    let mut held = 0u64;
+    loop {
+        let full = answers.len() >= READ_AHEAD || held >= READ_AHEAD_BYTES;
+        if let Some(front) = answers.front_mut() {
+            if front.ready() {
+                let a = answers.pop_front().expect("a front answer");
+                held -= a.held;
+                respond(conn, table, a).await?;
+                if answers.is_empty() {
+                    conn.flush_if_idle().await?;
+                }
+                continue;
+            }
+            if full || !conn.has_buffered_input() {
+                // Nothing to take meanwhile: what is sent leaves now.
+                conn.flush().await?;
+                front.wait().await;
+                continue;
+            }
+        }
+        // Only the wait for a new request with nothing left to answer is
+        // cancellable: a request already started runs to completion so a
+        // writer never sees a half-ack.
+        let h = if answers.is_empty() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return conn.flush().await,
+                h = conn.next_request() => h,
+            }
+        } else {
+            conn.next_request().await
+        };
+        let h = match h {
+            Ok(Some(h)) => h,
+            Ok(None) if answers.is_empty() => return Ok(()),
+            Ok(None) => {
+                // The peer finished sending: answer what it asked.
+                while let Some(a) = answers.pop_front() {
+                    respond(conn, table, a).await?;
+                }
+                return conn.flush().await;
+            }
+            Err(e) => return reject_and_close(conn, e).await,
+        };
+        let a = handle(conn, table, grants, h).await?;
+        held += a.held;
+        answers.push_back(a);
+    }
+}
+
+/// Handles one request whose header was read: reads its message (and a
+/// write's payload, into the segment) and works out its answer; a disk
+/// read is queued for the I/O threads and answered later.
+async fn handle(
+    conn: &mut FramedConn,
+    table: &SegmentTable,
+    grants: Option<&CapabilityKey>,
+    h: FrameHeader,
+) -> KvResult<Answer> {
+    let t0 = Instant::now();
+    let peer_role = conn.peer_role();
+    // Stores and the master hold the key grants are signed with; a
+    // client may touch only what the master granted it.
+    let check = |access, segment, grant: Option<&Grant>, range| match grants {
+        Some(key) if peer_role < Role::Store => key.check(access, segment, grant, range, unix_ms()),
+        _ => Ok(()),
+    };
+    let meta = conn.read_meta(h.meta_len).await?;
+    let admitted = match h.kind {
+        FrameKind::Request => h.opcode.admit(Plane::Data, peer_role),
+        FrameKind::Response => Err(KvError::new(
+            Code::InvalidParams,
+            "expected a request frame",
+        )),
+    };
+    let reply = match (admitted, h.opcode) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Opcode::Write) => {
+            match msg::decode::<WriteReq>(meta).and_then(|req| {
+                let range = (req.offset, h.payload_len);
+                let signed = || check(Capability::WRITE, req.segment, Some(&req.grant), range);
+                admit_write(table, &req, h.payload_len, signed).map(|s| (s, req))
+            }) {
+                Ok((s, req)) => match write_object(conn, table, &s, &req, h.payload_len).await? {
+                    Ok(()) => Ok(Reply::Ack),
+                    Err(e) => Ok(Reply::Refused(e)),
+                },
+                Err(e) => Err(e),
+            }
+        }
+        (Ok(()), _) if h.payload_len != 0 => Err(KvError::new(
+            Code::InvalidParams,
+            "only writes carry a payload",
+        )),
+        (Ok(()), Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
+            let range = (req.offset, req.len);
+            check(Capability::READ, req.segment, req.grant.as_ref(), range)?;
+            read_for(table, req.segment, req.offset, req.len)
+        }),
+        (Ok(()), Opcode::StoreAbout) => msg::decode::<msg::StoreAbout>(meta)
+            .map(|_| Reply::Message(msg::encode(&*table.about.read()))),
+        (Ok(()), Opcode::TierMove) => {
+            let req = TierMoveReq::batch_len(meta)
+                .map_or(Ok(()), |n| check_batch("TierMove", n))
+                .and_then(|()| msg::decode::<TierMoveReq>(meta));
+            match req {
+                Ok(req) => Ok(Reply::Message(msg::encode(&tier_moves(table, req).await))),
+                Err(e) => Err(e),
+            }
+        }
+        // More regions than a batch may carry are refused before decoding.
+        (Ok(()), Opcode::Invalidate) => InvalidateReq::batch_len(meta)
+            .map_or(Ok(()), |n| check_batch("Invalidate", n))
+            .and_then(|()| msg::decode::<InvalidateReq>(meta))
+            .and_then(|req| invalidate(table, req)),
+        // `admit` refused every other plane's request.
+        (Ok(()), op) => Err(KvError::new(
+            Code::NotSupported,
+            format!("{} is not served by the data plane", op.name()),
+        )),
+    };
+    if reply.is_err() {
+        // A refused request's payload is still on the wire: skip it.
+        conn.discard_payload(h.payload_len).await?;
+    }
+    let held = match &reply {
+        Ok(Reply::Reading(_, len)) => *len,
+        _ => 0,
+    };
+    Ok(Answer { h, t0, reply, held })
+}
+
+/// Sends one answer, once its disk read (or its message) is done.
+async fn respond(conn: &mut FramedConn, table: &SegmentTable, mut a: Answer) -> KvResult<()> {
+    a.wait().await;
+    let (bytes, error) = outcome(&a.h, &a.reply);
+    let h = &a.h;
+    match a.reply {
+        Ok(Reply::Ack) => conn.send_response(h, &[], &[]).await?,
+        Ok(Reply::Refused(e)) => conn.send_error(h, &e).await?,
+        Ok(Reply::Region(region, offset, len)) => {
+            // SAFETY: range checked by read_for.
+            let src = unsafe { region.slice(offset, len) };
+            conn.send_response(h, &[], &[src]).await?;
+        }
+        Ok(Reply::Disk(read)) => conn.send_response(h, &[], &[read.bytes()]).await?,
+        Ok(Reply::Pending(answer)) => {
+            let m = answer.await;
+            conn.send_response(h, &m, &[]).await?;
+        }
+        Ok(Reply::Message(m)) => conn.send_response(h, &m, &[]).await?,
+        // `wait` finished it.
+        Ok(Reply::Reading(..)) => {
+            conn.send_error(h, &KvError::from(Code::InternalError))
+                .await?
+        }
+        Err(e) => conn.send_error(h, &e).await?,
+    }
+    (table.metrics).served(h.opcode, bytes, a.t0.elapsed(), error);
+    Ok(())
+}
+
+/// Work an answer still waits on (disk I/O).
+pub(super) type Boxed<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// How the data plane answers a request that succeeded.
+pub(super) enum Reply {
+    /// A write landed: an empty response.
+    Ack,
+    /// A write landed but was refused after (its payload is read).
+    Refused(KvError),
+    /// The bytes of a region (offset, length), sent straight from segment memory.
+    Region(Arc<MappedRegion>, u64, u64),
+    /// Bytes read from a disk segment.
+    Disk(DiskRead),
+    /// A disk read queued for the I/O threads, of this many bytes.
+    Reading(Boxed<KvResult<DiskRead>>, u64),
+    /// An encoded response message.
+    Message(Vec<u8>),
+    /// An encoded response message still being worked out (disk I/O).
+    Pending(Boxed<Vec<u8>>),
+}
+
+/// The payload bytes a request moved and the code it failed with, for
+/// [`DataMetrics::served`].
+fn outcome(h: &FrameHeader, reply: &KvResult<Reply>) -> (u64, Option<Code>) {
+    match reply {
+        Ok(Reply::Ack) => (h.payload_len, None),
+        Ok(Reply::Region(_, _, len)) => (*len, None),
+        Ok(Reply::Disk(read)) => (read.bytes().len() as u64, None),
+        Ok(Reply::Refused(e)) => (h.payload_len, Some(e.code)),
+        Ok(_) => (0, None),
+        Err(e) => (0, Some(e.code)),
+    }
+}
+
+/// Checks a write before any of its bytes land: the grant's signature
+/// (by `signed`), that the write is one whole object at the start of its
+/// granted region, under the segment's current fence, and that no newer
+/// object lies there (the grant is stale). Returns the segment.
+fn admit_write(
+    table: &SegmentTable,
+    req: &WriteReq,
+    len: u64,
+    signed: impl FnOnce() -> KvResult<()>,
+) -> KvResult<Served> {
+    signed()?;
+    let (segment, g) = (req.segment, &req.grant);
+    let s = table.served(segment).ok_or_else(|| {
+        if table.get_disk(segment).is_some() {
+            KvError::new(
+                Code::InvalidParams,
+                format!("segment {segment} is a disk-tier segment: it takes no writes"),
+            )
+        } else {
+            not_served(segment)
+        }
+    })?;
+    in_object_area(req.offset, len, s.base, s.region.len())?;
+    if req.offset != g.offset || len > g.len || len < FIXED_LEN as u64 {
+        return Err(KvError::new(
+            Code::InvalidParams,
+            format!(
+                "a write is one whole object at the start of its granted region {}+{}, not {}+{len}",
+                g.offset, g.len, req.offset
+            ),
+        ));
+    }
+    if !s.fence.admits(g.fence) {
+        return Err(refused(&table.metrics, Refusal::Fence, segment, g));
+    }
+    // A version the master invalidated (see `Revoked`): its region may be
+    // another object's by now.
+    let revoked = table.revoked.read();
+    if (revoked.at.get(&(segment, req.offset))).is_some_and(|gens| gens.contains(&g.generation)) {
+        return Err(refused(&table.metrics, Refusal::Invalidated, segment, g));
+    }
+    drop(revoked);
+    let span =
+        (s.region.len() - req.offset).min(kvpool_format::header_len(u16::MAX as usize) as u64);
+    // SAFETY: in bounds; the region is this grant's alone, so the header
+    // there is the previous object's and nobody else's write.
+    let there = unsafe { s.region.slice(req.offset, span) };
+    if let Some((h, _)) = kvpool_format::scan::header_at(there) {
+        if h.generation > g.generation {
+            return Err(refused(
+                &table.metrics,
+                Refusal::Generation(h.generation),
+                segment,
+                g,
+            ));
+        }
+    }
+    Ok(s)
+}
+
+/// Why a write was refused by the fence checks.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// Granted under an earlier mount of the segment.
+    Fence,
+    /// A newer version (this generation) lies in the region.
+    Generation(u64),
+    /// The payload's header names another version than the grant.
+    Header(Option<u64>),
+    /// The master invalidated this version (removed, replaced, or given up
+    /// before the write came).
+    Invalidated,
+}
+
+/// Counts and logs a write refused by the fence checks; the error for it,
+/// transient (the writer asks the master again).
+fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvError {
+    let (reason, detail) = match why {
+        Refusal::Fence => (
+            "fence",
+            format!(
+                "the segment was mounted again since this grant (fence {:x})",
+                g.fence
+            ),
+        ),
+        Refusal::Generation(newer) => (
+            "generation",
+            format!("region holds a newer object (generation {newer})"),
+        ),
+        Refusal::Header(named) => (
+            "generation",
+            format!("the object written names generation {named:?}, not the one granted"),
+        ),
+        Refusal::Invalidated => (
+            "invalidated",
+            "the master invalidated this version (removed, replaced or given up)".to_string(),
+        ),
+    };
+    m.write_refused(reason);
+    tracing::warn!(%segment, offset = g.offset, generation = g.generation, reason, "{detail}");
+    KvError::new(
+        Code::TransferFail,
+        format!(
+            "write of generation {} refused: {detail}; ask the master again",
+            g.generation
+        ),
+    )
+}
+
+/// Reads an admitted write's payload into the segment: the object header
+/// first, checked to name the granted version, then the rest, every read
+/// inside the segment's fence. A write refused midway has its payload read
+/// to the end and is answered `Ok(Err(..))`; `Err` is a broken connection.
+async fn write_object(
+    conn: &mut FramedConn,
+    table: &SegmentTable,
+    s: &Served,
+    req: &WriteReq,
+    len: u64,
+) -> KvResult<KvResult<()>> {
+    let g = &req.grant;
+    let mut head = [0u8; FIXED_LEN];
+    conn.read_payload(&mut head).await?;
+    let named = kvpool_format::scan::fixed_generation(&head);
+    if named != Some(g.generation) {
+        conn.discard_payload(len - FIXED_LEN as u64).await?;
+        let why = Refusal::Header(named);
+        return Ok(Err(refused(&table.metrics, why, req.segment, g)));
+    }
+    // SAFETY: range checked by admit_write; the master gave this region to
+    // this grant alone, and every write into it happens inside the fence.
+    let dst = unsafe { s.region.slice_mut(req.offset, len) };
+    let landed = s
+        .fence
+        .enter(g.fence)
+        .map(|_inside| dst[..FIXED_LEN].copy_from_slice(&head));
+    if landed.is_none() {
+        conn.discard_payload(len - FIXED_LEN as u64).await?;
+    }
+    let rest = &mut dst[FIXED_LEN..];
+    if landed.is_none()
+        || !conn
+            .read_payload_fenced(rest, || s.fence.enter(g.fence))
+            .await?
+    {
+        return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g)));
+    }
+    Ok(table.landed(req.segment, req.offset, &s.region))
+}
