@@ -11,9 +11,11 @@
 //! - `table`: the segment registry ([`SegmentTable`]): the memory and disk
 //!   segments served, their mount fences, the versions the master
 //!   invalidated, and the regions held back from an earlier mount;
-//! - `media`: everything that differs between a memory and a disk segment:
-//!   reads, invalidations ([`invalidate_object`]) and the copies between a
-//!   store's tiers; the one place that branches on the medium;
+//! - `medium`: the storage-medium interface (`Medium`): what the data
+//!   plane does to a segment's bytes besides wire writes; `memory` and
+//!   `on_disk` implement it, one file per medium;
+//! - `media`: reads, invalidations ([`invalidate_object`]) and the copies
+//!   between a store's tiers, written once against `Medium`;
 //! - `serve`: the server ([`serve_data`]): per-connection dispatch, the
 //!   plane and role checks, and the admission of writes against their grants;
 //! - `pipeline`: the client side ([`write_regions`], [`read_regions`],
@@ -22,7 +24,12 @@
 //! The submodules are private: every item is used through this module's
 //! paths, as before the split.
 
+#[cfg(test)]
+mod conformance;
 mod media;
+mod medium;
+mod memory;
+mod on_disk;
 mod pipeline;
 mod serve;
 mod table;

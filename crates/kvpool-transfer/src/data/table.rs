@@ -18,20 +18,23 @@ use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::{Mutex, RwLock};
 
 use super::media::invalidate_object;
+use super::medium::Medium;
+use super::on_disk::DiskSegment;
 use crate::disk::DiskFile;
 use crate::fence::{fresh_value, Claim, Fence, SharedFence};
 use crate::mapped::MappedRegion;
 use crate::metrics::DataMetrics;
 
 /// The segments a data server serves, by id: memory segments, and the
-/// disk-tier segments behind them.
+/// segments of other media (the disk tier) behind them.
 #[derive(Default)]
 pub struct SegmentTable {
-    map: RwLock<HashMap<SegmentId, Served>>,
+    map: RwLock<HashMap<SegmentId, Arc<Served>>>,
     /// What a `StoreAbout` request is answered: the master and the
     /// segments as mounted (kept by the data node that owns the table).
     pub(super) about: RwLock<StoreAboutReply>,
-    pub(super) disks: RwLock<HashMap<SegmentId, ServedDisk>>,
+    /// Segments on other media than memory (they take no wire writes).
+    media: RwLock<HashMap<SegmentId, Arc<dyn Medium>>>,
     /// Shared-memory writers of an earlier fence that were still in their
     /// copies when their segment was mounted again: their regions are held
     /// back from the pool until they finish or die.
@@ -46,21 +49,16 @@ pub struct SegmentTable {
 }
 
 /// A memory segment served here.
-#[derive(Clone)]
 pub(super) struct Served {
     pub(super) region: Arc<MappedRegion>,
     /// Start of the object area.
     pub(super) base: u64,
-    pub(super) fence: Arc<Fence>,
+    pub(super) fence: Fence,
     /// The segment file, for asking the kernel whether its shared-memory
     /// writers are alive; `None` for anonymous memory, which no other
     /// process maps.
-    file: Option<Arc<File>>,
+    pub(super) file: Option<Arc<File>>,
 }
-
-/// A disk-tier segment served here: its file, the start of its object
-/// area, and its fence (tier moves into it are fenced like writes).
-pub(super) type ServedDisk = (Arc<DiskFile>, u64, Arc<Fence>);
 
 /// How long a new mount waits for shared-memory writers of the old fence
 /// to finish their copies before holding their regions back: a copy takes
@@ -136,18 +134,34 @@ impl SegmentTable {
     /// Starts serving the disk segment `file` as `id` (object area from
     /// `base`); it takes no writes over the wire, only its store's copies.
     pub fn insert_disk(&self, id: SegmentId, file: Arc<DiskFile>, base: u64) {
-        (self.disks.write()).insert(id, (file, base, Arc::default()));
+        let fence = Fence::default();
+        self.insert_medium(id, Arc::new(DiskSegment { file, base, fence }));
     }
 
-    /// Stops serving the disk segment `id`.
-    pub fn remove_disk(&self, id: SegmentId) -> Option<Arc<DiskFile>> {
-        self.disks.write().remove(&id).map(|(f, ..)| f)
+    /// Starts serving `medium` as `id`: a segment that takes no writes
+    /// over the wire, only its store's copies.
+    pub(super) fn insert_medium(&self, id: SegmentId, medium: Arc<dyn Medium>) {
+        self.media.write().insert(id, medium);
     }
 
-    /// The disk segment `id`, if served here.
-    pub fn get_disk(&self, id: SegmentId) -> Option<(Arc<DiskFile>, u64)> {
-        let disks = self.disks.read();
-        disks.get(&id).map(|(f, base, _)| (f.clone(), *base))
+    /// Stops serving the disk (or other non-memory) segment `id`; whether
+    /// it was served.
+    pub fn remove_disk(&self, id: SegmentId) -> bool {
+        self.media.write().remove(&id).is_some()
+    }
+
+    /// The medium segment `id` is on, if it is served here.
+    pub(super) fn medium(&self, id: SegmentId) -> Option<Arc<dyn Medium>> {
+        if let Some(s) = self.served(id) {
+            return Some(s);
+        }
+        self.media.read().get(&id).cloned()
+    }
+
+    /// Whether `id` is a segment on another medium than memory (it takes no
+    /// wire writes).
+    pub(super) fn elsewhere(&self, id: SegmentId) -> bool {
+        self.media.read().contains_key(&id)
     }
 
     /// Starts serving `region` as `id`; bytes below `base` (the segment's own
@@ -155,30 +169,31 @@ impl SegmentTable {
     /// until its first [`Self::refence`].
     pub fn insert(&self, id: SegmentId, region: Arc<MappedRegion>, base: u64) {
         let file = region.path().and_then(|p| File::open(p).ok()).map(Arc::new);
-        let fence = Arc::default();
+        let fence = Fence::default();
         (self.map.write()).insert(
             id,
-            Served {
+            Arc::new(Served {
                 region,
                 base,
                 fence,
                 file,
-            },
+            }),
         );
     }
 
     /// Stops serving `id`.
     pub fn remove(&self, id: SegmentId) -> Option<Arc<MappedRegion>> {
         self.held.lock().remove(&id);
-        self.map.write().remove(&id).map(|s| s.region)
+        self.map.write().remove(&id).map(|s| s.region.clone())
     }
 
     /// The region for `id` and the start of its object area.
     pub fn get(&self, id: SegmentId) -> Option<(Arc<MappedRegion>, u64)> {
-        self.served(id).map(|s| (s.region, s.base))
+        self.served(id).map(|s| (s.region.clone(), s.base))
     }
 
-    pub(super) fn served(&self, id: SegmentId) -> Option<Served> {
+    /// The memory segment `id`, if served here.
+    pub(super) fn served(&self, id: SegmentId) -> Option<Arc<Served>> {
         self.map.read().get(&id).cloned()
     }
 
@@ -190,9 +205,9 @@ impl SegmentTable {
     /// at most; `None` if `id` is not served here.
     pub fn refence(&self, id: SegmentId) -> Option<(u64, Vec<(u64, u64)>)> {
         let Some(s) = self.served(id) else {
-            let fence = self.disks.read().get(&id)?.2.clone();
-            let value = fresh_value(fence.value());
-            fence.set(value);
+            let medium = self.media.read().get(&id)?.clone();
+            let value = fresh_value(medium.fence().value());
+            medium.fence().set(value);
             return Some((value, Vec::new()));
         };
         let value = fresh_value(s.fence.value());
