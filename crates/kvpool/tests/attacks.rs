@@ -861,3 +861,183 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
         assert!(tcp.get(key).await.expect("get over TCP") == *value, "{key}");
     }
 }
+
+/// The first attack of the tenancy issue: a client keeps the write grants
+/// of its own puts, removes its objects, waits until another client's
+/// objects take the freed regions, and writes through the old grants
+/// (under its own key and version, or naming a victim's key with a newer
+/// one). Grants name the version they were granted for and stores refuse
+/// a version the master invalidated or a region that holds a newer one,
+/// so every write is refused and every victim reads back intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_grants_forge_nothing_in_regions_others_reuse() {
+    const N: usize = 64;
+    const VALUE: usize = 3000;
+    let cluster = Cluster::builder()
+        .secured()
+        .segment_size("16MiB")
+        .start()
+        .await;
+    let client_key = cluster.secrets.as_ref().expect("secured").key(Role::Client);
+    let link = link_as(&cluster, Some(client_key.clone()));
+    link.register().await.expect("register");
+    let own = |i: usize| format!("own-{i:03}");
+    let value = vec![0xA5u8; VALUE];
+    let object = |key: &str, generation: u64| {
+        let mut o = ObjectHeader {
+            key: key.into(),
+            value_len: VALUE as u64,
+            generation,
+            checksum: kvpool_format::value_checksum(&[&value]),
+        }
+        .encode();
+        o.extend_from_slice(&value);
+        o
+    };
+    let items: Vec<msg::PutItem> = (0..N)
+        .map(|i| msg::PutItem {
+            key: own(i),
+            value_len: VALUE as u64,
+            region_len: (kvpool_format::header_len(own(i).len()) + VALUE) as u64,
+        })
+        .collect();
+    let start = msg::PutStart {
+        client_id: link.client_id(),
+        op: 7,
+        items,
+        config: ReplicateConfig::default(),
+        upsert: false,
+    };
+    let granted = link.call_once(&start).await.expect("put start");
+    // (key, generation, replica) of each own object, written and committed.
+    let mut held = Vec::new();
+    for (i, g) in granted.into_iter().enumerate() {
+        let Ok(msg::PutGrant::Write {
+            generation,
+            replicas,
+        }) = msg::from_wire(g)
+        else {
+            panic!("no write grant for {}", own(i));
+        };
+        held.push((own(i), generation, replicas[0].clone()));
+    }
+    let endpoint = held[0].2.endpoint.clone();
+    let mut conn = FramedConn::connect_with(
+        &endpoint,
+        "attacker",
+        Limits::default(),
+        &Security::with_key(Some(client_key.clone())),
+    )
+    .await
+    .expect("a client key opens the data plane");
+    for (key, generation, rep) in &held {
+        write_as(
+            &mut conn,
+            rep.segment,
+            rep.offset,
+            rep.grant(*generation),
+            &object(key, *generation),
+        )
+        .await
+        .expect("a write inside its own grant");
+    }
+    let end = msg::PutEnd {
+        client_id: link.client_id(),
+        items: held
+            .iter()
+            .map(|(key, generation, _)| msg::PutEndItem {
+                key: key.clone(),
+                generation: *generation,
+            })
+            .collect(),
+    };
+    let ended = link.call_once(&end).await.expect("put end");
+    assert!(ended.iter().all(|r| r.is_ok()), "{ended:?}");
+    let remove = msg::Remove {
+        keys: held.iter().map(|(k, ..)| k.clone()).collect(),
+        force: true,
+    };
+    let removed = link.call_once(&remove).await.expect("remove");
+    assert!(removed.iter().all(|r| r.is_ok()), "{removed:?}");
+
+    // The victim's objects, of the same size, take the freed regions.
+    let victim = cluster.client().await;
+    let mut kept = Vec::new();
+    for i in 0..N {
+        let key = format!("vic-{i:03}");
+        let v = common::value_for(&key, 256)
+            .into_iter()
+            .cycle()
+            .take(VALUE)
+            .collect::<Vec<u8>>();
+        victim
+            .put(&key, &v, &ReplicateConfig::default())
+            .await
+            .expect("victim put");
+        kept.push((key, v));
+    }
+    let located = link
+        .call_once(&msg::GetReplicaList {
+            keys: kept.iter().map(|(k, _)| k.clone()).collect(),
+        })
+        .await
+        .expect("locate");
+    let victims: std::collections::HashMap<(SegmentId, u64), String> = located
+        .into_iter()
+        .zip(&kept)
+        .map(|(l, (k, _))| {
+            let l = msg::from_wire(l).expect("the victim is there");
+            ((l.replicas[0].segment, l.replicas[0].offset), k.clone())
+        })
+        .collect();
+    let reused: Vec<_> = held
+        .iter()
+        .filter_map(|(key, generation, rep)| {
+            victims
+                .get(&(rep.segment, rep.offset))
+                .map(|v| (key, *generation, rep, v))
+        })
+        .collect();
+    assert!(
+        reused.len() >= N / 4,
+        "only {} of {N} freed regions were reused: the attack was not set up",
+        reused.len()
+    );
+
+    // Every old grant, on a reused region or not, writes nothing: neither
+    // the attacker's own object again nor a header naming a victim's key
+    // with a newer version.
+    for (key, generation, rep) in &held {
+        let grant = rep.grant(*generation);
+        let e = write_as(
+            &mut conn,
+            rep.segment,
+            rep.offset,
+            grant,
+            &object(key, *generation),
+        )
+        .await
+        .expect_err("a write through the grant of a removed object");
+        assert_eq!(e.code, Code::TransferFail, "{key}: {e}");
+    }
+    for (_, generation, rep, victim_key) in &reused {
+        let planted = object(victim_key, generation + 1_000_000);
+        let e = write_as(
+            &mut conn,
+            rep.segment,
+            rep.offset,
+            rep.grant(*generation),
+            &planted,
+        )
+        .await
+        .expect_err("a header naming the victim");
+        assert_eq!(e.code, Code::TransferFail, "{victim_key}: {e}");
+    }
+    for (key, v) in &kept {
+        let got = victim
+            .get(key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(got == *v, "{key}: forged bytes");
+    }
+}
