@@ -188,6 +188,23 @@ def batches_overlap_duplicates_and_sizes(S: System) -> Any:
     return out
 
 
+@scenario
+def group_ids_are_a_placement_hint(S: System) -> Any:
+    """SGLang's and vLLM's `enable_group_semantics` set `group_ids` on
+    their puts: Mooncake stores the objects as without them."""
+    s = S.store()
+    x = buf(16, 5)
+    g = cfg(S, group_ids=["layer-0"])
+    k = S.key("grp")
+    out = [("put", s.put(k + "p", b"value", g), s.get(k + "p"))]
+    out.append(("batch_put_from", s.batch_put_from([k + "b1", k + "b2"], [ptr(x), ptr(x)], [16, 16], g),
+                s.get(k + "b1")[:4], s.is_exist(k + "b2")))
+    out.append(("multi_buffers", s.batch_put_from_multi_buffers([k + "m"], [[ptr(x), ptr(x)]], [[8, 8]], g),
+                s.get(k + "m")[:4]))
+    out.append(("upsert", s.upsert(k + "p", b"other", g), s.get(k + "p")))
+    return out
+
+
 # ---------------------------------------------------------------- ranged reads
 
 

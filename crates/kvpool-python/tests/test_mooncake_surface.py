@@ -393,7 +393,9 @@ def test_names_without_a_meaning_here_say_so(store):
     assert store.get_offload_rpc_read_count() == 0
     assert store.put("nof", b"v", ReplicateConfig(nof_replica_num=1)) == NOT_SUPPORTED
     assert store.put("dfs", b"v", ReplicateConfig(dfs_replica_num=1)) == NOT_SUPPORTED
-    assert store.put("grp", b"v", ReplicateConfig(group_ids=["g"])) == NOT_SUPPORTED
+    # Groups are a placement hint in Mooncake: stored as without them.
+    assert store.put("grp", b"v", ReplicateConfig(group_ids=["g"])) == 0
+    assert store.get("grp") == b"v"
     d = km.ReplicaDescriptor(km.MemoryDescriptor())
     with pytest.raises(kvpool.NotSupported):
         d.get_disk_descriptor()

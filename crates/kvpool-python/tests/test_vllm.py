@@ -507,21 +507,28 @@ def test_reset_cache_removes_everything(vllm, engines, own_cluster: Cluster, pre
     assert a.lookup(3 * BLOCK + 1, hashes) == 0
 
 
-def test_group_semantics_refused_not_wrong(vllm, engines, master, prefix):
-    """``enable_group_semantics``: kvpool has no object groups, so every put
-    carrying ``ReplicateConfig.group_ids`` is refused (−1012) and logged by
-    vLLM; nothing is stored, so nothing wrong is ever loaded."""
+def test_group_semantics_store_and_load(vllm, engines, master, prefix):
+    """``enable_group_semantics``: vLLM puts with ``ReplicateConfig.group_ids``
+    set; groups are a placement hint (as in Mooncake), so the blocks are
+    stored and another engine loads them byte-exact."""
     a = Engine(vllm, master, prefix, extra={"enable_group_semantics": "true"})
     engines.append(a)
+    b = Engine(vllm, master, prefix, role="kv_consumer")
+    engines.append(b)
     hashes = hashes_for(prefix, 2)
-    a.save("w", [1, 2], hashes)
+    src = [1, 2]
+    for i, blk in enumerate(src):
+        a.fill(blk, i)
+    a.save("w", src, hashes)
     put = a.stats()["save_put"][0]
-    assert put["status"] == "partial_failure" and put["num_failed_keys"] == 2
+    assert put["status"] == "ok" and put["num_keys"] == 2
     assert a.worker.store_replicate_config.group_ids  # vLLM did set them
-    assert a.worker.store.batch_put_from_multi_buffers(
-        ["x"], [[a.worker.token_dbs[0].kv_caches_base_addr[0]]], [[16]], a.worker.store_replicate_config
-    ) == [NOT_SUPPORTED]
-    assert a.lookup(2 * BLOCK + 1, hashes) == 0
+    assert b.lookup(2 * BLOCK + 1, hashes) == 2 * BLOCK
+    dst = [20, 21]
+    b.poison(dst)
+    errors, finished = b.load("r", dst, hashes)
+    assert errors == set() and finished == {"r"}
+    assert all(b.holds(blk, i) for i, blk in enumerate(dst))
 
 
 def test_docs_shim_resolves_mooncake_store(tmp_path):

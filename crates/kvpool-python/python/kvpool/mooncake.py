@@ -407,8 +407,6 @@ class MooncakeDistributedStore:
             return INVALID_PARAMS, None
         if int(getattr(config, "nof_replica_num", 0) or 0) > 0 or int(getattr(config, "dfs_replica_num", 0) or 0) > 0:
             return NOT_SUPPORTED, None
-        if getattr(config, "group_ids", None):
-            return NOT_SUPPORTED, None
         if self._prefer and not list(getattr(config, "preferred_segments", []) or []) and not getattr(config, "preferred_segment", ""):
             return None, _Preferring(config, self._prefer)
         return None, config
