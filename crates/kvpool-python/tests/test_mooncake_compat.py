@@ -197,8 +197,12 @@ def group_ids_are_a_placement_hint(S: System) -> Any:
     g = cfg(S, group_ids=["layer-0"])
     k = S.key("grp")
     out = [("put", s.put(k + "p", b"value", g), s.get(k + "p"))]
-    out.append(("batch_put_from", s.batch_put_from([k + "b1", k + "b2"], [ptr(x), ptr(x)], [16, 16], g),
-                s.get(k + "b1")[:4], s.is_exist(k + "b2")))
+    for n in (1, 2, 3):
+        gn = cfg(S, group_ids=[f"g{i}" for i in range(n)])
+        out.append((f"batch_put_from, {n} groups", s.batch_put_from([k + f"b{n}1", k + f"b{n}2"], [ptr(x), ptr(x)], [16, 16], gn),
+                    s.get(k + f"b{n}1")[:4], s.is_exist(k + f"b{n}2")))
+        out.append((f"put, {n} groups", s.put(k + f"p{n}", b"v", gn)))
+        out.append((f"put_batch, {n} groups", s.put_batch([k + f"pb{n}1", k + f"pb{n}2"], [b"a", b"b"], gn)))
     out.append(("multi_buffers", s.batch_put_from_multi_buffers([k + "m"], [[ptr(x), ptr(x)]], [[8, 8]], g),
                 s.get(k + "m")[:4]))
     out.append(("upsert", s.upsert(k + "p", b"other", g), s.get(k + "p")))

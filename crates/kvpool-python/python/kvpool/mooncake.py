@@ -387,12 +387,13 @@ class MooncakeDistributedStore:
         c = self._client
         return c is not None and (c.lent_bytes > 0 or bool(c.lent_segments()))
 
-    def _config(self, config: Any) -> Tuple[Optional[int], Any]:
-        """Checks a write's ReplicateConfig as Mooncake does: a soft-pin TTL
-        needs ``soft_pin_action=ENABLE`` (or kvpool's ``with_soft_pin``) and
-        at most a day; ``prefer_alloc_in_same_node`` needs lent memory; NVMe-oF
-        and DFS replicas do not exist here. Returns (code or None, the config
-        to use)."""
+    def _config(self, config: Any, keys: int = 1) -> Tuple[Optional[int], Any]:
+        """Checks the ReplicateConfig of a write of ``keys`` keys as Mooncake
+        does: a soft-pin TTL needs ``soft_pin_action=ENABLE`` (or kvpool's
+        ``with_soft_pin``) and at most a day; ``prefer_alloc_in_same_node``
+        needs lent memory; ``group_ids``, a placement hint not used here,
+        names one group per key; NVMe-oF and DFS replicas do not exist here.
+        Returns (code or None, the config to use)."""
         if config is None:
             return None, (_Preferring(None, self._prefer) if self._prefer else None)
         ttl = getattr(config, "soft_pin_ttl_ms", None)
@@ -404,6 +405,9 @@ class MooncakeDistributedStore:
             if not pinned or int(ttl) > MAX_SOFT_PIN_MS:
                 return INVALID_PARAMS, None
         if getattr(config, "prefer_alloc_in_same_node", False) and not self._lends():
+            return INVALID_PARAMS, None
+        groups = getattr(config, "group_ids", None)
+        if groups and len(groups) != keys:
             return INVALID_PARAMS, None
         if int(getattr(config, "nof_replica_num", 0) or 0) > 0 or int(getattr(config, "dfs_replica_num", 0) or 0) > 0:
             return NOT_SUPPORTED, None
@@ -522,7 +526,7 @@ class MooncakeDistributedStore:
             return self._refused()
         if len(keys) != len(values) or any(_nbytes(v) == 0 for v in values):
             return INVALID_PARAMS
-        bad, cfg = self._config(config)
+        bad, cfg = self._config(config, len(keys))
         if bad is not None:
             return bad
         send, _ = self._dedupe(keys, keep_last=False)
@@ -761,7 +765,7 @@ class MooncakeDistributedStore:
             return [INVALID_PARAMS] * len(keys)
         if len(ptrs) != len(keys) or len(sizes) != len(keys):
             return [INVALID_PARAMS] * len(keys)
-        bad, cfg = self._config(config)
+        bad, cfg = self._config(config, len(keys))
         if bad is not None:
             return [bad] * len(keys)
         out = [INVALID_PARAMS] * len(keys)
@@ -910,7 +914,7 @@ class MooncakeDistributedStore:
         c = self._client
         if c is None or len(keys) != len(sizes):
             return [INVALID_PARAMS] * len(keys)
-        bad, cfg = self._config(config)
+        bad, cfg = self._config(config, len(keys))
         if bad is not None:
             return [bad] * len(keys)
         ask = [k for k in keys if k]
@@ -1208,7 +1212,7 @@ class MooncakeDistributedStore:
         n = len(keys)
         if c is None or len(tensors) != n:
             return [INVALID_PARAMS] * n
-        bad, cfg = self._config(config)
+        bad, cfg = self._config(config, n)
         if bad is not None:
             return [bad] * n
         objects: List[Tuple[int, str, bytes, Any]] = []
