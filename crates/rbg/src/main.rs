@@ -41,8 +41,9 @@ enum Command {
     },
     /// Stop a running group.
     Down(GroupArg),
-    /// Check a spec file: errors, unimplemented fields, levels, revisions.
-    Validate(FileArg),
+    /// Check a spec file: errors, unknown or unimplemented fields (each
+    /// with its path), levels, revisions.
+    Validate(ValidateArgs),
     /// Print a v1alpha1 file in v1alpha2 (groups plus CoordinatedPolicies).
     Convert(FileArg),
     /// Print the CustomResourceDefinitions of the operator.
@@ -56,6 +57,16 @@ struct OperatorArgs {
     /// Only watch this namespace (default: all).
     #[arg(long)]
     namespace: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct ValidateArgs {
+    #[command(flatten)]
+    file: FileArg,
+    /// Fail on any field rbg does not implement (a misspelt one, or one
+    /// upstream has and rbg ignores), as `kubectl --validate=strict` does.
+    #[arg(long)]
+    strict: bool,
 }
 
 #[derive(Args, Debug)]
@@ -198,7 +209,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Logs(a) => logs(&state, a),
         Command::Rollout { command } => rollout(&state, command).await,
         Command::Down(g) => down(&state, g).await,
-        Command::Validate(f) => validate(&f.file),
+        Command::Validate(a) => validate(&a.file.file, a.strict),
         Command::Convert(f) => convert(&f.file),
         Command::Crd => {
             print!("{}", rbg::operator::crd_yaml()?);
@@ -633,13 +644,20 @@ fn convert(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn validate(path: &Path) -> Result<()> {
+fn validate(path: &Path, strict: bool) -> Result<()> {
     let (_, bundle) = load(path)?;
     for n in &bundle.notes {
         println!("note: {n}");
     }
     for loaded in &bundle.groups {
         validate_one(loaded);
+    }
+    let ignored: usize = bundle.groups.iter().map(|l| l.unimplemented.len()).sum();
+    if strict && ignored > 0 {
+        bail!(
+            "{}: {ignored} field(s) are not implemented and would be ignored (--strict)",
+            path.display()
+        );
     }
     Ok(())
 }

@@ -720,6 +720,35 @@ fn cli_reports_bad_input_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no group is running"));
 
+    // Unknown fields are reported with their paths; --strict fails on them.
+    let misspelt = dir.path().join("misspelt.yaml");
+    std::fs::write(
+        &misspelt,
+        "apiVersion: workloads.x-k8s.io/v1alpha2\nkind: RoleBasedGroup\nmetadata: {name: x}\nspec:\n  roles:\n  - name: a\n    replcias: 2\n    instanceTopologyConstraint: {topologyName: nvlink}\n    standalonePattern: {template: {spec: {containers: [{name: c, command: [x]}]}}}\n",
+    )
+    .expect("write");
+    let out = Command::new(RBG)
+        .args(["validate", "-f"])
+        .arg(&misspelt)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "warnings only without --strict");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for path in [
+        "spec.roles[a].replcias",
+        "spec.roles[a].instanceTopologyConstraint",
+    ] {
+        assert!(text.contains(&format!("warning: {path}")), "{path}: {text}");
+    }
+    let out = Command::new(RBG)
+        .args(["validate", "--strict", "-f"])
+        .arg(&misspelt)
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "--strict fails on unknown fields");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("2 field(s) are not implemented"), "{err}");
+
     for example in ["deploy/kvpool-cache.yaml", "deploy/pd-router.yaml"] {
         let out = Command::new(RBG)
             .args(["validate", "-f"])

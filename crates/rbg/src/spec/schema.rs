@@ -22,6 +22,15 @@ pub fn preserve_unknown(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// `rollingUpdate.type`: a string, as upstream declares it, so the values
+/// its defaulting webhook rewrites (`""`, `Recreate`) can be stored; `rbg`
+/// checks the value when it loads the group.
+pub fn update_type(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string"
+    })
+}
+
 /// A list of open objects (container overrides).
 pub fn preserve_unknown_list(_: &mut SchemaGenerator) -> Schema {
     json_schema!({

@@ -214,3 +214,21 @@ fn amounts() {
     assert_eq!(Amount::Percent(25).of(10, false), 2);
     assert_eq!(Amount::Percent(25).of(10, true), 3);
 }
+
+#[test]
+fn every_update_type_upstream_accepts_loads() {
+    for (written, kind) in [
+        ("InPlaceIfPossible", UpdateType::InPlaceIfPossible),
+        ("InPlaceOnly", UpdateType::InPlaceOnly),
+        ("RecreatePod", UpdateType::Recreate),
+        // What upstream's defaulting webhook rewrites.
+        ("Recreate", UpdateType::Recreate),
+        ("\"\"", UpdateType::InPlaceIfPossible),
+    ] {
+        let text = BASE.replace("type: InPlaceIfPossible", &format!("type: {written}"));
+        let l = load(&text).unwrap_or_else(|e| panic!("{written}: {e}"));
+        assert_eq!(l.group.roles[1].update.kind, kind, "{written}");
+    }
+    let e = errors(&BASE.replace("type: InPlaceIfPossible", "type: Sometimes"));
+    assert!(e.iter().any(|e| e.contains("Sometimes")), "{e:?}");
+}

@@ -10,7 +10,7 @@ use serde_yaml::Value;
 
 use super::amount::IntOrString;
 use super::pod::{Container, PodTemplateSpec};
-use super::schema::{pod_template, preserve_unknown};
+use super::schema::{pod_template, preserve_unknown, update_type};
 
 /// The deprecated API version (still served upstream).
 pub const API_VERSION: &str = "workloads.x-k8s.io/v1alpha1";
@@ -217,13 +217,17 @@ pub struct RolloutStrategy {
     pub extra: Extra,
 }
 
-/// How one instance moves to a new revision.
+/// How one instance moves to a new revision: upstream's values, and the two
+/// its defaulting webhook rewrites (`""` to `InPlaceIfPossible`, v1alpha1's
+/// `Recreate` to `RecreatePod`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum UpdateType {
     /// Restart containers inside the instance when only images changed.
     #[default]
+    #[serde(alias = "")]
     InPlaceIfPossible,
     /// Always delete and recreate the instance.
+    #[serde(rename = "RecreatePod", alias = "Recreate")]
     Recreate,
     /// Only image changes are rolled out (in place); any other change is
     /// refused, as upstream's admission webhook refuses it.
@@ -236,6 +240,7 @@ pub enum UpdateType {
 pub struct RollingUpdate {
     /// In place when possible, or recreate.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "update_type")]
     pub kind: Option<UpdateType>,
     /// Instances that may be unready during the update (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
