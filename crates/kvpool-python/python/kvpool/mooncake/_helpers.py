@@ -1,0 +1,130 @@
+"""What the calls of :class:`~kvpool.mooncake.MooncakeDistributedStore`
+share: the check of a write's ReplicateConfig (soft pin, same-node
+placement, group ids, preferred segments), Mooncake's codes from native
+calls and errors, which client a copying call uses, and the dedupe of batches
+that name a key twice; and how the class is assembled from its mixins."""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .. import _native
+from ..config import ReplicateConfig, SoftPinAction
+from ..errors import KvpoolError
+from ._codes import INVALID_PARAMS, MAX_SOFT_PIN_MS, NOT_SUPPORTED, OK
+
+
+class _Preferring:
+    """A config with preferred segments filled in where it names none (an
+    engine attached to a storage process puts into that process's segments)."""
+
+    def __init__(self, base: Any, names: List[str]) -> None:
+        self._base = base if base is not None else ReplicateConfig()
+        self.preferred_segments = list(names)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+class _HelpersMixin:
+    """Config checks, codes, dedupe (state: see ``MooncakeDistributedStore.__init__``)."""
+
+    # ------------------------------------------------------------ helpers
+
+    def _lends(self) -> bool:
+        c = self._client
+        return c is not None and (c.lent_bytes > 0 or bool(c.lent_segments()))
+
+    def _config(self, config: Any, keys: int = 1) -> Tuple[Optional[int], Any]:
+        """Checks the ReplicateConfig of a write of ``keys`` keys as Mooncake
+        does: a soft-pin TTL needs ``soft_pin_action=ENABLE`` (or kvpool's
+        ``with_soft_pin``) and at most a day; ``prefer_alloc_in_same_node``
+        needs lent memory; ``group_ids``, a placement hint not used here,
+        names one group per key; NVMe-oF and DFS replicas do not exist here.
+        Returns (code or None, the config to use)."""
+        if config is None:
+            return None, (_Preferring(None, self._prefer) if self._prefer else None)
+        ttl = getattr(config, "soft_pin_ttl_ms", None)
+        if ttl is not None:
+            action = int(getattr(config, "soft_pin_action", SoftPinAction.PRESERVE) or 0)
+            pinned = action == SoftPinAction.ENABLE or (
+                action == SoftPinAction.PRESERVE and bool(getattr(config, "with_soft_pin", False))
+            )
+            if not pinned or int(ttl) > MAX_SOFT_PIN_MS:
+                return INVALID_PARAMS, None
+        if getattr(config, "prefer_alloc_in_same_node", False) and not self._lends():
+            return INVALID_PARAMS, None
+        groups = getattr(config, "group_ids", None)
+        if groups and len(groups) != keys:
+            return INVALID_PARAMS, None
+        if int(getattr(config, "nof_replica_num", 0) or 0) > 0 or int(getattr(config, "dfs_replica_num", 0) or 0) > 0:
+            return NOT_SUPPORTED, None
+        if self._prefer and not list(getattr(config, "preferred_segments", []) or []) and not getattr(config, "preferred_segment", ""):
+            return None, _Preferring(config, self._prefer)
+        return None, config
+
+    def _copying(self) -> Optional[_native.Client]:
+        """The client for put/get calls that use the local buffer (None when refused)."""
+        c = self._client
+        if c is None or self._settings.get("local_buffer_size", 0) == 0:
+            return None
+        return c
+
+    def _refused(self) -> int:
+        """Why a copying call is refused: not set up, or no local buffer (both −600)."""
+        return INVALID_PARAMS
+
+    @staticmethod
+    def _rc(fn: Any, *args: Any) -> int:
+        try:
+            fn(*args)
+            return OK
+        except KvpoolError as e:
+            return e.code
+
+    def _int(self, call: Callable[[_native.Client], int]) -> int:
+        """``call(client)``, or the Mooncake code when not set up or it raises."""
+        c = self._client
+        if c is None:
+            return INVALID_PARAMS
+        try:
+            return call(c)
+        except KvpoolError as e:
+            return e.code
+
+    def _ints(self, n: int, call: Callable[[_native.Client], List[int]]) -> List[int]:
+        """:meth:`_int` for a batch call over ``n`` keys: one code per key on failure."""
+        c = self._client
+        if c is None:
+            return [INVALID_PARAMS] * n
+        try:
+            return call(c)
+        except KvpoolError as e:
+            return [e.code] * n
+
+    @staticmethod
+    def _dedupe(keys: Sequence[str], keep_last: bool) -> Tuple[List[int], List[int]]:
+        """For a batch that may name a key twice: the positions to send (one
+        per key: its first or last) and, per position, the one it takes its
+        result from."""
+        chosen: Dict[str, int] = {}
+        for i, k in enumerate(keys):
+            if keep_last or k not in chosen:
+                chosen[k] = i
+        send = sorted(chosen.values())
+        return send, [chosen[k] for k in keys]
+
+
+def _adopt(cls: type) -> None:
+    """Names the methods ``cls`` takes from its mixins as its own
+    (``__qualname__`` ``MooncakeDistributedStore.put``, ``__module__``
+    ``kvpool.mooncake``), as when they were defined in one class body: Python's
+    argument errors (``MooncakeDistributedStore.put() missing 2 required
+    positional arguments``), reprs and pickling by name read as before."""
+    for base in cls.__mro__[1:-1]:
+        for name, attr in vars(base).items():
+            fn = getattr(attr, "__func__", attr)
+            if isinstance(fn, types.FunctionType):
+                fn.__qualname__ = f"{cls.__qualname__}.{name}"
+                fn.__module__ = cls.__module__
