@@ -123,18 +123,40 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 metrics_address: master.rpc_addr.ip().to_string(),
                 metrics_port: u.store_metrics_port,
             };
-            let store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
-            println!(
-                "kvpool is up: master {} (admin http://{}), segment {} in {}",
-                master.rpc_addr,
-                master.admin_addr,
-                cli::human(u.segment_size),
-                u.data_dir.display()
-            );
-            println!(
-                "clients use: KVPOOL_MASTER={}   stop with Ctrl-C",
-                master.rpc_addr
-            );
+            let mut store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
+            // Announced once the pool can place objects (the store has
+            // mounted its segment), not when the master listens: a client
+            // started on that line would find no segment.
+            let placeable = async {
+                let state = &master.master.state;
+                while !state.takes_new_objects(tokio::time::Instant::now()) {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            };
+            tokio::select! {
+                () = placeable => {
+                    println!(
+                        "kvpool is up: master {} (admin http://{}), segment {} in {}",
+                        master.rpc_addr,
+                        master.admin_addr,
+                        cli::human(u.segment_size),
+                        u.data_dir.display()
+                    );
+                    println!(
+                        "clients use: KVPOOL_MASTER={}   stop with Ctrl-C",
+                        master.rpc_addr
+                    );
+                }
+                r = &mut store => {
+                    shutdown.cancel();
+                    master.stopped().await?;
+                    r??;
+                    if !shutdown.is_cancelled() {
+                        anyhow::bail!("the store stopped before it mounted its segment");
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
             let r = store.await;
             shutdown.cancel();
             master.stopped().await?;

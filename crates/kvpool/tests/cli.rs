@@ -52,6 +52,19 @@ async fn up_serves_status_http_and_bench() {
         banner.contains(&format!("master {}", up.rpc)),
         "banner names the master address: {banner:?}"
     );
+    // The banner announces a usable pool: a put right after it is placed
+    // at the first attempt (no retries to wait for a segment).
+    let mut cfg = kvpool_client::ClientConfig::new(&up.rpc);
+    cfg.retries = 0;
+    let client = kvpool_client::Client::connect(cfg).await.expect("connect");
+    client
+        .put(
+            "after-banner",
+            b"v",
+            &kvpool_client::ReplicateConfig::default(),
+        )
+        .await
+        .expect("a put right after the banner");
     wait_for_segments(&up.rpc, 1, &mut [&mut up.process]).await;
 
     let (code, body) = http_get(&up.metrics, "/health").await;
