@@ -571,6 +571,36 @@ pub async fn start(
     cfg: MasterConfig,
     shutdown: CancellationToken,
 ) -> Result<MasterHandle, MasterError> {
+    validate_config(&cfg)?;
+    let listeners = bind_listeners(&cfg).await?;
+    let (rpc_addr, admin_addr, metadata_addr) = (
+        listeners.rpc_addr,
+        listeners.admin_addr,
+        listeners.metadata_addr,
+    );
+    // Losing leadership stops this master's servers, not the caller's token.
+    let shutdown = shutdown.child_token();
+    let master = new_master(&cfg, &shutdown);
+    let ha = start_ha(&cfg, &master, rpc_addr, &shutdown)?;
+    let tasks = TaskTracker::new();
+    spawn_servers(&tasks, &cfg, &master, listeners, &shutdown);
+    spawn_background_tasks(&tasks, &cfg, &master, &shutdown);
+    tasks.close();
+    info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
+    #[cfg(feature = "planted-bugs")]
+    kvpool_net::planted::announce();
+    Ok(MasterHandle {
+        rpc_addr,
+        admin_addr,
+        metadata_addr,
+        master,
+        tasks,
+        ha,
+    })
+}
+
+/// Refuses settings that would make the master misbehave, before anything is bound.
+fn validate_config(cfg: &MasterConfig) -> Result<(), MasterError> {
     let st = &cfg.state;
     if !(st.high_watermark > 0.0 && st.high_watermark <= 1.0) {
         return Err(MasterError::Config(format!(
@@ -608,6 +638,21 @@ pub async fn start(
             "client, connection and metadata limits and HTTP timeouts must be positive".into(),
         ));
     }
+    Ok(())
+}
+
+/// The master's bound listeners and the addresses they got (port 0 picks one).
+struct Listeners {
+    rpc: TcpListener,
+    admin: TcpListener,
+    metadata: Option<TcpListener>,
+    rpc_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    metadata_addr: Option<SocketAddr>,
+}
+
+/// Binds the RPC, admin and (when enabled) metadata listeners where `security` allows them.
+async fn bind_listeners(cfg: &MasterConfig) -> Result<Listeners, MasterError> {
     let rpc = bind(&cfg.rpc_address, cfg.rpc_port).await?;
     let admin = bind(&cfg.metrics_address, cfg.metrics_port).await?;
     let metadata = if cfg.enable_http_metadata_server {
@@ -630,9 +675,18 @@ pub async fn start(
             .map_err(|e| MasterError::Config(e.message))?;
     }
     let metadata_addr = metadata.as_ref().map(local).transpose()?;
+    Ok(Listeners {
+        rpc,
+        admin,
+        metadata,
+        rpc_addr,
+        admin_addr,
+        metadata_addr,
+    })
+}
 
-    // Losing leadership stops this master's servers, not the caller's token.
-    let shutdown = shutdown.child_token();
+/// Creates the master's state, holding object calls back for `recovery_grace` if one is set.
+fn new_master(cfg: &MasterConfig, shutdown: &CancellationToken) -> Arc<Master> {
     let grants = cfg
         .security
         .credentials
@@ -642,41 +696,64 @@ pub async fn start(
     if !cfg.recovery_grace.is_zero() {
         master.set_role(Role::Recovering(Instant::now() + cfg.recovery_grace));
     }
-    let ha = match cfg.ha.clone() {
-        None => None,
-        Some(ha_cfg) => {
-            if rpc_addr.ip().is_unspecified() {
-                return Err(MasterError::Config(
-                    "--enable-ha needs a routable --rpc-address to publish, not 0.0.0.0".into(),
-                ));
-            }
-            master.set_role(Role::Standby);
-            let (m, token) = (master.clone(), shutdown.clone());
-            let etcd_tls = cfg.security.etcd_tls.clone();
-            let grace = if cfg.recovery_grace.is_zero() {
-                // Two heartbeats: every live store has re-mounted by then.
-                cfg.state.client_ttl / 2
-            } else {
-                cfg.recovery_grace
-            };
-            Some(tokio::spawn(async move {
-                let r = ha::run(
-                    m,
-                    ha_cfg,
-                    etcd_tls,
-                    rpc_addr.to_string(),
-                    grace,
-                    token.clone(),
-                )
-                .await;
-                if r.is_err() {
-                    token.cancel();
-                }
-                r
-            }))
-        }
+    master
+}
+
+/// With HA configured, stands the master by and runs the leader election until it ends.
+fn start_ha(
+    cfg: &MasterConfig,
+    master: &Arc<Master>,
+    rpc_addr: SocketAddr,
+    shutdown: &CancellationToken,
+) -> Result<Option<tokio::task::JoinHandle<Result<(), MasterError>>>, MasterError> {
+    let Some(ha_cfg) = cfg.ha.clone() else {
+        return Ok(None);
     };
-    let tasks = TaskTracker::new();
+    if rpc_addr.ip().is_unspecified() {
+        return Err(MasterError::Config(
+            "--enable-ha needs a routable --rpc-address to publish, not 0.0.0.0".into(),
+        ));
+    }
+    master.set_role(Role::Standby);
+    let (m, token) = (master.clone(), shutdown.clone());
+    let etcd_tls = cfg.security.etcd_tls.clone();
+    let grace = if cfg.recovery_grace.is_zero() {
+        // Two heartbeats: every live store has re-mounted by then.
+        cfg.state.client_ttl / 2
+    } else {
+        cfg.recovery_grace
+    };
+    Ok(Some(tokio::spawn(async move {
+        let r = ha::run(
+            m,
+            ha_cfg,
+            etcd_tls,
+            rpc_addr.to_string(),
+            grace,
+            token.clone(),
+        )
+        .await;
+        if r.is_err() {
+            token.cancel();
+        }
+        r
+    })))
+}
+
+/// Serves the RPC, admin HTTP and (when enabled) metadata HTTP listeners on `tasks`.
+fn spawn_servers(
+    tasks: &TaskTracker,
+    cfg: &MasterConfig,
+    master: &Arc<Master>,
+    listeners: Listeners,
+    shutdown: &CancellationToken,
+) {
+    let Listeners {
+        rpc,
+        admin,
+        metadata,
+        ..
+    } = listeners;
     tasks.spawn(serve_control(
         rpc,
         master.clone(),
@@ -716,6 +793,15 @@ pub async fn start(
             }
         });
     }
+}
+
+/// Starts the sweeper, evictor, status sampler, invalidator and tierer on `tasks`.
+fn spawn_background_tasks(
+    tasks: &TaskTracker,
+    cfg: &MasterConfig,
+    master: &Arc<Master>,
+    shutdown: &CancellationToken,
+) {
     tasks.spawn(tasks::sweeper(master.clone(), shutdown.clone()));
     tasks.spawn(tasks::evictor(master.clone(), shutdown.clone()));
     tasks.spawn(status_page::sampler(master.clone(), shutdown.clone()));
@@ -730,18 +816,6 @@ pub async fn start(
         shutdown.clone(),
     ));
     tasks.spawn(tasks::tierer(master.clone(), as_store, shutdown.clone()));
-    tasks.close();
-    info!(%rpc_addr, %admin_addr, metadata = ?metadata_addr, "master listening");
-    #[cfg(feature = "planted-bugs")]
-    kvpool_net::planted::announce();
-    Ok(MasterHandle {
-        rpc_addr,
-        admin_addr,
-        metadata_addr,
-        master,
-        tasks,
-        ha,
-    })
 }
 
 /// Runs a master until `shutdown`.

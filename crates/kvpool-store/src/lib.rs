@@ -11,6 +11,7 @@ pub mod node;
 pub mod segment;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::auth::Security;
@@ -18,6 +19,7 @@ use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::ClientId;
 use kvpool_proto::{Code, KvError};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 pub use node::DataNode;
@@ -76,126 +78,39 @@ pub struct StoreConfig {
 /// when the store comes back.
 pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), StoreError> {
     let seg = SegmentFile::open(&cfg.data_dir, cfg.segment_size)?;
-    let disk = match &cfg.disk_dir {
-        Some(dir) => Some(disk::DiskSegment::open(
-            dir,
-            cfg.disk_size,
-            cfg.disk_queue_depth,
-        )?),
-        None => None,
-    };
+    let disk = open_disk(&cfg)?;
     // The data plane outlives the shutdown signal by the grace period.
     let data_plane = CancellationToken::new();
-    // The segments are served from the first connection on.
-    let mut name = String::new();
-    let node = DataNode::bind_with(
-        &cfg.address,
-        cfg.port,
-        &cfg.security,
-        data_plane.clone(),
-        |node| {
-            node.set_master(&cfg.master);
-            name = cfg
-                .name
-                .clone()
-                .unwrap_or_else(|| node.endpoint().to_string());
-            node.add_segment(
-                seg.id,
-                seg.possession,
-                &name,
-                seg.region.clone(),
-                kvpool_format::DATA_BASE,
-            );
-            if let Some(d) = &disk {
-                node.add_disk_segment(
-                    d.id,
-                    d.possession,
-                    &name,
-                    d.file.clone(),
-                    kvpool_format::DATA_BASE,
-                );
-            }
-        },
-    )
-    .await
-    .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
-    let metrics = std::sync::Arc::new(metrics::StoreMetrics::new(node.clone()));
+    let (node, name) = serve_segments(&cfg, &seg, disk.as_ref(), data_plane.clone()).await?;
+    let metrics = Arc::new(metrics::StoreMetrics::new(node.clone()));
+    // Tracked so that the store returns only once its own tasks have ended.
+    let tasks = TaskTracker::new();
+    // Ends what the graceful stops leave running once the node has stopped.
+    let stop_now = CancellationToken::new();
     if let Some(port) = cfg.metrics_port {
-        let addr = format!("{}:{port}", cfg.metrics_address);
-        let io = |e| StoreError::Io(PathBuf::from(&addr), e);
-        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(io)?;
-        let local = listener.local_addr().map_err(io)?;
-        (cfg.security)
-            .check_listen(local.ip(), "the store's metrics port")
-            .map_err(|e| StoreError::Config(e.message))?;
-        info!(%local, "metrics serving");
-        // Up until the data plane stops: a drain is watched through it.
-        tokio::spawn(metrics::serve_metrics(
-            listener,
-            metrics.clone(),
-            data_plane.clone(),
-        ));
+        let (graceful, now) = (data_plane.clone(), stop_now.clone());
+        spawn_metrics(&cfg, port, &metrics, &tasks, graceful, now).await?;
     }
     if let Some(d) = &disk {
         info!(segment = %d.id, size = d.file.len(), direct = d.file.direct(), path = %d.file.path().display(), "disk tier serving");
     }
     info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
 
-    let link = MasterLink::new(
-        &cfg.master,
-        ClientId(rand::random()),
-        &name,
-        "store",
-        CallPolicy::default(),
-        cfg.security.clone(),
-    )?;
-    let (io_node, held_node) = (node.clone(), node.clone());
-    link.report_io(std::sync::Arc::new(move || io_node.io()));
-    link.report_held(std::sync::Arc::new(move || held_node.held()));
+    let link = master_link(&cfg, &name, &node)?;
     let heartbeat = CancellationToken::new();
     if disk.is_some() {
-        // An I/O error takes the disk tier offline; withdraw it from the
-        // pool so nothing is placed or read there again.
-        let (node, link, stop) = (node.clone(), link.clone(), heartbeat.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                node.withdraw_failed_disks(&link).await;
-            }
-        });
+        spawn_disk_watch(&tasks, node.clone(), link.clone(), heartbeat.clone());
     }
-    let mounted = async {
-        let reply = loop {
-            match link.register().await {
-                Ok(r) => break r,
-                // etcd unreachable (cut off, restarting): where the master
-                // is will be known later, so wait as for the master itself.
-                Err(e) if e.code.is_transient() || e.code == Code::EtcdOperationError => {
-                    warn!(master = %cfg.master, error = %e, "master not reachable yet; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => return Err(StoreError::from(e)),
-            }
-        };
-        // Heartbeat from now on: scanning a big segment can outlast the TTL.
-        link.spawn_heartbeat(
-            Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
-            node.remount_hook(&link),
-            heartbeat.clone(),
-        );
-        node.mount_all(&link).await.map_err(StoreError::from)
-    };
+    tasks.close();
     tokio::select! {
         _ = shutdown.cancelled() => {
             heartbeat.cancel();
             data_plane.cancel();
+            stop_now.cancel();
+            tasks.wait().await;
             return Ok(());
         }
-        r = mounted => r?,
+        r = register_and_mount(&cfg.master, &link, &node, &heartbeat) => r?,
     };
     info!(master = %cfg.master, "segment mounted");
     shutdown.cancelled().await;
@@ -206,7 +121,159 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     heartbeat.cancel();
     data_plane.cancel();
     node.stopped().await;
+    stop_now.cancel();
+    tasks.wait().await;
     let _ = seg.region.flush();
     info!("store stopped; its objects stay in the data dir for the next start");
     Ok(())
+}
+
+/// Opens (or recovers) the disk tier, when the store has one.
+fn open_disk(cfg: &StoreConfig) -> Result<Option<disk::DiskSegment>, StoreError> {
+    Ok(match &cfg.disk_dir {
+        Some(dir) => Some(disk::DiskSegment::open(
+            dir,
+            cfg.disk_size,
+            cfg.disk_queue_depth,
+        )?),
+        None => None,
+    })
+}
+
+/// Binds the data plane with the segments already added, and returns it with the segment name.
+async fn serve_segments(
+    cfg: &StoreConfig,
+    seg: &SegmentFile,
+    disk: Option<&disk::DiskSegment>,
+    data_plane: CancellationToken,
+) -> Result<(Arc<DataNode>, String), StoreError> {
+    // The segments are served from the first connection on.
+    let mut name = String::new();
+    let node = DataNode::bind_with(&cfg.address, cfg.port, &cfg.security, data_plane, |node| {
+        node.set_master(&cfg.master);
+        name = cfg
+            .name
+            .clone()
+            .unwrap_or_else(|| node.endpoint().to_string());
+        node.add_segment(
+            seg.id,
+            seg.possession,
+            &name,
+            seg.region.clone(),
+            kvpool_format::DATA_BASE,
+        );
+        if let Some(d) = disk {
+            node.add_disk_segment(
+                d.id,
+                d.possession,
+                &name,
+                d.file.clone(),
+                kvpool_format::DATA_BASE,
+            );
+        }
+    })
+    .await
+    .map_err(|e| StoreError::Io(PathBuf::from(format!("{}:{}", cfg.address, cfg.port)), e))?;
+    Ok((node, name))
+}
+
+/// Binds the `/metrics` port and serves it on `tasks` until the data plane stops.
+async fn spawn_metrics(
+    cfg: &StoreConfig,
+    port: u16,
+    metrics: &Arc<metrics::StoreMetrics>,
+    tasks: &TaskTracker,
+    data_plane: CancellationToken,
+    stop_now: CancellationToken,
+) -> Result<(), StoreError> {
+    let addr = format!("{}:{port}", cfg.metrics_address);
+    let io = |e| StoreError::Io(PathBuf::from(&addr), e);
+    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(io)?;
+    let local = listener.local_addr().map_err(io)?;
+    (cfg.security)
+        .check_listen(local.ip(), "the store's metrics port")
+        .map_err(|e| StoreError::Config(e.message))?;
+    info!(%local, "metrics serving");
+    // Up until the data plane stops: a drain is watched through it.
+    let serve = metrics::serve_metrics(listener, metrics.clone(), data_plane);
+    tasks.spawn(async move {
+        // The graceful stop waits for open requests: a scraper stuck mid-request
+        // must not keep the store from exiting, so `stop_now` cuts it off.
+        tokio::select! {
+            r = serve => r,
+            _ = stop_now.cancelled() => Ok(()),
+        }
+    });
+    Ok(())
+}
+
+/// Creates the link to the master, whose heartbeats report the node's I/O and held regions.
+fn master_link(
+    cfg: &StoreConfig,
+    name: &str,
+    node: &Arc<DataNode>,
+) -> Result<Arc<MasterLink>, StoreError> {
+    let link = MasterLink::new(
+        &cfg.master,
+        ClientId(rand::random()),
+        name,
+        "store",
+        CallPolicy::default(),
+        cfg.security.clone(),
+    )?;
+    let (io_node, held_node) = (node.clone(), node.clone());
+    link.report_io(Arc::new(move || io_node.io()));
+    link.report_held(Arc::new(move || held_node.held()));
+    Ok(link)
+}
+
+/// Withdraws failed disk tiers from the pool every 0.5 s on `tasks`, until `stop`.
+fn spawn_disk_watch(
+    tasks: &TaskTracker,
+    node: Arc<DataNode>,
+    link: Arc<MasterLink>,
+    stop: CancellationToken,
+) {
+    // An I/O error takes the disk tier offline; withdraw it from the
+    // pool so nothing is placed or read there again.
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            // Not raced against `stop`: a withdrawal under way is allowed to
+            // finish (each master call is time-bounded), so shutdown waits for it.
+            node.withdraw_failed_disks(&link).await;
+        }
+    });
+}
+
+/// Registers with the master (waiting for it to come up), starts heartbeating, and mounts.
+async fn register_and_mount(
+    master: &str,
+    link: &Arc<MasterLink>,
+    node: &Arc<DataNode>,
+    heartbeat: &CancellationToken,
+) -> Result<(), StoreError> {
+    let reply = loop {
+        match link.register().await {
+            Ok(r) => break r,
+            // etcd unreachable (cut off, restarting): where the master
+            // is will be known later, so wait as for the master itself.
+            Err(e) if e.code.is_transient() || e.code == Code::EtcdOperationError => {
+                warn!(master = %master, error = %e, "master not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(StoreError::from(e)),
+        }
+    };
+    // Heartbeat from now on: scanning a big segment can outlast the TTL.
+    link.spawn_heartbeat(
+        Duration::from_millis(reply.heartbeat_interval_ms.max(10)),
+        node.remount_hook(link),
+        heartbeat.clone(),
+    );
+    node.mount_all(link).await.map_err(StoreError::from)
 }
