@@ -40,6 +40,24 @@ const SECRET_WORDS: &[&str] = &[
 /// Shown instead of a secret.
 const REDACTED: &str = "<redacted>";
 
+/// Mooncake's env vars and the kvpool ones they stand for: a deployment
+/// that sets Mooncake's for its master and store processes gets the same
+/// meaning (kvpool's own wins when both are set).
+const MOONCAKE_ENV: &[(&str, &str)] = &[("MC_STORE_CLUSTER_ID", "KVPOOL_CLUSTER_ID")];
+
+/// Copies each set Mooncake env var of [`MOONCAKE_ENV`] to its kvpool name
+/// when that is unset, so flags, config files and the etcd address see it.
+/// Call while the process is one thread.
+pub fn adopt_mooncake_env() {
+    for (mooncake, ours) in MOONCAKE_ENV {
+        if std::env::var_os(ours).is_none() {
+            if let Some(v) = std::env::var_os(mooncake) {
+                std::env::set_var(ours, v);
+            }
+        }
+    }
+}
+
 /// The `kvpool` command line definition: [`Cli`] with an env var
 /// `KVPOOL_<FLAG>` given to every flag of a configurable subcommand that
 /// does not name one, so every key of a file is also an env var.

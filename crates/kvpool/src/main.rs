@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    config::adopt_mooncake_env();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match config::parse(&args) {
         Ok(cli) => cli,

@@ -195,6 +195,22 @@ async fn a_running_master_takes_env_and_flags_over_the_file() {
 }
 
 #[test]
+fn mooncakes_cluster_id_variable_names_the_cluster() {
+    let dir = scratch_dir();
+    let file = write(dir.path(), "kvpool.toml", "");
+    let mc = [("MC_STORE_CLUSTER_ID", "from-mooncake")];
+    let out = check_ok(&file, &["--for", "master"], &mc);
+    assert_eq!(
+        entry(&out, "cluster_id"),
+        ("\"from-mooncake\"", "env KVPOOL_CLUSTER_ID")
+    );
+    // kvpool's own variable wins when both are set.
+    let both = [mc[0], ("KVPOOL_CLUSTER_ID", "ours")];
+    let out = check_ok(&file, &["--for", "master"], &both);
+    assert_eq!(entry(&out, "cluster_id").0, "\"ours\"");
+}
+
+#[test]
 fn check_shows_each_layer_and_its_source() {
     let dir = scratch_dir();
     let file = write(
