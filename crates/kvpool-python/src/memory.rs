@@ -4,6 +4,9 @@
 
 use kvpool_proto::{Code, KvError, KvResult};
 
+/// Pages [`Region::readable`] probes with one system call.
+const PROBES_PER_CALL: usize = 1024;
+
 /// A region of caller memory: `len` bytes at address `ptr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Region {
@@ -41,6 +44,71 @@ impl Region {
     /// One past the last byte.
     pub fn end(&self) -> usize {
         self.ptr + self.len
+    }
+
+    /// Checks, without touching it, that every page of the region can be
+    /// read: a raw address from a caller may name memory that is not mapped
+    /// (or not readable), and reading it would kill the process (Mooncake
+    /// answers `TRANSFER_FAIL` for such a key). One `process_vm_readv` of a
+    /// byte per page, for up to [`PROBES_PER_CALL`] pages at a time; where
+    /// the kernel or a sandbox refuses the call itself, the caller's word is
+    /// taken, as before.
+    pub fn readable(&self) -> KvResult<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        // SAFETY: sysconf has no memory effects.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096);
+        let first = self.ptr & !(page - 1);
+        let probes: Vec<usize> = (first..self.end())
+            .step_by(page)
+            .map(|p| p.max(self.ptr))
+            .collect();
+        let mut scratch = [0u8; PROBES_PER_CALL];
+        for chunk in probes.chunks(PROBES_PER_CALL) {
+            let remote: Vec<libc::iovec> = chunk
+                .iter()
+                .map(|&p| libc::iovec {
+                    iov_base: p as *mut libc::c_void,
+                    iov_len: 1,
+                })
+                .collect();
+            let local = libc::iovec {
+                iov_base: scratch.as_mut_ptr().cast(),
+                iov_len: chunk.len(),
+            };
+            // SAFETY: the local iovec is our own scratch buffer; the remote
+            // ones are only read by the kernel, which reports a fault instead
+            // of taking one.
+            let n = unsafe {
+                libc::process_vm_readv(
+                    libc::getpid(),
+                    &local,
+                    1,
+                    remote.as_ptr(),
+                    remote.len() as _,
+                    0,
+                )
+            };
+            if n == chunk.len() as isize {
+                continue;
+            }
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            if n < 0 && matches!(errno, Some(libc::ENOSYS | libc::EPERM)) {
+                return Ok(());
+            }
+            return Err(KvError::new(
+                Code::TransferFail,
+                format!(
+                    "buffer at {:#x} of {} bytes is not readable memory",
+                    self.ptr, self.len
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The region as a shared slice.
@@ -144,6 +212,52 @@ mod tests {
         unsafe {
             assert!(empty.as_slice().is_empty());
         }
+    }
+
+    #[test]
+    fn unmapped_or_unreadable_memory_is_found_without_a_fault() {
+        // SAFETY: plain anonymous mappings, used only through the probes.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+            let at = libc::mmap(
+                std::ptr::null_mut(),
+                3 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(at, libc::MAP_FAILED);
+            let base = at as usize;
+            let region =
+                |off: usize, len: usize| Region::new((base + off) as u64, len as u64).unwrap();
+            assert_eq!(region(0, 3 * page).readable(), Ok(()));
+            assert_eq!(region(page - 1, 2).readable(), Ok(()));
+            // The middle page made unreadable, then the last one unmapped.
+            assert_eq!(
+                libc::mprotect((base + page) as *mut _, page, libc::PROT_NONE),
+                0
+            );
+            assert_eq!(
+                region(page / 2, page).readable().unwrap_err().code,
+                Code::TransferFail
+            );
+            assert_eq!(region(0, page).readable(), Ok(()));
+            assert_eq!(libc::munmap((base + 2 * page) as *mut _, page), 0);
+            assert_eq!(
+                region(2 * page + 8, 16).readable().unwrap_err().code,
+                Code::TransferFail
+            );
+            libc::munmap(at, 2 * page);
+        }
+        // A region of more pages than one probe call covers.
+        let v = vec![7u8; (PROBES_PER_CALL + 3) * 4096];
+        assert_eq!(
+            Region::new(v.as_ptr() as u64, v.len() as u64)
+                .unwrap()
+                .readable(),
+            Ok(())
+        );
     }
 
     #[test]

@@ -127,7 +127,10 @@ pub(crate) fn hold(
                 "a size is required with a raw buffer address",
             ));
         };
+        // A raw address is the caller's word (Mooncake's contract), but
+        // one for unmapped memory is answered, not taken as a crash.
         return Region::new(ptr, size)
+            .and_then(|r| r.readable().map(|()| r))
             .map(Held::raw)
             .map_err(|e| raise(py, e));
     }
