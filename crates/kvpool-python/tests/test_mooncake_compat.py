@@ -540,6 +540,146 @@ def segment_mounts(S: System, tmp: str = "/dev/shm") -> Any:
     return out
 
 
+def raises(call: Callable[[], Any]) -> Any:
+    """``call()``'s answer, or the name of the exception it raises."""
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - the exception's type is the answer
+        return type(e).__name__
+
+
+@scenario
+def segment_sizes_and_empty_calls(S: System, tmp: str = "/dev/shm") -> Any:
+    """Sizes Mooncake rounds or takes as "nothing", and the unmount calls
+    with nothing to unmount; where later puts land shows what was mounted."""
+    import os
+    import tempfile
+
+    s = S.store()
+    me = s.get_hostname()
+    here = cfg(S, preferred_segment=me)
+
+    def landed(k: str) -> Any:
+        return [(d.get_memory_descriptor().buffer_descriptor.transport_endpoint == me,
+                 d.get_memory_descriptor().buffer_descriptor.size) for d in s.get_replica_desc(k)]
+
+    d = tempfile.mkdtemp(dir=tmp if os.path.isdir(tmp) else None)
+    path = os.path.join(d, "seg")
+    with open(path, "wb") as f:
+        f.truncate(32 << 20)
+    out = []
+    try:
+        out.append(("mount size 0", s.mount_segment(path, 0), s.mount_segment(path, 0, 4096),
+                    s.mount_segment(path, 0, 100), s.mount_segment(d, 0), s.mount_segment(os.path.join(d, "none"), 0),
+                    os.path.getsize(path)))
+        k = S.key("after-mount-0")
+        out.append(("nothing mounted", s.put(k, b"x" * 1000, here), landed(k)))
+        r = s.allocate_and_mount_segment(1000)
+        out.append(("allocate 1000", r["ret"], len(r["segment_ids"]), r["allocated_size"]))
+        k = S.key("15MiB")
+        out.append(("on the rounded-up segment", s.put(k, b"y" * (15 << 20), here), landed(k), s.get(k) == b"y" * (15 << 20)))
+        r = s.allocate_and_mount_segment((16 << 20) + 1)
+        out.append(("allocate 16 MiB + 1", r["ret"], len(r["segment_ids"]), r["allocated_size"]))
+        out.append(("allocate 0", s.allocate_and_mount_segment(0)))
+        out.append(("nothing to unmount", s.unmount_segment([]), s.unmount_and_free_segment([]), s.unmount_and_free_segment([], 1),
+                    s.unmount_local_disk_segment(), s.unmount_local_disk_segment(1)))
+        out.append(("still there", s.get(k) == b"y" * (15 << 20), landed(k)))
+        out.append(("negative", raises(lambda: s.allocate_and_mount_segment(-1)), raises(lambda: s.mount_segment(path, -1)),
+                    raises(lambda: s.unmount_segment([], -1)), raises(lambda: s.unmount_local_disk_segment(-1)),
+                    raises(lambda: s.unmount_segment("x"))))
+    finally:
+        os.unlink(path)
+        os.rmdir(d)
+    return out
+
+
+@scenario
+def save_tensor_failures(S: System, tmp: str = "/dev/shm") -> Any:
+    import os
+    import tempfile
+
+    s = S.store()
+    d = tempfile.mkdtemp(dir=tmp if os.path.isdir(tmp) else None)
+    k = S.key("t")
+    s.put_tensor(k, torch.arange(6, dtype=torch.float32))
+    s.put(S.key("raw"), b"not a tensor")
+    out = []
+    try:
+        f = os.path.join(d, "ok.safetensors")
+        out.append(("saved", s.save_tensor_to_safetensor(k, f), os.path.getsize(f) > 24))
+        out.append(("missing key", s.save_tensor_to_safetensor(S.key("nope"), os.path.join(d, "m"))))
+        out.append(("empty key", s.save_tensor_to_safetensor("", os.path.join(d, "e"))))
+        out.append(("not a tensor", s.save_tensor_to_safetensor(S.key("raw"), os.path.join(d, "r"))))
+        out.append(("no such directory", s.save_tensor_to_safetensor(k, os.path.join(d, "no", "such"))))
+        out.append(("a directory", s.save_tensor_to_safetensor(k, d)))
+        out.append(("file name not a str", raises(lambda: s.save_tensor_to_safetensor(k, 5)),
+                    raises(lambda: s.save_tensor_to_safetensor(S.key("nope"), 5))))
+        out.append(("nothing written for failures", sorted(os.listdir(d))))
+    finally:
+        for n in os.listdir(d):
+            os.unlink(os.path.join(d, n))
+        os.rmdir(d)
+    return out
+
+
+@scenario
+def buffer_handles_as_memory(S: System) -> Any:
+    """What a BufferHandle's memoryview shows, but its item format (Mooncake
+    ``'b'``, kvpool ``'B'``: see docs/python.md, Differences from Mooncake)."""
+    s = S.store()
+    k = S.key("b")
+    s.put(k, b"\x01\xff\x80abc")
+    out = []
+    for h in (s.get_buffer(k), s.batch_get_buffer([k])[0]):
+        mv = memoryview(h)
+        out.append((mv.itemsize, mv.shape, mv.strides, mv.ndim, mv.nbytes, mv.readonly, mv.c_contiguous, bytes(mv),
+                    np.frombuffer(h, dtype=np.uint8).tolist(), torch.frombuffer(h, dtype=torch.uint8).tolist(),
+                    len(h), h.size(), h.ptr() != 0, mv.cast("B").tolist()))
+    return out
+
+
+@scenario
+def argument_types(S: System) -> Any:
+    """Values of the wrong type: Mooncake's binding refuses them with
+    TypeError (or converts them); none is read as something else."""
+    s = S.store()
+    m = S.module
+    out = []
+
+    def field(attr: str, v: Any) -> Any:
+        c = m.ReplicateConfig()
+        setattr(c, attr, v)
+        return str(getattr(c, attr))
+
+    for attr, values in (
+        ("with_hard_pin", ["no", "false", "", [], 1, 0, None, 1.0, np.bool_(True), True]),
+        ("prefer_alloc_in_same_node", ["no", "true", 1, None, False]),
+        ("soft_pin_action", [1, 0, 7, "ENABLE", None, m.SoftPinAction.ENABLE]),
+        ("data_type", [1, "KVCACHE", m.ObjectDataType.KVCACHE]),
+    ):
+        out.append((attr, [raises(lambda v=v: field(attr, v)) for v in values]))
+
+    def mode(v: Any) -> Any:
+        r = m.ReadTarget()
+        r.mode = v
+        return r.mode
+
+    out.append(("ReadTarget.mode", [raises(lambda v=v: mode(v)) for v in
+                                    ("full", "shard", "as_stored", "FULL", "As_Stored", "bogus", "", " full", "as-stored", 1, None)]))
+    out.append(("ReadTarget(mode=...)", [raises(lambda v=v: m.ReadTarget(mode=v)) for v in ("bogus", "", 1, None)]))
+    out.append(("query_task", [raises(lambda v=v: s.query_task(v)) for v in
+                               ("x", "ab", 5, None, (1,), (1, 2, 3), (-1, 2), (2**64, 2), (1.0, 2))]
+                + [raises(lambda v=v: s.query_task(v)[1]) for v in ((1, 2), [1, 2], (True, 2), (np.uint64(1), 2))]))
+    a = np.zeros(64, dtype=np.uint8)
+    p = ptr(a)
+    out.append(("register_buffer", [raises(lambda x=x, n=n: s.register_buffer(x, n)) for x, n in (
+        (p, -1), (-1, 8), ("x", 8), (p, 8.0), (float(p), 8), (2**64, 8), (0, 8), (p, 0), (p, "8"))]))
+    out.append(("register_buffer, numpy ints and bools", s.register_buffer(np.uint64(p), np.int64(8)),
+                s.register_buffer(p + 8, True), s.unregister_buffer(np.uint64(p)), s.unregister_buffer(p + 8)))
+    out.append(("unregister_buffer", [raises(lambda x=x: s.unregister_buffer(x)) for x in (-1, 1.0, "x", None, 2**64, 4096)]))
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_same_answers_as_mooncake(systems, name):  # noqa: F811 - the fixture
     r = both(systems, SCENARIOS[name])

@@ -61,6 +61,32 @@ def _index(name: str, value: Any, *, allow_none: bool = False) -> Optional[int]:
     return v
 
 
+def _member(name: str, enum_type: Any, value: Any) -> Any:
+    """A member of ``enum_type``, or of Mooncake's enum of the same name
+    (taken by value); anything else, plain ints included, raises TypeError
+    as Mooncake's binding does."""
+    if isinstance(value, enum_type):
+        return value
+    if type(value).__name__ == enum_type.__name__ and hasattr(value, "value"):
+        try:
+            return enum_type(int(value.value))
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{name} must be a {enum_type.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A yes/no field converted as Mooncake's binding converts ``bool``:
+    ``True``/``False``, ``None`` (no) and numbers (anything whose type
+    defines ``__bool__``: ints, floats, numpy bools) are taken; anything else
+    (``"no"``, ``"false"``, lists) raises TypeError rather than reading as yes."""
+    if value is None:
+        return False
+    if isinstance(value, bool) or hasattr(type(value), "__bool__"):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
 class ReplicateConfig:
     """Replication and pinning for a put. Fields as in Mooncake:
     ``replica_num`` copies on distinct segments; ``with_soft_pin`` /
@@ -131,7 +157,7 @@ class ReplicateConfig:
 
     @with_soft_pin.setter
     def with_soft_pin(self, v: bool) -> None:
-        self._with_soft_pin = bool(v)
+        self._with_soft_pin = _flag("with_soft_pin", v)
 
     @property
     def soft_pin_ttl_ms(self) -> Optional[int]:
@@ -149,7 +175,7 @@ class ReplicateConfig:
 
     @with_hard_pin.setter
     def with_hard_pin(self, v: bool) -> None:
-        self._with_hard_pin = bool(v)
+        self._with_hard_pin = _flag("with_hard_pin", v)
 
     @property
     def preferred_segments(self) -> List[str]:
@@ -183,7 +209,7 @@ class ReplicateConfig:
 
     @prefer_alloc_in_same_node.setter
     def prefer_alloc_in_same_node(self, v: bool) -> None:
-        self._prefer_alloc_in_same_node = bool(v)
+        self._prefer_alloc_in_same_node = _flag("prefer_alloc_in_same_node", v)
 
     @property
     def soft_pin_action(self) -> SoftPinAction:
@@ -192,10 +218,7 @@ class ReplicateConfig:
 
     @soft_pin_action.setter
     def soft_pin_action(self, v: SoftPinAction) -> None:
-        try:
-            self._soft_pin_action = SoftPinAction(int(v))
-        except (TypeError, ValueError):
-            raise TypeError(f"soft_pin_action must be a SoftPinAction, got {v!r}") from None
+        self._soft_pin_action = _member("soft_pin_action", SoftPinAction, v)
 
     @property
     def data_type(self) -> ObjectDataType:
@@ -204,10 +227,7 @@ class ReplicateConfig:
 
     @data_type.setter
     def data_type(self, v: ObjectDataType) -> None:
-        try:
-            self._data_type = ObjectDataType(int(v))
-        except (TypeError, ValueError):
-            raise TypeError(f"data_type must be an ObjectDataType, got {v!r}") from None
+        self._data_type = _member("data_type", ObjectDataType, v)
 
     @property
     def nof_replica_num(self) -> int:

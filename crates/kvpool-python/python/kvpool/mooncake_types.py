@@ -230,6 +230,9 @@ class TensorParallelism:
         self.axes: List[ParallelAxis] = list(axes or [])
 
 
+_READ_MODES = ("as_stored", "full", "shard")
+
+
 class ReadTarget:
     """What a parallel read returns: ``mode`` ``"as_stored"`` (the object
     under the key as written), ``"full"`` (the whole tensor put together from
@@ -237,8 +240,29 @@ class ReadTarget:
     from the whole tensor)."""
 
     def __init__(self, mode: str = "as_stored", parallelism: Optional[TensorParallelism] = None) -> None:
-        self.mode = mode
+        # Mooncake's constructor takes no arguments (TypeError for any);
+        # kvpool's takes these two, and a mode it cannot take is a TypeError too.
+        try:
+            self.mode = mode
+        except RuntimeError as e:
+            raise TypeError(str(e)) from None
         self.parallelism = parallelism
+
+    @property
+    def mode(self) -> str:
+        """``"as_stored"``, ``"full"`` or ``"shard"``."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, v: str) -> None:
+        # As Mooncake's setter: a str, any case, one of the three modes;
+        # another type is a TypeError, another str a RuntimeError.
+        if not isinstance(v, str):
+            raise TypeError(f"ReadTarget.mode must be a str, got {type(v).__name__} {v!r}")
+        m = v.lower()
+        if m not in _READ_MODES:
+            raise RuntimeError(f"Unsupported ReadTarget mode {v!r} (use 'as_stored', 'full' or 'shard')")
+        self._mode = m
 
 
 # ---------------------------------------------------------------- host memory

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ._codes import INVALID_PARAMS, OK
+from ._helpers import u64_arg
 
 
 class _BuffersMixin:
@@ -19,10 +20,13 @@ class _BuffersMixin:
         """Registers memory for zero-copy calls: 0, or −600 for a null or
         empty region or one that overlaps a registered region (Mooncake's
         rule). Ranged reads (``get_into_ranges``) write only inside
-        registered regions; the other zero-copy calls take any memory."""
+        registered regions; the other zero-copy calls take any memory.
+        ``buffer_ptr`` and ``size`` are unsigned 64-bit ints: a negative,
+        float or str raises TypeError, as Mooncake's binding does."""
+        ptr = u64_arg("register_buffer", "buffer_ptr", buffer_ptr)
+        size = u64_arg("register_buffer", "size", size)
         if self._client is None:
             return INVALID_PARAMS
-        ptr, size = int(buffer_ptr), int(size)
         if ptr <= 0 or size <= 0:
             return INVALID_PARAMS
         with self._lock:
@@ -32,12 +36,14 @@ class _BuffersMixin:
         return OK
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
-        """0, or −600 if ``buffer_ptr`` does not start a registered region."""
+        """0, or −600 if ``buffer_ptr`` does not start a registered region;
+        TypeError for an address that is not an unsigned 64-bit int."""
+        ptr = u64_arg("unregister_buffer", "buffer_ptr", buffer_ptr)
         if self._client is None:
             return INVALID_PARAMS
         with self._lock:
             for i, (p, _) in enumerate(self._registered):
-                if p == int(buffer_ptr):
+                if p == ptr:
                     del self._registered[i]
                     return OK
         return INVALID_PARAMS

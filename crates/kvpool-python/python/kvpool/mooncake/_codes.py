@@ -16,6 +16,7 @@ OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 TRANSFER_FAIL = -800
 NOT_SUPPORTED = -1012
+FILE_NOT_FOUND = -1100
 
 #: Longest soft pin a write may ask for (Mooncake's limit: one day).
 MAX_SOFT_PIN_MS = 86_400_000

@@ -16,6 +16,7 @@ from ..mooncake_types import (
     task_id_tuple,
 )
 from ._codes import INVALID_PARAMS, OK
+from ._helpers import u64_arg
 
 
 class _ReplicasMixin:
@@ -91,11 +92,21 @@ class _ReplicasMixin:
             return (0, 0), e.code
 
     def query_task(self, task_id: Tuple[int, int]) -> Tuple[Optional[QueryTaskResponse], int]:
-        """``(QueryTaskResponse, 0)``, or ``(None, code)`` (−1400 unknown task)."""
+        """``(QueryTaskResponse, 0)``, or ``(None, code)`` (−1400 unknown task).
+        ``task_id`` is the ``(high, low)`` pair the create calls return (any
+        2-item sequence of unsigned 64-bit ints); anything else raises
+        TypeError, as Mooncake's binding does."""
+        try:
+            hi, lo = (task_id[0], task_id[1]) if len(task_id) == 2 else (None, None)
+        except (TypeError, KeyError, IndexError):
+            hi = lo = None
+        if hi is None:
+            raise TypeError(f"query_task(): incompatible function arguments: task_id must be a (high, low) pair, got {task_id!r}")
+        hi, lo = u64_arg("query_task", "task_id", hi), u64_arg("query_task", "task_id", lo)
         c = self._client
         if c is None:
             return None, INVALID_PARAMS
         try:
-            return QueryTaskResponse(c.query_task(task_id_int(task_id))), OK
+            return QueryTaskResponse(c.query_task(task_id_int((hi, lo)))), OK
         except KvpoolError as e:
             return None, e.code

@@ -4,12 +4,13 @@ their buffer (``_from``/``_into``) and CUDA forms, and safetensors files."""
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .. import _tensor
 from ..config import ReplicateConfig
 from ..errors import KvpoolError
-from ._codes import INVALID_PARAMS, NOT_SUPPORTED, OBJECT_NOT_FOUND, OK, logger
+from ._codes import FILE_NOT_FOUND, INVALID_PARAMS, NOT_SUPPORTED, OBJECT_NOT_FOUND, OK, logger
 
 
 class _TensorsMixin:
@@ -212,12 +213,22 @@ class _TensorsMixin:
 
     def save_tensor_to_safetensor(self, key: str, file_name: Any = None) -> int:
         """Writes the tensor under ``key`` to a safetensors file
-        (``file_name``, default the key) as tensor ``key``: 0, −704 if missing,
-        −600 if it cannot be written."""
+        (``file_name``, default the key) as tensor ``key``: 0; −1100
+        (Mooncake's ``FILE_NOT_FOUND``) when there is no tensor to save (a
+        missing key, an empty key, an object that is not a tensor); −600 if
+        the file cannot be written or before setup. A ``file_name`` that is
+        not a str (or bytes) raises RuntimeError once the tensor is found,
+        as Mooncake's cast does."""
+        if self._client is None:
+            return INVALID_PARAMS
         t = self._get_tensor(key)
         if t is None:
-            return OBJECT_NOT_FOUND if self._client is not None else INVALID_PARAMS
-        path = str(file_name) if file_name else key
+            return FILE_NOT_FOUND
+        if file_name is not None and not isinstance(file_name, (str, bytes)):
+            raise RuntimeError(
+                f"Unable to cast Python instance of type {type(file_name)} to C++ type 'std::string'"
+            )
+        path = os.fsdecode(file_name) if file_name else key
         try:
             blob = _tensor.safetensors_bytes(key, t)
             with open(path, "wb") as f:
