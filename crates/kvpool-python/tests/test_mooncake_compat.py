@@ -209,6 +209,20 @@ def group_ids_are_a_placement_hint(S: System) -> Any:
     return out
 
 
+@scenario
+def unmapped_source_pointer(S: System) -> Any:
+    """A source address of unmapped memory (the first page, never mapped):
+    that key fails with a code, the others are stored, nothing crashes."""
+    s = S.store()
+    x = buf(16, 3)
+    bad = 0x1000
+    k = S.key("unmapped")
+    out = [("put_from", s.put_from(k + "1", bad, 16), s.is_exist(k + "1"))]
+    out.append(("batch_put_from", s.batch_put_from([k + "2", k + "3"], [ptr(x), bad], [16, 16]),
+                s.get(k + "2")[:4], s.is_exist(k + "3")))
+    return out
+
+
 # ---------------------------------------------------------------- ranged reads
 
 
