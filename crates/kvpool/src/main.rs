@@ -149,10 +149,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                 }
                 r = &mut store => {
+                    let signalled = shutdown.is_cancelled();
                     shutdown.cancel();
                     master.stopped().await?;
                     r??;
-                    if !shutdown.is_cancelled() {
+                    if !signalled {
                         anyhow::bail!("the store stopped before it mounted its segment");
                     }
                     return Ok(ExitCode::SUCCESS);
