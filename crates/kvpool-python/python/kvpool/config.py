@@ -82,7 +82,7 @@ def _flag(name: str, value: Any) -> bool:
     (``"no"``, ``"false"``, lists) raises TypeError rather than reading as yes."""
     if value is None:
         return False
-    if isinstance(value, bool) or hasattr(type(value), "__bool__"):
+    if hasattr(type(value), "__bool__"):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
@@ -260,7 +260,7 @@ class ReplicateConfig:
 
     @property
     def group_ids(self) -> Optional[List[str]]:
-        """Object groups of Mooncake's group semantics; kvpool has none (a put naming any is −1012)."""
+        """Object groups of Mooncake's group semantics, one per key of a put: a placement hint kvpool accepts and does not use."""
         return self._group_ids
 
     @group_ids.setter

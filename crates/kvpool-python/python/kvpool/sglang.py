@@ -93,5 +93,5 @@ class KvpoolStore(MooncakeStore):  # type: ignore[misc]
         return MooncakeDistributedStore
 
     def _import_mooncake_group_semantics(self) -> Any:
-        # kvpool's ReplicateConfig has no group_ids: SGLang keeps its plain batch path.
+        # Groups are a hint kvpool does not use: SGLang keeps its plain batch path.
         return ReplicateConfig, False

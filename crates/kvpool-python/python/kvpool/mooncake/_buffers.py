@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..config import _index
 from ._codes import INVALID_PARAMS, OK
-from ._helpers import u64_arg
 
 
 class _BuffersMixin:
@@ -23,8 +23,8 @@ class _BuffersMixin:
         registered regions; the other zero-copy calls take any memory.
         ``buffer_ptr`` and ``size`` are unsigned 64-bit ints: a negative,
         float or str raises TypeError, as Mooncake's binding does."""
-        ptr = u64_arg("register_buffer", "buffer_ptr", buffer_ptr)
-        size = u64_arg("register_buffer", "size", size)
+        ptr = _index("register_buffer() buffer_ptr", buffer_ptr)
+        size = _index("register_buffer() size", size)
         if self._client is None:
             return INVALID_PARAMS
         if ptr <= 0 or size <= 0:
@@ -38,7 +38,7 @@ class _BuffersMixin:
     def unregister_buffer(self, buffer_ptr: int) -> int:
         """0, or −600 if ``buffer_ptr`` does not start a registered region;
         TypeError for an address that is not an unsigned 64-bit int."""
-        ptr = u64_arg("unregister_buffer", "buffer_ptr", buffer_ptr)
+        ptr = _index("unregister_buffer() buffer_ptr", buffer_ptr)
         if self._client is None:
             return INVALID_PARAMS
         with self._lock:

@@ -6,7 +6,6 @@ that name a key twice; and how the class is assembled from its mixins."""
 
 from __future__ import annotations
 
-import operator
 import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -15,25 +14,6 @@ from ..config import ReplicateConfig, SoftPinAction
 from ..errors import KvpoolError
 from ._codes import INVALID_PARAMS, MAX_SOFT_PIN_MS, NOT_SUPPORTED, OK
 
-_U64_END = 2**64
-
-
-def u64_arg(call: str, name: str, value: Any) -> int:
-    """``value`` as an unsigned 64-bit argument, converted as Mooncake's
-    binding converts ``uint64_t``/``size_t`` arguments: an int (or an object
-    with ``__index__``: numpy ints, bools) in [0, 2**64), else TypeError
-    (floats, strings, negatives and too-large ints included)."""
-    if not isinstance(value, float):
-        try:
-            v = operator.index(value)
-        except TypeError:
-            pass
-        else:
-            if 0 <= v < _U64_END:
-                return v
-    raise TypeError(
-        f"{call}(): incompatible function arguments: {name} must be an unsigned 64-bit int, got {value!r}"
-    )
 
 
 class _Preferring:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..config import _index
 from ..errors import KvpoolError
 from ..mooncake_types import (
     Descriptor,
@@ -16,7 +17,6 @@ from ..mooncake_types import (
     task_id_tuple,
 )
 from ._codes import INVALID_PARAMS, OK
-from ._helpers import u64_arg
 
 
 class _ReplicasMixin:
@@ -97,12 +97,10 @@ class _ReplicasMixin:
         2-item sequence of unsigned 64-bit ints); anything else raises
         TypeError, as Mooncake's binding does."""
         try:
-            hi, lo = (task_id[0], task_id[1]) if len(task_id) == 2 else (None, None)
-        except (TypeError, KeyError, IndexError):
-            hi = lo = None
-        if hi is None:
-            raise TypeError(f"query_task(): incompatible function arguments: task_id must be a (high, low) pair, got {task_id!r}")
-        hi, lo = u64_arg("query_task", "task_id", hi), u64_arg("query_task", "task_id", lo)
+            hi, lo = task_id
+        except (TypeError, ValueError):
+            raise TypeError(f"query_task() task_id must be a (high, low) pair, got {task_id!r}") from None
+        hi, lo = _index("query_task() task_id", hi), _index("query_task() task_id", lo)
         c = self._client
         if c is None:
             return None, INVALID_PARAMS

@@ -10,10 +10,10 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..client import _track_lender
+from ..config import _index
 from ..errors import KvpoolError
 from ..mooncake_types import segment_id_hex, segment_id_text
 from ._codes import INTERNAL_ERROR, INVALID_PARAMS, OK, logger
-from ._helpers import u64_arg
 
 #: ``allocate_and_mount_segment`` rounds sizes up to a multiple of this (Mooncake's unit).
 _ALLOC_UNIT = 16 << 20
@@ -45,7 +45,7 @@ class _SegmentsMixin:
         ``{"ret": code, "segment_ids": [], "allocated_size": 0}`` (−1 for a
         size of 0, Mooncake's answer). A negative size raises TypeError.
         ``location`` (a NUMA hint) is accepted and not used."""
-        size = u64_arg("allocate_and_mount_segment", "size", size)
+        size = _index("allocate_and_mount_segment() size", size)
         if self._client is not None and size == 0:
             return {"ret": INTERNAL_ERROR, "segment_ids": [], "allocated_size": 0}
         size = -(-size // _ALLOC_UNIT) * _ALLOC_UNIT
@@ -60,8 +60,8 @@ class _SegmentsMixin:
         ``{"ret": 0, "segment_ids": []}`` when ``path`` is a file this
         process can open for writing at a page-aligned ``offset``, else −1
         (Mooncake's answers). Negative sizes or offsets raise TypeError."""
-        size = u64_arg("mount_segment", "size", size)
-        offset = u64_arg("mount_segment", "offset", offset)
+        size = _index("mount_segment() size", size)
+        offset = _index("mount_segment() offset", offset)
         if size == 0 and self._client is not None:
             return {"ret": OK if _openable(str(path), offset) else INTERNAL_ERROR, "segment_ids": []}
         rc, ids = self._mount(size, str(path), offset, protocol)
@@ -89,7 +89,7 @@ class _SegmentsMixin:
         if isinstance(segment_ids, (str, bytes)):
             raise TypeError("unmount_segment(): incompatible function arguments: segment_ids must be a list of str")
         segment_ids = list(segment_ids)
-        grace = u64_arg("unmount_segment", "grace_period_seconds", grace_period_seconds)
+        grace = _index("unmount_segment() grace_period_seconds", grace_period_seconds)
         c = self._client
         if c is None:
             return INVALID_PARAMS
@@ -123,7 +123,7 @@ class _SegmentsMixin:
         """0: there is no local-disk (SSD offload) segment to unmount (kvpool
         has none), and Mooncake answers 0 when none is mounted. A negative
         grace period raises TypeError."""
-        u64_arg("unmount_local_disk_segment", "grace_period_seconds", grace_period_seconds)
+        _index("unmount_local_disk_segment() grace_period_seconds", grace_period_seconds)
         return OK
 
     def get_offload_rpc_read_count(self) -> int:
