@@ -62,23 +62,24 @@ impl Region {
             .ok()
             .filter(|p| p.is_power_of_two())
             .unwrap_or(4096);
-        let first = self.ptr & !(page - 1);
-        let probes: Vec<usize> = (first..self.end())
+        // A byte of each page: the first at the region's start.
+        let mut probes = ((self.ptr & !(page - 1))..self.end())
             .step_by(page)
-            .map(|p| p.max(self.ptr))
-            .collect();
+            .map(|p| libc::iovec {
+                iov_base: p.max(self.ptr) as *mut libc::c_void,
+                iov_len: 1,
+            });
         let mut scratch = [0u8; PROBES_PER_CALL];
-        for chunk in probes.chunks(PROBES_PER_CALL) {
-            let remote: Vec<libc::iovec> = chunk
-                .iter()
-                .map(|&p| libc::iovec {
-                    iov_base: p as *mut libc::c_void,
-                    iov_len: 1,
-                })
-                .collect();
+        let mut remote = Vec::with_capacity(PROBES_PER_CALL.min(self.len / page + 2));
+        loop {
+            remote.clear();
+            remote.extend(probes.by_ref().take(PROBES_PER_CALL));
+            if remote.is_empty() {
+                return Ok(());
+            }
             let local = libc::iovec {
                 iov_base: scratch.as_mut_ptr().cast(),
-                iov_len: chunk.len(),
+                iov_len: remote.len(),
             };
             // SAFETY: the local iovec is our own scratch buffer; the remote
             // ones are only read by the kernel, which reports a fault instead
@@ -93,7 +94,7 @@ impl Region {
                     0,
                 )
             };
-            if n == chunk.len() as isize {
+            if n == remote.len() as isize {
                 continue;
             }
             let errno = std::io::Error::last_os_error().raw_os_error();
@@ -108,7 +109,6 @@ impl Region {
                 ),
             ));
         }
-        Ok(())
     }
 
     /// The region as a shared slice.
