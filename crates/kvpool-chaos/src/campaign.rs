@@ -196,7 +196,7 @@ impl Causes {
                 &mut self.leader_etcd_or_split
             } else if any(|t| t.contains("store-")) {
                 &mut self.stores
-            } else if any(|_| true) {
+            } else if targets.clone().next().is_some() {
                 &mut self.others
             } else {
                 &mut self.none

@@ -718,7 +718,8 @@ fn start_ha(
     let (m, token) = (master.clone(), shutdown.clone());
     let etcd_tls = cfg.security.etcd_tls.clone();
     let grace = if cfg.recovery_grace.is_zero() {
-        // Two heartbeats: every live store has re-mounted by then.
+        // Two heartbeats or more (every TTL/4, at most 1 s apart): every
+        // live store has re-mounted by then.
         cfg.state.client_ttl / 2
     } else {
         cfg.recovery_grace

@@ -130,14 +130,8 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
 
 /// Opens (or recovers) the disk tier, when the store has one.
 fn open_disk(cfg: &StoreConfig) -> Result<Option<disk::DiskSegment>, StoreError> {
-    Ok(match &cfg.disk_dir {
-        Some(dir) => Some(disk::DiskSegment::open(
-            dir,
-            cfg.disk_size,
-            cfg.disk_queue_depth,
-        )?),
-        None => None,
-    })
+    let open = |dir| disk::DiskSegment::open(dir, cfg.disk_size, cfg.disk_queue_depth);
+    cfg.disk_dir.as_deref().map(open).transpose()
 }
 
 /// Binds the data plane with the segments already added, and returns it with the segment name.

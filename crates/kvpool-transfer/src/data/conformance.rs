@@ -21,6 +21,7 @@ use super::medium::{in_object_area, Copied, Medium};
 use super::on_disk::DiskSegment;
 use super::serve::Reply;
 use super::table::Served;
+use super::tests::object;
 use super::*;
 use crate::disk::DiskFile;
 use crate::fence::Fence;
@@ -140,19 +141,6 @@ fn media(dir: &std::path::Path) -> Vec<(&'static str, Arc<dyn Medium>)> {
         ("disk", Arc::new(disk)),
         ("file", Arc::new(plain)),
     ]
-}
-
-/// The object `key` of version `generation` holding `value`.
-fn object(key: &str, generation: u64, value: &[u8]) -> Vec<u8> {
-    let mut o = kvpool_format::ObjectHeader {
-        key: key.into(),
-        value_len: value.len() as u64,
-        generation,
-        checksum: kvpool_format::value_checksum(&[value]),
-    }
-    .encode();
-    o.extend_from_slice(value);
-    o
 }
 
 /// What a read answered, as bytes.

@@ -10,7 +10,7 @@ use kvpool_proto::msg::{self, InvalidateReq, SegmentId, Tier, TierMove, TierMove
 use kvpool_proto::{Code, KvError, KvResult};
 use tracing::debug;
 
-use super::medium::{holds_header, in_object_area, on_io, Medium};
+use super::medium::{in_object_area, on_io, Medium};
 use super::serve::{Boxed, Reply};
 use super::table::SegmentTable;
 use crate::mapped::MappedRegion;
@@ -67,7 +67,7 @@ pub(super) fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<R
         let mut revoked = table.revoked.write();
         let n = s.invalidate(&req.regions);
         for &(off, gen) in &req.regions {
-            if holds_header(&*s, off) {
+            if s.region.contains(off, FIXED_LEN as u64) {
                 revoked.insert(req.segment, off, gen, now);
             }
         }

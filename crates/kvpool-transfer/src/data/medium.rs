@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use kvpool_format::FIXED_LEN;
 use kvpool_proto::msg::Tier;
 use kvpool_proto::{Code, KvError, KvResult};
 
@@ -84,13 +83,6 @@ pub(super) fn in_object_area(m: &dyn Medium, offset: u64, len: u64) -> KvResult<
         ));
     }
     Ok(())
-}
-
-/// Whether `m` holds a whole object header at `offset`.
-pub(super) fn holds_header(m: &dyn Medium, offset: u64) -> bool {
-    offset
-        .checked_add(FIXED_LEN as u64)
-        .is_some_and(|end| end <= m.len())
 }
 
 /// Runs `f` on `m` where its blocking I/O belongs (see

@@ -19,7 +19,7 @@ use super::*;
 use crate::mapped::MappedRegion;
 
 /// The object `key` of version `generation` holding `value`: header and value.
-fn object(key: &str, generation: u64, value: &[u8]) -> Vec<u8> {
+pub(super) fn object(key: &str, generation: u64, value: &[u8]) -> Vec<u8> {
     let mut o = kvpool_format::ObjectHeader {
         key: key.into(),
         value_len: value.len() as u64,
