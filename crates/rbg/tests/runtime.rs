@@ -676,6 +676,17 @@ fn is_zombie(pid: u32) -> bool {
         .unwrap_or(true)
 }
 
+/// Runs `rbg validate <flags> -f <path>`.
+fn validate(path: impl AsRef<std::ffi::OsStr>, flags: &[&str]) -> std::process::Output {
+    Command::new(RBG)
+        .arg("validate")
+        .args(flags)
+        .arg("-f")
+        .arg(path)
+        .output()
+        .expect("run")
+}
+
 #[test]
 fn cli_reports_bad_input_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -685,11 +696,7 @@ fn cli_reports_bad_input_clearly() {
         "apiVersion: workloads.x-k8s.io/v1alpha1\nkind: RoleBasedGroup\nmetadata: {name: x}\nspec:\n  roles:\n  - name: a\n    replicas: many\n",
     )
     .expect("write");
-    let out = Command::new(RBG)
-        .args(["validate", "-f"])
-        .arg(&bad)
-        .output()
-        .expect("run");
+    let out = validate(&bad, &[]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -703,11 +710,7 @@ fn cli_reports_bad_input_clearly() {
         "apiVersion: workloads.x-k8s.io/v1alpha1\nkind: RoleBasedGroup\nmetadata: {name: x}\nspec:\n  roles:\n  - {name: a, dependencies: [b], template: {spec: {containers: [{name: c, command: [x]}]}}}\n  - {name: b, dependencies: [a], template: {spec: {containers: [{name: c, command: [x]}]}}}\n",
     )
     .expect("write");
-    let out = Command::new(RBG)
-        .args(["validate", "-f"])
-        .arg(&cyc)
-        .output()
-        .expect("run");
+    let out = validate(&cyc, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("dependency cycle: a -> b -> a"), "{err}");
 
@@ -727,11 +730,7 @@ fn cli_reports_bad_input_clearly() {
         "apiVersion: workloads.x-k8s.io/v1alpha2\nkind: RoleBasedGroup\nmetadata: {name: x}\nspec:\n  roles:\n  - name: a\n    replcias: 2\n    instanceTopologyConstraint: {topologyName: nvlink}\n    standalonePattern: {template: {spec: {containers: [{name: c, command: [x]}]}}}\n",
     )
     .expect("write");
-    let out = Command::new(RBG)
-        .args(["validate", "-f"])
-        .arg(&misspelt)
-        .output()
-        .expect("run");
+    let out = validate(&misspelt, &[]);
     assert!(out.status.success(), "warnings only without --strict");
     let text = String::from_utf8_lossy(&out.stdout);
     for path in [
@@ -740,21 +739,13 @@ fn cli_reports_bad_input_clearly() {
     ] {
         assert!(text.contains(&format!("warning: {path}")), "{path}: {text}");
     }
-    let out = Command::new(RBG)
-        .args(["validate", "--strict", "-f"])
-        .arg(&misspelt)
-        .output()
-        .expect("run");
+    let out = validate(&misspelt, &["--strict"]);
     assert!(!out.status.success(), "--strict fails on unknown fields");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("2 field(s) are not implemented"), "{err}");
 
     for example in ["deploy/kvpool-cache.yaml", "deploy/pd-router.yaml"] {
-        let out = Command::new(RBG)
-            .args(["validate", "-f"])
-            .arg(workspace().join(example))
-            .output()
-            .expect("run");
+        let out = validate(workspace().join(example), &[]);
         assert!(
             out.status.success(),
             "{example}: {}",
