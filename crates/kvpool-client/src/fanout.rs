@@ -6,20 +6,15 @@
 //! runners only execute what was planned.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::future::join_all;
-use kvpool_proto::KvResult;
 
 use crate::Client;
 
 /// Batches whose bytes exceed this are spread over several connections per
 /// store (and over cores for shared-memory copies and checksums).
 pub(crate) const SPREAD_BYTES: u64 = 1 << 20;
-
-/// One share of a batch's transfers: (item index, result) pairs.
-pub(crate) type Job<'a, T> = Pin<Box<dyn Future<Output = Vec<(usize, KvResult<T>)>> + Send + 'a>>;
 
 /// Parallel lanes (connections or threads) for `items` items of `bytes`
 /// bytes: up to `max` when the bytes pay for parallelism, else one.

@@ -38,7 +38,7 @@ mod replicas;
 mod retry;
 mod rpc;
 mod segments;
-mod transport;
+pub mod transport;
 
 pub use cache::CacheStats;
 pub use config::{ClientConfig, Protocol};

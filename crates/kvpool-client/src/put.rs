@@ -8,17 +8,15 @@
 use std::collections::HashMap;
 
 use kvpool_format::{header_len, value_checksum, ObjectHeader};
-use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, WriteReq};
+use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, Tier, WriteReq};
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
-use kvpool_transfer::data::WriteOp;
 use tokio::time::Instant;
 
-use crate::fanout::{cores, split, Job, SPREAD_BYTES};
-use crate::placement::Route;
+use crate::fanout::{cores, SPREAD_BYTES};
 use crate::retry::KeyRetry;
 use crate::rpc::one;
-use crate::transport::{not_mappable, tcp};
-use crate::{Client, Protocol, ReplicateConfig};
+use crate::transport::{Dir, Job, Kind, Write, WriteOp};
+use crate::{Client, ReplicateConfig};
 
 /// One object to put: its key and the parts its value is the concatenation of.
 type Item<'a> = (&'a str, &'a [&'a [u8]]);
@@ -160,7 +158,7 @@ impl Client {
             };
             headers.push((i, generation, h.encode(), replicas));
         }
-        let mut ops: Vec<(usize, String, WriteOp)> = Vec::new();
+        let mut ops: Vec<Write> = Vec::new();
         for (i, generation, head, replicas) in &headers {
             for r in replicas {
                 let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + items[*i].1.len());
@@ -171,7 +169,11 @@ impl Client {
                     offset: r.offset,
                     grant: r.grant(*generation),
                 };
-                ops.push((*i, r.endpoint.clone(), WriteOp { req, parts }));
+                ops.push(Write {
+                    item: *i,
+                    peer: r.endpoint.clone(),
+                    op: WriteOp { req, parts },
+                });
             }
         }
         for (i, r) in self.run_writes(ops).await {
@@ -221,55 +223,36 @@ impl Client {
         results
     }
 
-    /// Runs writes grouped by route: shared-memory copies spread over the
-    /// cores, TCP writes grouped by store, each group pipelined, groups (and
-    /// big groups' chunks) in parallel. Returns (item index, result) per op.
-    pub(crate) async fn run_writes<'a>(
-        &self,
-        ops: Vec<(usize, String, WriteOp<'a>)>,
-    ) -> Vec<(usize, KvResult<()>)> {
-        let routes = self
-            .routes(ops.iter().map(|(_, _, o)| o.req.segment).collect())
-            .await;
+    /// Runs writes, each over its route: every transport batches its
+    /// share as it does best, and all shares run together. Returns (item
+    /// index, result) per op.
+    pub(crate) async fn run_writes<'a>(&self, ops: Vec<Write<'a>>) -> Vec<(usize, KvResult<()>)> {
+        let segments: Vec<_> = ops.iter().map(|w| w.op.req.segment).collect();
+        self.prepare(&segments).await;
         let mut done = Vec::new();
-        let mut groups: HashMap<String, Vec<(usize, WriteOp<'a>)>> = HashMap::new();
-        let (mut local, mut local_bytes) = (Vec::new(), 0);
-        for (i, ep, op) in ops {
-            match routes.to(op.req.segment) {
-                Route::Shm(map) if map.writable() => {
-                    local_bytes += value_len(&op.parts);
-                    local.push((i, map, op));
+        let mut by_kind: HashMap<Kind, Vec<Write<'a>>> = HashMap::new();
+        let (mut tcp_bytes, mut shm_bytes) = (0, 0);
+        for w in ops {
+            match self.route(w.op.req.segment, Tier::Memory, Dir::Write) {
+                Ok(kind) => {
+                    let bytes = value_len(&w.op.parts);
+                    match kind {
+                        Kind::Shm => shm_bytes += bytes,
+                        Kind::Tcp => tcp_bytes += bytes,
+                    }
+                    by_kind.entry(kind).or_default().push(w);
                 }
-                Route::Unmappable | Route::Shm(_) if self.inner.cfg.protocol == Protocol::Shm => {
-                    done.push((i, Err(not_mappable(op.req.segment))))
-                }
-                Route::Unmappable | Route::Shm(_) | Route::Tcp => {
-                    groups.entry(ep).or_default().push((i, op))
-                }
+                Err(e) => done.push((w.item, Err(e))),
             }
         }
-        let mut jobs: Vec<Job<()>> = Vec::new();
-        // Shared-memory writes are copies: big batches spread them too.
-        for chunk in split(local, local_bytes, cores()) {
-            jobs.push(Box::pin(async move {
-                chunk
-                    .into_iter()
-                    .map(|(i, map, op)| (i, map.write(op.req.offset, &op.parts, &op.req.grant)))
-                    .collect()
-            }));
-        }
-        let mut total = local_bytes;
-        let timeout = kvpool_net::deadline::cap(self.inner.cfg.timeout);
-        for (ep, group) in groups {
-            let bytes: u64 = group.iter().map(|(_, o)| value_len(&o.parts)).sum();
-            total += bytes;
-            for chunk in split(group, bytes, self.inner.cfg.conns_per_store) {
-                let pool = self.inner.transports.tcp.pool(&ep);
-                jobs.push(tcp::write_job(pool, timeout, chunk));
-            }
-        }
-        let big = total >= SPREAD_BYTES;
-        (self.inner.metrics).transferred("write", total - local_bytes, local_bytes);
+        let spread = self.spread();
+        let transports = &self.inner.transports;
+        let jobs: Vec<Job<()>> = by_kind
+            .into_iter()
+            .flat_map(|(kind, ops)| transports.get(kind).write(ops, spread))
+            .collect();
+        let big = tcp_bytes + shm_bytes >= SPREAD_BYTES;
+        (self.inner.metrics).transferred("write", tcp_bytes, shm_bytes);
         done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
         done
     }

@@ -12,7 +12,7 @@
 //! and once every object of that store has a verified answer, its reads are
 //! dropped and the answers copied to the caller.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -22,47 +22,40 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use kvpool_format::{header_len, value_checksum, ObjectHeader};
 use kvpool_proto::msg::{ObjectLocation, ReadReq, Tier};
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::data::ReadOp;
 use tokio::time::Instant;
 
-use crate::fanout::{cores, lanes, split, Job, SPREAD_BYTES};
+use crate::fanout::SPREAD_BYTES;
 use crate::get::{reborrow, Found, GetInto};
-use crate::placement::{due, rounds, Route};
-use crate::transport::tcp::{broken, StoreReads};
-use crate::transport::{not_mappable, Routes};
+use crate::placement::{due, rounds};
+use crate::transport::{Dir, Job, Kind, Read, ReadOp, Share, Verify};
 use crate::Client;
 
 /// A second read of one object, from another replica, for a hedge.
-struct Hedge<'a> {
+#[derive(Clone, Copy)]
+struct Hedge {
     /// The item it answers.
     item: usize,
-    key: &'a str,
-    location: &'a ObjectLocation,
     /// Which replica to read.
     replica: usize,
-    lease_from: Instant,
 }
 
 /// What a round's reads came to: per-item results, and the objects read
 /// aside by hedges (header, then value) that answered first.
 type Raced = (Vec<(usize, KvResult<usize>)>, HashMap<usize, Vec<u8>>);
 
-/// A round's reads from one store, or its shared-memory copies (no store):
-/// all answered together, or dropped once hedged.
-type Share<'a> = Pin<
+/// A share's reads, answered together or dropped once hedged: (share
+/// index, its results).
+type Running<'a> = Pin<
     Box<
         dyn Future<
                 Output = (
-                    Option<usize>,
+                    usize,
                     Result<Vec<(usize, KvResult<usize>)>, futures::future::Aborted>,
                 ),
             > + Send
             + 'a,
     >,
 >;
-
-/// A TCP read queued for its store: (item index, its check) and the op.
-type TcpRead<'a> = ((usize, Check<'a>), ReadOp<'a>);
 
 /// Whether a located object can be read into `room` bytes.
 fn readable(room: u64, l: &ObjectLocation) -> KvResult<()> {
@@ -90,12 +83,6 @@ impl Client {
         found: Vec<KvResult<Found>>,
     ) -> Vec<KvResult<usize>> {
         let hedging = self.inner.cfg.hedge_reads;
-        // Hedges outlive the round's borrow of `items`: they hold the keys.
-        let keys: Vec<&str> = if hedging {
-            items.iter().map(|i| i.key).collect()
-        } else {
-            Vec::new()
-        };
         let mut results: Vec<KvResult<usize>> = Vec::with_capacity(items.len());
         let mut locations: Vec<Option<ObjectLocation>> = Vec::with_capacity(items.len());
         let leases: Vec<Instant> = found
@@ -128,18 +115,33 @@ impl Client {
             .iter()
             .map(|l| l.as_ref().map_or(0, |l| l.replicas.len()))
             .collect();
-        // Disk replicas go over TCP whatever the protocol: no mapping to find.
-        let routes = self
-            .routes(
-                locations
-                    .iter()
-                    .flatten()
-                    .flat_map(|l| l.replicas.iter())
-                    .filter(|r| r.tier == Tier::Memory)
-                    .map(|r| r.segment)
-                    .collect(),
-            )
-            .await;
+        let segments: Vec<_> = locations
+            .iter()
+            .flatten()
+            .flat_map(|l| l.replicas.iter())
+            .filter(|r| r.tier == Tier::Memory)
+            .map(|r| r.segment)
+            .collect();
+        self.prepare(&segments).await;
+        // What each read must find; hedges outlive a round's borrow of
+        // `items`, so the keys are copied out.
+        let checks: Vec<Option<Check>> = items
+            .iter()
+            .zip(&locations)
+            .zip(&leases)
+            .map(|((item, l), &lease_from)| {
+                l.as_ref().map(|location| Check {
+                    key: item.key,
+                    location,
+                    lease_from,
+                })
+            })
+            .collect();
+        let verify = |i: usize, dst: &[&mut [u8]]| match &checks[i] {
+            Some(c) => c.verify(dst),
+            None => Err(KvError::from(Code::InternalError)),
+        };
+        let verify: Verify = &verify;
         // Round r reads replica r of every object whose earlier replicas failed.
         for round in 0..rounds(&replicas) {
             let pending: Vec<bool> = results.iter().map(|r| r.is_err()).collect();
@@ -152,25 +154,28 @@ impl Client {
                 .iter()
                 .map(|&i| vec![0u8; header_len(items[i].key.len())])
                 .collect();
-            // Per store: its reads, and the hedges of those that have one.
-            let mut groups: HashMap<&str, (Vec<TcpRead>, Vec<Hedge>)> = HashMap::new();
+            let mut reads: HashMap<Kind, Vec<Read>> = HashMap::new();
+            // Per transport and store: its reads, and the hedges of those
+            // that have one.
+            let mut hedges: HashMap<(Kind, &str), (usize, Vec<Hedge>)> = HashMap::new();
             let mut done: Vec<(usize, KvResult<usize>)> = Vec::new();
-            let mut local = Vec::new();
-            let (mut bytes, mut local_bytes) = (0u64, 0u64);
+            let (mut tcp_bytes, mut shm_bytes) = (0u64, 0u64);
             for ((item, head), &i) in reborrow(items, &todo)
                 .into_iter()
                 .zip(&mut heads)
                 .zip(&todo)
             {
                 let Some(l) = &locations[i] else { continue };
-                let check = Check {
-                    key: item.key,
-                    location: l,
-                    lease_from: leases[i],
-                };
                 let rep = &l.replicas[round];
+                let kind = match self.route(rep.segment, rep.tier, Dir::Read) {
+                    Ok(kind) => kind,
+                    Err(e) => {
+                        done.push((i, Err(e)));
+                        continue;
+                    }
+                };
+                let len = head.len() as u64 + l.value_len;
                 let mut dst: Vec<&mut [u8]> = Vec::with_capacity(1 + item.dst.len());
-                let hl = head.len() as u64;
                 dst.push(&mut head[..]);
                 let mut left = l.value_len;
                 for d in item.dst {
@@ -181,98 +186,69 @@ impl Client {
                     dst.push(&mut d[..n]);
                     left -= n as u64;
                 }
-                let route = routes.to_replica(rep);
-                match route {
-                    Route::Shm(map) => {
-                        local_bytes += hl + l.value_len;
-                        local.push((i, map, rep.offset, dst, check));
-                    }
-                    Route::Unmappable => done.push((i, Err(not_mappable(rep.segment)))),
-                    Route::Tcp => {
-                        let group = groups.entry(&rep.endpoint).or_default();
-                        if hedging {
-                            group
-                                .1
-                                .extend(self.hedge_for(i, keys[i], l, round, leases[i], &routes));
-                        }
-                        bytes += hl + l.value_len;
-                        let req = ReadReq {
-                            segment: rep.segment,
-                            offset: rep.offset,
-                            len: hl + l.value_len,
-                            grant: rep.read_grant(l.generation),
-                        };
-                        group.0.push(((i, check), ReadOp { req, dst }));
-                    }
+                match kind {
+                    Kind::Shm => shm_bytes += len,
+                    Kind::Tcp => tcp_bytes += len,
                 }
+                if hedging {
+                    let h = hedges.entry((kind, &rep.endpoint)).or_default();
+                    h.0 += 1;
+                    h.1.extend(self.hedge_for(i, l, round));
+                }
+                let req = ReadReq {
+                    segment: rep.segment,
+                    offset: rep.offset,
+                    len,
+                    grant: rep.read_grant(l.generation),
+                };
+                reads.entry(kind).or_default().push(Read {
+                    item: i,
+                    peer: rep.endpoint.clone(),
+                    op: ReadOp { req, dst },
+                });
             }
-            // A store's reads wait in one queue its connections take from,
-            // so one that runs ahead does more and none idles on a tail.
-            let mut hedged: Vec<Vec<Hedge>> = Vec::new();
-            let stores: Vec<StoreReads<(usize, Check)>> = groups
+            let spread = self.spread();
+            let transports = &self.inner.transports;
+            let shares: Vec<(Kind, Share)> = reads
                 .into_iter()
-                .map(|(ep, (group, h))| {
-                    // Hedged only if every read there is: a store is waited
-                    // for as long as one of its objects has no other way.
-                    hedged.push(if h.len() == group.len() {
-                        h
-                    } else {
-                        Vec::new()
-                    });
-                    let bytes: u64 = group.iter().map(|(_, o)| o.req.len).sum();
-                    let lanes = lanes(bytes, group.len(), self.inner.cfg.conns_per_store);
-                    let pool = self.inner.transports.tcp.pool(ep);
-                    StoreReads::new(pool, lanes, group.into_iter().collect::<VecDeque<_>>())
+                .flat_map(|(kind, reads)| {
+                    let shares = transports.get(kind).read(reads, verify, spread);
+                    shares.into_iter().map(move |s| (kind, s))
                 })
                 .collect();
-            let mut copies: Vec<Job<usize>> = Vec::new();
-            // Shared-memory reads are copies and checksums: big batches
-            // spread them over the cores too.
-            for chunk in split(local, local_bytes, cores()) {
-                copies.push(Box::pin(async move {
-                    chunk
-                        .into_iter()
-                        .map(|(i, map, offset, mut dst, check)| {
-                            let r = map.read(offset, &mut dst).and_then(|()| check.verify(&dst));
-                            (i, r)
-                        })
-                        .collect()
-                }));
-            }
-            let timeout = kvpool_net::deadline::cap(self.inner.cfg.timeout);
-            let big = bytes + local_bytes >= SPREAD_BYTES;
-            (self.inner.metrics).transferred("read", bytes, local_bytes);
+            // A store's share is hedged only if every read in it is: a store
+            // is waited for as long as one of its objects has no other way.
+            let hedged: Vec<Vec<Hedge>> = shares
+                .iter()
+                .map(|(kind, s)| {
+                    let h = s.peer.as_deref().and_then(|p| hedges.remove(&(*kind, p)));
+                    h.filter(|(n, h)| *n == h.len())
+                        .map(|(_, h)| h)
+                        .unwrap_or_default()
+                })
+                .collect();
+            let peered = shares.iter().any(|(_, s)| s.peer.is_some());
+            let big = tcp_bytes + shm_bytes >= SPREAD_BYTES;
+            (self.inner.metrics).transferred("read", tcp_bytes, shm_bytes);
             let t0 = Instant::now();
             let mut wins = HashMap::new();
             if !big && hedged.iter().any(|h| !h.is_empty()) {
-                let shares: Vec<Job<usize>> = stores
-                    .iter()
-                    .map(|s| -> Job<usize> {
-                        let lanes = join_all((0..s.lanes).map(|_| lane(s, timeout)));
-                        Box::pin(async move { lanes.await.concat() })
-                    })
-                    .collect();
-                let names: Vec<&str> = stores.iter().map(StoreReads::addr).collect();
-                let (got, won) = self
-                    .race(copies, shares, (hedged, &names), &routes, timeout)
-                    .await;
+                let aside = |h: Hedge| {
+                    let check = checks[h.item].as_ref();
+                    async move {
+                        let c = check.ok_or_else(|| KvError::from(Code::InternalError))?;
+                        self.read_aside(h, c.key.len(), c.location, verify).await
+                    }
+                };
+                let (got, won) = self.race(shares, hedged, aside).await;
                 done.extend(got);
                 wins = won;
             } else {
-                let mut jobs = copies;
-                for store in &stores {
-                    jobs.extend((0..store.lanes).map(|_| lane(store, timeout)));
-                }
+                let jobs: Vec<Job<usize>> = shares.into_iter().flat_map(|(_, s)| s.jobs).collect();
                 done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
             }
-            if hedging && !big && !stores.is_empty() {
+            if hedging && !big && peered {
                 self.inner.hedge.record(t0.elapsed());
-            }
-            // What no connection took fails with the reason.
-            for store in stores {
-                for ((i, _), e) in store.unread() {
-                    done.push((i, Err(e)));
-                }
             }
             for (i, r) in done {
                 if let Err(e) = &r {
@@ -294,11 +270,13 @@ impl Client {
         // An object whose every replica is on a store known to be down is a
         // miss for this call: asking again would find the same stores down
         // (until a probe finds one back), and would keep the caller waiting.
+        let transports = &self.inner.transports;
         for (r, l) in results.iter_mut().zip(&locations) {
             let Some(l) = l else { continue };
             if r.as_ref().is_err_and(|e| e.is_retryable())
                 && l.replicas.iter().all(|rep| {
-                    matches!(routes.to_replica(rep), Route::Tcp) && tcp.is_down(&rep.endpoint)
+                    self.route(rep.segment, rep.tier, Dir::Read)
+                        .is_ok_and(|k| transports.get(k).is_down(&rep.endpoint))
                 })
             {
                 *r = r.clone().map_err(KvError::settled);
@@ -306,22 +284,6 @@ impl Client {
         }
         results
     }
-}
-
-/// One lane of a store's reads, each verified as it lands (so a big batch
-/// checksums on every core).
-fn lane<'s, 'a>(
-    store: &'s StoreReads<'a, (usize, Check<'a>)>,
-    timeout: Duration,
-) -> Job<'s, usize> {
-    Box::pin(async move {
-        store
-            .lane(timeout)
-            .await
-            .into_iter()
-            .map(|((i, check), op, r)| (i, r.map_err(broken).and_then(|()| check.verify(&op.dst))))
-            .collect()
-    })
 }
 
 /// Copies an object's `value` into `dst` in order; returns its length.
@@ -336,60 +298,50 @@ fn copy_value(mut value: &[u8], dst: &mut [&mut [u8]]) -> usize {
 }
 
 impl Client {
-    /// The hedge for item `i`, read in `round` over TCP: its first later
-    /// replica on another store that is not known to be down. `None` when
-    /// there is none.
-    fn hedge_for<'a>(
-        &self,
-        i: usize,
-        key: &'a str,
-        l: &'a ObjectLocation,
-        round: usize,
-        lease_from: Instant,
-        routes: &Routes,
-    ) -> Option<Hedge<'a>> {
+    /// The hedge for item `i` (at `l`), read in `round` from a store: its
+    /// first later replica that is read without a store (shared memory), or
+    /// on another store not known to be down. `None` when there is none.
+    fn hedge_for(&self, i: usize, l: &ObjectLocation, round: usize) -> Option<Hedge> {
         let first = &l.replicas[round].endpoint;
-        let tcp = &self.inner.transports.tcp;
+        let transports = &self.inner.transports;
         let replica = (round + 1..l.replicas.len()).find(|&j| {
             let r = &l.replicas[j];
-            match routes.to_replica(r) {
-                Route::Shm(_) => true,
-                Route::Tcp => &r.endpoint != first && !tcp.is_down(&r.endpoint),
-                Route::Unmappable => false,
+            match self.route(r.segment, r.tier, Dir::Read) {
+                Ok(Kind::Shm) => true,
+                Ok(k) => &r.endpoint != first && !transports.get(k).is_down(&r.endpoint),
+                Err(_) => false,
             }
         })?;
-        Some(Hedge {
-            item: i,
-            key,
-            location: l,
-            replica,
-            lease_from,
-        })
+        Some(Hedge { item: i, replica })
     }
 
-    /// Runs a small round: `copies` (shared memory) and each store's
-    /// `shares`; a store still reading after the hedge delay has its
-    /// `hedged` objects (all of its objects, or none) read from their next
-    /// replica, and is dropped once they all answered (and ranked after
-    /// its peers for a while: see `tcp::Pools::outrun`). `names` are the
-    /// stores' addresses.
-    async fn race<'a>(
+    /// Runs a small round's `shares` (each tagged with its transport); a
+    /// share still reading after the hedge delay has its `hedged` objects
+    /// (all of its objects, or none) read from their next replica with
+    /// `aside`, and is dropped once they all answered (and its store
+    /// ranked after its peers for a while: see [`Transport::outrun`]).
+    ///
+    /// [`Transport::outrun`]: crate::transport::Transport::outrun
+    async fn race<'a, A, F>(
         &self,
-        copies: Vec<Job<'a, usize>>,
-        shares: Vec<Job<'a, usize>>,
-        (hedged, names): (Vec<Vec<Hedge<'a>>>, &[&str]),
-        routes: &'a Routes,
-        timeout: Duration,
-    ) -> Raced {
-        let mut running: FuturesUnordered<Share<'a>> = FuturesUnordered::new();
-        running.push(Box::pin(async move {
-            (None, Ok(join_all(copies).await.concat()))
-        }));
+        shares: Vec<(Kind, Share<'a>)>,
+        hedged: Vec<Vec<Hedge>>,
+        aside: A,
+    ) -> Raced
+    where
+        A: Fn(Hedge) -> F,
+        F: Future<Output = KvResult<Vec<u8>>>,
+    {
+        let mut running: FuturesUnordered<Running<'a>> = FuturesUnordered::new();
         let mut stop: Vec<Option<AbortHandle>> = Vec::new();
-        for (s, share) in shares.into_iter().enumerate() {
-            let (share, handle) = abortable(share);
+        let mut peers = Vec::new();
+        for (s, (kind, share)) in shares.into_iter().enumerate() {
+            let (reads, handle) = abortable(join_all(share.jobs));
             stop.push(Some(handle));
-            running.push(Box::pin(async move { (Some(s), share.await) }));
+            peers.push((kind, share.peer));
+            running.push(Box::pin(
+                async move { (s, reads.await.map(|r| r.concat())) },
+            ));
         }
         let mut unanswered: Vec<usize> = hedged.iter().map(Vec::len).collect();
         let mut hedged = Some(hedged);
@@ -402,10 +354,8 @@ impl Client {
             tokio::select! {
                 next = running.next() => match next {
                     None => break,
-                    Some((store, Ok(got))) => {
-                        if let Some(s) = store {
-                            stop[s] = None;
-                        }
+                    Some((s, Ok(got))) => {
+                        stop[s] = None;
                         done.extend(got);
                     }
                     Some((_, Err(_aborted))) => {}
@@ -414,7 +364,8 @@ impl Client {
                     for (s, hs) in hedged.take().unwrap_or_default().into_iter().enumerate() {
                         if stop[s].is_some() {
                             for h in hs {
-                                asked.push(async move { (s, h.item, self.read_aside(&h, routes, timeout).await) });
+                                let read = aside(h);
+                                asked.push(async move { (s, h.item, read.await) });
                             }
                         }
                     }
@@ -427,7 +378,9 @@ impl Client {
                         if unanswered[s] == 0 {
                             if let Some(h) = stop[s].take() {
                                 h.abort();
-                                self.inner.transports.tcp.outrun(names[s]);
+                                if let (kind, Some(peer)) = &peers[s] {
+                                    self.inner.transports.get(*kind).outrun(peer);
+                                }
                             }
                         }
                     }
@@ -438,51 +391,42 @@ impl Client {
         (done, wins)
     }
 
-    /// Reads `h`'s replica of its object into a buffer of its own (header,
-    /// then value), verified.
+    /// Reads replica `h.replica` of `h`'s object (at `l`, with a key of
+    /// `key_len` bytes) into a buffer of its own (header, then value),
+    /// verified.
     async fn read_aside(
         &self,
-        h: &Hedge<'_>,
-        routes: &Routes,
-        timeout: Duration,
+        h: Hedge,
+        key_len: usize,
+        l: &ObjectLocation,
+        verify: Verify<'_>,
     ) -> KvResult<Vec<u8>> {
-        let (l, rep) = (h.location, &h.location.replicas[h.replica]);
-        let hl = header_len(h.key.len());
+        let rep = &l.replicas[h.replica];
+        let kind = self.route(rep.segment, rep.tier, Dir::Read)?;
+        let hl = header_len(key_len);
         let mut object = vec![0u8; hl + l.value_len as usize];
-        let (head, value) = object.split_at_mut(hl);
-        let mut dst = vec![head, value];
-        let check = Check {
-            key: h.key,
-            location: l,
-            lease_from: h.lease_from,
-        };
-        match routes.to_replica(rep) {
-            Route::Shm(map) => {
-                map.read(rep.offset, &mut dst)?;
-                check.verify(&dst)?;
-            }
-            Route::Unmappable => return Err(not_mappable(rep.segment)),
-            Route::Tcp => {
-                let req = ReadReq {
-                    segment: rep.segment,
-                    offset: rep.offset,
-                    len: hl as u64 + l.value_len,
-                    grant: rep.read_grant(l.generation),
-                };
-                let pool = self.inner.transports.tcp.pool(&rep.endpoint);
-                let read = VecDeque::from([((h.item, check), ReadOp { req, dst })]);
-                let store = StoreReads::new(pool, 1, read);
-                let got = lane(&store, timeout).await.pop();
-                match got {
-                    Some((_, r)) => r?,
-                    None => {
-                        return Err(store
-                            .unread()
-                            .pop()
-                            .map_or_else(|| KvError::from(Code::InternalError), |(_, e)| e))
-                    }
-                };
-            }
+        {
+            let (head, value) = object.split_at_mut(hl);
+            let req = ReadReq {
+                segment: rep.segment,
+                offset: rep.offset,
+                len: hl as u64 + l.value_len,
+                grant: rep.read_grant(l.generation),
+            };
+            let read = Read {
+                item: h.item,
+                peer: rep.endpoint.clone(),
+                op: ReadOp {
+                    req,
+                    dst: vec![head, value],
+                },
+            };
+            let shares = (self.inner.transports.get(kind)).read(vec![read], verify, self.spread());
+            let got = join_all(shares.into_iter().flat_map(|s| s.jobs)).await;
+            match got.into_iter().flatten().next() {
+                Some((_, r)) => r?,
+                None => return Err(KvError::from(Code::InternalError)),
+            };
         }
         Ok(object)
     }

@@ -13,11 +13,11 @@ use kvpool_proto::msg::{
     self, task_status, ObjectLocation, ReplicaPlan, SegmentId, TaskInfo, WriteReq,
 };
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
-use kvpool_transfer::data::WriteOp;
 use tokio::time::Instant;
 
 use crate::get::{Found, GetInto};
 use crate::rpc::split_batch;
+use crate::transport::{Write, WriteOp};
 use crate::Client;
 
 /// One replica of an object, as `get_replica_desc` shows it.
@@ -273,7 +273,11 @@ impl Client {
                     grant: r.grant(plan.generation),
                 };
                 let parts: Vec<&[u8]> = vec![&head, &value];
-                (i, r.endpoint.clone(), WriteOp { req, parts })
+                Write {
+                    item: i,
+                    peer: r.endpoint.clone(),
+                    op: WriteOp { req, parts },
+                }
             })
             .collect();
         let mut ok = vec![false; regions.len()];

@@ -8,7 +8,8 @@
 //! alone, under the segment's write fence (`kvpool_transfer::fence`: a
 //! put granted before the segment's last mount never lands); reads are
 //! verified by header and checksum afterwards, which is what makes the
-//! unsynchronised copies safe to report.
+//! unsynchronised copies safe to report. A big batch's copies are spread
+//! over the cores.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,11 @@ use kvpool_transfer::fence::{SharedFence, ShmWriter};
 use kvpool_transfer::MappedRegion;
 use parking_lot::Mutex;
 
+use super::{Dir, Job, Kind, Read, Share, Spread, Transport, Verify, Write};
+use crate::fanout::{cores, split};
+
 /// A store's segment file mapped into this process.
-pub(crate) struct ShmMap {
+struct ShmMap {
     region: Arc<MappedRegion>,
     /// Start of the object area; nothing below it is ever written.
     base: u64,
@@ -44,7 +48,7 @@ impl ShmMap {
 
     /// Whether this process can write the segment (it holds a writer id,
     /// taken now if not yet).
-    pub(crate) fn writable(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writer().is_some()
     }
 
@@ -61,7 +65,7 @@ impl ShmMap {
 
     /// Copies the concatenation of `parts` to `offset`, the start of the
     /// region `grant` is for, if the segment's fence is still the grant's.
-    pub(crate) fn write(&self, offset: u64, parts: &[&[u8]], grant: &Grant) -> KvResult<()> {
+    fn write(&self, offset: u64, parts: &[&[u8]], grant: &Grant) -> KvResult<()> {
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         self.check(offset, len)?;
         let (Some(writer), Some(fence)) = (self.writer(), SharedFence::new(&self.region)) else {
@@ -85,7 +89,7 @@ impl ShmMap {
     }
 
     /// Fills `dst` in order from `offset`.
-    pub(crate) fn read(&self, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<()> {
+    fn read(&self, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<()> {
         let len: u64 = dst.iter().map(|d| d.len() as u64).sum();
         self.check(offset, len)?;
         // SAFETY: in bounds (checked); a concurrent rewrite of the region is
@@ -100,23 +104,21 @@ impl ShmMap {
     }
 }
 
-/// Segments and their mapping here (`None`: not mappable, use TCP).
-pub(crate) type ShmMaps = HashMap<SegmentId, Option<Arc<ShmMap>>>;
-
-/// Every segment this client has tried to map, and the result.
+/// The shared-memory transport: every segment this client has tried to
+/// map, and the result (`None`: not mappable here).
 #[derive(Default)]
-pub(crate) struct Mappings(Mutex<ShmMaps>);
+pub struct ShmTransport(Mutex<HashMap<SegmentId, Option<Arc<ShmMap>>>>);
 
-impl Mappings {
+impl ShmTransport {
     /// Whether any of `wanted` has not been tried yet.
-    pub(crate) fn unknown(&self, wanted: &[SegmentId]) -> bool {
+    pub fn unknown(&self, wanted: &[SegmentId]) -> bool {
         let known = self.0.lock();
         wanted.iter().any(|s| !known.contains_key(s))
     }
 
     /// Tries to map each of `wanted` not tried yet, described by `infos`
     /// (segments missing from `infos` are tried again next time).
-    pub(crate) fn map_new(&self, wanted: &[SegmentId], infos: &[SegmentInfo]) {
+    pub fn map_new(&self, wanted: &[SegmentId], infos: &[SegmentInfo]) {
         // Held while mapping, so two callers never map one segment twice.
         let mut known = self.0.lock();
         for id in wanted {
@@ -130,14 +132,120 @@ impl Mappings {
         }
     }
 
-    /// The mappings of `wanted` as known now.
-    pub(crate) fn get(&self, wanted: Vec<SegmentId>) -> ShmMaps {
-        let known = self.0.lock();
-        wanted
-            .into_iter()
-            .map(|id| (id, known.get(&id).cloned().flatten()))
-            .collect()
+    /// The mapping of `segment`, if it is mapped here.
+    fn get(&self, segment: SegmentId) -> Option<Arc<ShmMap>> {
+        self.0.lock().get(&segment).cloned().flatten()
     }
+
+    /// `items` (each with the segment it is for and its bytes) paired
+    /// with their mappings, cut into one chunk per core when big; an item
+    /// whose segment is not mapped fails with `Err` at once.
+    #[allow(clippy::type_complexity)]
+    fn plan<T>(
+        &self,
+        items: Vec<(usize, SegmentId, u64, T)>,
+    ) -> (Vec<Vec<(usize, Arc<ShmMap>, T)>>, Vec<(usize, SegmentId)>) {
+        let (mut mapped, mut missing, mut bytes) = (Vec::new(), Vec::new(), 0);
+        {
+            let known = self.0.lock();
+            for (i, segment, len, t) in items {
+                match known.get(&segment).cloned().flatten() {
+                    Some(m) => {
+                        bytes += len;
+                        mapped.push((i, m, t));
+                    }
+                    None => missing.push((i, segment)),
+                }
+            }
+        }
+        // Copies (and checksums) are CPU work: big batches use every core.
+        (split(mapped, bytes, cores()), missing)
+    }
+}
+
+impl Transport for ShmTransport {
+    fn kind(&self) -> Kind {
+        Kind::Shm
+    }
+
+    /// A segment mapped here; for writes, one this process also holds a
+    /// writer id for.
+    fn reaches(&self, segment: SegmentId, dir: Dir) -> bool {
+        self.get(segment)
+            .is_some_and(|m| dir == Dir::Read || m.writable())
+    }
+
+    fn write<'a>(&'a self, ops: Vec<Write<'a>>, _spread: Spread) -> Vec<Job<'a, ()>> {
+        let items = ops
+            .into_iter()
+            .map(|w| {
+                let len = w.op.parts.iter().map(|p| p.len() as u64).sum();
+                (w.item, w.op.req.segment, len, w.op)
+            })
+            .collect();
+        let (chunks, missing) = self.plan(items);
+        let mut jobs: Vec<Job<()>> = chunks
+            .into_iter()
+            .map(|chunk| -> Job<()> {
+                Box::pin(async move {
+                    chunk
+                        .into_iter()
+                        .map(|(i, map, op)| (i, map.write(op.req.offset, &op.parts, &op.req.grant)))
+                        .collect()
+                })
+            })
+            .collect();
+        if !missing.is_empty() {
+            jobs.push(Box::pin(async move { not_mapped(missing) }));
+        }
+        jobs
+    }
+
+    fn read<'a>(
+        &'a self,
+        ops: Vec<Read<'a>>,
+        verify: Verify<'a>,
+        _spread: Spread,
+    ) -> Vec<Share<'a>> {
+        let items = ops
+            .into_iter()
+            .map(|r| (r.item, r.op.req.segment, r.op.req.len, r.op))
+            .collect();
+        let (chunks, missing) = self.plan(items);
+        let mut jobs: Vec<Job<usize>> = chunks
+            .into_iter()
+            .map(|chunk| -> Job<usize> {
+                Box::pin(async move {
+                    chunk
+                        .into_iter()
+                        .map(|(i, map, mut op)| {
+                            let len: u64 = op.dst.iter().map(|d| d.len() as u64).sum();
+                            if len != op.req.len {
+                                let e = "read buffers do not match the read length";
+                                return (i, Err(KvError::new(Code::InvalidParams, e)));
+                            }
+                            let r = map
+                                .read(op.req.offset, &mut op.dst)
+                                .and_then(|()| verify(i, &op.dst));
+                            (i, r)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        if !missing.is_empty() {
+            jobs.push(Box::pin(async move { not_mapped(missing) }));
+        }
+        vec![Share { peer: None, jobs }]
+    }
+}
+
+/// Failures for items whose segment is not mapped here.
+fn not_mapped<T>(items: Vec<(usize, SegmentId)>) -> Vec<(usize, KvResult<T>)> {
+    items
+        .into_iter()
+        .map(|(i, s)| (i, Err(super::unreachable(s))))
+        .collect()
 }
 
 /// Maps `info`'s segment file if it opens here and is that segment.

@@ -1,25 +1,31 @@
 //! The TCP transport: pooled connections per store and the pipelined
 //! exchanges of the data plane (`kvpool_transfer::data`) run on them, each
-//! under the client's timeout.
+//! under the client's timeout. A batch's writes to one store are cut into
+//! chunks, one pipelined connection each; its reads from one store wait in
+//! one queue that several connections take from.
 //!
 //! A connection goes back to its pool only after a clean exchange; one that
 //! failed or timed out is dropped, so a half-read answer is never seen by
-//! the next caller.
+//! the next caller. The pools also learn which stores are down or slow,
+//! which reads use to order replicas.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::auth::Security;
 use kvpool_net::{ConnPool, FramedConn};
 use kvpool_proto::frame::Limits;
+use kvpool_proto::msg::SegmentId;
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::data::{read_regions_shared, write_regions, ReadOp, WriteOp};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::fanout::Job;
+use super::{Dir, Job, Kind, Read, Share, Spread, Transport, Verify, Write};
+use crate::fanout::{lanes, split};
 
 /// Idle connections kept per store, enough for many concurrent callers.
 const IDLE_CONNS_PER_STORE: usize = 64;
@@ -36,37 +42,22 @@ struct Store {
     slow_until: Option<Instant>,
 }
 
-/// Connection pools by store endpoint.
-pub(crate) struct Pools {
+/// The TCP transport: connection pools by store endpoint.
+pub struct TcpTransport {
     stores: Mutex<HashMap<String, Store>>,
     connect_timeout: Duration,
     security: Security,
 }
 
-impl Pools {
+impl TcpTransport {
     /// No pools yet; connections get `connect_timeout` to connect and
     /// handshake, and connect with `security` (TLS, and the key stores ask
     /// for).
-    pub(crate) fn new(connect_timeout: Duration, security: Security) -> Self {
-        Pools {
+    pub fn new(connect_timeout: Duration, security: Security) -> Self {
+        TcpTransport {
             stores: Mutex::new(HashMap::new()),
             connect_timeout,
             security,
-        }
-    }
-
-    /// Whether the store at `endpoint` is known to be unreachable now (its
-    /// last connect failed; see [`kvpool_net::breaker`]).
-    pub(crate) fn is_down(&self, endpoint: &str) -> bool {
-        let stores = self.stores.lock();
-        stores.get(endpoint).is_some_and(|s| s.pool.is_down())
-    }
-
-    /// The store at `endpoint` lost a hedged read's race (its reads were
-    /// dropped for another replica's answer).
-    pub(crate) fn outrun(&self, endpoint: &str) {
-        if let Some(s) = self.stores.lock().get_mut(endpoint) {
-            s.slow_until = Some(Instant::now() + SLOW_FOR);
         }
     }
 
@@ -83,7 +74,7 @@ impl Pools {
     }
 
     /// The pool for the store at `endpoint`, made on first use.
-    pub(crate) fn pool(&self, endpoint: &str) -> Arc<ConnPool> {
+    fn pool(&self, endpoint: &str) -> Arc<ConnPool> {
         let mut stores = self.stores.lock();
         let store = stores.entry(endpoint.to_string()).or_insert_with(|| Store {
             pool: Arc::new(
@@ -103,10 +94,81 @@ impl Pools {
     }
 }
 
+impl Transport for TcpTransport {
+    fn kind(&self) -> Kind {
+        Kind::Tcp
+    }
+
+    /// Every store is reached over TCP (or found down by trying).
+    fn reaches(&self, _segment: SegmentId, _dir: Dir) -> bool {
+        true
+    }
+
+    fn write<'a>(&'a self, ops: Vec<Write<'a>>, spread: Spread) -> Vec<Job<'a, ()>> {
+        let mut stores: HashMap<String, Vec<(usize, WriteOp<'a>)>> = HashMap::new();
+        for w in ops {
+            stores.entry(w.peer).or_default().push((w.item, w.op));
+        }
+        let mut jobs = Vec::new();
+        for (peer, group) in stores {
+            let bytes: u64 = group.iter().map(|(_, o)| parts_len(&o.parts)).sum();
+            let pool = self.pool(&peer);
+            for chunk in split(group, bytes, spread.lanes_per_peer) {
+                jobs.push(write_job(pool.clone(), spread.timeout, chunk));
+            }
+        }
+        jobs
+    }
+
+    fn read<'a>(
+        &'a self,
+        ops: Vec<Read<'a>>,
+        verify: Verify<'a>,
+        spread: Spread,
+    ) -> Vec<Share<'a>> {
+        let mut stores: HashMap<String, VecDeque<(usize, ReadOp<'a>)>> = HashMap::new();
+        for r in ops {
+            stores.entry(r.peer).or_default().push_back((r.item, r.op));
+        }
+        stores
+            .into_iter()
+            .map(|(peer, queue)| {
+                let bytes: u64 = queue.iter().map(|(_, o)| o.req.len).sum();
+                let n = lanes(bytes, queue.len(), spread.lanes_per_peer);
+                let reads = Arc::new(StoreReads::new(self.pool(&peer), n, queue));
+                let jobs = (0..n)
+                    .map(|_| read_job(reads.clone(), verify, spread.timeout))
+                    .collect();
+                Share {
+                    peer: Some(peer),
+                    jobs,
+                }
+            })
+            .collect()
+    }
+
+    /// Known down when its last connect failed (see [`kvpool_net::breaker`]).
+    fn is_down(&self, peer: &str) -> bool {
+        let stores = self.stores.lock();
+        stores.get(peer).is_some_and(|s| s.pool.is_down())
+    }
+
+    fn outrun(&self, peer: &str) {
+        if let Some(s) = self.stores.lock().get_mut(peer) {
+            s.slow_until = Some(Instant::now() + SLOW_FOR);
+        }
+    }
+}
+
+/// Bytes of a write given as parts.
+fn parts_len(parts: &[&[u8]]) -> u64 {
+    parts.iter().map(|p| p.len() as u64).sum()
+}
+
 /// Runs one exchange on a pooled connection under `timeout`. `f` hands the
 /// connection back (`Some`) only if the exchange completed cleanly; only
 /// then is it pooled again.
-pub(crate) async fn with_conn<F, Fut, T>(pool: &ConnPool, timeout: Duration, f: F) -> KvResult<T>
+async fn with_conn<F, Fut, T>(pool: &ConnPool, timeout: Duration, f: F) -> KvResult<T>
 where
     F: FnOnce(FramedConn) -> Fut,
     Fut: Future<Output = (Option<FramedConn>, T)>,
@@ -136,7 +198,7 @@ where
 }
 
 /// A job writing `chunk` (item index, op) pipelined on one connection.
-pub(crate) fn write_job<'a>(
+fn write_job<'a>(
     pool: Arc<ConnPool>,
     timeout: Duration,
     chunk: Vec<(usize, WriteOp<'a>)>,
@@ -173,39 +235,39 @@ fn spread<T>(idx: Vec<usize>, r: KvResult<Vec<KvResult<T>>>) -> Vec<(usize, KvRe
 
 /// A broken connection's error as a transfer failure (retryable); error
 /// answers from the store keep their own codes.
-pub(crate) fn broken(e: KvError) -> KvError {
+fn broken(e: KvError) -> KvError {
     match e.code {
         Code::RpcFail => KvError::new(Code::TransferFail, e.message),
         _ => e,
     }
 }
 
-/// One store's reads in a round. They wait in one queue its connections
+/// One store's reads in a batch. They wait in one queue its connections
 /// (lanes) take from, so one that runs ahead does more and none idles on a
-/// tail. `T` tags each read for its caller.
-pub(crate) struct StoreReads<'a, T> {
+/// tail; the last lane to end answers for the reads no lane took.
+struct StoreReads<'a> {
     pool: Arc<ConnPool>,
-    /// Connections reading from the queue at once.
-    pub(crate) lanes: usize,
-    queue: Mutex<VecDeque<(T, ReadOp<'a>)>>,
+    queue: Mutex<VecDeque<(usize, ReadOp<'a>)>>,
+    /// Lanes not yet ended.
+    running: AtomicUsize,
     /// Why a lane gave up, reported for the reads no lane took.
     failure: Mutex<Option<KvError>>,
 }
 
-impl<'a, T> StoreReads<'a, T> {
+impl<'a> StoreReads<'a> {
     /// `reads` for the store behind `pool`, over `lanes` connections.
-    pub(crate) fn new(pool: Arc<ConnPool>, lanes: usize, reads: VecDeque<(T, ReadOp<'a>)>) -> Self {
+    fn new(pool: Arc<ConnPool>, lanes: usize, reads: VecDeque<(usize, ReadOp<'a>)>) -> Self {
         StoreReads {
             pool,
-            lanes,
             queue: Mutex::new(reads),
+            running: AtomicUsize::new(lanes),
             failure: Mutex::new(None),
         }
     }
 
     /// One lane: takes reads from the queue on one connection until it is
     /// empty or the connection fails. Returns the reads it finished.
-    pub(crate) async fn lane(&self, timeout: Duration) -> Vec<(T, ReadOp<'a>, KvResult<()>)> {
+    async fn lane(&self, timeout: Duration) -> Vec<(usize, ReadOp<'a>, KvResult<()>)> {
         let r = with_conn(&self.pool, timeout, |mut conn| async move {
             let (done, broke) = read_regions_shared(&mut conn, &self.queue).await;
             (broke.is_none().then_some(conn), done)
@@ -217,23 +279,39 @@ impl<'a, T> StoreReads<'a, T> {
         })
     }
 
-    /// The store's address.
-    pub(crate) fn addr(&self) -> &str {
-        self.pool.addr()
-    }
-
-    /// The reads no lane took, each with the reason.
-    pub(crate) fn unread(self) -> Vec<(T, KvError)> {
-        let why = self.failure.into_inner().unwrap_or_else(|| {
+    /// The reads no lane took, each with the reason (emptying the queue).
+    fn unread(&self) -> Vec<(usize, KvError)> {
+        let why = self.failure.lock().clone().unwrap_or_else(|| {
             KvError::new(
                 Code::TransferFail,
                 format!("{} was not reached", self.pool.addr()),
             )
         });
-        self.queue
-            .into_inner()
-            .into_iter()
-            .map(|(t, _)| (t, broken(why.clone())))
+        let left = std::mem::take(&mut *self.queue.lock());
+        left.into_iter()
+            .map(|(i, _)| (i, broken(why.clone())))
             .collect()
     }
+}
+
+/// One lane of a store's reads, each verified as it lands (so a big batch
+/// checksums on every core); the last lane to end also answers for the
+/// reads left in the queue.
+fn read_job<'a>(
+    reads: Arc<StoreReads<'a>>,
+    verify: Verify<'a>,
+    timeout: Duration,
+) -> Job<'a, usize> {
+    Box::pin(async move {
+        let mut out: Vec<(usize, KvResult<usize>)> = reads
+            .lane(timeout)
+            .await
+            .into_iter()
+            .map(|(i, op, r)| (i, r.map_err(broken).and_then(|()| verify(i, &op.dst))))
+            .collect();
+        if reads.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            out.extend(reads.unread().into_iter().map(|(i, e)| (i, Err(e))));
+        }
+        out
+    })
 }
