@@ -335,7 +335,7 @@ impl Metrics {
         self.replicas_lost.set(g(s.replicas_lost));
         self.demotions.set(g(s.demotions));
         self.promotions.set(g(s.promotions));
-        for tier in [Tier::Memory, Tier::Disk] {
+        for tier in Tier::ALL {
             let of = || s.segments.iter().filter(move |x| x.info.tier == tier);
             let l = TierLabel { tier: tier.name() };
             self.tier_capacity

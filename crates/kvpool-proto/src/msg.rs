@@ -404,6 +404,10 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// Every tier, fastest first: placement puts new objects on the first,
+    /// and each tier's overflow moves to the next one a store lends.
+    pub const ALL: [Tier; 2] = [Tier::Memory, Tier::Disk];
+
     /// Lower-case name, for status and metrics labels.
     pub fn name(self) -> &'static str {
         match self {

@@ -156,7 +156,7 @@ impl MasterState {
             match (inv.as_mut(), written) {
                 (Some(inv), Some(gen)) => {
                     inv.queue(*id, r.offset, gen);
-                    if s.info.tier == Tier::Disk {
+                    if s.info.tier != Tier::ALL[0] {
                         later.push((*id, *r));
                     } else {
                         s.alloc.lock().free(*r);

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use kvpool_proto::msg::{
     ClientId, InventoryItem, InventoryVerdict, Replica, SegmentId, SegmentInfo, SegmentIo, Tier,
-    DISK_BLOCK,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::Mutex;
@@ -115,10 +114,14 @@ impl MasterState {
                 "segment has no usable bytes",
             ));
         }
-        if info.tier == Tier::Disk && !info.base.is_multiple_of(DISK_BLOCK) {
+        let unit = super::tiers::unit(info.tier);
+        if info.tier != Tier::ALL[0] && !info.base.is_multiple_of(unit) {
             return Err(KvError::new(
                 Code::InvalidParams,
-                format!("a disk segment's object area must start at a multiple of {DISK_BLOCK}"),
+                format!(
+                    "a {} segment's object area must start at a multiple of {unit}",
+                    info.tier.name()
+                ),
             ));
         }
         // Every object takes at least one aligned region.
@@ -155,7 +158,7 @@ impl MasterState {
         // Numbered only once it is admitted: numbers are never given back.
         drop(segs);
         self.numbers.write().number(info.id, info.tier);
-        if info.tier == Tier::Disk {
+        if info.tier != Tier::ALL[0] {
             self.disk_tier.store(true, Ordering::Relaxed);
         }
         let mut segs = self.segments.write();

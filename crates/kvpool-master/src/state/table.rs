@@ -32,7 +32,7 @@ pub(super) struct SegNo(u32);
 #[derive(Default)]
 pub(super) struct SegNumbers {
     ids: Vec<SegmentId>,
-    disk: Vec<bool>,
+    tiers: Vec<Tier>,
     numbers: HashMap<SegmentId, SegNo>,
 }
 
@@ -45,14 +45,14 @@ impl SegNumbers {
         // Four billion mounts of distinct segments within one master's life.
         let no = SegNo(u32::try_from(self.ids.len()).expect("segment numbers exhausted"));
         self.ids.push(id);
-        self.disk.push(tier == Tier::Disk);
+        self.tiers.push(tier);
         self.numbers.insert(id, no);
         no
     }
 
-    /// Whether segment `no` is a disk-tier segment.
-    pub(super) fn is_disk(&self, no: SegNo) -> bool {
-        self.disk.get(no.0 as usize).copied().unwrap_or(false)
+    /// The tier of segment `no`.
+    pub(super) fn tier(&self, no: SegNo) -> Tier {
+        self.tiers.get(no.0 as usize).copied().unwrap_or_default()
     }
 
     /// The number of `id`, if it has one.

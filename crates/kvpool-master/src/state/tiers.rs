@@ -1,7 +1,12 @@
-//! The disk tier: a store that lends a disk segment beside its memory
-//! segments gets its memory kept below the demotion watermark by moving
-//! the least recently used objects to disk instead of dropping them, and
-//! an object read twice while on disk is moved back to memory.
+//! Tiers below memory: a store that lends a disk segment beside its
+//! memory segments gets its memory kept below the demotion watermark by
+//! moving the least recently used objects to disk instead of dropping
+//! them, and an object read twice while on disk is moved back to memory.
+//!
+//! Tiers are an ordered list ([`Tier::ALL`], fastest first): each tier of
+//! a store demotes into the next one it lends, the last one evicts when it
+//! is full, and promotions go back to the first. A new tier is a `Tier`
+//! variant in its place in that list and its region unit in [`unit`].
 //!
 //! A move is planned here (regions reserved on both sides, the key marked
 //! as moving), carried out by the store (`TierMove`: it copies, verifies
@@ -58,12 +63,39 @@ pub(super) struct TierState {
     queued: HashSet<Box<str>>,
 }
 
-/// A store with a disk tier: its disk segment and its memory segments.
+/// A store that lends more than one tier: its segments per tier, fastest
+/// first (`levels[i]` holds those of `Tier::ALL[i]`; a tier it does not
+/// lend, or whose segments take no objects now, is empty).
 struct Group {
-    disk: SegmentId,
-    disk_no: SegNo,
-    memory: Vec<SegmentId>,
+    levels: Vec<Vec<(SegmentId, SegNo)>>,
     endpoint: String,
+}
+
+impl Group {
+    /// The level (index into `Tier::ALL`) of segment `no`, if it is this
+    /// store's.
+    fn level_of(&self, no: SegNo) -> Option<usize> {
+        (self.levels.iter()).position(|l| l.iter().any(|&(_, n)| n == no))
+    }
+
+    /// The segment ids of level `i`.
+    fn ids(&self, i: usize) -> impl Iterator<Item = SegmentId> + '_ {
+        self.levels[i].iter().map(|&(id, _)| id)
+    }
+}
+
+/// The unit regions on `tier` start at and span: O_DIRECT reads disk
+/// regions in whole blocks.
+pub(super) fn unit(tier: Tier) -> u64 {
+    match tier {
+        Tier::Memory => ALIGN,
+        Tier::Disk => DISK_BLOCK,
+    }
+}
+
+/// `len` rounded up to whole units of `tier`.
+fn in_units(len: u64, tier: Tier) -> u64 {
+    len.div_ceil(unit(tier)) * unit(tier)
 }
 
 /// The bytes a move copies: the object's header (40 bytes and the key) and
@@ -74,54 +106,54 @@ fn object_len(key: &str, value_len: u64) -> u64 {
 }
 
 impl MasterState {
-    /// Whether any store lends a disk tier (the tier task idles otherwise).
+    /// Whether any store lends a tier below memory (the tier task idles
+    /// otherwise).
     pub fn has_disk_tier(&self) -> bool {
         self.segments
             .read()
             .values()
-            .any(|s| s.info.tier == Tier::Disk)
+            .any(|s| s.info.tier != Tier::ALL[0])
     }
 
-    /// Stores whose disk tier takes objects now, with their memory segments.
+    /// Stores that lend memory and a tier below it that takes objects now,
+    /// with their segments per tier.
     fn groups(&self, now: Instant) -> Vec<Group> {
-        let open_disks = self.open_segments(now, Tier::Disk);
+        let open: Vec<HashSet<SegmentId>> = (Tier::ALL[1..].iter())
+            .map(|&t| self.open_segments(now, t))
+            .collect();
         let segs = self.segments.read();
         let numbers = self.numbers.read();
         let mut by_owner: HashMap<ClientId, Group> = HashMap::new();
         for s in segs.values() {
-            if s.info.tier == Tier::Disk && open_disks.contains(&s.info.id) {
-                let Some(no) = numbers.get(s.info.id) else {
-                    continue;
-                };
-                by_owner.insert(
-                    s.owner,
-                    Group {
-                        disk: s.info.id,
-                        disk_no: no,
-                        memory: Vec::new(),
-                        endpoint: s.info.endpoint.clone(),
-                    },
-                );
+            let Some(level) = Tier::ALL.iter().position(|&t| t == s.info.tier) else {
+                continue;
+            };
+            // First-tier segments count whatever their state (objects move
+            // off them); a lower tier only while it takes objects.
+            if level > 0 && !open[level - 1].contains(&s.info.id) {
+                continue;
             }
-        }
-        for s in segs.values() {
-            if s.info.tier == Tier::Memory {
-                if let Some(g) = by_owner.get_mut(&s.owner) {
-                    g.memory.push(s.info.id);
-                }
-            }
+            let Some(no) = numbers.get(s.info.id) else {
+                continue;
+            };
+            let g = by_owner.entry(s.owner).or_insert_with(|| Group {
+                levels: vec![Vec::new(); Tier::ALL.len()],
+                endpoint: s.info.endpoint.clone(),
+            });
+            g.levels[level].push((s.info.id, no));
         }
         by_owner
             .into_values()
-            .filter(|g| !g.memory.is_empty())
+            .filter(|g| !g.levels[0].is_empty() && g.levels[1..].iter().any(|l| !l.is_empty()))
             .collect()
     }
 
-    /// Plans the next round of moves: demotions for every store whose
-    /// memory is above the demotion watermark, and the promotions queued
-    /// by reads. Regions are reserved on both sides; every ticket must be
-    /// handed back to [`Self::finish_tier_moves`]. Grouped by the data
-    /// endpoint of the store that does them.
+    /// Plans the next round of moves: demotions for every tier of a store
+    /// that is above the demotion watermark, into the next tier it lends,
+    /// and the promotions queued by reads. Regions are reserved on both
+    /// sides; every ticket must be handed back to
+    /// [`Self::finish_tier_moves`]. Grouped by the data endpoint of the
+    /// store that does them.
     pub fn plan_tier_moves(&self, now: Instant) -> Vec<(String, Vec<MoveTicket>)> {
         let groups = self.groups(now);
         if groups.is_empty() {
@@ -129,9 +161,14 @@ impl MasterState {
         }
         let mut out: HashMap<String, Vec<MoveTicket>> = HashMap::new();
         for g in &groups {
-            let tickets = self.plan_demotions(g, now);
-            if !tickets.is_empty() {
-                out.entry(g.endpoint.clone()).or_default().extend(tickets);
+            let lent: Vec<usize> = (0..g.levels.len())
+                .filter(|&i| !g.levels[i].is_empty())
+                .collect();
+            for pair in lent.windows(2) {
+                let tickets = self.plan_demotions(g, (pair[0], pair[1]), now);
+                if !tickets.is_empty() {
+                    out.entry(g.endpoint.clone()).or_default().extend(tickets);
+                }
             }
         }
         for (endpoint, t) in self.plan_promotions(&groups, now) {
@@ -140,32 +177,37 @@ impl MasterState {
         out.into_iter().collect()
     }
 
-    /// Bytes to move off `g`'s memory segments now: down to a ratio below
-    /// the watermark (by the eviction ratio), so rounds are few and large.
-    fn demotion_need(&self, g: &Group) -> HashMap<SegmentId, u64> {
+    /// Bytes to move off `g`'s segments of level `from` now: down to a
+    /// ratio below the watermark (by the eviction ratio), so rounds are few
+    /// and large.
+    fn demotion_need(&self, g: &Group, from: usize) -> HashMap<SegmentId, u64> {
         let wm = self.cfg.demote_watermark;
         let low = (wm - self.cfg.eviction_ratio).max(0.0);
         let segs = self.segments.read();
-        g.memory
-            .iter()
+        g.ids(from)
             .filter_map(|id| {
-                let a = segs.get(id)?.alloc.lock();
+                let a = segs.get(&id)?.alloc.lock();
                 let (cap, used) = (a.capacity() as f64, a.used() as f64);
-                (cap > 0.0 && used >= cap * wm).then_some((*id, (used - cap * low) as u64))
+                (cap > 0.0 && used >= cap * wm).then_some((id, (used - cap * low) as u64))
             })
             .collect()
     }
 
-    /// Chooses `g`'s least recently used movable objects on its memory
-    /// segments that are above the watermark, and reserves their disk
-    /// regions (evicting from the disk tier when it is full).
-    fn plan_demotions(&self, g: &Group, now: Instant) -> Vec<MoveTicket> {
-        let need = self.demotion_need(g);
+    /// Chooses the least recently used movable objects on `g`'s segments of
+    /// level `from` that are above the watermark, and reserves their
+    /// regions on level `to` (evicting there when it is full).
+    fn plan_demotions(
+        &self,
+        g: &Group,
+        (from, to): (usize, usize),
+        now: Instant,
+    ) -> Vec<MoveTicket> {
+        let need = self.demotion_need(g, from);
         if need.is_empty() {
             return Vec::new();
         }
         let target: u64 = need.values().sum::<u64>().min(ROUND_BYTES);
-        let from: HashMap<SegNo, SegmentId> = {
+        let sources: HashMap<SegNo, SegmentId> = {
             let numbers = self.numbers.read();
             need.keys()
                 .filter_map(|&id| numbers.get(id).map(|no| (no, id)))
@@ -179,17 +221,17 @@ impl MasterState {
             if !Self::evictable(v, at) {
                 return None;
             }
-            let mut on_memory = None;
+            let mut source = None;
             for (s, r) in t.replicas(i) {
-                if s == g.disk_no {
-                    // A copy is on this store's disk already.
+                if g.level_of(s).is_some_and(|l| l >= to) {
+                    // A copy is on this store's lower tier already.
                     return None;
                 }
-                if from.contains_key(&s) {
-                    on_memory = Some((s, r));
+                if sources.contains_key(&s) {
+                    source = Some((s, r));
                 }
             }
-            on_memory
+            source
         };
         // First pass: how many bytes stand at each place in LRU order.
         let mut histogram = Histogram::default();
@@ -233,47 +275,56 @@ impl MasterState {
                 if rank == boundary.rank {
                     at_boundary = at_boundary.saturating_sub(r.len);
                 }
-                chosen.push((Box::from(key), v.generation, v.value_len, from[&s], r));
+                chosen.push((Box::from(key), v.generation, v.value_len, sources[&s], r));
             }
         }
         let mut tickets = Vec::with_capacity(chosen.len());
-        let disk = HashSet::from([g.disk]);
-        for (key, generation, value_len, mem, region) in chosen {
+        let below: HashSet<SegmentId> = g.ids(to).collect();
+        for (key, generation, value_len, source, region) in chosen {
             let len = object_len(&key, value_len);
-            let want = len.div_ceil(DISK_BLOCK) * DISK_BLOCK;
-            let mut to = self.allocate_on(g.disk, want);
-            // The disk tier is full: its least recently used objects go,
-            // unless as much is on its way back already. A disk region is
-            // reused only once its store has destroyed the object there, so
-            // evicting again before then would empty the disk tier a pass
-            // at a time for one round's worth of room.
-            if to.is_none() && self.freeing(g.disk) < want {
-                self.evict_on(now, want, Some(&disk));
-                to = self.allocate_on(g.disk, want);
+            let want = in_units(len, Tier::ALL[to]);
+            let mut dest = self.allocate_among(&g.levels[to], want);
+            // The lower tier is full: its least recently used objects go,
+            // unless as much is on its way back already. A region there is
+            // reused only once its store has destroyed the object in it, so
+            // evicting again before then would empty the tier a pass at a
+            // time for one round's worth of room.
+            if dest.is_none() && below.iter().map(|&d| self.freeing(d)).sum::<u64>() < want {
+                self.evict_on(now, want, Some(&below));
+                dest = self.allocate_among(&g.levels[to], want);
             }
-            let Some(to) = to else {
+            let Some((dest, to_region)) = dest else {
                 break;
             };
             if !self.tier.lock().moving.insert(key.clone()) {
-                self.free_now(&[(g.disk, to)], None);
+                self.free_now(&[(dest, to_region)], None);
                 continue;
             }
             tickets.push(MoveTicket {
                 key: key.into(),
                 promote: false,
                 mv: TierMove {
-                    from: mem,
+                    from: source,
                     from_offset: region.offset,
                     len,
-                    to: g.disk,
-                    to_offset: to.offset,
+                    to: dest,
+                    to_offset: to_region.offset,
                     generation,
-                    fence: self.fence_of(g.disk),
+                    fence: self.fence_of(dest),
                 },
-                to,
+                to: to_region,
             });
         }
         tickets
+    }
+
+    /// Reserves `len` bytes on the first of `segments` that has them.
+    fn allocate_among(
+        &self,
+        segments: &[(SegmentId, SegNo)],
+        len: u64,
+    ) -> Option<(SegmentId, Region)> {
+        (segments.iter()).find_map(|&(id, _)| Some((id, self.allocate_on(id, len)?)))
     }
 
     /// Reserves `len` bytes on segment `id`, if it has them.
@@ -287,11 +338,13 @@ impl MasterState {
         if !self.cfg.promote || !self.disk_tier.load(Ordering::Relaxed) {
             return;
         }
-        let all_disk = {
+        let all_below = {
             let numbers = self.numbers.read();
-            objects.replicas(i).all(|(s, _)| numbers.is_disk(s))
+            objects
+                .replicas(i)
+                .all(|(s, _)| numbers.tier(s) != Tier::ALL[0])
         };
-        if !all_disk || !objects.read_on_disk(i) {
+        if !all_below || !objects.read_on_disk(i) {
             return;
         }
         let mut tier = self.tier.lock();
@@ -302,8 +355,8 @@ impl MasterState {
         }
     }
 
-    /// Plans promotions of queued objects into a memory segment of their
-    /// store that has room below the demotion watermark.
+    /// Plans promotions of queued objects into a segment of their store's
+    /// first tier (memory) that has room below the demotion watermark.
     fn plan_promotions(&self, groups: &[Group], now: Instant) -> Vec<(String, MoveTicket)> {
         let queued: Vec<Box<str>> = {
             let mut tier = self.tier.lock();
@@ -324,7 +377,7 @@ impl MasterState {
         let wm = self.cfg.demote_watermark;
         let mut out = Vec::new();
         for key in queued {
-            let (generation, value_len, disk_no, region) = {
+            let (generation, value_len, no, region) = {
                 let sh = self.shard(&key).lock();
                 let Some(i) = sh.objects.find(&key) else {
                     continue;
@@ -336,33 +389,36 @@ impl MasterState {
                 };
                 (v.generation, v.value_len, s, r)
             };
-            let Some(g) = groups.iter().find(|g| g.disk_no == disk_no) else {
+            let Some((g, from)) = groups.iter().find_map(|g| {
+                let level = g.level_of(no).filter(|&l| l > 0)?;
+                let id = g.levels[level].iter().find(|&&(_, n)| n == no)?.0;
+                Some((g, id))
+            }) else {
                 continue;
             };
             let len = object_len(&key, value_len);
-            let want = len.div_ceil(ALIGN) * ALIGN;
-            // The emptiest memory segment of the store with room to spare.
+            let want = in_units(len, Tier::ALL[0]);
+            // The emptiest first-tier segment of the store with room to spare.
             let target = {
                 let segs = self.segments.read();
-                g.memory
-                    .iter()
+                g.ids(0)
                     .filter(|id| placeable.contains(id))
                     .filter_map(|id| {
-                        let a = segs.get(id)?.alloc.lock();
+                        let a = segs.get(&id)?.alloc.lock();
                         let after = (a.used() + want) as f64;
-                        (after < a.capacity() as f64 * wm).then(|| (a.free_bytes(), *id))
+                        (after < a.capacity() as f64 * wm).then(|| (a.free_bytes(), id))
                     })
                     .max()
                     .map(|(_, id)| id)
             };
-            let Some(mem) = target else {
+            let Some(dest) = target else {
                 continue;
             };
-            let Some(to) = self.allocate_on(mem, want) else {
+            let Some(to) = self.allocate_on(dest, want) else {
                 continue;
             };
             if !self.tier.lock().moving.insert(key.clone()) {
-                self.free_now(&[(mem, to)], None);
+                self.free_now(&[(dest, to)], None);
                 continue;
             }
             out.push((
@@ -371,13 +427,13 @@ impl MasterState {
                     key: key.into(),
                     promote: true,
                     mv: TierMove {
-                        from: g.disk,
+                        from,
                         from_offset: region.offset,
                         len,
-                        to: mem,
+                        to: dest,
                         to_offset: to.offset,
                         generation,
-                        fence: self.fence_of(mem),
+                        fence: self.fence_of(dest),
                     },
                     to,
                 },
