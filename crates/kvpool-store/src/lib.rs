@@ -6,6 +6,7 @@
 //! clients embed a [`node::DataNode`] to lend memory.
 
 pub mod disk;
+mod lent;
 pub mod metrics;
 pub mod node;
 pub mod segment;

@@ -16,24 +16,18 @@ use kvpool_proto::msg::{
     SegmentIo, Tier, UnmountSegment,
 };
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::data::{invalidate_object, serve_data, SegmentTable};
+use kvpool_transfer::data::{serve_data, SegmentTable};
 use kvpool_transfer::{DiskFile, MappedRegion};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::lent::LentMedium;
 use crate::metrics::Recovery;
 
 /// Inventory parts sent before the first is answered.
 const REPORTS_IN_FLIGHT: usize = 4;
-
-/// Where a lent segment's bytes are.
-#[derive(Clone)]
-enum Media {
-    Memory(Arc<MappedRegion>),
-    Disk(Arc<DiskFile>),
-}
 
 /// A segment this node lends: what the master is told, its proof of
 /// possession, and its bytes.
@@ -41,7 +35,7 @@ enum Media {
 struct Lent {
     info: SegmentInfo,
     possession: [u8; 16],
-    media: Media,
+    medium: Arc<dyn LentMedium>,
 }
 
 /// A running data-plane server and the segments it lends.
@@ -121,7 +115,7 @@ impl DataNode {
         let segs = self.segments.lock();
         let serving = segs
             .iter()
-            .filter(|l| matches!(l.media, Media::Disk(_)))
+            .filter(|l| l.medium.tier() == Tier::Disk)
             .map(|l| (l.info.name.clone(), true));
         let withdrawn = self.withdrawn.lock();
         serving
@@ -144,24 +138,35 @@ impl DataNode {
         region: Arc<MappedRegion>,
         base: u64,
     ) -> SegmentInfo {
+        let info = self.lend(id, possession, name.to_string(), Arc::new(region), base);
+        self.table.describe(|a| a.segments.push(info.clone()));
+        info
+    }
+
+    /// Serves `medium` as segment `id` (object area from `base`) and keeps
+    /// it to mount, proving `possession`.
+    fn lend(
+        &self,
+        id: SegmentId,
+        possession: [u8; 16],
+        name: String,
+        medium: Arc<dyn LentMedium>,
+        base: u64,
+    ) -> SegmentInfo {
         let info = SegmentInfo {
             id,
-            name: name.to_string(),
+            name,
             endpoint: self.endpoint.clone(),
             base,
-            size: region.len().saturating_sub(base),
-            path: region
-                .path()
-                .and_then(|p| std::fs::canonicalize(p).ok())
-                .map(|p| p.to_string_lossy().into_owned()),
-            tier: Tier::Memory,
+            size: medium.len().saturating_sub(base),
+            path: medium.path(),
+            tier: medium.tier(),
         };
-        self.table.insert(id, region.clone(), base);
-        self.table.describe(|a| a.segments.push(info.clone()));
+        medium.serve(&self.table, id, base);
         self.segments.lock().push(Lent {
             info: info.clone(),
             possession,
-            media: Media::Memory(region),
+            medium,
         });
         info
     }
@@ -259,22 +264,7 @@ impl DataNode {
         file: Arc<DiskFile>,
         base: u64,
     ) -> SegmentInfo {
-        let info = SegmentInfo {
-            id,
-            name: format!("{name}/disk"),
-            endpoint: self.endpoint.clone(),
-            base,
-            size: file.len().saturating_sub(base),
-            path: None,
-            tier: Tier::Disk,
-        };
-        self.table.insert_disk(id, file.clone(), base);
-        self.segments.lock().push(Lent {
-            info: info.clone(),
-            possession,
-            media: Media::Disk(file),
-        });
-        info
+        self.lend(id, possession, format!("{name}/disk"), Arc::new(file), base)
     }
 
     /// The I/O of this node's disk segments since they opened.
@@ -282,10 +272,7 @@ impl DataNode {
         self.segments
             .lock()
             .iter()
-            .filter_map(|l| match &l.media {
-                Media::Disk(f) => Some(f.io(l.info.id)),
-                Media::Memory(_) => None,
-            })
+            .filter_map(|l| l.medium.io(l.info.id))
             .collect()
     }
 
@@ -297,7 +284,7 @@ impl DataNode {
             let mut lent = self.segments.lock();
             let (failed, kept) = std::mem::take(&mut *lent)
                 .into_iter()
-                .partition::<Vec<_>, _>(|l| matches!(&l.media, Media::Disk(f) if f.failed()));
+                .partition::<Vec<_>, _>(|l| l.medium.failed());
             *lent = kept;
             (self.withdrawn.lock()).extend(failed.iter().map(|l| l.info.name.clone()));
             failed.iter().map(|l| l.info.id).collect()
@@ -423,32 +410,20 @@ async fn mount_one(
     let Lent {
         info,
         possession,
-        media,
+        medium,
     } = lent;
     let t0 = std::time::Instant::now();
     // A scan of a big segment takes seconds, and the fence may wait for
     // writers: off the runtime's workers.
     let ((found, stats), (fence, held)) = {
-        let (media, base, id, table) = (media.clone(), info.base, info.id, table.clone());
+        let (medium, base, id, table) = (medium.clone(), info.base, info.id, table.clone());
         tokio::task::spawn_blocking(move || {
             let (fence, held) = table
                 .refence(id)
                 .ok_or_else(|| KvError::from(Code::SegmentNotFound))?;
-            let scanned = match media {
-                Media::Memory(region) => {
-                    // SAFETY: the whole region is in bounds. Bytes another
-                    // connection writes meanwhile may be seen torn; the scan
-                    // checks every header and value checksum, so it only ever
-                    // takes intact objects.
-                    Ok(kvpool_format::scan::scan(
-                        unsafe { region.slice(0, region.len()) },
-                        base,
-                    ))
-                }
-                Media::Disk(file) => crate::disk::scan_disk(&file, base),
-            };
+            let scanned = medium.scan(base);
             let (mut found, stats) = scanned.map_err(|e| {
-                KvError::new(Code::TransferFail, format!("disk tier scan failed: {e}"))
+                KvError::new(Code::TransferFail, format!("segment scan failed: {e}"))
             })?;
             // A held region's bytes are a copy nobody will commit.
             found.retain(|f| {
@@ -506,17 +481,7 @@ async fn mount_one(
     }
     let last = items[last].to_vec();
     let InventoryVerdict { accepted, rejected } = report(link, id, last, true).await?;
-    let invalidated = match media {
-        Media::Memory(region) => rejected
-            .iter()
-            .filter(|(off, gen)| invalidate_object(&region, *off, *gen))
-            .count(),
-        // Through the disk's I/O queue, as every invalidation is.
-        Media::Disk(file) => file
-            .submit(move |f| f.invalidate_all(&rejected))
-            .await
-            .unwrap_or(0),
-    };
+    let invalidated = medium.invalidate(rejected).await;
     recovery.record(tier, &stats, accepted, invalidated as u64, scanned);
     tracing::info!(
         segment = %id,
