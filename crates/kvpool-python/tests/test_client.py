@@ -257,3 +257,19 @@ def test_address_of():
     assert ptr == a.ctypes.data and size == 10
     with pytest.raises(BufferError):
         kvpool.address_of(b"ro", writable=True)
+
+
+def test_codes_come_from_the_native_table():
+    from kvpool import _native
+    from kvpool.mooncake import _codes
+
+    codes = _native.CODES
+    # Each name is the one the native side gives its number (the alias
+    # FILE_NOT_FOUND shares -1100 with UNAUTHORIZED).
+    for name, number in codes.items():
+        if name != "FILE_NOT_FOUND":
+            assert _native.code_name(number) == name
+    assert codes["OBJECT_NOT_FOUND"] == -704 and codes["FILE_NOT_FOUND"] == -1100
+    assert errors.NotFound.code == codes["OBJECT_NOT_FOUND"]
+    assert errors.error_for(codes["RPC_TIMEOUT"]).__class__ is errors.Timeout
+    assert _codes.TRANSFER_FAIL == codes["TRANSFER_FAIL"] == -800

@@ -156,7 +156,7 @@ class Client:
         if any(n.startswith("protocol rdma") for n in s["notes"]):
             # The Mooncake drop-in runs rdma over tcp, as Mooncake does
             # without devices; kvpool's own API says what it lacks.
-            raise NotSupported("kvpool has no RDMA transport; use protocol tcp, shm or auto", -1012)
+            raise NotSupported("kvpool has no RDMA transport; use protocol tcp, shm or auto")
         self._native = _connect(s)
 
     # ------------------------------------------------------------ lifecycle

@@ -13,6 +13,9 @@ from typing import Any, Dict, List, Optional, Type
 
 from . import _native
 
+# Numbers by Mooncake name, from the native module (the one table of codes).
+_C: Dict[str, int] = _native.CODES
+
 __all__ = [
     "KvpoolError",
     "NotFound",
@@ -57,67 +60,67 @@ class KvpoolError(Exception):
 class NotFound(KvpoolError, LookupError):
     """The key does not exist (never written, removed, or evicted)."""
 
-    code = -704
+    code = _C["OBJECT_NOT_FOUND"]
 
 
 class AlreadyExists(KvpoolError):
     """The object already exists."""
 
-    code = -705
+    code = _C["OBJECT_ALREADY_EXISTS"]
 
 
 class NoSpace(KvpoolError):
     """No room in the pool even after eviction (``NO_AVAILABLE_HANDLE``)."""
 
-    code = -200
+    code = _C["NO_AVAILABLE_HANDLE"]
 
 
 class LeaseHeld(KvpoolError):
     """Remove refused: a reader holds a lease on the object; retry or use ``force``."""
 
-    code = -706
+    code = _C["OBJECT_HAS_LEASE"]
 
 
 class LeaseExpired(KvpoolError):
     """A read outlived its lease; its bytes were discarded."""
 
-    code = -707
+    code = _C["LEASE_EXPIRED"]
 
 
 class NotReady(KvpoolError):
     """The object is still being written."""
 
-    code = -703
+    code = _C["REPLICA_IS_NOT_READY"]
 
 
 class InvalidArgument(KvpoolError, ValueError):
     """A bad key, size, address or option (including a destination buffer too small)."""
 
-    code = -600
+    code = _C["INVALID_PARAMS"]
 
 
 class NotSupported(KvpoolError, NotImplementedError):
     """The operation or option is not supported by this kvpool build."""
 
-    code = -1012
+    code = _C["NOT_SUPPORTED"]
 
 
 class Timeout(KvpoolError, TimeoutError):
     """A call did not complete within its timeout."""
 
-    code = -901
+    code = _C["RPC_TIMEOUT"]
 
 
 class Unavailable(KvpoolError, ConnectionError):
     """The master or a storage node could not be reached or cannot serve now."""
 
-    code = -900
+    code = _C["RPC_FAIL"]
 
 
 class Corrupted(KvpoolError):
     """Bytes read failed their checksum or header check (never returned)."""
 
-    code = -801
+    code = _C["CHECKSUM_MISMATCH"]
 
 
 class BatchError(KvpoolError):
@@ -140,28 +143,28 @@ class BatchError(KvpoolError):
 # The one mapping from codes to exception classes. Codes not listed raise
 # KvpoolError itself.
 _BY_CODE: Dict[int, Type[KvpoolError]] = {
-    -704: NotFound,
-    -1400: NotFound,
-    -705: AlreadyExists,
-    -200: NoSpace,
-    -706: LeaseHeld,
-    -707: LeaseExpired,
-    -703: NotReady,
-    -600: InvalidArgument,
-    -400: InvalidArgument,
-    -10: InvalidArgument,
-    -1012: NotSupported,
-    -901: Timeout,
-    -900: Unavailable,
-    -800: Unavailable,
-    -1010: Unavailable,
-    -103: Unavailable,
-    -101: Unavailable,
-    -300: Unavailable,
-    -1000: Unavailable,
-    -801: Corrupted,
-    -700: Corrupted,
-    -701: Corrupted,
+    _C["OBJECT_NOT_FOUND"]: NotFound,
+    _C["TASK_NOT_FOUND"]: NotFound,
+    _C["OBJECT_ALREADY_EXISTS"]: AlreadyExists,
+    _C["NO_AVAILABLE_HANDLE"]: NoSpace,
+    _C["OBJECT_HAS_LEASE"]: LeaseHeld,
+    _C["LEASE_EXPIRED"]: LeaseExpired,
+    _C["REPLICA_IS_NOT_READY"]: NotReady,
+    _C["INVALID_PARAMS"]: InvalidArgument,
+    _C["INVALID_KEY"]: InvalidArgument,
+    _C["BUFFER_OVERFLOW"]: InvalidArgument,
+    _C["NOT_SUPPORTED"]: NotSupported,
+    _C["RPC_TIMEOUT"]: Timeout,
+    _C["RPC_FAIL"]: Unavailable,
+    _C["TRANSFER_FAIL"]: Unavailable,
+    _C["UNAVAILABLE_IN_CURRENT_STATUS"]: Unavailable,
+    _C["CLIENT_NOT_FOUND"]: Unavailable,
+    _C["SEGMENT_NOT_FOUND"]: Unavailable,
+    _C["INVALID_VERSION"]: Unavailable,
+    _C["ETCD_OPERATION_ERROR"]: Unavailable,
+    _C["CHECKSUM_MISMATCH"]: Corrupted,
+    _C["INVALID_WRITE"]: Corrupted,
+    _C["INVALID_READ"]: Corrupted,
 }
 
 

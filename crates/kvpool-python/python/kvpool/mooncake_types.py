@@ -174,7 +174,7 @@ class ReplicaDescriptor:
 
     def get_disk_descriptor(self) -> DiskDescriptor:
         """Raises :class:`NotSupported`: kvpool has no disk replicas."""
-        raise NotSupported("kvpool has no disk replicas; this is a memory replica", -1012)
+        raise NotSupported("kvpool has no disk replicas; this is a memory replica")
 
     def __repr__(self) -> str:
         return f"ReplicaDescriptor({self._memory.buffer_descriptor!r}, status={self.status})"
@@ -320,11 +320,11 @@ def bind_to_numa_node(node: int) -> None:
     path = os.path.join(_NUMA_ROOT, f"node{node}")
     if node < 0 or not os.path.isdir(path):
         have = sorted(n for n in os.listdir(_NUMA_ROOT) if n.startswith("node")) if os.path.isdir(_NUMA_ROOT) else []
-        raise NotSupported(f"NUMA node {node} does not exist on this machine (nodes: {have or 'none reported'})", -1012)
+        raise NotSupported(f"NUMA node {node} does not exist on this machine (nodes: {have or 'none reported'})")
     with open(os.path.join(path, "cpulist")) as f:
         cpus = _parse_cpulist(f.read())
     if not cpus:
-        raise NotSupported(f"NUMA node {node} has no CPUs to run on", -1012)
+        raise NotSupported(f"NUMA node {node} has no CPUs to run on")
     os.sched_setaffinity(0, cpus)
     _prefer_numa_memory(node)
 
@@ -341,7 +341,7 @@ def _prefer_numa_memory(node: int) -> None:
         return  # affinity alone; the policy syscall number differs elsewhere
     if libc.syscall(sys_set_mempolicy, mpol_preferred, ctypes.byref(nodemask), ctypes.c_ulong(64)) != 0:
         err = ctypes.get_errno()
-        raise NotSupported(f"set_mempolicy for NUMA node {node} failed: {os.strerror(err)}", -1012)
+        raise NotSupported(f"set_mempolicy for NUMA node {node} failed: {os.strerror(err)}")
 
 
 class MooncakeDistributedNoFRegister:
@@ -350,11 +350,11 @@ class MooncakeDistributedNoFRegister:
 
     def real_register(self, *args: Any) -> int:
         """Raises :class:`NotSupported` (no NVMe-oF tier)."""
-        raise NotSupported("kvpool has no NVMe-over-Fabrics tier; NoF segments cannot be registered", -1012)
+        raise NotSupported("kvpool has no NVMe-over-Fabrics tier; NoF segments cannot be registered")
 
     def real_unregister_by_endpoint(self, *args: Any) -> int:
         """Raises :class:`NotSupported` (no NVMe-oF tier)."""
-        raise NotSupported("kvpool has no NVMe-over-Fabrics tier; NoF segments cannot be unregistered", -1012)
+        raise NotSupported("kvpool has no NVMe-over-Fabrics tier; NoF segments cannot be unregistered")
 
 
 # ---------------------------------------------------------------- buffer pools
@@ -390,7 +390,7 @@ class BufferLease:
     def buffer(self) -> memoryview:
         """The leased bytes as a writable ``memoryview`` (format ``B``)."""
         if self._pool is None:
-            raise InvalidArgument("this lease was released", -600)
+            raise InvalidArgument("this lease was released")
         return memoryview(self._array).cast("B") if self._array is not None else memoryview(b"")
 
     def release(self) -> None:
@@ -436,7 +436,7 @@ class BufferPool:
                  alignment: int = 8 << 20, block_on_exhaustion: bool = True, default_timeout: Optional[float] = None,
                  max_regions: Optional[int] = None, prewarm_size: Optional[int] = None, prewarm_count: int = 0) -> None:
         if min_size_class <= 0 or (max_bytes and max_bytes < 0):
-            raise InvalidArgument("sizes must be positive", -600)
+            raise InvalidArgument("sizes must be positive")
         self._store = store
         self._max_bytes = int(max_bytes)
         self._min = int(min_size_class)
@@ -487,14 +487,14 @@ class BufferPool:
         """A lease of ``size`` bytes (see the class docs for waiting)."""
         size = int(size)
         if size <= 0:
-            raise InvalidArgument(f"size must be positive, got {size}", -600)
+            raise InvalidArgument(f"size must be positive, got {size}")
         cls_size = self._class_of(size)
         block = self._block if block is None else bool(block)
         timeout = self._timeout if timeout is None else timeout
         with self._cv:
             while True:
                 if self._closed:
-                    raise InvalidArgument("the pool is closed", -600)
+                    raise InvalidArgument("the pool is closed")
                 free = self._free.get(cls_size)
                 if free:
                     ptr = free.pop()
@@ -508,7 +508,7 @@ class BufferPool:
                 if not block or not self._cv.wait(timeout=timeout):
                     from .errors import NoSpace
 
-                    raise NoSpace(f"buffer pool exhausted ({self._held} of {self._max_bytes} bytes held)", -200)
+                    raise NoSpace(f"buffer pool exhausted ({self._held} of {self._max_bytes} bytes held)")
         return self._lease_type(self, ptr, cls_size, size)
 
     buffer = acquire
@@ -578,7 +578,7 @@ class EngramStore:
         self._dim = int(config.embedding_dim)
         self._vocab = [int(v) for v in config.table_vocab_sizes]
         if self._dim <= 0 or not self._vocab or any(v <= 0 for v in self._vocab):
-            raise InvalidArgument("embedding_dim and every table size must be positive", -600)
+            raise InvalidArgument("embedding_dim and every table size must be positive")
         self._store = store
 
     def get_embedding_dim(self) -> int:
@@ -599,7 +599,7 @@ class EngramStore:
 
     def _need_store(self) -> Any:
         if self._store is None:
-            raise InvalidArgument("this EngramStore has no store", -600)
+            raise InvalidArgument("this EngramStore has no store")
         return self._store
 
     def populate(self, embedding_buffers: List[Any]) -> None:
@@ -608,11 +608,11 @@ class EngramStore:
 
         store = self._need_store()
         if len(embedding_buffers) != len(self._vocab):
-            raise InvalidArgument(f"{len(self._vocab)} tables expected, got {len(embedding_buffers)}", -600)
+            raise InvalidArgument(f"{len(self._vocab)} tables expected, got {len(embedding_buffers)}")
         for key, table, vocab in zip(self.get_store_keys(), embedding_buffers, self._vocab):
             a = np.ascontiguousarray(np.asarray(table, dtype=np.float32))
             if a.size != vocab * self._dim:
-                raise InvalidArgument(f"{key}: expected {vocab}x{self._dim} floats, got {a.size}", -600)
+                raise InvalidArgument(f"{key}: expected {vocab}x{self._dim} floats, got {a.size}")
             rc = store.upsert_from(key, a.ctypes.data, a.nbytes)
             if rc != 0:
                 raise RuntimeError(f"populate failed: {key}: {rc}")

@@ -81,6 +81,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffers::Buffer>()?;
     m.add_function(wrap_pyfunction!(convert::resolve_settings, m)?)?;
     m.add_function(wrap_pyfunction!(convert::code_name, m)?)?;
+    m.add("CODES", convert::codes(m.py())?)?;
     m.add_function(wrap_pyfunction!(convert::address_of, m)?)?;
     m.add_function(wrap_pyfunction!(extras::host_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(extras::host_free, m)?)?;

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import logging
 
+from .. import _native
+
 logger = logging.getLogger("kvpool.mooncake")
 
-OK = 0
-INTERNAL_ERROR = -1
-NO_AVAILABLE_HANDLE = -200
-INVALID_PARAMS = -600
-OBJECT_NOT_FOUND = -704
-OBJECT_ALREADY_EXISTS = -705
-TRANSFER_FAIL = -800
-NOT_SUPPORTED = -1012
-FILE_NOT_FOUND = -1100
+# The numbers come from the native module, the one table of codes.
+_CODES = _native.CODES
+OK = _CODES["OK"]
+INTERNAL_ERROR = _CODES["INTERNAL_ERROR"]
+NO_AVAILABLE_HANDLE = _CODES["NO_AVAILABLE_HANDLE"]
+INVALID_PARAMS = _CODES["INVALID_PARAMS"]
+OBJECT_NOT_FOUND = _CODES["OBJECT_NOT_FOUND"]
+OBJECT_ALREADY_EXISTS = _CODES["OBJECT_ALREADY_EXISTS"]
+TRANSFER_FAIL = _CODES["TRANSFER_FAIL"]
+NOT_SUPPORTED = _CODES["NOT_SUPPORTED"]
+FILE_NOT_FOUND = _CODES["FILE_NOT_FOUND"]
 
 #: Longest soft pin a write may ask for (Mooncake's limit: one day).
 MAX_SOFT_PIN_MS = 86_400_000
