@@ -2,8 +2,8 @@
 //! retries, parallelism, the embedded segment and the location cache.
 //!
 //! Defaults suit one client per inference process on a small pool; every
-//! field is public so the binary and the Python binding fill it from flags
-//! and environment.
+//! field is public so the binary fills it from flags, and `settings` fills
+//! it from arguments, environment and config file.
 
 use std::time::Duration;
 
@@ -11,6 +11,12 @@ use kvpool_net::auth::Security;
 use kvpool_proto::{Code, KvError, KvResult};
 
 /// How object bytes move between this client and the stores.
+///
+/// Parsing: names are case-insensitive; the empty name is `Tcp`, as the
+/// Python binding and its Mooncake drop-in have always read `protocol=""`
+/// (tcp is also what settings resolution picks when no protocol is given,
+/// as Mooncake does). `ClientConfig::new`, for Rust callers filling a config
+/// by hand, defaults to `Auto` instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
     /// Always over the TCP data plane.
@@ -24,21 +30,40 @@ pub enum Protocol {
     Auto,
 }
 
+impl Protocol {
+    /// The name as users write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Shm => "shm",
+            Protocol::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Protocol {
     type Err = KvError;
 
+    /// `rdma` (and other transports Mooncake has and kvpool lacks) is
+    /// `NOT_SUPPORTED`, an unknown name `INVALID_PARAMS`.
     fn from_str(s: &str) -> KvResult<Protocol> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "tcp" => Ok(Protocol::Tcp),
+            "" | "tcp" => Ok(Protocol::Tcp),
             "shm" => Ok(Protocol::Shm),
-            "auto" | "" => Ok(Protocol::Auto),
-            "rdma" => Err(KvError::new(
+            "auto" => Ok(Protocol::Auto),
+            p @ ("rdma" | "efa" | "nvlink" | "cxl" | "ascend" | "nvmeof") => Err(KvError::new(
                 Code::NotSupported,
-                "the rdma transport is not available in this build",
+                format!("protocol {p:?} is not supported by kvpool yet; use \"tcp\", \"shm\" or \"auto\""),
             )),
-            other => Err(KvError::new(
+            p => Err(KvError::new(
                 Code::InvalidParams,
-                format!("unknown protocol {other:?} (tcp, shm, auto)"),
+                format!("unknown protocol {p:?}; use \"tcp\", \"shm\" or \"auto\""),
             )),
         }
     }
@@ -139,10 +164,17 @@ mod tests {
             ("tcp", Protocol::Tcp),
             (" SHM ", Protocol::Shm),
             ("auto", Protocol::Auto),
-            ("", Protocol::Auto),
+            ("", Protocol::Tcp),
         ] {
             assert_eq!(s.parse::<Protocol>().unwrap(), p, "{s:?}");
+            if !s.is_empty() {
+                assert_eq!(p.to_string(), s.trim().to_ascii_lowercase());
+            }
         }
+        assert_eq!(
+            "efa".parse::<Protocol>().unwrap_err().code,
+            Code::NotSupported
+        );
         assert_eq!(
             "rdma".parse::<Protocol>().unwrap_err().code,
             Code::NotSupported

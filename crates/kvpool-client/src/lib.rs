@@ -13,7 +13,8 @@
 //! A client may also lend memory to the pool (an embedded segment), as an
 //! inference engine does; it goes away with the client.
 //!
-//! Modules: `config` (settings), `put` and `get`/`read` (the two
+//! Modules: `config` (the client's knobs), `settings` (resolving them
+//! from arguments, env and config file), `put` and `get`/`read` (the two
 //! protocols), `hedge` (when a slow read asks a second replica), `transport` (TCP and shared memory), `placement` (which
 //! replica and transport a read uses), `retry` (per-key retries),
 //! `fanout` (batches over stores, connections and cores), `rpc` (master
@@ -38,6 +39,7 @@ mod replicas;
 mod retry;
 mod rpc;
 mod segments;
+pub mod settings;
 pub mod transport;
 
 pub use cache::CacheStats;
@@ -49,6 +51,7 @@ pub use kvpool_proto::msg::ReplicateConfig;
 pub use metrics::ClientMetrics;
 pub use replicas::{ReplicaDesc, TaskKind};
 pub use segments::store_about;
+pub use settings::Settings;
 
 use cache::LocationCache;
 use kvpool_net::{CallPolicy, MasterLink};
