@@ -28,7 +28,8 @@ __all__ = [
 __version__: str
 
 def resolve_settings(explicit: Dict[str, Any]) -> Dict[str, Any]:
-    """Resolves setup settings from arguments, ``KVPOOL_*``/``MOONCAKE_*`` env vars and the config file."""
+    """Resolves setup settings from arguments, ``KVPOOL_*``/``MOONCAKE_*``/``MC_*`` env vars and the
+    config file: the settings by canonical name, plus ``ignored`` and ``notes``."""
 
 def code_name(code: int) -> str:
     """Mooncake's name for an error code (``-704`` → ``"OBJECT_NOT_FOUND"``)."""
@@ -72,24 +73,8 @@ class Buffer:
 class Client:
     """A connection to a kvpool cluster; single-key calls raise, batch calls return per-key ints."""
 
-    def __new__(
-        cls,
-        master: str,
-        hostname: str = "127.0.0.1",
-        segment_size: int = 0,
-        segment_address: Optional[str] = None,
-        timeout: Optional[float] = None,
-        retries: Optional[int] = None,
-        conns_per_store: Optional[int] = None,
-        protocol: str = "tcp",
-        location_cache: Optional[int] = None,
-        secret: Optional[str] = None,
-        insecure: bool = False,
-        tls_ca: Optional[str] = None,
-        tls_cert: Optional[str] = None,
-        tls_key: Optional[str] = None,
-        segment_port: int = 0,
-    ) -> "Client": ...
+    def __new__(cls, settings: Dict[str, Any]) -> "Client":
+        """Connects with the settings ``resolve_settings`` returned (values may be changed)."""
     @property
     def master(self) -> str:
         """Master address in use."""

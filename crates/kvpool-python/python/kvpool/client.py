@@ -55,23 +55,7 @@ def _close_lenders() -> None:
 def _connect(s: Dict[str, Any]) -> "_native.Client":
     """A native client from resolved settings (``_native.resolve_settings``),
     registered for the exit hook if it lends memory."""
-    native = _native.Client(
-        s["master_server_addr"],
-        s["local_hostname"],
-        s["global_segment_size"],
-        s["segment_address"],
-        s["timeout"],
-        s["retries"],
-        s["conns_per_store"],
-        s["protocol"],
-        s["location_cache"],
-        s["secret"],
-        s["insecure"],
-        s["tls_ca"],
-        s["tls_cert"],
-        s["tls_key"],
-        s.get("segment_port") or 0,
-    )
+    native = _native.Client(s)
     _track(native)
     return native
 

@@ -14,8 +14,6 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use kvpool_client::auth::{Credentials, Security};
-use kvpool_client::tls::TlsFiles;
 use kvpool_client::{ClientConfig, GetInto, ReplicateConfig};
 use kvpool_proto::{Code, KvError, KvResult};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -23,7 +21,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::buffers::{fill_targets, hold, Buffer, Held, OVERLAP};
-use super::convert::replicate_config;
+use super::convert::{replicate_config, settings_from_dict};
 use super::{raise, wait};
 use crate::memory::Region;
 use crate::runtime;
@@ -324,70 +322,16 @@ impl Drop for Client {
 
 #[pymethods]
 impl Client {
-    /// Connects to the master at `master` ("host:port" or "etcd://...");
-    /// with `segment_size` > 0 this process also lends that many bytes to the
-    /// pool. `None` options keep the Rust client's defaults.
+    /// Connects with resolved settings: the dict `resolve_settings` returns
+    /// (the caller may change values in it, e.g. `local_hostname`); with
+    /// `global_segment_size` > 0 this process also lends that many bytes to
+    /// the pool. Values are checked as `resolve_settings` checks them, but
+    /// the environment and config file are not read again.
     #[new]
-    #[pyo3(signature = (master, hostname = "127.0.0.1", segment_size = 0, segment_address = None, timeout = None, retries = None, conns_per_store = None, protocol = "tcp", location_cache = None, secret = None, insecure = false, tls_ca = None, tls_cert = None, tls_key = None, segment_port = 0))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        master: &str,
-        hostname: &str,
-        segment_size: u64,
-        segment_address: Option<&str>,
-        timeout: Option<f64>,
-        retries: Option<u32>,
-        conns_per_store: Option<usize>,
-        protocol: &str,
-        location_cache: Option<usize>,
-        secret: Option<&str>,
-        insecure: bool,
-        tls_ca: Option<PathBuf>,
-        tls_cert: Option<PathBuf>,
-        tls_key: Option<PathBuf>,
-        segment_port: u16,
-    ) -> PyResult<Self> {
-        if let Some(t) = timeout {
-            if !(t.is_finite() && t > 0.0 && t < 1e9) {
-                return Err(PyValueError::new_err(
-                    "timeout must be a positive number of seconds",
-                ));
-            }
-        }
-        let master = crate::settings::normalize_master(master).map_err(|e| raise(py, e))?;
-        let protocol = crate::settings::Protocol::parse(protocol).map_err(|e| raise(py, e))?;
-        let mut cfg = ClientConfig::new(&master);
-        cfg.hostname = hostname.to_string();
-        if let Some(t) = timeout {
-            cfg.timeout = Duration::from_secs_f64(t);
-        }
-        if let Some(r) = retries {
-            cfg.retries = r;
-        }
-        if let Some(n) = conns_per_store {
-            cfg.conns_per_store = n.max(1);
-        }
-        if let Some(n) = location_cache {
-            cfg.location_cache = n;
-        }
-        cfg.segment_size = segment_size;
-        cfg.segment_port = segment_port;
-        cfg.segment_address = segment_address
-            .map(str::to_string)
-            .unwrap_or_else(|| crate::settings::host_part(hostname).to_string());
-        crate::settings::apply_protocol(&mut cfg, protocol);
-        let credentials = secret
-            .map(Credentials::parse)
-            .transpose()
+    fn new(py: Python<'_>, settings: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let cfg = settings_from_dict(py, settings)?
+            .client_config()
             .map_err(|e| raise(py, e))?;
-        let tls = TlsFiles {
-            ca: tls_ca,
-            cert: tls_cert,
-            key: tls_key,
-            require_client_cert: false,
-        };
-        cfg.security = Security::new(credentials, insecure, &tls).map_err(|e| raise(py, e))?;
         let c = wait(py, kvpool_client::Client::connect(cfg.clone()))?.map_err(|e| raise(py, e))?;
         Ok(Client {
             cfg,

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use kvpool_client::ReplicateConfig;
+use kvpool_client::settings::Raw;
+use kvpool_client::{ReplicateConfig, Settings};
 use kvpool_proto::{Code, KvError};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -11,7 +12,6 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::buffers::hold;
 use super::raise;
-use crate::settings::{self, Raw};
 
 /// A Python value as a raw setting.
 fn to_raw(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Raw> {
@@ -34,59 +34,61 @@ fn to_raw(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Raw> {
     }
 }
 
-/// Resolves `setup` settings: `explicit` maps setting names (or Mooncake /
-/// SGLang aliases) to values; missing ones come from `KVPOOL_*`, then
-/// `MOONCAKE_*` env vars, then the JSON file in `KVPOOL_CONFIG_PATH` /
-/// `MOONCAKE_CONFIG_PATH`, then defaults. Raises a `kvpool.errors` exception
-/// (`InvalidArgument`, `NotSupported`) for values kvpool cannot honour.
+/// The raw settings in a Python dict (every entry; the resolver decides
+/// which keys matter).
+fn raw_map(d: &Bound<'_, PyDict>) -> PyResult<BTreeMap<String, Raw>> {
+    let mut args = BTreeMap::new();
+    for (k, v) in d.iter() {
+        let k: String = k.extract()?;
+        let raw = to_raw(&k, &v)?;
+        args.insert(k, raw);
+    }
+    Ok(args)
+}
+
+/// A raw setting as a Python value.
+fn raw_to_py<'py>(py: Python<'py>, v: &Raw) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Raw::Str(s) => s.into_pyobject(py)?.into_any(),
+        Raw::Int(i) => i.into_pyobject(py)?.into_any(),
+        Raw::Float(f) => f.into_pyobject(py)?.into_any(),
+        Raw::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Raw::Null => py.None().into_bound(py),
+    })
+}
+
+/// Resolves `setup` settings (`kvpool_client::Settings::resolve`):
+/// `explicit` maps setting names (or Mooncake / SGLang aliases) to values;
+/// missing ones come from `KVPOOL_*`, then `MOONCAKE_*`/`MC_*` env vars,
+/// then the JSON file in `KVPOOL_CONFIG_PATH` / `MOONCAKE_CONFIG_PATH`, then
+/// defaults. Returns the settings by canonical name, plus `ignored` and
+/// `notes` for warnings; `Client(settings)` takes the dict back. Raises a
+/// `kvpool.errors` exception (`InvalidArgument`, `NotSupported`) for values
+/// kvpool cannot honour.
 #[pyfunction]
 pub fn resolve_settings<'py>(
     py: Python<'py>,
     explicit: &Bound<'py, PyDict>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut args = BTreeMap::new();
-    for (k, v) in explicit.iter() {
-        let k: String = k.extract()?;
-        let raw = to_raw(&k, &v)?;
-        args.insert(k, raw);
-    }
-    let env = |name: &str| std::env::var(name).ok();
-    let file = match settings::config_path(&env) {
-        None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                raise(
-                    py,
-                    KvError::new(Code::InvalidParams, format!("config file {path}: {e}")),
-                )
-            })?;
-            Some(settings::parse_config_file(&text, &path).map_err(|e| raise(py, e))?)
-        }
-    };
-    let s = settings::resolve(&args, &env, file.as_ref()).map_err(|e| raise(py, e))?;
+    let s = Settings::resolve(&raw_map(explicit)?).map_err(|e| raise(py, e))?;
     let d = PyDict::new(py);
-    d.set_item("local_hostname", &s.local_hostname)?;
-    d.set_item("metadata_server", &s.metadata_server)?;
-    d.set_item("global_segment_size", s.global_segment_size)?;
-    d.set_item("local_buffer_size", s.local_buffer_size)?;
-    d.set_item("protocol", s.protocol.name())?;
-    d.set_item("device_name", &s.device_name)?;
-    d.set_item("master_server_addr", &s.master_server_addr)?;
-    d.set_item("timeout", s.timeout.map(|t| t.as_secs_f64()))?;
-    d.set_item("retries", s.retries)?;
-    d.set_item("conns_per_store", s.conns_per_store)?;
-    d.set_item("location_cache", s.location_cache)?;
-    d.set_item("segment_address", &s.segment_address)?;
-    // The key travels as its encoded text, never as the file name: the
-    // native client must not read files the caller did not name.
-    d.set_item("secret", s.credentials.as_ref().map(|c| c.encode()))?;
-    d.set_item("insecure", s.insecure)?;
-    d.set_item("tls_ca", s.tls.ca.as_deref())?;
-    d.set_item("tls_cert", s.tls.cert.as_deref())?;
-    d.set_item("tls_key", s.tls.key.as_deref())?;
+    for (k, v) in s.explicit() {
+        d.set_item(k, raw_to_py(py, &v)?)?;
+    }
     d.set_item("ignored", s.ignored)?;
     d.set_item("notes", s.notes)?;
     Ok(d)
+}
+
+/// The settings in a dict from [`resolve_settings`], checked again but not
+/// resolved against the environment again (`Settings::explicit` resolves to
+/// itself with no env and no file).
+pub(crate) fn settings_from_dict(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<Settings> {
+    let mut args = raw_map(d)?;
+    // Reports of the first resolution, not settings.
+    args.remove("ignored");
+    args.remove("notes");
+    Settings::resolve_with(&args, &|_| None, None).map_err(|e| raise(py, e))
 }
 
 /// Mooncake's upper-case name of an error code (`-704` → `OBJECT_NOT_FOUND`);
