@@ -15,11 +15,13 @@
 //!
 //! Modules: `config` (the client's knobs), `settings` (resolving them
 //! from arguments, env and config file), `put` and `get`/`read` (the two
-//! protocols), `hedge` (when a slow read asks a second replica), `transport` (TCP and shared memory), `placement` (which
-//! replica and transport a read uses), `retry` (per-key retries),
-//! `fanout` (batches over stores, connections and cores), `rpc` (master
-//! calls), `query` (metadata-only calls), `cache` (the location cache),
-//! `metrics` (what the client counts, for the engine to export).
+//! protocols), `hedge` (when a slow read asks a second replica),
+//! `transport` (the `Transport` trait, its TCP and shared-memory
+//! implementations, and the one route choice), `placement` (which
+//! replica a read tries), `retry` (per-key retries), `fanout` (running a
+//! batch's jobs over connections and cores), `rpc` (master calls),
+//! `query` (metadata-only calls), `cache` (the location cache), `metrics`
+//! (what the client counts, for the engine to export).
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
