@@ -7,6 +7,7 @@ mod buffers;
 mod client;
 mod convert;
 mod extras;
+mod results;
 
 use std::future::Future;
 
