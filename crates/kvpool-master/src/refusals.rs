@@ -39,6 +39,9 @@ pub enum Refusal {
     PendingPuts,
     /// A hard pin beyond `--max-hard-pinned-per-client`.
     HardPinnedBytes,
+    /// A hard pin beyond `--max-hard-pinned-ratio` of the pool, over all
+    /// clients.
+    HardPinnedPool,
     /// An HTTP connection beyond `--http-max-connections`.
     HttpConnections,
     /// A metadata value over `--metadata-max-value-size`.
@@ -68,6 +71,7 @@ impl Refusal {
             Refusal::Inventory => "inventory",
             Refusal::PendingPuts => "pending_puts_per_client",
             Refusal::HardPinnedBytes => "hard_pinned_bytes_per_client",
+            Refusal::HardPinnedPool => "hard_pinned_bytes_pool",
             Refusal::HttpConnections => "http_connections",
             Refusal::MetadataValueSize => "metadata_value_size",
             Refusal::MetadataKeys => "metadata_keys",

@@ -98,6 +98,12 @@ fn validate_config(cfg: &MasterConfig) -> Result<(), MasterError> {
             st.demote_watermark
         )));
     }
+    let pins = st.limits.max_hard_pinned_ratio;
+    if !(0.0..=1.0).contains(&pins) {
+        return Err(MasterError::Config(format!(
+            "max hard-pinned ratio {pins} not in [0, 1]"
+        )));
+    }
     if st.client_ttl.is_zero() || st.lease_ttl.is_zero() {
         return Err(MasterError::Config(
             "client TTL and lease TTL must be positive".into(),

@@ -618,7 +618,8 @@ fn remove_waits_for_read_leases_unless_forced() {
 
 #[test]
 fn replaced_version_under_lease_is_reused_only_after_the_lease() {
-    let (p, c) = Pool::with_segment(config(), 4 * OBJ);
+    // Three of the four objects are pinned: past the pool's default share.
+    let (p, c) = Pool::with_segment(limited(|l| l.max_hard_pinned_ratio = 1.0), 4 * OBJ);
     p.fill(c, "pin", 2, 2);
     let (_, old) = p.commit(c, "k", OBJ, p.at(3 * SEC));
     p.get("k", p.at(10 * SEC)).unwrap();
@@ -2360,6 +2361,36 @@ fn hard_pins_beyond_the_per_client_limit_are_refused() {
     p.commit_with(c, "p3", OBJ, &hard_pin(), p.t0);
     p.revoke(c, "p2").unwrap();
     assert_eq!(p.st.held_by(c), (0, OBJ));
+}
+
+/// Attack 4 of the tenancy issue: one key holder registers many client
+/// ids and hard-pins up to each one's limit. The pool's share of pins
+/// bounds them all together, so the rest of the pool stays evictable and
+/// everyone's puts keep succeeding.
+#[test]
+fn hard_pins_of_many_clients_leave_the_pool_room_for_puts() {
+    let (p, _) = Pool::with_segment(limited(|l| l.max_hard_pinned_ratio = 0.5), 16 * OBJ);
+    let mut pinned = 0;
+    for id in 10..30 {
+        let c = p.client(id);
+        let key = format!("pin{id}");
+        if p.put_with(c, &key, OBJ, &hard_pin(), false, p.t0).is_ok() {
+            p.end(c, &key, p.t0).unwrap();
+            pinned += 1;
+        }
+    }
+    assert_eq!(pinned, 8, "half of 16 objects' room");
+    assert!(p.st.refusals().count(Refusal::HardPinnedPool) >= 1);
+    // Another client's plain puts keep working, by evicting each other.
+    let victim = p.client(99);
+    for i in 0..40 {
+        p.commit(victim, &format!("plain{i}"), OBJ, p.at(10 * (i + 1)));
+        assert!(p.present(&format!("plain{i}")));
+    }
+    // Giving pins back makes room for new ones.
+    p.remove("pin10", true, p.at(500)).unwrap();
+    let c = p.client(50);
+    p.commit_with(c, "pin50", OBJ, &hard_pin(), p.at(510));
 }
 
 /// Every put asks which segments take objects; that answer once walked

@@ -323,6 +323,10 @@ pub struct MasterArgs {
     /// Most bytes of hard-pinned objects (all replicas) one client may hold.
     #[arg(long, env = "KVPOOL_MAX_HARD_PINNED_PER_CLIENT", default_value = "64GiB", value_parser = parse_size)]
     pub max_hard_pinned_per_client: u64,
+    /// Most of the pool's memory that hard-pinned objects of all clients
+    /// together may take; the rest stays evictable for everyone's puts.
+    #[arg(long, env = "KVPOOL_MAX_HARD_PINNED_RATIO", default_value_t = 0.5)]
+    pub max_hard_pinned_ratio: f64,
     /// Connections one peer IP address may hold on the RPC port (0: no
     /// per-address cap; the port takes 8192 in all).
     #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
@@ -419,6 +423,7 @@ impl MasterArgs {
                     max_segments_per_client: self.max_segments_per_client,
                     max_pending_per_client: self.max_pending_puts_per_client,
                     max_hard_pinned_per_client: self.max_hard_pinned_per_client,
+                    max_hard_pinned_ratio: self.max_hard_pinned_ratio,
                 },
             },
         })

@@ -1,7 +1,8 @@
 //! What each client holds that its limits count: puts in flight (started,
 //! not yet committed or revoked) and bytes of hard-pinned objects (in flight
-//! or committed), so a put beyond `max_pending_per_client` or
-//! `max_hard_pinned_per_client` is refused before any region is reserved.
+//! or committed), so a put beyond `max_pending_per_client`,
+//! `max_hard_pinned_per_client` or the pool's `max_hard_pinned_ratio` is
+//! refused before any region is reserved.
 //!
 //! Taken last: its lock is taken under a shard's (an object's removal gives
 //! its pin back), and nothing is taken under it.
@@ -34,6 +35,17 @@ pub(crate) struct Held {
 #[derive(Default)]
 pub(crate) struct Ledger {
     per: Mutex<HashMap<ClientId, Held>>,
+    /// Hard-pinned bytes of all clients together.
+    pinned: Mutex<u64>,
+}
+
+/// Which limit a hard pin would pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PinLimit {
+    /// The client's own.
+    Client,
+    /// The pool's, over all clients.
+    Pool,
 }
 
 impl Ledger {
@@ -55,18 +67,35 @@ impl Ledger {
         granted
     }
 
-    /// Reserves `bytes` of hard pins for `client` unless that passes `max`.
-    pub(crate) fn reserve_pin(&self, client: ClientId, bytes: u64, max: u64) -> bool {
+    /// Reserves `bytes` of hard pins for `client` unless that passes its
+    /// `max`, or `pool_max` over all clients.
+    pub(crate) fn reserve_pin(
+        &self,
+        client: ClientId,
+        bytes: u64,
+        (max, pool_max): (u64, u64),
+    ) -> Result<(), PinLimit> {
         let mut per = self.per.lock();
+        let mut pinned = self.pinned.lock();
         let h = per.entry(client).or_default();
-        let fits = h.pinned.saturating_add(bytes) <= max;
-        if fits {
+        let fits = if h.pinned.saturating_add(bytes) > max {
+            Err(PinLimit::Client)
+        } else if pinned.saturating_add(bytes) > pool_max {
+            Err(PinLimit::Pool)
+        } else {
             h.pinned += bytes;
-        }
+            *pinned += bytes;
+            Ok(())
+        };
         if *h == Held::default() {
             per.remove(&client);
         }
         fits
+    }
+
+    /// Hard-pinned bytes of all clients together.
+    pub(crate) fn pinned(&self) -> u64 {
+        *self.pinned.lock()
     }
 
     /// Gives back `puts` puts in flight and `pinned` bytes of pins.
@@ -76,8 +105,10 @@ impl Ledger {
         }
         let mut per = self.per.lock();
         if let Some(h) = per.get_mut(&client) {
+            let given = h.pinned.min(pinned);
+            *self.pinned.lock() -= given;
             h.pending = h.pending.saturating_sub(puts);
-            h.pinned = h.pinned.saturating_sub(pinned);
+            h.pinned -= given;
             if *h == Held::default() {
                 per.remove(&client);
             }
@@ -102,8 +133,8 @@ mod tests {
         assert_eq!(l.reserve_puts(c, 8, 10), 8);
         assert_eq!(l.reserve_puts(c, 8, 10), 2);
         assert_eq!(l.reserve_puts(c, 1, 10), 0);
-        assert!(l.reserve_pin(c, 100, 150));
-        assert!(!l.reserve_pin(c, 51, 150));
+        assert_eq!(l.reserve_pin(c, 100, (150, u64::MAX)), Ok(()));
+        assert_eq!(l.reserve_pin(c, 51, (150, u64::MAX)), Err(PinLimit::Client));
         assert_eq!(
             l.held(c),
             Held {
@@ -116,5 +147,20 @@ mod tests {
         assert_eq!(l.clients(), 0, "an empty entry is dropped");
         assert_eq!(l.reserve_puts(ClientId(2), 0, 10), 0);
         assert_eq!(l.clients(), 0);
+    }
+
+    #[test]
+    fn the_pools_pin_limit_counts_every_client() {
+        let l = Ledger::default();
+        let (a, b) = (ClientId(1), ClientId(2));
+        assert_eq!(l.reserve_pin(a, 100, (1000, 150)), Ok(()));
+        assert_eq!(l.reserve_pin(b, 60, (1000, 150)), Err(PinLimit::Pool));
+        assert_eq!(l.reserve_pin(b, 50, (1000, 150)), Ok(()));
+        assert_eq!(l.pinned(), 150);
+        // Giving back more than was held gives back what was held.
+        l.release(a, 0, 500);
+        assert_eq!(l.pinned(), 50);
+        assert_eq!(l.reserve_pin(b, 60, (1000, 150)), Ok(()));
+        assert_eq!(l.pinned(), 110);
     }
 }

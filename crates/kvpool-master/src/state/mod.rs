@@ -115,6 +115,11 @@ pub struct ClientLimits {
     /// Most bytes of hard-pinned objects (committed or in flight, all
     /// replicas) one client may hold (`NO_AVAILABLE_HANDLE` beyond).
     pub max_hard_pinned_per_client: u64,
+    /// Most of the memory tier's capacity hard-pinned objects of all
+    /// clients together may take (`NO_AVAILABLE_HANDLE` beyond): the rest
+    /// stays evictable, so pins (of one client, or of many client ids one
+    /// holder registered) can never leave the pool without room for puts.
+    pub max_hard_pinned_ratio: f64,
 }
 
 impl Default for ClientLimits {
@@ -124,6 +129,7 @@ impl Default for ClientLimits {
             max_segments_per_client: 64,
             max_pending_per_client: 1_000_000,
             max_hard_pinned_per_client: 64 << 30,
+            max_hard_pinned_ratio: 0.5,
         }
     }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::alloc::Region;
 use crate::refusals::Refusal;
 
-use super::ledger::Pin;
+use super::ledger::{Pin, PinLimit};
 use super::table::ObjectTable;
 use super::*;
 
@@ -254,14 +254,20 @@ impl MasterState {
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
-        let max_pinned = self.cfg.limits.max_hard_pinned_per_client;
+        let pin_limits = (
+            self.cfg.limits.max_hard_pinned_per_client,
+            self.pool_pin_limit(),
+        );
         if config.with_hard_pin {
             let held = self.ledger.held(client).pinned;
             let more = item
                 .region_len
                 .saturating_mul(want.min(placeable.len()) as u64);
-            if held.saturating_add(more) > max_pinned {
-                return Err(self.pin_refused(client, held, more));
+            if held.saturating_add(more) > pin_limits.0 {
+                return Err(self.pin_refused(client, PinLimit::Client, more));
+            }
+            if self.ledger.pinned().saturating_add(more) > pin_limits.1 {
+                return Err(self.pin_refused(client, PinLimit::Pool, more));
             }
         }
         let fit = self.fitting(item.region_len, Some(placeable));
@@ -307,10 +313,9 @@ impl MasterState {
             true => {
                 // Allocation rounds regions up: charge what was placed.
                 let bytes = replicas.iter().map(|(_, r)| r.len).sum();
-                if !self.ledger.reserve_pin(client, bytes, max_pinned) {
+                if let Err(limit) = self.ledger.reserve_pin(client, bytes, pin_limits) {
                     self.free_now(&replicas, None);
-                    let held = self.ledger.held(client).pinned;
-                    return Err(self.pin_refused(client, held, bytes));
+                    return Err(self.pin_refused(client, limit, bytes));
                 }
                 Some(Pin {
                     owner: client,
@@ -362,18 +367,37 @@ impl MasterState {
         }))
     }
 
-    /// The refusal of a hard pin of `more` bytes by a client holding `held`.
-    fn pin_refused(&self, client: ClientId, held: u64, more: u64) -> KvError {
-        let max = self.cfg.limits.max_hard_pinned_per_client;
-        self.refusals.refuse(
-            Refusal::HardPinnedBytes,
-            KvError::new(
-                Code::NoAvailableHandle,
-                format!(
-                    "client {client} holds {held} hard-pinned bytes; {more} more would pass its limit of {max}"
-                ),
+    /// Bytes all clients' hard pins may take together: their share of the
+    /// memory tier's capacity.
+    fn pool_pin_limit(&self) -> u64 {
+        let (capacity, _) = self.usage();
+        (capacity as f64 * self.cfg.limits.max_hard_pinned_ratio) as u64
+    }
+
+    /// The refusal of a hard pin of `more` bytes by `client`, which would
+    /// pass `limit`.
+    fn pin_refused(&self, client: ClientId, limit: PinLimit, more: u64) -> KvError {
+        let message = match limit {
+            PinLimit::Client => {
+                let (held, max) = (
+                    self.ledger.held(client).pinned,
+                    self.cfg.limits.max_hard_pinned_per_client,
+                );
+                format!("client {client} holds {held} hard-pinned bytes; {more} more would pass its limit of {max}")
+            }
+            PinLimit::Pool => format!(
+                "{} bytes of the pool are hard-pinned; {more} more would pass the pool's limit of {} ({:.0}% of its memory)",
+                self.ledger.pinned(),
+                self.pool_pin_limit(),
+                self.cfg.limits.max_hard_pinned_ratio * 100.0
             ),
-        )
+        };
+        let reason = match limit {
+            PinLimit::Client => Refusal::HardPinnedBytes,
+            PinLimit::Pool => Refusal::HardPinnedPool,
+        };
+        self.refusals
+            .refuse(reason, KvError::new(Code::NoAvailableHandle, message))
     }
 
     /// Commits written objects; one result per key.

@@ -580,7 +580,7 @@ mod tests {
         let mut v = version(1, &[(0, 0)]);
         v.soft_pin_until = Tick(99);
         let owner = kvpool_proto::msg::ClientId(5);
-        assert!(ledger.reserve_pin(owner, 64, 64));
+        assert!(ledger.reserve_pin(owner, 64, (64, 64)).is_ok());
         v.hard_pin = Some(Pin { owner, bytes: 64 });
         t.insert("k", v);
         let i = t.find("k").unwrap();
@@ -619,7 +619,9 @@ mod tests {
         let mut t = ObjectTable::new(ledger.clone());
         let owner = kvpool_proto::msg::ClientId(9);
         let pinned = |bytes| {
-            assert!(ledger.reserve_pin(owner, bytes, u64::MAX));
+            assert!(ledger
+                .reserve_pin(owner, bytes, (u64::MAX, u64::MAX))
+                .is_ok());
             let mut v = version(1, &[(0, 0)]);
             v.hard_pin = Some(Pin { owner, bytes });
             v
