@@ -36,6 +36,8 @@ pub(crate) struct Ctx<'a> {
     pub now: Instant,
     /// The role the request was admitted under.
     pub role: Role,
+    /// The role the peer proved at the handshake.
+    pub peer: kvpool_net::auth::Role,
     /// What the reply must wait for, if anything: a new value or a removal
     /// is reported only once the key's old versions are destroyed on their
     /// stores (or can no longer be read without asking this master).
@@ -113,7 +115,7 @@ impl Handle for msg::RegisterClient {
         cx.check_name("hostname", &self.hostname)?;
         cx.master.metrics.record(Self::OPCODE, 0, 0);
         let s = &cx.master.state;
-        let reply = s.register_client(self.client_id, &self.hostname, cx.now)?;
+        let reply = s.register_client_as(self.client_id, &self.hostname, cx.now, cx.peer)?;
         info!(client = %self.client_id, hostname = %self.hostname, "client registered");
         Ok(reply)
     }

@@ -390,9 +390,9 @@ impl ControlHandler for Master {
         let mut fence: Option<state::FenceWait> = None;
         let start = std::time::Instant::now();
         let r = if self.may_take_long(op) {
-            off_the_runtime(|| self.answer(op, meta, &mut fence))
+            off_the_runtime(|| self.answer(op, peer, meta, &mut fence))
         } else {
-            self.answer(op, meta, &mut fence)
+            self.answer(op, peer, meta, &mut fence)
         };
         self.metrics.observe_handling(op, start.elapsed());
         if op == Opcode::Heartbeat && conn.is_none() && r.is_ok() {
@@ -452,11 +452,12 @@ impl Master {
         }
     }
 
-    /// Handles one request; sets `fence` to the invalidation sequence number
-    /// the reply must wait for, if any.
+    /// Handles one request from a peer that proved `peer`; sets `fence` to
+    /// the invalidation sequence number the reply must wait for, if any.
     fn answer(
         &self,
         op: Opcode,
+        peer: PeerRole,
         meta: &[u8],
         fence: &mut Option<state::FenceWait>,
     ) -> KvResult<Vec<u8>> {
@@ -466,6 +467,7 @@ impl Master {
             master: self,
             now,
             role,
+            peer,
             fence: None,
         };
         let cx = &mut cx;

@@ -2363,6 +2363,36 @@ fn hard_pins_beyond_the_per_client_limit_are_refused() {
     assert_eq!(p.st.held_by(c), (0, OBJ));
 }
 
+/// Attack 4 of the tenancy issue, its first half: a holder of the client
+/// key registers client ids in a loop. It gets nine tenths of the limit;
+/// restarted stores (proving the store key) still register.
+#[test]
+fn client_key_holders_cannot_take_the_slots_kept_for_stores() {
+    use kvpool_proto::policy::Role;
+    let p = Pool::new(limited(|l| l.max_clients = 10));
+    let engine = |id: u128, at| {
+        p.st.register_client_as(ClientId(id), "pod", at, Role::Client)
+    };
+    for id in 1..=9 {
+        engine(id, p.t0).expect("within the engines' share");
+    }
+    assert_eq!(code(engine(10, p.t0)), UNAVAILABLE);
+    // A registered engine refreshes; a store takes a kept slot.
+    engine(3, p.at(SEC)).expect("refresh");
+    (p.st
+        .register_client_as(ClientId(100), "store", p.t0, Role::Store))
+    .expect("a store registers");
+    assert_eq!(
+        code(p.st.register_client_as(ClientId(101), "store", p.t0, Role::Store)),
+        UNAVAILABLE
+    );
+    // Expired engines give their share back.
+    let later = p.at(3601 * SEC);
+    let expired = p.st.sweep(later);
+    assert!(expired.contains(&ClientId(1)));
+    engine(10, later).expect("room again");
+}
+
 /// Attack 4 of the tenancy issue: one key holder registers many client
 /// ids and hard-pins up to each one's limit. The pool's share of pins
 /// bounds them all together, so the rest of the pool stays evictable and

@@ -1041,3 +1041,105 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
         assert!(got == *v, "{key}: forged bytes");
     }
 }
+
+/// Attack 4 of the tenancy issue, "lock others out": a holder of the
+/// client key hard-pins as much as it may and registers client ids in a
+/// loop. Pins of all clients together take at most half the pool, so a
+/// registered engine keeps writing (its objects evict each other); ids
+/// proven only by the client key take at most nine tenths of the client
+/// limit, so a store restarted meanwhile registers and mounts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_out_by_pins_and_client_ids_is_bounded() {
+    const MIB: u64 = 1 << 20;
+    let mut cluster = Cluster::builder()
+        .secured()
+        .segment_size("16MiB")
+        .master_flag("--max-clients", "20")
+        .start()
+        .await;
+    let engine = cluster.client().await;
+    let client_key = cluster.secrets.as_ref().expect("secured").key(Role::Client);
+    let attacker = link_as(&cluster, Some(client_key.clone()));
+    attacker.register().await.expect("register");
+
+    // Hard pins: 1 MiB objects until the master refuses.
+    let mut pinned = 0;
+    for i in 0..32 {
+        let start = msg::PutStart {
+            client_id: attacker.client_id(),
+            op: rand::random(),
+            items: vec![msg::PutItem {
+                key: format!("pinned-{i}"),
+                value_len: MIB,
+                region_len: MIB + 64,
+            }],
+            config: ReplicateConfig {
+                with_hard_pin: true,
+                ..ReplicateConfig::default()
+            },
+            upsert: false,
+        };
+        let answer = attacker.call_once(&start).await.expect("answered");
+        match answer.into_iter().next().expect("one answer") {
+            Ok(_) => pinned += 1,
+            Err(code) => {
+                assert_eq!(code, Code::NoAvailableHandle.as_i32(), "pin {i}");
+                break;
+            }
+        }
+    }
+    assert!(
+        (6..=8).contains(&pinned),
+        "{pinned} MiB pinned of a 16 MiB pool"
+    );
+    // The engine writes twice the pool in 512 KiB objects; every put lands.
+    let value = vec![7u8; 512 << 10];
+    for i in 0..64 {
+        (engine.put(&format!("engine-{i}"), &value, &ReplicateConfig::default()))
+            .await
+            .unwrap_or_else(|e| panic!("put {i} with the pool half pinned: {e}"));
+    }
+    assert_eq!(engine.get("engine-63").await.expect("get"), value);
+
+    // Client ids: register until refused.
+    let mut links = Vec::new();
+    let refused = loop {
+        let link = link_as(&cluster, Some(client_key.clone()));
+        let register = msg::RegisterClient {
+            client_id: link.client_id(),
+            hostname: "flood".into(),
+        };
+        match link.call_once(&register).await {
+            Ok(_) => links.push(link),
+            Err(e) => break e,
+        }
+        assert!(links.len() < 20, "every slot went to the client key");
+    };
+    assert_eq!(refused.code, Code::UnavailableInCurrentStatus, "{refused}");
+    // A store restarted now still gets in (on a new port: the segment
+    // is mounted by the new process).
+    let before = engine.status().await.expect("status").segments[0]
+        .info
+        .clone();
+    cluster.kill9_store(0);
+    cluster.restart_store(0, None);
+    common::eventually(
+        "the restarted store mounted again",
+        Duration::from_secs(30),
+        async || {
+            let s = engine.status().await.ok()?;
+            (s.segments.iter())
+                .any(|s| {
+                    let moved = s.info.endpoint != before.endpoint;
+                    s.info.id == before.id && moved && s.state == "live"
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let again = engine
+        .get("engine-63")
+        .await
+        .expect("get after the restart");
+    assert_eq!(again, value);
+}

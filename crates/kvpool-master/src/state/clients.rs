@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::refusals::Refusal;
+use kvpool_proto::policy::Role;
 
 /// A registered client (or store) and when it was last heard from.
 pub(super) struct ClientEntry {
@@ -24,6 +25,9 @@ pub(super) struct ClientEntry {
     /// closes it at once, so its segments take no new objects from then
     /// until it is heard from again, instead of for its late heartbeats.
     pub(super) hung_up: bool,
+    /// Registered by a peer that proved only the client role: such ids
+    /// may not take the slots kept for stores.
+    pub(super) engine: bool,
 }
 
 /// Most time between two heartbeats, whatever the TTL: a store that stops
@@ -88,38 +92,75 @@ impl MasterState {
         out
     }
 
-    /// Registers (or refreshes) a client. A new client beyond
-    /// [`ClientLimits::max_clients`](super::ClientLimits) is refused with
-    /// `UNAVAILABLE_IN_CURRENT_STATUS` (a store retries until one leaves);
-    /// a registered one always refreshes.
+    /// Registers (or refreshes) a client in process, or for a peer that
+    /// proved the store role or above; see [`Self::register_client_as`].
     pub fn register_client(
         &self,
         id: ClientId,
         hostname: &str,
         now: Instant,
     ) -> KvResult<RegisterReply> {
+        self.register_client_as(id, hostname, now, Role::Admin)
+    }
+
+    /// Registers (or refreshes) a client for a peer that proved `role`. A
+    /// new client beyond [`ClientLimits::max_clients`](super::ClientLimits)
+    /// is refused with `UNAVAILABLE_IN_CURRENT_STATUS` (a store retries
+    /// until one leaves); a registered one always refreshes. Peers with
+    /// only the client role may register at most nine tenths of the
+    /// limit: the rest is kept for stores, so one holder of the client key
+    /// registering ids in a loop cannot keep restarted stores out.
+    pub fn register_client_as(
+        &self,
+        id: ClientId,
+        hostname: &str,
+        now: Instant,
+        role: Role,
+    ) -> KvResult<RegisterReply> {
         let max = self.cfg.limits.max_clients;
+        let engine = role < Role::Store;
+        let engines_max = max - max / 10;
         let old = {
             let mut clients = self.clients.lock();
-            if clients.len() >= max && !clients.contains_key(&id) {
+            let new = !clients.contains_key(&id);
+            let engines = self.engine_ids.load(Ordering::Relaxed);
+            let refused = if new && clients.len() >= max {
+                Some(format!("{max} clients are registered, the limit"))
+            } else if new && engine && engines >= engines_max {
+                Some(format!(
+                    "{engines} clients with the client key are registered, their share of the limit of {max} (the rest is kept for stores)"
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = refused {
                 drop(clients);
                 return Err(self.refusals.refuse(
                     Refusal::Clients,
                     KvError::new(
                         Code::UnavailableInCurrentStatus,
-                        format!("{max} clients are registered, the limit: client {id} ({hostname}) refused"),
+                        format!("{why}: client {id} ({hostname}) refused"),
                     ),
                 ));
             }
-            clients.insert(
+            let old = clients.insert(
                 id,
                 ClientEntry {
                     last_seen: now,
                     hostname: hostname.to_string(),
                     suspect: false,
                     hung_up: false,
+                    engine,
                 },
-            )
+            );
+            // Counted under the map's lock, so the count is the map's.
+            if old.as_ref().is_some_and(|c| c.engine) {
+                self.engine_ids.fetch_sub(1, Ordering::Relaxed);
+            }
+            if engine {
+                self.engine_ids.fetch_add(1, Ordering::Relaxed);
+            }
+            old
         };
         if old.is_some_and(|c| c.suspect) {
             self.suspect_count.fetch_sub(1, Ordering::Relaxed);
@@ -267,6 +308,9 @@ impl MasterState {
                 if let Some(c) = clients.remove(id) {
                     if c.suspect {
                         self.suspect_count.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    if c.engine {
+                        self.engine_ids.fetch_sub(1, Ordering::Relaxed);
                     }
                     tracing::warn!(client = %id, hostname = %c.hostname, "client expired");
                 }

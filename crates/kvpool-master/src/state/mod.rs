@@ -182,6 +182,8 @@ pub struct MasterState {
     /// The numbers objects name segments by; taken alone, or last.
     numbers: RwLock<SegNumbers>,
     clients: Mutex<HashMap<ClientId, ClientEntry>>,
+    /// Registered clients whose peer proved only the client role.
+    engine_ids: std::sync::atomic::AtomicUsize,
     deferred: Mutex<Vec<Deferred>>,
     /// Regions reused only once the invalidation numbered with them is
     /// sent: the same version may be copied there again (a tier move), and
@@ -275,6 +277,7 @@ impl MasterState {
             segments: RwLock::new(HashMap::new()),
             numbers: Default::default(),
             clients: Mutex::new(HashMap::new()),
+            engine_ids: Default::default(),
             deferred: Mutex::new(Vec::new()),
             after_invalidation: Mutex::new(Vec::new()),
             invalidations: Mutex::new(InvalidationQueue::default()),
