@@ -21,8 +21,12 @@
 //! meta and no payload. Many requests may be in flight on one connection; the
 //! server answers each connection's requests in order, and the requester
 //! checks the echoed id. The first frame on every connection is a
-//! [`Opcode::Hello`] carrying [`PROTOCOL_VERSION`]; a peer that cannot speak it
-//! answers [`Code::InvalidVersion`] and closes.
+//! [`Opcode::Hello`] carrying the range of versions the caller speaks
+//! ([`MIN_PROTOCOL_VERSION`]..=[`PROTOCOL_VERSION`]); the server answers the
+//! highest version both speak, which both sides then use for the rest of the
+//! connection, or [`Code::InvalidVersion`] when the ranges do not overlap,
+//! and closes. The handshake itself is always in the oldest shape. What may
+//! change between versions is in [`crate::compat`].
 //!
 //! Decoding checks the magic, kind, flags and both lengths against [`Limits`]
 //! before anything is allocated, so a hostile or corrupt header costs nothing.
@@ -34,9 +38,11 @@ use crate::policy::{Plane, Role};
 pub const HEADER_LEN: usize = 32;
 /// Magic at the start of every frame.
 pub const MAGIC: [u8; 4] = *b"KVPL";
-/// Version spoken by this build; bumped on any incompatible wire change.
-pub const PROTOCOL_VERSION: u32 = 5;
-/// Oldest peer version this build still talks to.
+/// Newest version spoken by this build; bumped with every wire change
+/// (6: a [`crate::msg::RequestTrailer`] after each request).
+pub const PROTOCOL_VERSION: u32 = 6;
+/// Oldest peer version this build still talks to: the previous release's
+/// (N-1), so builds can be upgraded one process at a time.
 pub const MIN_PROTOCOL_VERSION: u32 = 5;
 
 /// Whether a frame asks or answers.

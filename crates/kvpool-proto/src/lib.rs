@@ -1,12 +1,14 @@
 //! kvpool's wire protocol, with no I/O: the frame codec ([`frame`]), the typed
 //! messages of the control and data planes ([`msg`]), the stable error codes
-//! shared with Mooncake ([`code`]), the limits every receiver enforces on
+//! shared with Mooncake ([`code`]), how the wire grows between versions
+//! ([`compat`]), the limits every receiver enforces on
 //! well-formed requests ([`limits`]), who may ask what ([`policy`]), and parsers for human sizes ([`units`]).
 //!
 //! Everything that crosses a socket is defined here so that the master, the
 //! storage node and the clients cannot disagree about it.
 
 pub mod code;
+pub mod compat;
 pub mod frame;
 pub mod limits;
 pub mod msg;

@@ -88,6 +88,35 @@ impl std::fmt::Display for ClientId {
     }
 }
 
+/// Follows one client call across processes: chosen by the client, sent
+/// with each of its requests (see [`RequestTrailer`]) and logged by the
+/// master and stores in their `request` spans. 0 means none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RequestId(pub u64);
+
+impl RequestId {
+    /// No id: a request from a v5 peer, or from a process that set none.
+    pub const NONE: RequestId = RequestId(0);
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// Fields every request carries after its message since protocol 6 (see
+/// [`crate::compat`]); left out on connections that speak 5.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestTrailer {
+    /// The client call this request is part of.
+    pub id: RequestId,
+}
+
+impl crate::compat::Trailer for RequestTrailer {
+    const SINCE: u32 = 6;
+}
+
 // ---------------------------------------------------------------- handshake
 
 /// First frame on a connection.
