@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpool_proto::compat;
 use kvpool_proto::frame::{
     FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN, MIN_PROTOCOL_VERSION,
 };
-use kvpool_proto::msg::{self, Auth, AuthReply, Challenge, Hello, HelloReply, Rpc};
+use kvpool_proto::msg::{self, Auth, AuthReply, Challenge, Hello, HelloReply, RequestTrailer, Rpc};
 use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
 
@@ -75,6 +76,9 @@ pub struct FramedConn {
     ceiling: Role,
     /// Set on connections from a pool with a breaker: see [`Silence`].
     silence: Option<Silence>,
+    /// The protocol version both sides agreed in the handshake; until then
+    /// the oldest, whose shapes every peer reads.
+    version: u32,
 }
 
 /// How long a peer behind a breaker may take to start an answer. A peer
@@ -137,15 +141,19 @@ impl FramedConn {
                 nonce,
             })
             .await?;
-        if reply.version < MIN_PROTOCOL_VERSION || reply.version > PROTOCOL_VERSION {
+        // The server picks from the range we offered; anything else is a
+        // peer that does not follow the protocol.
+        if !compat::SUPPORTED.contains(&reply.version) {
             return Err(KvError::new(
                 Code::InvalidVersion,
                 format!(
-                    "{addr} speaks protocol {}, this build {PROTOCOL_VERSION}",
+                    "{addr} chose protocol {}, which this build does not speak \
+                     ({MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION})",
                     reply.version
                 ),
             ));
         }
+        conn.version = reply.version;
         match (reply.challenge, credentials) {
             (None, None) => {}
             (None, Some(_)) => {
@@ -222,6 +230,7 @@ impl FramedConn {
             peer_role: Role::Client,
             ceiling: Role::Admin,
             silence: None,
+            version: MIN_PROTOCOL_VERSION,
         }
     }
 
@@ -268,6 +277,13 @@ impl FramedConn {
         self.peer_role
     }
 
+    /// The protocol version agreed in the handshake (the highest both sides
+    /// speak): what this side sends is in that version's shape. The oldest
+    /// supported version on a connection that had no handshake.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
     /// The limits this side enforces on incoming frames.
     pub fn limits(&self) -> Limits {
         self.limits
@@ -308,11 +324,17 @@ impl FramedConn {
         r.map_err(|e| self.send_failed(e))
     }
 
-    /// Queues a request (its message encoded into a reused buffer) followed
-    /// by `payload`; returns its id.
+    /// Queues a request (its message encoded into a reused buffer, with the
+    /// [`RequestTrailer`] of the call in force when the connection speaks
+    /// protocol 6, see [`crate::request_id`]) followed by `payload`; returns
+    /// its frame id.
     pub async fn send_request<R: Rpc>(&mut self, req: &R, payload: &[&[u8]]) -> KvResult<u64> {
         let id = self.next_id();
         msg::encode_to(req, &mut self.out_buf);
+        let trailer = RequestTrailer {
+            id: crate::request_id::current(),
+        };
+        compat::append(&mut self.out_buf, self.version, &trailer);
         let len: u64 = payload.iter().map(|p| p.len() as u64).sum();
         let h = FrameHeader::request(R::OPCODE, id, self.out_buf.len() as u32, len);
         let r = write_frame(&mut self.writer, &h, &self.out_buf, payload).await;
@@ -849,28 +871,30 @@ async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credent
         nonce: rand::random(),
         max_role: k.role().min(ceiling).as_u8(),
     });
-    let Some(hello) = handshake_step(conn, Opcode::Hello, |meta| {
+    let Some((hello, version)) = handshake_step(conn, Opcode::Hello, |meta| {
         let hello: Hello = msg::decode(meta)?;
-        if hello.version < MIN_PROTOCOL_VERSION || hello.min_version > PROTOCOL_VERSION {
+        let Some(version) = compat::negotiate(hello.min_version, hello.version) else {
             return Err(KvError::new(
                 Code::InvalidVersion,
                 format!(
-                    "peer speaks protocol {}..={}, this server {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}",
-                    hello.min_version, hello.version
+                    "this {server} speaks protocol {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION} \
+                     and the {} speaks {}..={}: no version in common, upgrade the older side",
+                    hello.role, hello.min_version, hello.version
                 ),
             ));
-        }
+        };
         let reply = HelloReply {
-            version: hello.version.min(PROTOCOL_VERSION),
+            version,
             server: server.to_string(),
             challenge,
         };
-        Ok((hello, msg::encode(&reply)))
+        Ok(((hello, version), msg::encode(&reply)))
     })
     .await
     else {
         return false;
     };
+    conn.version = version;
     let (Some(keyring), Some(challenge)) = (keyring, challenge) else {
         // No secret here: every peer may do everything (loopback or an
         // explicitly insecure deployment), within what TLS allows.

@@ -1,7 +1,8 @@
 //! kvpool's networking: framed connections with handshake and pooling
 //! ([`conn`], with a [`breaker`] per peer that can be done without), one
 //! [`deadline`] per call shared by its attempts, the
-//! server loops that speak the frame protocol ([`server`]),
+//! server loops that speak the frame protocol ([`server`]), the id that
+//! follows one call through every process ([`request_id`]),
 //! data-plane capabilities ([`capability`]), TLS ([`tls`]),
 //! the link every client and store keeps to the master ([`master`]), and the
 //! etcd client behind `etcd://` master addresses and leader election
@@ -19,6 +20,7 @@ pub mod etcd;
 pub mod master;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
+pub mod request_id;
 pub mod server;
 pub mod tls;
 

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use crate::auth::Security;
 use crate::conn::ConnPool;
 use crate::etcd::MasterAddr;
+use crate::request_id;
 use parking_lot::Mutex;
 
 /// Timeouts and retries for calls to the master.
@@ -250,24 +251,26 @@ impl MasterLink {
         &self.policy
     }
 
-    /// A typed call with timeout and retries (across a master failover).
+    /// A typed call with timeout and retries (across a master failover),
+    /// all under the request id in force (or a fresh one, see
+    /// [`crate::request_id`]).
     pub async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        with_retries(&self.policy, || self.attempt(req, false)).await
+        let call = with_retries(&self.policy, || self.attempt(req, false));
+        request_id::within(request_id::current_or_fresh(), call).await
     }
 
     /// A typed call with one attempt bounded by the policy timeout.
     pub async fn call_once<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        tokio::time::timeout(
-            crate::deadline::cap(self.policy.timeout),
-            self.attempt(req, false),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(KvError::new(
-                Code::RpcTimeout,
-                "master did not answer in time",
-            ))
-        })
+        let attempt = self.attempt(req, false);
+        let attempt = request_id::within(request_id::current_or_fresh(), attempt);
+        tokio::time::timeout(crate::deadline::cap(self.policy.timeout), attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(KvError::new(
+                    Code::RpcTimeout,
+                    "master did not answer in time",
+                ))
+            })
     }
 
     /// Reports what `source` says with every heartbeat from now on (a
@@ -326,10 +329,11 @@ impl MasterLink {
                     io: io.map(|f| f()).unwrap_or_default(),
                     held: held.map(|f| f()).unwrap_or_default(),
                 };
+                let beat = request_id::within(request_id::fresh(), link.attempt(&hb, true));
                 // The whole policy timeout: a beat that finds the leader moved
                 // looks it up in etcd within the attempt, and cutting that
                 // short would repeat the look-up without ever finishing it.
-                let r = tokio::time::timeout(link.policy.timeout, link.attempt(&hb, true)).await;
+                let r = tokio::time::timeout(link.policy.timeout, beat).await;
                 match r {
                     Ok(Ok(reply)) if reply.known => {}
                     Ok(Ok(_))
