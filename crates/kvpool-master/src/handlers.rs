@@ -6,11 +6,13 @@
 use std::time::Duration;
 
 use kvpool_net::capability::unix_ms;
+use kvpool_net::request_id;
+use kvpool_proto::compat;
 use kvpool_proto::limits::{
     check_batch, validate_endpoint, validate_name, MAX_PATH_LEN, MAX_PATTERN_LEN,
     MAX_PREFERRED_SEGMENTS,
 };
-use kvpool_proto::msg::{self, to_wire, Rpc, WireResult};
+use kvpool_proto::msg::{self, to_wire, RequestTrailer, Rpc, WireResult};
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use tokio::time::Instant;
 use tracing::info;
@@ -50,14 +52,17 @@ pub(crate) trait Handle: Rpc + Sized {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Self::Response>;
 }
 
-/// Decodes `meta` as `R`, handles it, encodes the answer. A batch over
-/// [`kvpool_proto::MAX_BATCH_KEYS`] items is refused from the count at the
-/// front of its bytes, before anything is decoded or allocated.
+/// Decodes `meta` as `R` (and the request id after it, from a v6 peer),
+/// handles it in a `request` span carrying that id, encodes the answer. A
+/// batch over [`kvpool_proto::MAX_BATCH_KEYS`] items is refused from the
+/// count at the front of its bytes, before anything is decoded or
+/// allocated.
 pub(crate) fn handle<R: Handle>(cx: &mut Ctx<'_>, meta: &[u8]) -> KvResult<Vec<u8>> {
     if let Some(n) = R::batch_len(meta) {
         check_batch(R::OPCODE.name(), n).map_err(|e| cx.refuse(Refusal::BatchKeys, e))?;
     }
-    let req: R = msg::decode(meta)?;
+    let (req, trailer): (R, RequestTrailer) = compat::decode_with(meta)?;
+    let _span = request_id::span(trailer.id, R::OPCODE).entered();
     req.handle(cx).map(|r| msg::encode(&r))
 }
 

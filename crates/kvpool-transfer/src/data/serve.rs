@@ -15,16 +15,19 @@ use kvpool_format::FIXED_LEN;
 use kvpool_net::auth::{Role, Security};
 use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::FramedConn;
+use kvpool_net::request_id;
 use kvpool_net::server::{reject_and_close, serve_framed};
+use kvpool_proto::compat;
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::limits::check_batch;
 use kvpool_proto::msg::{
-    self, Capability, Grant, InvalidateReq, ReadReq, Rpc, SegmentId, TierMoveReq, WriteReq,
+    self, Capability, Grant, InvalidateReq, ReadReq, RequestId, RequestTrailer, Rpc, SegmentId,
+    TierMoveReq, WriteReq,
 };
 use kvpool_proto::{Code, KvError, KvResult, Plane};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, Instrument};
 
 use super::media::{invalidate, not_served, read_for, tier_moves};
 use super::medium::in_object_area;
@@ -176,9 +179,48 @@ async fn data_conn(
     }
 }
 
+/// A data-plane request, decoded.
+enum Request {
+    Write(WriteReq),
+    Read(ReadReq),
+    About,
+    TierMove(TierMoveReq),
+    Invalidate(InvalidateReq),
+}
+
+/// Decodes an admitted request's message, and the request id a v6 peer
+/// sends after it. A batch over the item limit is refused from the count
+/// at the front of its bytes, before anything is decoded or allocated.
+fn decode(h: &FrameHeader, meta: &[u8]) -> KvResult<(Request, RequestId)> {
+    fn with<R: Rpc>(meta: &[u8], wrap: fn(R) -> Request) -> KvResult<(Request, RequestId)> {
+        if let Some(n) = R::batch_len(meta) {
+            check_batch(R::OPCODE.name(), n)?;
+        }
+        let (req, trailer): (R, RequestTrailer) = compat::decode_with(meta)?;
+        Ok((wrap(req), trailer.id))
+    }
+    match h.opcode {
+        Opcode::Write => with(meta, Request::Write),
+        _ if h.payload_len != 0 => Err(KvError::new(
+            Code::InvalidParams,
+            "only writes carry a payload",
+        )),
+        Opcode::Read => with(meta, Request::Read),
+        Opcode::StoreAbout => with(meta, |_: msg::StoreAbout| Request::About),
+        Opcode::TierMove => with(meta, Request::TierMove),
+        Opcode::Invalidate => with(meta, Request::Invalidate),
+        // `admit` refused every other plane's request.
+        op => Err(KvError::new(
+            Code::NotSupported,
+            format!("{} is not served by the data plane", op.name()),
+        )),
+    }
+}
+
 /// Handles one request whose header was read: reads its message (and a
-/// write's payload, into the segment) and works out its answer; a disk
-/// read is queued for the I/O threads and answered later.
+/// write's payload, into the segment) and works out its answer, in a
+/// `request` span with the peer's request id; a disk read is queued for
+/// the I/O threads and answered later.
 async fn handle(
     conn: &mut FramedConn,
     table: &SegmentTable,
@@ -201,52 +243,37 @@ async fn handle(
             "expected a request frame",
         )),
     };
-    let reply = match (admitted, h.opcode) {
-        (Err(e), _) => Err(e),
-        (Ok(()), Opcode::Write) => {
-            match msg::decode::<WriteReq>(meta).and_then(|req| {
+    let decoded = admitted.and_then(|()| decode(&h, meta));
+    let id = decoded.as_ref().map_or(RequestId::NONE, |(_, id)| *id);
+    // The outer error breaks the connection; the inner one answers the request.
+    let reply = async {
+        KvResult::Ok(match decoded.map(|(req, _)| req) {
+            Err(e) => Err(e),
+            Ok(Request::Write(req)) => {
                 let range = (req.offset, h.payload_len);
                 let signed = || check(Capability::WRITE, req.segment, Some(&req.grant), range);
-                admit_write(table, &req, h.payload_len, signed).map(|s| (s, req))
-            }) {
-                Ok((s, req)) => match write_object(conn, table, &s, &req, h.payload_len).await? {
-                    Ok(()) => Ok(Reply::Ack),
-                    Err(e) => Ok(Reply::Refused(e)),
-                },
-                Err(e) => Err(e),
+                match admit_write(table, &req, h.payload_len, signed) {
+                    Ok(s) => match write_object(conn, table, &s, &req, h.payload_len).await? {
+                        Ok(()) => Ok(Reply::Ack),
+                        Err(e) => Ok(Reply::Refused(e)),
+                    },
+                    Err(e) => Err(e),
+                }
             }
-        }
-        (Ok(()), _) if h.payload_len != 0 => Err(KvError::new(
-            Code::InvalidParams,
-            "only writes carry a payload",
-        )),
-        (Ok(()), Opcode::Read) => msg::decode::<ReadReq>(meta).and_then(|req| {
-            let range = (req.offset, req.len);
-            check(Capability::READ, req.segment, req.grant.as_ref(), range)?;
-            read_for(table, req.segment, req.offset, req.len)
-        }),
-        (Ok(()), Opcode::StoreAbout) => msg::decode::<msg::StoreAbout>(meta)
-            .map(|_| Reply::Message(msg::encode(&*table.about.read()))),
-        (Ok(()), Opcode::TierMove) => {
-            let req = TierMoveReq::batch_len(meta)
-                .map_or(Ok(()), |n| check_batch("TierMove", n))
-                .and_then(|()| msg::decode::<TierMoveReq>(meta));
-            match req {
-                Ok(req) => Ok(Reply::Message(msg::encode(&tier_moves(table, req).await))),
-                Err(e) => Err(e),
+            Ok(Request::Read(req)) => {
+                let range = (req.offset, req.len);
+                check(Capability::READ, req.segment, req.grant.as_ref(), range)
+                    .and_then(|()| read_for(table, req.segment, req.offset, req.len))
             }
-        }
-        // More regions than a batch may carry are refused before decoding.
-        (Ok(()), Opcode::Invalidate) => InvalidateReq::batch_len(meta)
-            .map_or(Ok(()), |n| check_batch("Invalidate", n))
-            .and_then(|()| msg::decode::<InvalidateReq>(meta))
-            .and_then(|req| invalidate(table, req)),
-        // `admit` refused every other plane's request.
-        (Ok(()), op) => Err(KvError::new(
-            Code::NotSupported,
-            format!("{} is not served by the data plane", op.name()),
-        )),
-    };
+            Ok(Request::About) => Ok(Reply::Message(msg::encode(&*table.about.read()))),
+            Ok(Request::TierMove(req)) => {
+                Ok(Reply::Message(msg::encode(&tier_moves(table, req).await)))
+            }
+            Ok(Request::Invalidate(req)) => invalidate(table, req),
+        })
+    }
+    .instrument(request_id::span(id, h.opcode))
+    .await?;
     if reply.is_err() {
         // A refused request's payload is still on the wire: skip it.
         conn.discard_payload(h.payload_len).await?;
