@@ -3,7 +3,9 @@
 //! go again, with backoff, while the client's retry budget lasts; the others
 //! keep their first answer. The call has one deadline ([`KeyRetry::pass`]
 //! runs each pass under it): every master attempt and transfer of every
-//! pass takes what is left of it.
+//! pass takes what is left of it. Every pass also runs under one request
+//! id, so the master and stores log the whole call, retries included,
+//! under the id the client logs.
 //!
 //! The bookkeeping ([`KeyRetry::record`]) is pure apart from reading the
 //! clock, so the classification and the backoff are unit-tested; only
@@ -12,8 +14,11 @@
 use std::future::Future;
 use std::time::Duration;
 
+use kvpool_net::request_id;
+use kvpool_proto::msg::RequestId;
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::ClientConfig;
 
@@ -61,6 +66,8 @@ pub(crate) struct KeyRetry<T> {
     /// When the call must answer by.
     deadline: Instant,
     backoff: Backoff,
+    /// The call's request id, sent with every request of every pass.
+    id: RequestId,
 }
 
 impl<T> KeyRetry<T> {
@@ -73,12 +80,16 @@ impl<T> KeyRetry<T> {
             retries: cfg.retries,
             deadline: kvpool_net::deadline::for_call(cfg.retry_for, cfg.timeout),
             backoff: Backoff::new(),
+            id: request_id::current_or_fresh(),
         }
     }
 
-    /// Runs one pass under the call's deadline.
+    /// Runs one pass under the call's deadline and request id, in a `call`
+    /// span carrying the id (the transfers' logs show it).
     pub(crate) async fn pass<F: Future>(&self, f: F) -> F::Output {
-        kvpool_net::deadline::within(self.deadline, f).await
+        let f = kvpool_net::deadline::within(self.deadline, f);
+        let span = tracing::debug_span!("call", id = %self.id, pass = self.attempt);
+        request_id::within(self.id, f).instrument(span).await
     }
 
     /// Item indexes for the next pass, ascending.

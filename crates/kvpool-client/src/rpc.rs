@@ -4,9 +4,11 @@
 //! are written once.
 
 use futures::StreamExt;
+use kvpool_net::request_id;
 use kvpool_proto::limits::{batch_chunks, ITEM_OVERHEAD};
 use kvpool_proto::msg::{self, ClientId, Rpc, WireResult};
 use kvpool_proto::{Code, KvError, KvResult};
+use tracing::Instrument;
 
 use crate::Client;
 
@@ -31,9 +33,13 @@ pub(crate) fn split_batch<I>(items: Vec<I>, key: impl Fn(&I) -> &str) -> Vec<Vec
 }
 
 impl Client {
-    /// One master call, retried on transient errors by the link's policy.
+    /// One master call, retried on transient errors by the link's policy,
+    /// under the request id of the call it is part of (or a fresh one) and
+    /// in a `request` span carrying it, as the master logs it.
     pub(crate) async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        self.inner.link.call(req).await
+        let id = request_id::current_or_fresh();
+        let call = self.inner.link.call_as(id, req);
+        call.instrument(request_id::span(id, R::OPCODE)).await
     }
 
     /// A batch master call answered per key: `n` results, in request order.

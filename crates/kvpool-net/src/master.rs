@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
-    ClientId, Heartbeat, RegisterClient, RegisterReply, Rpc, SegmentId, SegmentIo,
+    ClientId, Heartbeat, RegisterClient, RegisterReply, RequestId, Rpc, SegmentId, SegmentIo,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio_util::sync::CancellationToken;
@@ -255,8 +255,18 @@ impl MasterLink {
     /// all under the request id in force (or a fresh one, see
     /// [`crate::request_id`]).
     pub async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        let call = with_retries(&self.policy, || self.attempt(req, false));
-        request_id::within(request_id::current_or_fresh(), call).await
+        self.call_as(request_id::current_or_fresh(), req).await
+    }
+
+    /// [`Self::call`] as part of the call `id` (see [`crate::request_id`]).
+    pub fn call_as<'a, R: Rpc>(
+        &'a self,
+        id: RequestId,
+        req: &'a R,
+    ) -> impl Future<Output = KvResult<R::Response>> + 'a {
+        // Not an async fn: one layer less in the futures that nest it.
+        let call = with_retries(&self.policy, move || self.attempt(req, false));
+        request_id::within(id, call)
     }
 
     /// A typed call with one attempt bounded by the policy timeout.
