@@ -86,10 +86,12 @@ impl<T> KeyRetry<T> {
 
     /// Runs one pass under the call's deadline and request id, in a `call`
     /// span carrying the id (the transfers' logs show it).
-    pub(crate) async fn pass<F: Future>(&self, f: F) -> F::Output {
+    // Not an async fn, which would hold the pass's future (big: a whole
+    // batch's transfers) once more.
+    pub(crate) fn pass<F: Future>(&self, f: F) -> impl Future<Output = F::Output> {
         let f = kvpool_net::deadline::within(self.deadline, f);
         let span = tracing::debug_span!("call", id = %self.id, pass = self.attempt);
-        request_id::within(self.id, f).instrument(span).await
+        request_id::within(self.id, f).instrument(span)
     }
 
     /// Item indexes for the next pass, ascending.

@@ -40,8 +40,11 @@ pub fn current_or_fresh() -> RequestId {
 }
 
 /// Runs `f` as part of the call `id`: its requests carry `id`.
-pub async fn within<F: Future>(id: RequestId, f: F) -> F::Output {
-    CURRENT.scope(id, f).await
+// Not an async fn: that would hold `f` twice (argument and scope), and
+// the futures this wraps (a whole get) are big enough for the copies to
+// overflow a test thread's stack in debug builds.
+pub fn within<F: Future>(id: RequestId, f: F) -> impl Future<Output = F::Output> {
+    CURRENT.scope(id, f)
 }
 
 /// The span a process handles or makes one request in; the same name and
