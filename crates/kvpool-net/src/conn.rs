@@ -153,7 +153,6 @@ impl FramedConn {
                 ),
             ));
         }
-        conn.version = reply.version;
         match (reply.challenge, credentials) {
             (None, None) => {}
             (None, Some(_)) => {
@@ -202,6 +201,8 @@ impl FramedConn {
                 }
             }
         }
+        // Only now: the handshake (Auth included) stays in the oldest shape.
+        conn.version = reply.version;
         Ok(conn)
     }
 
