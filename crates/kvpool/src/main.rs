@@ -38,8 +38,12 @@ fn main() -> ExitCode {
     }
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    // A line as each span closes: the `request{id, op}` spans (debug level,
+    // so only under KVPOOL_LOG=debug) then show every request with its id
+    // and time even when nothing inside logs.
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     tracing_subscriber::registry()
         .with(

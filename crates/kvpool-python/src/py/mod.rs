@@ -60,9 +60,11 @@ pub(crate) fn invalid(py: Python<'_>, msg: impl Into<String>) -> PyErr {
 fn init_logging() {
     if let Ok(filter) = std::env::var("KVPOOL_LOG") {
         if !filter.trim().is_empty() {
+            // A line as each `request{id, op}` span closes, as in the binary.
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
                 .with_writer(std::io::stderr)
+                .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
                 .try_init();
         }
     }
