@@ -1250,6 +1250,28 @@ mod tests {
         assert_eq!(Status::batch_len(&encode(&Status {})), None);
     }
 
+    /// A request from a v6 peer (trailer) and one from a v5 peer (none)
+    /// both decode, to the same message and the id or none; the released
+    /// decoder reads the v6 one as the v5 message.
+    #[test]
+    fn request_ids_follow_the_message_from_protocol_6() {
+        use crate::compat::{append, decode_with};
+        let req = ReadReq {
+            segment: SegmentId(u128::MAX - 5),
+            offset: 1 << 40,
+            len: 4096,
+            grant: None,
+        };
+        for (version, id) in [(5, 0), (6, 1), (6, u64::MAX), (7, 42)] {
+            let mut buf = encode(&req);
+            append(&mut buf, version, &RequestTrailer { id: RequestId(id) });
+            let (m, t) = decode_with::<ReadReq, RequestTrailer>(&buf).unwrap();
+            assert_eq!((m, t.id), (req, RequestId(id)), "v{version}");
+            assert_eq!(decode::<ReadReq>(&buf).unwrap(), req);
+        }
+        assert_eq!(RequestId(0xab).to_string(), "00000000000000ab");
+    }
+
     #[test]
     fn garbage_is_an_error() {
         let e = decode::<PutStart>(&[0xff; 7]).unwrap_err();
