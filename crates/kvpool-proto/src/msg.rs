@@ -2,6 +2,10 @@
 //! response type per [`Opcode`]. Batch forms are the only forms: a single-key
 //! call is a batch of one, and every batch answers **per key**, so partial
 //! success is never hidden behind one code.
+//!
+//! Long (over 800 lines) because every plane's messages are here, each
+//! beside its `Rpc` impl; a split by plane (handshake, control, data) is
+//! the next step once the transfer engine's messages have landed.
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 

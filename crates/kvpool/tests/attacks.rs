@@ -5,6 +5,9 @@
 //! a key of the cluster, a client key cannot do what takes the store or
 //! admin key, a client reads and writes only the regions the master granted
 //! it, and nothing an attacker tries loses a stored object.
+//!
+//! Long on purpose (over 800 lines): one attack per test, each against its
+//! own real cluster, sharing the raw-protocol helpers at the top.
 
 mod common;
 

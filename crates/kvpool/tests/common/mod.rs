@@ -4,6 +4,9 @@
 //! panics, each process prints the tail of its logs as it is dropped.
 //!
 //! Every wait is bounded by a deadline and panics with what it waited for.
+//!
+//! Long on purpose (over 800 lines): the one harness every integration
+//! test binary includes; split, each part would still be included whole.
 
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
