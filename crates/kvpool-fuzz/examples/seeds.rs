@@ -406,6 +406,20 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
                 message: String::new(),
             },
         ),
+        Opcode::EngineWrite => both(
+            EngineWriteReq {
+                addr: 0x7f12_3456_0000,
+                len: 4096,
+            },
+            (),
+        ),
+        Opcode::EngineRead => both(
+            EngineReadReq {
+                addr: 0x7f12_3456_0000,
+                len: 4096,
+            },
+            (),
+        ),
     }
 }
 

@@ -119,6 +119,8 @@ fn meta(op: Opcode, response: bool, bytes: &[u8]) {
         Opcode::TaskCreate => rpc::<TaskCreate>(r, bytes, |_| None),
         Opcode::TaskUpdate => rpc::<TaskUpdate>(r, bytes, |_| None),
         Opcode::TaskQuery => rpc::<TaskQuery>(r, bytes, |_| None),
+        Opcode::EngineWrite => rpc::<EngineWriteReq>(r, bytes, |_| None),
+        Opcode::EngineRead => rpc::<EngineReadReq>(r, bytes, |_| None),
     }
 }
 

@@ -340,9 +340,15 @@ fn serving(op: Opcode) -> (Serves, Work) {
         | O::TaskQuery => (Serves::Objects, Work::Short),
         O::RemoveByRegex | O::RemoveAll => (Serves::Objects, Work::Long),
         // Refused by `permitted` before they get here.
-        O::Hello | O::Auth | O::Write | O::Read | O::Invalidate | O::StoreAbout | O::TierMove => {
-            (Serves::Objects, Work::Short)
-        }
+        O::Hello
+        | O::Auth
+        | O::Write
+        | O::Read
+        | O::Invalidate
+        | O::StoreAbout
+        | O::TierMove
+        | O::EngineWrite
+        | O::EngineRead => (Serves::Objects, Work::Short),
     }
 }
 
@@ -501,7 +507,9 @@ impl Master {
             | Opcode::Read
             | Opcode::Invalidate
             | Opcode::StoreAbout
-            | Opcode::TierMove => Err(KvError::new(
+            | Opcode::TierMove
+            | Opcode::EngineWrite
+            | Opcode::EngineRead => Err(KvError::new(
                 Code::NotSupported,
                 format!("{} is not served by the master", op.name()),
             )),

@@ -156,6 +156,13 @@ opcodes! {
     /// master's).
     /// Last in the list: fuzz corpora index messages by position here.
     TierMove = 16 => Data, Store;
+    /// Transfer engine: write the payload at an absolute address in the
+    /// peer's registered memory (`kvpool-engine`; Mooncake's TE write).
+    /// New opcodes go after this pair: fuzz corpora index by position.
+    EngineWrite = 60 => Data, Client;
+    /// Transfer engine: read bytes at an absolute address in the peer's
+    /// registered memory into the response payload.
+    EngineRead = 61 => Data, Client;
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes

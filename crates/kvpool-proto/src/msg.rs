@@ -1102,6 +1102,39 @@ impl Rpc for StoreAbout {
     type Response = StoreAboutReply;
 }
 
+/// Transfer engine: write the frame's payload (exactly `len` bytes) at
+/// the absolute address `addr` of the peer process. The peer refuses it,
+/// touching nothing, unless `[addr, addr + len)` lies inside one memory
+/// region it registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineWriteReq {
+    /// Absolute address in the peer process.
+    pub addr: u64,
+    /// Bytes to write; must equal the frame's payload length.
+    pub len: u64,
+}
+
+impl Rpc for EngineWriteReq {
+    const OPCODE: Opcode = Opcode::EngineWrite;
+    type Response = ();
+}
+
+/// Transfer engine: read `len` bytes at the absolute address `addr` of the
+/// peer process into the response payload, under the same check as
+/// [`EngineWriteReq`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineReadReq {
+    /// Absolute address in the peer process.
+    pub addr: u64,
+    /// Bytes to read.
+    pub len: u64,
+}
+
+impl Rpc for EngineReadReq {
+    const OPCODE: Opcode = Opcode::EngineRead;
+    type Response = ();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
