@@ -1,0 +1,251 @@
+//! The engine end to end: a real server on 127.0.0.1 and a client engine
+//! with its own registered memory, moving bytes both ways.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvpool_engine::{Engine, EngineServer, Regions, Transfer};
+use kvpool_net::auth::{Credentials, Security};
+use kvpool_proto::Code;
+
+/// A process's side: its regions, a server over them and a client engine.
+struct Side {
+    regions: Arc<Regions>,
+    server: EngineServer,
+    engine: Engine,
+}
+
+impl Side {
+    async fn start(security: Security) -> Side {
+        let regions = Arc::new(Regions::new());
+        let server = EngineServer::bind("127.0.0.1:0", regions.clone(), security.clone())
+            .await
+            .unwrap();
+        let engine = Engine::new(regions.clone(), security).with_timeout(Duration::from_secs(10));
+        Side {
+            regions,
+            server,
+            engine,
+        }
+    }
+
+    fn session(&self) -> String {
+        self.server.local_addr().to_string()
+    }
+
+    /// Registers `buf` (which the test keeps alive and unmoved until the
+    /// side is dropped) and returns its address.
+    fn register(&self, buf: &mut [u8]) -> u64 {
+        let addr = buf.as_mut_ptr() as u64;
+        // SAFETY: every test keeps its buffers alive past its sides.
+        unsafe { self.regions.register(addr, buf.len() as u64) }.unwrap();
+        addr
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn all_ok(results: &[kvpool_proto::KvResult<()>]) {
+    for (i, r) in results.iter().enumerate() {
+        assert!(r.is_ok(), "item {i}: {r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_blocks_round_trip_both_ways() {
+    let (prefill, decode) = (
+        Side::start(Security::default()).await,
+        Side::start(Security::default()).await,
+    );
+    // Blocks of 4 KiB .. 4 MiB, laid end to end in one buffer per side.
+    let sizes: Vec<u64> = [4 << 10, 64 << 10, 512 << 10, 4 << 20, 4 << 10, 1 << 20]
+        .iter()
+        .cycle()
+        .take(90)
+        .copied()
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    let mut src = pattern(1, total as usize);
+    let mut dst = vec![0u8; total as usize];
+    let mut back = vec![0u8; total as usize];
+    let s = prefill.register(&mut src);
+    let b = prefill.register(&mut back);
+    let d = decode.register(&mut dst);
+    let mut at = 0;
+    let items: Vec<Transfer> = sizes
+        .iter()
+        .map(|&len| {
+            let t = Transfer {
+                local: s + at,
+                remote: d + at,
+                len,
+            };
+            at += len;
+            t
+        })
+        .collect();
+    let peer = decode.session();
+    all_ok(&prefill.engine.write(&peer, &items).await);
+    assert!(dst == src, "decode's buffer holds what prefill wrote");
+    // Read everything back into another local buffer.
+    let reads: Vec<Transfer> = items
+        .iter()
+        .map(|t| Transfer {
+            local: b + (t.local - s),
+            ..*t
+        })
+        .collect();
+    all_ok(&prefill.engine.read(&peer, &reads).await);
+    assert!(back == src, "what was read back is what was written");
+    drop((prefill, decode));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_registered_memory_is_refused_and_lands_nothing() {
+    let (a, b) = (
+        Side::start(Security::default()).await,
+        Side::start(Security::default()).await,
+    );
+    let mut src = pattern(2, 8192);
+    let mut whole = vec![0xEEu8; 3 * 4096];
+    let s = a.register(&mut src);
+    // Register only the middle page of `whole`: the pages around it are
+    // the peer's too, just not offered.
+    let mid = whole.as_mut_ptr() as u64 + 4096;
+    // SAFETY: `whole` outlives the sides.
+    unsafe { b.regions.register(mid, 4096) }.unwrap();
+    let peer = b.session();
+    let bad = [
+        // Straddles the end of the region.
+        Transfer {
+            local: s,
+            remote: mid + 2048,
+            len: 4096,
+        },
+        // Starts before it.
+        Transfer {
+            local: s,
+            remote: mid - 1,
+            len: 16,
+        },
+        // Nowhere near.
+        Transfer {
+            local: s,
+            remote: 0x1000,
+            len: 4096,
+        },
+        // Wraps the address space.
+        Transfer {
+            local: s,
+            remote: u64::MAX - 8,
+            len: 4096,
+        },
+    ];
+    let results = a.engine.write(&peer, &bad).await;
+    for (i, r) in results.iter().enumerate() {
+        let e = r.as_ref().unwrap_err();
+        assert_eq!(e.code, Code::InvalidParams, "item {i}: {e}");
+    }
+    assert!(whole.iter().all(|&x| x == 0xEE), "nothing landed");
+    let results = a.engine.read(&peer, &bad).await;
+    assert!(results.iter().all(|r| r.is_err()));
+    // A local buffer outside this engine's registered memory fails too,
+    // without being read.
+    let r = a
+        .engine
+        .write(
+            &peer,
+            &[Transfer {
+                local: 0x10,
+                remote: mid,
+                len: 16,
+            }],
+        )
+        .await;
+    assert_eq!(r[0].as_ref().unwrap_err().code, Code::InvalidParams);
+    // The next transfers (on the same pooled connection) work.
+    let ok = Transfer {
+        local: s,
+        remote: mid,
+        len: 4096,
+    };
+    let mixed = a.engine.write(&peer, &[bad[0], ok, bad[1]]).await;
+    assert!(mixed[0].is_err() && mixed[1].is_ok() && mixed[2].is_err());
+    assert_eq!(&whole[4096..8192], &src[..4096]);
+    assert!(whole[..4096].iter().all(|&x| x == 0xEE));
+    assert!(whole[8192..].iter().all(|&x| x == 0xEE));
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_peers_and_dead_ports_fail_every_item() {
+    let a = Side::start(Security::default()).await;
+    let mut src = vec![1u8; 4096];
+    let s = a.register(&mut src);
+    // A port that was just free: nobody listens there.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let items = [Transfer {
+        local: s,
+        remote: 0x1000,
+        len: 4096,
+    }; 3];
+    for peer in [
+        dead.as_str(),
+        "no-such-host.invalid:1234",
+        "not a session id",
+    ] {
+        let t0 = std::time::Instant::now();
+        let r = a.engine.write(peer, &items).await;
+        assert_eq!(r.len(), 3);
+        assert!(r.iter().all(|r| r.is_err()), "{peer}: {r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{peer} hung");
+    }
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_secret_peers_without_the_key_are_refused() {
+    let key = Credentials::from_cluster_secret(b"engine test secret, 16+ bytes").unwrap();
+    let secured = Security::with_key(Some(key.clone()));
+    let server = Side::start(secured.clone()).await;
+    let friend = Side::start(secured).await;
+    let stranger = Side::start(Security::default()).await;
+    let other = Credentials::from_cluster_secret(b"another cluster's secret!!").unwrap();
+    let impostor = Side::start(Security::with_key(Some(other))).await;
+    let mut dst = vec![0u8; 4096];
+    let d = server.register(&mut dst);
+    let mut src = pattern(3, 4096);
+    let (mut src2, mut src3) = (src.clone(), src.clone());
+    let (f, st, im) = (
+        friend.register(&mut src),
+        stranger.register(&mut src2),
+        impostor.register(&mut src3),
+    );
+    let peer = server.session();
+    let item = |local| Transfer {
+        local,
+        remote: d,
+        len: 4096,
+    };
+    for (side, local) in [(&stranger, st), (&impostor, im)] {
+        let r = side.engine.write(&peer, &[item(local)]).await;
+        assert!(r[0].is_err(), "{r:?}");
+    }
+    assert!(dst.iter().all(|&x| x == 0), "nothing landed");
+    all_ok(&friend.engine.write(&peer, &[item(f)]).await);
+    assert_eq!(dst, src);
+    drop((server, friend, stranger, impostor));
+}
