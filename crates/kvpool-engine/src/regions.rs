@@ -131,8 +131,9 @@ impl Regions {
 
     /// Registers `[addr, addr + len)`: peers may write and read it, and
     /// local transfers may use it, until [`Self::unregister`]. Refused
-    /// (`InvalidParams`) when empty, wrapping around, or sharing a byte with
-    /// a registered region.
+    /// (`InvalidParams`) when empty or wrapping around, and
+    /// (`ObjectAlreadyExists`, Mooncake's `ERR_ADDRESS_OVERLAPPED`) when it
+    /// shares a byte with a registered region.
     ///
     /// # Safety
     /// The caller must guarantee the memory is valid for reads and writes,
@@ -149,10 +150,13 @@ impl Regions {
         let mut t = self.map.write();
         let below = t.by_start.range(..end).next_back();
         if let Some((_, r)) = below.filter(|(_, r)| r.start + r.len > addr) {
-            return Err(invalid(format!(
-                "{addr:#x}+{len} overlaps the registered region {:#x}+{}",
-                r.start, r.len
-            )));
+            return Err(KvError::new(
+                Code::ObjectAlreadyExists,
+                format!(
+                    "{addr:#x}+{len} overlaps the registered region {:#x}+{}",
+                    r.start, r.len
+                ),
+            ));
         }
         let seq = t.next_seq;
         t.next_seq += 1;
@@ -257,10 +261,13 @@ mod tests {
             (0x800, 0x801),
             (0x1fff, 10),
             (0x1100, 1),
-            (0x0, 0x10000),
-            (0x5000, 0),
-            (u64::MAX - 1, 4),
+            (0, 0x10000),
         ] {
+            // SAFETY: refused before anything is recorded.
+            let e = unsafe { t.register(a, l) }.unwrap_err();
+            assert_eq!(e.code, Code::ObjectAlreadyExists, "{a:#x}+{l}");
+        }
+        for (a, l) in [(0x5000, 0), (u64::MAX - 1, 4)] {
             // SAFETY: refused before anything is recorded.
             let e = unsafe { t.register(a, l) }.unwrap_err();
             assert_eq!(e.code, Code::InvalidParams, "{a:#x}+{l}");
