@@ -167,3 +167,28 @@ class Client:
         """This client's counters as Prometheus text."""
     def ping(self, timeout: float = 2.0) -> bool:
         """Whether the master answers within ``timeout`` seconds."""
+
+@final
+class Engine:
+    """A transfer engine: registered memory served on a TCP port, and
+    pipelined writes and reads of peers' registered memory."""
+
+    def __new__(cls, bind: str, secret: Optional[str] = None, insecure: bool = False, timeout: Optional[float] = None) -> "Engine": ...
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+    @property
+    def bound(self) -> str:
+        """The address the server listens on, ``ip:port``."""
+    def register(self, addr: int, length: int) -> None:
+        """Registers ``length`` bytes at ``addr`` (must stay valid until unregistered)."""
+    def unregister(self, addr: int) -> bool:
+        """Unregisters the buffer at ``addr`` after transfers in flight; whether there was one."""
+    def first_buffer(self) -> Optional[Tuple[int, int]]:
+        """Start and length of the earliest registered buffer still in place."""
+    def write(self, peer: str, locals: Sequence[int], remotes: Sequence[int], lengths: Sequence[int]) -> List[int]:
+        """Writes each item to the peer ``host:port``; per item 0 or a negative code."""
+    def read(self, peer: str, locals: Sequence[int], remotes: Sequence[int], lengths: Sequence[int]) -> List[int]:
+        """Reads each item from the peer; per item 0 or a negative code."""
+    def close(self) -> None:
+        """Stops serving."""

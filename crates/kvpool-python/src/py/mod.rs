@@ -1,4 +1,5 @@
-//! The PyO3 module `kvpool._native`: the native client class, result buffers,
+//! The PyO3 module `kvpool._native`: the native client class, the transfer
+//! engine class, result buffers,
 //! setting resolution, and the two helpers every call goes through — [`wait`]
 //! (the only place that blocks, always with the GIL released) and [`raise`]
 //! (the only place a kvpool error becomes a Python exception).
@@ -6,6 +7,7 @@
 mod buffers;
 mod client;
 mod convert;
+mod engine;
 mod extras;
 mod results;
 
@@ -82,6 +84,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<client::Client>()?;
     m.add_class::<buffers::Buffer>()?;
+    m.add_class::<engine::Engine>()?;
     m.add_function(wrap_pyfunction!(convert::resolve_settings, m)?)?;
     m.add_function(wrap_pyfunction!(convert::code_name, m)?)?;
     m.add("CODES", convert::codes(m.py())?)?;
