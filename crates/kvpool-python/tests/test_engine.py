@@ -1,0 +1,204 @@
+"""kvpool's ``mooncake.engine.TransferEngine`` between two real processes.
+
+The decode side runs in a subprocess that imports the engine the way SGLang
+and vLLM do (``from mooncake.engine import TransferEngine``, through
+``kvpool.engine.install_mooncake_shim``) and registers a numpy buffer with a
+guard page on each side that it does not register. This process plays
+prefill: it writes KV pages into decode's buffer, decode reports what its
+memory holds, and this side reads pages back. No kvpool cluster is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kvpool.engine import TransferEngine
+
+PAGE = 4096
+PAGES = 64
+GUARD = 0xEE
+
+DECODE = r"""
+import hashlib, json, sys
+import numpy as np
+from kvpool.engine import install_mooncake_shim
+install_mooncake_shim()
+from mooncake.engine import TransferEngine
+
+PAGE, PAGES, GUARD = %d, %d, %d
+te = TransferEngine()
+assert TransferEngine.__module__ == "kvpool.engine", TransferEngine.__module__
+assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+whole = np.full((PAGES + 2) * PAGE, GUARD, dtype=np.uint8)
+kv = whole[PAGE:-PAGE]
+kv[:] = 0
+addr = kv.ctypes.data
+assert te.register_memory(addr, kv.nbytes) == 0
+session = te.get_session_id()
+assert session.endswith(":%%d" %% te.get_rpc_port())
+assert te.get_first_buffer_address(session) == addr
+print(json.dumps({"session": session, "addr": addr}), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd["op"] == "sha":
+        print(json.dumps({"sha": hashlib.sha256(whole.tobytes()).hexdigest()}), flush=True)
+    elif cmd["op"] == "exit":
+        break
+"""
+
+
+class Decode:
+    """The decode process: its session id, buffer address and memory digest."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, MC_TRANSFER_TIMEOUT="10")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DECODE % (PAGE, PAGES, GUARD)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        hello = self._reply()
+        self.session: str = hello["session"]
+        self.addr: int = hello["addr"]
+
+    def _reply(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"decode process exited: {self.proc.wait(10)}")
+        return json.loads(line)
+
+    def sha(self) -> str:
+        """sha256 of decode's whole buffer, guard pages included."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": "sha"}) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()["sha"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+            self.proc.stdin.flush()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def expected(kv: np.ndarray) -> str:
+    """The digest decode reports when its registered pages hold ``kv``."""
+    guard = np.full(PAGE, GUARD, dtype=np.uint8)
+    return hashlib.sha256(np.concatenate([guard, kv, guard]).tobytes()).hexdigest()
+
+
+@pytest.fixture
+def decode():
+    d = Decode()
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def prefill():
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1:0", "P2PHANDSHAKE", "tcp", "") == 0
+    return te
+
+
+def test_prefill_writes_pages_decode_sees_them_and_reads_back(decode, prefill):
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, size=PAGES * PAGE, dtype=np.uint8)
+    back = np.zeros_like(src)
+    assert prefill.register_memory(src.ctypes.data, src.nbytes) == 0
+    assert prefill.batch_register_memory([back.ctypes.data], [back.nbytes]) == 0
+    # KV pages land scattered, as a page table maps them: prefill page i
+    # goes to decode page perm[i].
+    perm = rng.permutation(PAGES)
+    rc = prefill.batch_transfer_sync_write(
+        decode.session,
+        [src.ctypes.data + i * PAGE for i in range(PAGES)],
+        [decode.addr + int(p) * PAGE for p in perm],
+        [PAGE] * PAGES,
+    )
+    assert rc == 0
+    want = np.zeros_like(src)
+    for i, p in enumerate(perm):
+        want[p * PAGE : (p + 1) * PAGE] = src[i * PAGE : (i + 1) * PAGE]
+    assert decode.sha() == expected(want)
+    # Read it all back in one call, then one page alone.
+    assert prefill.transfer_sync_read(decode.session, back.ctypes.data, decode.addr, back.nbytes) == 0
+    assert np.array_equal(back, want)
+    back[:PAGE] = 0
+    assert prefill.transfer_sync_read(decode.session, back.ctypes.data, decode.addr + 5 * PAGE, PAGE) == 0
+    assert np.array_equal(back[:PAGE], want[5 * PAGE : 6 * PAGE])
+    assert prefill.batch_unregister_memory([src.ctypes.data, back.ctypes.data]) == 0
+
+
+def test_outside_the_peers_registered_memory_fails_and_lands_nothing(decode, prefill):
+    src = np.full(2 * PAGE, 0x5A, dtype=np.uint8)
+    assert prefill.register_memory(src.ctypes.data, src.nbytes) == 0
+    before = decode.sha()
+    end = decode.addr + PAGES * PAGE
+    for remote, length in [
+        (end - PAGE // 2, PAGE),  # runs past the end into the guard page
+        (decode.addr - PAGE, PAGE),  # the guard page before
+        (decode.addr - 1, 2),
+        (end, 1),
+        (8, PAGE),
+    ]:
+        assert prefill.transfer_sync_write(decode.session, src.ctypes.data, remote, length) == -1, hex(remote)
+        assert prefill.transfer_sync_read(decode.session, src.ctypes.data, remote, length) == -1, hex(remote)
+    # One bad item fails the batch; the good item beside it still lands.
+    rc = prefill.batch_transfer_sync_write(
+        decode.session, [src.ctypes.data, src.ctypes.data], [decode.addr, end], [PAGE, PAGE]
+    )
+    assert rc == -1
+    want = np.zeros(PAGES * PAGE, dtype=np.uint8)
+    want[:PAGE] = 0x5A
+    assert decode.sha() == expected(want) != before
+    # A local buffer this engine did not register is refused, unread.
+    assert prefill.transfer_sync_write(decode.session, 16, decode.addr, PAGE) == -1
+    # The same peer, afterwards: fine.
+    assert prefill.transfer_sync_write(decode.session, src.ctypes.data, decode.addr + PAGE, PAGE) == 0
+    want[PAGE : 2 * PAGE] = 0x5A
+    assert decode.sha() == expected(want)
+
+
+def test_registration_codes_are_mooncakes(prefill):
+    buf = np.zeros(4 * PAGE, dtype=np.uint8)
+    a = buf.ctypes.data
+    assert prefill.register_memory(a, 0) == -1
+    assert prefill.register_memory(a, buf.nbytes) == 0
+    assert prefill.register_memory(a + PAGE, PAGE) == -7
+    other = np.zeros(PAGE, dtype=np.uint8)
+    # All or nothing: `other` is registered, then rolled back.
+    assert prefill.batch_register_memory([other.ctypes.data, a], [PAGE, PAGE]) == -7
+    assert prefill.register_memory(other.ctypes.data, PAGE) == 0
+    assert prefill.unregister_memory(a + 1) == -3
+    assert prefill.unregister_memory(a) == 0
+    assert prefill.unregister_memory(a) == -3
+    assert prefill.get_first_buffer_address("elsewhere:1") == 0
+
+
+def test_a_dead_peer_fails_fast(prefill):
+    buf = np.zeros(PAGE, dtype=np.uint8)
+    assert prefill.register_memory(buf.ctypes.data, buf.nbytes) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    t0 = time.monotonic()
+    assert prefill.batch_transfer_sync_write(dead, [buf.ctypes.data] * 3, [4096] * 3, [PAGE] * 3) == -1
+    assert prefill.transfer_sync_read(dead, buf.ctypes.data, 4096, PAGE) == -1
+    assert time.monotonic() - t0 < 10
