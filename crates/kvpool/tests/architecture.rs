@@ -28,6 +28,7 @@ const LIBS: &[&str] = &[
     "kvpool-transfer",
     "kvpool-store",
     "kvpool-client",
+    "kvpool-engine",
 ];
 
 /// Each workspace crate and the workspace crates it may depend on.
@@ -56,6 +57,9 @@ fn rules() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "kvpool-transfer",
             ],
         ),
+        // The transfer engine moves bytes between processes' registered
+        // memory: networking only, no segments, no object format.
+        ("kvpool-engine", vec!["kvpool-proto", "kvpool-net"]),
         // A client lends memory through an embedded store.
         (
             "kvpool-client",
