@@ -202,3 +202,27 @@ def test_a_dead_peer_fails_fast(prefill):
     assert prefill.batch_transfer_sync_write(dead, [buf.ctypes.data] * 3, [4096] * 3, [PAGE] * 3) == -1
     assert prefill.transfer_sync_read(dead, buf.ctypes.data, 4096, PAGE) == -1
     assert time.monotonic() - t0 < 10
+
+
+def test_the_store_accepts_the_engine_as_sglang_shares_it(master, prefill):
+    """SGLang's HiCache passes its PD engine to the store's setup
+    (``get_engine()``); the store takes it and both keep working."""
+    from kvpool.mooncake import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master, prefill.get_engine())
+    assert rc == 0
+    try:
+        assert store.put("engine-shared", b"kv") == 0
+        assert store.get("engine-shared") == b"kv"
+        src = np.full(PAGE, 3, dtype=np.uint8)
+        dst = np.zeros(PAGE, dtype=np.uint8)
+        assert prefill.register_memory(src.ctypes.data, PAGE) == 0
+        assert prefill.register_memory(dst.ctypes.data, PAGE) == 0
+        # The engine still moves bytes (here to itself) after the store set up.
+        me = prefill.get_session_id()
+        assert prefill.transfer_sync_write(me, src.ctypes.data, dst.ctypes.data, PAGE) == 0
+        assert (dst == 3).all()
+    finally:
+        store.remove("engine-shared", True)
+        store.close()
