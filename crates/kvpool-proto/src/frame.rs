@@ -32,6 +32,7 @@
 //! before anything is allocated, so a hostile or corrupt header costs nothing.
 
 use crate::code::{Code, KvError};
+use crate::msg;
 use crate::policy::{Plane, Role};
 
 /// Length of the fixed frame header.
@@ -55,7 +56,17 @@ pub enum FrameKind {
 }
 
 macro_rules! opcodes {
-    ($($(#[$doc:meta])* $name:ident = $v:expr => $plane:ident, $needs:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident = $v:expr => $plane:ident, $needs:ident, $ty:ty;)*) => {
+        // Each message type names the opcode it travels as (`Rpc::OPCODE`);
+        // the table names the type each opcode carries: they must agree, or
+        // the build fails here.
+        const _: () = {
+            $(assert!(
+                <$ty as crate::msg::Rpc>::OPCODE as u16 == $v,
+                concat!(stringify!($ty), " does not travel as ", stringify!($name)),
+            );)*
+        };
+
         /// What a frame asks for; stable numbers on the wire.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u16)]
@@ -85,84 +96,86 @@ macro_rules! opcodes {
     };
 }
 
-// The one request table: wire number, the plane that serves it and the
-// least role that may ask. A new request must name both to compile.
+// The one request table: wire number, the plane that serves it, the
+// least role that may ask, and the message it carries. A new request must
+// name all of them to compile, and its message's `Rpc::OPCODE` must be the
+// one listed here.
 // Servers refuse a request of another plane, or from a lower role, before
 // reading it (`Opcode::admit`); some ask more of particular messages, said
 // where they are listed.
 opcodes! {
     /// Version handshake; first frame on every connection.
-    Hello = 1 => Handshake, Client;
+    Hello = 1 => Handshake, Client, msg::Hello;
     /// Handshake: proof of the role key, when the server asks for one.
-    Auth = 2 => Handshake, Client;
+    Auth = 2 => Handshake, Client, msg::Auth;
     /// Data plane: write the payload into a segment region. A client also
     /// needs the master's grant for the region.
-    Write = 10 => Data, Client;
+    Write = 10 => Data, Client, msg::WriteReq;
     /// Data plane: read a segment region into the response payload. A
     /// client also needs the master's grant for the region.
-    Read = 11 => Data, Client;
+    Read = 11 => Data, Client, msg::ReadReq;
     /// Data plane: destroy freed objects so a restart cannot find them
     /// (the master's, which proves the store role).
-    Invalidate = 12 => Data, Store;
+    Invalidate = 12 => Data, Store, msg::InvalidateReq;
     /// Control: a client or store announces itself to the master.
-    RegisterClient = 20 => Control, Client;
+    RegisterClient = 20 => Control, Client, msg::RegisterClient;
     /// Control: liveness ping from a registered client.
-    Heartbeat = 21 => Control, Client;
+    Heartbeat = 21 => Control, Client, msg::Heartbeat;
     /// Control: lend a segment to the pool.
-    MountSegment = 22 => Control, Store;
+    MountSegment = 22 => Control, Store, msg::MountSegment;
     /// Control: withdraw a segment.
-    UnmountSegment = 23 => Control, Store;
+    UnmountSegment = 23 => Control, Store, msg::UnmountSegment;
     /// Control: the objects a remounted segment holds (restart recovery).
-    ReportObjects = 24 => Control, Store;
+    ReportObjects = 24 => Control, Store, msg::ReportObjects;
     /// Control: stop placing objects on segments, optionally unmount later
     /// (that, a forced unmount, takes the admin key).
-    DrainSegment = 25 => Control, Store;
+    DrainSegment = 25 => Control, Store, msg::DrainSegment;
     /// Control: reserve regions for new objects.
-    PutStart = 30 => Control, Client;
+    PutStart = 30 => Control, Client, msg::PutStart;
     /// Control: commit written objects.
-    PutEnd = 31 => Control, Client;
+    PutEnd = 31 => Control, Client, msg::PutEnd;
     /// Control: abandon started puts.
-    PutRevoke = 32 => Control, Client;
+    PutRevoke = 32 => Control, Client, msg::PutRevoke;
     /// Control: locate objects and take read leases.
-    GetReplicaList = 33 => Control, Client;
+    GetReplicaList = 33 => Control, Client, msg::GetReplicaList;
     /// Control: existence and size, without extending anyone's life.
-    Exist = 34 => Control, Client;
+    Exist = 34 => Control, Client, msg::Exist;
     /// Control: remove objects.
-    Remove = 35 => Control, Client;
+    Remove = 35 => Control, Client, msg::Remove;
     /// Control: objects read through cached locations (recency only).
-    Touch = 38 => Control, Client;
+    Touch = 38 => Control, Client, msg::Touch;
     /// Control: remove objects whose key matches a regex.
-    RemoveByRegex = 36 => Control, Admin;
+    RemoveByRegex = 36 => Control, Admin, msg::RemoveByRegex;
     /// Control: remove every object.
-    RemoveAll = 37 => Control, Admin;
+    RemoveAll = 37 => Control, Admin, msg::RemoveAll;
     /// Control: cluster status for `kvpool status` and tools.
-    Status = 40 => Control, Client;
+    Status = 40 => Control, Client, msg::Status;
     /// Data plane: what a data server serves, and its master (not secret:
     /// an engine on the host learns where to attach).
-    StoreAbout = 13 => Data, Client;
+    StoreAbout = 13 => Data, Client, msg::StoreAbout;
     /// Control: regions on more segments for an object's replicas (copy, move).
-    ReplicaAdd = 50 => Control, Client;
+    ReplicaAdd = 50 => Control, Client, msg::ReplicaAdd;
     /// Control: attach written replica copies, drop moved-away ones.
-    ReplicaCommit = 51 => Control, Client;
+    ReplicaCommit = 51 => Control, Client, msg::ReplicaCommit;
     /// Control: drop objects' replicas on a segment (or whole objects).
-    ReplicaClear = 52 => Control, Client;
+    ReplicaClear = 52 => Control, Client, msg::ReplicaClear;
     /// Control: record a replica copy or move task.
-    TaskCreate = 53 => Control, Client;
+    TaskCreate = 53 => Control, Client, msg::TaskCreate;
     /// Control: report a task's progress.
-    TaskUpdate = 54 => Control, Client;
+    TaskUpdate = 54 => Control, Client, msg::TaskUpdate;
     /// Control: a task's status.
-    TaskQuery = 55 => Control, Client;
+    TaskQuery = 55 => Control, Client, msg::TaskQuery;
     /// Data plane: copy objects between a store's segments (tiering; the
     /// master's).
     /// Last in the list: fuzz corpora index messages by position here.
-    TierMove = 16 => Data, Store;
+    TierMove = 16 => Data, Store, msg::TierMoveReq;
     /// Transfer engine: write the payload at an absolute address in the
     /// peer's registered memory (`kvpool-engine`; Mooncake's TE write).
     /// New opcodes go after this pair: fuzz corpora index by position.
-    EngineWrite = 60 => Data, Client;
+    EngineWrite = 60 => Data, Client, msg::EngineWriteReq;
     /// Transfer engine: read bytes at an absolute address in the peer's
     /// registered memory into the response payload.
-    EngineRead = 61 => Data, Client;
+    EngineRead = 61 => Data, Client, msg::EngineReadReq;
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes
