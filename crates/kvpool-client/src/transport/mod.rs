@@ -81,7 +81,7 @@ pub struct Share<'a> {
 
 /// A way to move object bytes to and from segment regions.
 pub trait Transport: Send + Sync {
-    /// Which transport this is (names it in metrics and logs).
+    /// Which transport this is.
     fn kind(&self) -> Kind;
 
     /// Whether this transport reaches `segment` for `dir` now. Only asked
@@ -116,16 +116,6 @@ pub enum Kind {
     Shm,
     /// [`TcpTransport`].
     Tcp,
-}
-
-impl Kind {
-    /// Lower-case name, for metrics and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Shm => "shm",
-            Kind::Tcp => "tcp",
-        }
-    }
 }
 
 /// Which way bytes move.
