@@ -32,7 +32,6 @@
 //! before anything is allocated, so a hostile or corrupt header costs nothing.
 
 use crate::code::{Code, KvError};
-use crate::msg;
 use crate::policy::{Plane, Role};
 
 /// Length of the fixed frame header.
@@ -56,17 +55,7 @@ pub enum FrameKind {
 }
 
 macro_rules! opcodes {
-    ($($(#[$doc:meta])* $name:ident = $v:expr => $plane:ident, $needs:ident, $ty:ty;)*) => {
-        // Each message type names the opcode it travels as (`Rpc::OPCODE`);
-        // the table names the type each opcode carries: they must agree, or
-        // the build fails here.
-        const _: () = {
-            $(assert!(
-                <$ty as crate::msg::Rpc>::OPCODE as u16 == $v,
-                concat!(stringify!($ty), " does not travel as ", stringify!($name)),
-            );)*
-        };
-
+    ($($(#[$doc:meta])* $name:ident = $v:expr => $plane:ident, $needs:ident;)*) => {
         /// What a frame asks for; stable numbers on the wire.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u16)]
@@ -96,86 +85,84 @@ macro_rules! opcodes {
     };
 }
 
-// The one request table: wire number, the plane that serves it, the
-// least role that may ask, and the message it carries. A new request must
-// name all of them to compile, and its message's `Rpc::OPCODE` must be the
-// one listed here.
+// The one request table: wire number, the plane that serves it and the
+// least role that may ask. A new request must name both to compile.
 // Servers refuse a request of another plane, or from a lower role, before
 // reading it (`Opcode::admit`); some ask more of particular messages, said
 // where they are listed.
 opcodes! {
     /// Version handshake; first frame on every connection.
-    Hello = 1 => Handshake, Client, msg::Hello;
+    Hello = 1 => Handshake, Client;
     /// Handshake: proof of the role key, when the server asks for one.
-    Auth = 2 => Handshake, Client, msg::Auth;
+    Auth = 2 => Handshake, Client;
     /// Data plane: write the payload into a segment region. A client also
     /// needs the master's grant for the region.
-    Write = 10 => Data, Client, msg::WriteReq;
+    Write = 10 => Data, Client;
     /// Data plane: read a segment region into the response payload. A
     /// client also needs the master's grant for the region.
-    Read = 11 => Data, Client, msg::ReadReq;
+    Read = 11 => Data, Client;
     /// Data plane: destroy freed objects so a restart cannot find them
     /// (the master's, which proves the store role).
-    Invalidate = 12 => Data, Store, msg::InvalidateReq;
+    Invalidate = 12 => Data, Store;
     /// Control: a client or store announces itself to the master.
-    RegisterClient = 20 => Control, Client, msg::RegisterClient;
+    RegisterClient = 20 => Control, Client;
     /// Control: liveness ping from a registered client.
-    Heartbeat = 21 => Control, Client, msg::Heartbeat;
+    Heartbeat = 21 => Control, Client;
     /// Control: lend a segment to the pool.
-    MountSegment = 22 => Control, Store, msg::MountSegment;
+    MountSegment = 22 => Control, Store;
     /// Control: withdraw a segment.
-    UnmountSegment = 23 => Control, Store, msg::UnmountSegment;
+    UnmountSegment = 23 => Control, Store;
     /// Control: the objects a remounted segment holds (restart recovery).
-    ReportObjects = 24 => Control, Store, msg::ReportObjects;
+    ReportObjects = 24 => Control, Store;
     /// Control: stop placing objects on segments, optionally unmount later
     /// (that, a forced unmount, takes the admin key).
-    DrainSegment = 25 => Control, Store, msg::DrainSegment;
+    DrainSegment = 25 => Control, Store;
     /// Control: reserve regions for new objects.
-    PutStart = 30 => Control, Client, msg::PutStart;
+    PutStart = 30 => Control, Client;
     /// Control: commit written objects.
-    PutEnd = 31 => Control, Client, msg::PutEnd;
+    PutEnd = 31 => Control, Client;
     /// Control: abandon started puts.
-    PutRevoke = 32 => Control, Client, msg::PutRevoke;
+    PutRevoke = 32 => Control, Client;
     /// Control: locate objects and take read leases.
-    GetReplicaList = 33 => Control, Client, msg::GetReplicaList;
+    GetReplicaList = 33 => Control, Client;
     /// Control: existence and size, without extending anyone's life.
-    Exist = 34 => Control, Client, msg::Exist;
+    Exist = 34 => Control, Client;
     /// Control: remove objects.
-    Remove = 35 => Control, Client, msg::Remove;
+    Remove = 35 => Control, Client;
     /// Control: objects read through cached locations (recency only).
-    Touch = 38 => Control, Client, msg::Touch;
+    Touch = 38 => Control, Client;
     /// Control: remove objects whose key matches a regex.
-    RemoveByRegex = 36 => Control, Admin, msg::RemoveByRegex;
+    RemoveByRegex = 36 => Control, Admin;
     /// Control: remove every object.
-    RemoveAll = 37 => Control, Admin, msg::RemoveAll;
+    RemoveAll = 37 => Control, Admin;
     /// Control: cluster status for `kvpool status` and tools.
-    Status = 40 => Control, Client, msg::Status;
+    Status = 40 => Control, Client;
     /// Data plane: what a data server serves, and its master (not secret:
     /// an engine on the host learns where to attach).
-    StoreAbout = 13 => Data, Client, msg::StoreAbout;
+    StoreAbout = 13 => Data, Client;
     /// Control: regions on more segments for an object's replicas (copy, move).
-    ReplicaAdd = 50 => Control, Client, msg::ReplicaAdd;
+    ReplicaAdd = 50 => Control, Client;
     /// Control: attach written replica copies, drop moved-away ones.
-    ReplicaCommit = 51 => Control, Client, msg::ReplicaCommit;
+    ReplicaCommit = 51 => Control, Client;
     /// Control: drop objects' replicas on a segment (or whole objects).
-    ReplicaClear = 52 => Control, Client, msg::ReplicaClear;
+    ReplicaClear = 52 => Control, Client;
     /// Control: record a replica copy or move task.
-    TaskCreate = 53 => Control, Client, msg::TaskCreate;
+    TaskCreate = 53 => Control, Client;
     /// Control: report a task's progress.
-    TaskUpdate = 54 => Control, Client, msg::TaskUpdate;
+    TaskUpdate = 54 => Control, Client;
     /// Control: a task's status.
-    TaskQuery = 55 => Control, Client, msg::TaskQuery;
+    TaskQuery = 55 => Control, Client;
     /// Data plane: copy objects between a store's segments (tiering; the
     /// master's).
     /// Last in the list: fuzz corpora index messages by position here.
-    TierMove = 16 => Data, Store, msg::TierMoveReq;
+    TierMove = 16 => Data, Store;
     /// Transfer engine: write the payload at an absolute address in the
     /// peer's registered memory (`kvpool-engine`; Mooncake's TE write).
     /// New opcodes go after this pair: fuzz corpora index by position.
-    EngineWrite = 60 => Data, Client, msg::EngineWriteReq;
+    EngineWrite = 60 => Data, Client;
     /// Transfer engine: read bytes at an absolute address in the peer's
     /// registered memory into the response payload.
-    EngineRead = 61 => Data, Client, msg::EngineReadReq;
+    EngineRead = 61 => Data, Client;
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes
