@@ -53,8 +53,19 @@ pub fn scratch_dir() -> TempDir {
     builder.tempdir().expect("create a scratch directory")
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1.
+/// A TCP port that was free a moment ago on 127.0.0.1. Picked below the
+/// kernel's ephemeral range (32768 and up by default), so no outgoing
+/// connection of a test running beside this one can take it before the
+/// server it is for binds it ("Address already in use" was a flake).
 pub fn free_port() -> u16 {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    for _ in 0..1000 {
+        let port = rng.gen_range(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
