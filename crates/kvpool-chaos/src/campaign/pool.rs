@@ -87,17 +87,7 @@ impl Pool {
         let mut hosts = cfg.topo.hosts();
         hosts.extend_from_slice(extra_hosts);
         let net = Net::create(&hosts)?;
-        let etcd_eps: Vec<String> = (0..cfg.topo.etcd)
-            .map(|i| {
-                format!(
-                    "{}:2379",
-                    net::ip(Host {
-                        role: Role::Etcd,
-                        idx: i
-                    })
-                )
-            })
-            .collect();
+        let etcd_eps = etcd_endpoints(cfg.topo.etcd);
         let etcd_addr = format!("etcd://{}/{CLUSTER}", etcd_eps.join(";"));
         let etcd = Etcd::new(&etcd_eps.join(","), None).map_err(|e| anyhow::anyhow!("{e}"))?;
         let faults = Recorder::create(&cfg.dir.join("history/faults.jsonl"))?;
@@ -180,17 +170,7 @@ impl Pool {
                 ]
             }
             Role::Master => {
-                let eps: Vec<String> = (0..cfg.topo.etcd)
-                    .map(|i| {
-                        format!(
-                            "{}:2379",
-                            net::ip(Host {
-                                role: Role::Etcd,
-                                idx: i
-                            })
-                        )
-                    })
-                    .collect();
+                let eps = etcd_endpoints(cfg.topo.etcd);
                 vec![
                     kvpool,
                     s("master"),
@@ -587,4 +567,19 @@ pub(super) mod tokio_util_stop {
             self.0.load(Ordering::Relaxed)
         }
     }
+}
+
+/// The client addresses of the campaign's `n` etcd members.
+fn etcd_endpoints(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|idx| {
+            format!(
+                "{}:2379",
+                net::ip(Host {
+                    role: Role::Etcd,
+                    idx
+                })
+            )
+        })
+        .collect()
 }
