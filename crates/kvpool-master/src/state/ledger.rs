@@ -77,20 +77,21 @@ impl Ledger {
     ) -> Result<(), PinLimit> {
         let mut per = self.per.lock();
         let mut pinned = self.pinned.lock();
-        let h = per.entry(client).or_default();
-        let fits = if h.pinned.saturating_add(bytes) > max {
-            Err(PinLimit::Client)
-        } else if pinned.saturating_add(bytes) > pool_max {
-            Err(PinLimit::Pool)
-        } else {
-            h.pinned += bytes;
-            *pinned += bytes;
-            Ok(())
-        };
-        if *h == Held::default() {
-            per.remove(&client);
-        }
-        fits
+        let held = per.get(&client).map_or(0, |h| h.pinned);
+        pin_limit(held, *pinned, bytes, (max, pool_max))?;
+        per.entry(client).or_default().pinned += bytes;
+        *pinned += bytes;
+        Ok(())
+    }
+
+    /// Whether `client` could pin `bytes` more now, without reserving them.
+    pub(crate) fn pin_fits(
+        &self,
+        client: ClientId,
+        bytes: u64,
+        limits: (u64, u64),
+    ) -> Result<(), PinLimit> {
+        pin_limit(self.held(client).pinned, self.pinned(), bytes, limits)
     }
 
     /// Hard-pinned bytes of all clients together.
@@ -119,6 +120,18 @@ impl Ledger {
     #[cfg(test)]
     pub(crate) fn clients(&self) -> usize {
         self.per.lock().len()
+    }
+}
+
+/// The limit `more` bytes of pins would pass, for a client holding `held`
+/// while all clients hold `all`; `limits` are the client's and the pool's.
+fn pin_limit(held: u64, all: u64, more: u64, (max, pool_max): (u64, u64)) -> Result<(), PinLimit> {
+    if held.saturating_add(more) > max {
+        Err(PinLimit::Client)
+    } else if all.saturating_add(more) > pool_max {
+        Err(PinLimit::Pool)
+    } else {
+        Ok(())
     }
 }
 

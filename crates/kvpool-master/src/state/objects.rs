@@ -254,20 +254,20 @@ impl MasterState {
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
-        let pin_limits = (
-            self.cfg.limits.max_hard_pinned_per_client,
-            self.pool_pin_limit(),
-        );
-        if config.with_hard_pin {
-            let held = self.ledger.held(client).pinned;
+        // The pool's share sums every segment's capacity: only hard pins
+        // pay for it.
+        let pin_limits = config.with_hard_pin.then(|| {
+            (
+                self.cfg.limits.max_hard_pinned_per_client,
+                self.pool_pin_limit(),
+            )
+        });
+        if let Some(limits) = pin_limits {
             let more = item
                 .region_len
                 .saturating_mul(want.min(placeable.len()) as u64);
-            if held.saturating_add(more) > pin_limits.0 {
-                return Err(self.pin_refused(client, PinLimit::Client, more));
-            }
-            if self.ledger.pinned().saturating_add(more) > pin_limits.1 {
-                return Err(self.pin_refused(client, PinLimit::Pool, more));
+            if let Err(limit) = self.ledger.pin_fits(client, more, limits) {
+                return Err(self.pin_refused(client, limit, more));
             }
         }
         let fit = self.fitting(item.region_len, Some(placeable));
@@ -308,12 +308,12 @@ impl MasterState {
                 ),
             ));
         }
-        let hard_pin = match config.with_hard_pin {
-            false => None,
-            true => {
+        let hard_pin = match pin_limits {
+            None => None,
+            Some(limits) => {
                 // Allocation rounds regions up: charge what was placed.
                 let bytes = replicas.iter().map(|(_, r)| r.len).sum();
-                if let Err(limit) = self.ledger.reserve_pin(client, bytes, pin_limits) {
+                if let Err(limit) = self.ledger.reserve_pin(client, bytes, limits) {
                     self.free_now(&replicas, None);
                     return Err(self.pin_refused(client, limit, bytes));
                 }
