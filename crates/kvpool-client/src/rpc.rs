@@ -6,7 +6,8 @@
 use futures::StreamExt;
 use kvpool_net::request_id;
 use kvpool_proto::limits::{batch_chunks, ITEM_OVERHEAD};
-use kvpool_proto::msg::{self, ClientId, Rpc, WireResult};
+use kvpool_proto::msg::{self, ClientId, WireResult};
+use kvpool_proto::Rpc;
 use kvpool_proto::{Code, KvError, KvResult};
 use tracing::Instrument;
 

@@ -17,8 +17,8 @@ use kvpool_net::auth::Security;
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
-use kvpool_proto::msg::{self, EngineReadReq, EngineWriteReq};
-use kvpool_proto::{Code, KvError, KvResult, Plane};
+use kvpool_proto::msg::{EngineReadReq, EngineWriteReq};
+use kvpool_proto::{Code, KvError, KvResult, Plane, Request};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -134,24 +134,23 @@ async fn serve_one(conn: &mut FramedConn, regions: &Regions, h: &FrameHeader) ->
             "expected a request frame",
         )),
     };
-    let refused = match (admitted, h.opcode) {
-        (Err(e), _) => e,
-        (Ok(()), Opcode::EngineWrite) => match msg::decode::<EngineWriteReq>(meta) {
-            Ok(req) => return write(conn, regions, h, req).await,
-            Err(e) => e,
-        },
-        (Ok(()), Opcode::EngineRead) if h.payload_len == 0 => {
-            match msg::decode::<EngineReadReq>(meta) {
-                Ok(req) => return read(conn, regions, h, req).await,
-                Err(e) => e,
-            }
-        }
-        (Ok(()), Opcode::EngineRead) => {
-            KvError::new(Code::InvalidParams, "a read carries no payload")
-        }
-        (Ok(()), op) => KvError::new(
+    let decoded = admitted.and_then(|()| match h.opcode {
+        Opcode::EngineRead if h.payload_len != 0 => Err(KvError::new(
+            Code::InvalidParams,
+            "a read carries no payload",
+        )),
+        op => Request::decode(op, meta),
+    });
+    let refused = match decoded {
+        Err(e) => e,
+        Ok((Request::EngineWrite(req), _)) => return write(conn, regions, h, req).await,
+        Ok((Request::EngineRead(req), _)) => return read(conn, regions, h, req).await,
+        Ok((other, _)) => KvError::new(
             Code::NotSupported,
-            format!("{} is not served by the transfer engine", op.name()),
+            format!(
+                "{} is not served by the transfer engine",
+                other.opcode().name()
+            ),
         ),
     };
     // The payload of a refused request is still on the wire: skip it.

@@ -11,6 +11,7 @@ use kvpool_fuzz::message_selector;
 use kvpool_net::auth::{Credentials, Role};
 use kvpool_proto::frame::{write_frame, FrameHeader};
 use kvpool_proto::msg::*;
+use kvpool_proto::Rpc;
 use kvpool_proto::{Code, Opcode};
 use rbg::runtime::control::{Request, Response};
 use rbg::runtime::images::ImageMap;

@@ -6,8 +6,9 @@ use std::fmt::Debug;
 
 use kvpool_proto::compat;
 use kvpool_proto::frame::{parse_frame, FrameHeader, FrameKind, Limits, HEADER_LEN};
-use kvpool_proto::msg::{self, RequestTrailer, Rpc};
-use kvpool_proto::{Code, KvError, Opcode};
+use kvpool_proto::msg::{self, RequestTrailer};
+use kvpool_proto::requests::Visit;
+use kvpool_proto::{Code, KvError, Opcode, Request, Rpc};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Limits small enough that short inputs reach both length checks.
@@ -84,68 +85,42 @@ pub fn message_selector(op: Opcode, response: bool) -> u8 {
     u8::try_from(i * 2 + usize::from(response)).unwrap_or(u8::MAX)
 }
 
-/// Decodes `bytes` as the request of `op`, or its response. The match is
-/// exhaustive so that a new opcode cannot go unfuzzed.
+/// Decodes `bytes` as the request of `op`, or its response, by the type
+/// the request table gives `op`.
 fn meta(op: Opcode, response: bool, bytes: &[u8]) {
-    use kvpool_proto::msg::*;
-    let r = response;
-    match op {
-        Opcode::Hello => rpc::<Hello>(r, bytes, |_| None),
-        Opcode::Auth => rpc::<Auth>(r, bytes, |_| None),
-        Opcode::Write => rpc::<WriteReq>(r, bytes, |_| None),
-        Opcode::Read => rpc::<ReadReq>(r, bytes, |_| None),
-        Opcode::Invalidate => rpc::<InvalidateReq>(r, bytes, |m| Some(m.regions.len())),
-        Opcode::TierMove => rpc::<TierMoveReq>(r, bytes, |m| Some(m.moves.len())),
-        Opcode::RegisterClient => rpc::<RegisterClient>(r, bytes, |_| None),
-        Opcode::Heartbeat => rpc::<Heartbeat>(r, bytes, |_| None),
-        Opcode::MountSegment => rpc::<MountSegment>(r, bytes, |_| None),
-        Opcode::UnmountSegment => rpc::<UnmountSegment>(r, bytes, |_| None),
-        Opcode::ReportObjects => rpc::<ReportObjects>(r, bytes, |m| Some(m.objects.len())),
-        Opcode::DrainSegment => rpc::<DrainSegment>(r, bytes, |_| None),
-        Opcode::PutStart => rpc::<PutStart>(r, bytes, |m| Some(m.items.len())),
-        Opcode::PutEnd => rpc::<PutEnd>(r, bytes, |m| Some(m.items.len())),
-        Opcode::PutRevoke => rpc::<PutRevoke>(r, bytes, |m| Some(m.keys.len())),
-        Opcode::GetReplicaList => rpc::<GetReplicaList>(r, bytes, |m| Some(m.keys.len())),
-        Opcode::Exist => rpc::<Exist>(r, bytes, |m| Some(m.keys.len())),
-        Opcode::Remove => rpc::<Remove>(r, bytes, |m| Some(m.keys.len())),
-        Opcode::Touch => rpc::<Touch>(r, bytes, |m| Some(m.items.len())),
-        Opcode::RemoveByRegex => rpc::<RemoveByRegex>(r, bytes, |_| None),
-        Opcode::RemoveAll => rpc::<RemoveAll>(r, bytes, |_| None),
-        Opcode::Status => rpc::<Status>(r, bytes, |_| None),
-        Opcode::StoreAbout => rpc::<StoreAbout>(r, bytes, |_| None),
-        Opcode::ReplicaAdd => rpc::<ReplicaAdd>(r, bytes, |_| None),
-        Opcode::ReplicaCommit => rpc::<ReplicaCommit>(r, bytes, |_| None),
-        Opcode::ReplicaClear => rpc::<ReplicaClear>(r, bytes, |m| Some(m.keys.len())),
-        Opcode::TaskCreate => rpc::<TaskCreate>(r, bytes, |_| None),
-        Opcode::TaskUpdate => rpc::<TaskUpdate>(r, bytes, |_| None),
-        Opcode::TaskQuery => rpc::<TaskQuery>(r, bytes, |_| None),
-        Opcode::EngineWrite => rpc::<EngineWriteReq>(r, bytes, |_| None),
-        Opcode::EngineRead => rpc::<EngineReadReq>(r, bytes, |_| None),
-    }
+    op.visit(Decode { response, bytes });
 }
 
-/// Decodes a request of type `T` (or its response). For a request,
-/// `T::batch_len` must read the same item count as `items` of the decoded
-/// message (`None`: not a batch), as receivers refuse batches by it.
-fn rpc<T>(response: bool, bytes: &[u8], items: fn(&T) -> Option<usize>)
-where
-    T: Rpc + PartialEq + Debug,
-    T::Response: PartialEq + Debug,
-{
-    if response {
-        round_trip::<T::Response>(bytes);
-        return;
-    }
-    let counted = T::batch_len(bytes);
-    let plain = round_trip::<T>(bytes);
-    if let Some(m) = &plain {
-        let n = items(m).map(|n| n as u64);
-        assert_eq!(counted, n, "{}: batch_len", T::OPCODE.name());
-    }
-    // Servers read the request id after the message (protocol 6); whatever
-    // they accept, a v5 server reads as the same message.
-    if let Ok((m, _)) = compat::decode_with::<T, RequestTrailer>(bytes) {
-        assert_eq!(plain.as_ref(), Some(&m), "{}: trailer", T::OPCODE.name());
+/// Decodes a request of type `R` (or its response). For a request,
+/// `R::batch_len` must read the item count of the decoded message (`None`:
+/// not a batch), as receivers refuse batches by it.
+struct Decode<'a> {
+    response: bool,
+    bytes: &'a [u8],
+}
+
+impl Visit for Decode<'_> {
+    type Out = ();
+
+    fn visit<R: Rpc>(self) {
+        let bytes = self.bytes;
+        if self.response {
+            round_trip::<R::Response>(bytes);
+            return;
+        }
+        let counted = R::batch_len(bytes);
+        let plain = round_trip::<R>(bytes);
+        if let Some(m) = &plain {
+            let n = m.items().map(|n| n as u64);
+            assert_eq!(counted, n, "{}: batch_len", R::OPCODE.name());
+        }
+        // Servers read the request id after the message (protocol 6);
+        // whatever they accept, a v5 server reads as the same message.
+        if let Ok((m, _)) = compat::decode_with::<R, RequestTrailer>(bytes) {
+            assert_eq!(plain.as_ref(), Some(&m), "{}: trailer", R::OPCODE.name());
+            let (req, _) = Request::decode(R::OPCODE, bytes).expect("the table decodes it too");
+            assert_eq!(req.opcode(), R::OPCODE);
+        }
     }
 }
 

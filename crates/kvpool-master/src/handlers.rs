@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use kvpool_net::capability::unix_ms;
 use kvpool_net::request_id;
-use kvpool_proto::compat;
 use kvpool_proto::limits::{
     check_batch, validate_endpoint, validate_name, MAX_PATH_LEN, MAX_PATTERN_LEN,
     MAX_PREFERRED_SEGMENTS,
 };
-use kvpool_proto::msg::{self, to_wire, RequestTrailer, Rpc, WireResult};
+use kvpool_proto::msg::{self, to_wire, WireResult};
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
+use kvpool_proto::{Opcode, Request, Rpc};
 use tokio::time::Instant;
 use tracing::info;
 
@@ -52,17 +52,58 @@ pub(crate) trait Handle: Rpc + Sized {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Self::Response>;
 }
 
-/// Decodes `meta` as `R` (and the request id after it, from a v6 peer),
-/// handles it in a `request` span carrying that id, encodes the answer. A
-/// batch over [`kvpool_proto::MAX_BATCH_KEYS`] items is refused from the
-/// count at the front of its bytes, before anything is decoded or
-/// allocated.
-pub(crate) fn handle<R: Handle>(cx: &mut Ctx<'_>, meta: &[u8]) -> KvResult<Vec<u8>> {
-    if let Some(n) = R::batch_len(meta) {
-        check_batch(R::OPCODE.name(), n).map_err(|e| cx.refuse(Refusal::BatchKeys, e))?;
+/// Decodes `meta` as the message the request table gives `op` (and the
+/// request id after it, from a v6 peer), handles it in a `request` span
+/// carrying that id, encodes the answer. A batch over
+/// [`kvpool_proto::MAX_BATCH_KEYS`] items is refused from the count at the
+/// front of its bytes, before anything is decoded or allocated.
+pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<u8>> {
+    if let Some(n) = op.batch_len(meta) {
+        check_batch(op.name(), n).map_err(|e| cx.refuse(Refusal::BatchKeys, e))?;
     }
-    let (req, trailer): (R, RequestTrailer) = compat::decode_with(meta)?;
-    let _span = request_id::span(trailer.id, R::OPCODE).entered();
+    let (req, trailer) = Request::decode(op, meta)?;
+    let _span = request_id::span(trailer.id, op).entered();
+    match req {
+        Request::RegisterClient(m) => reply(cx, m),
+        Request::Heartbeat(m) => reply(cx, m),
+        Request::MountSegment(m) => reply(cx, m),
+        Request::ReportObjects(m) => reply(cx, m),
+        Request::DrainSegment(m) => reply(cx, m),
+        Request::UnmountSegment(m) => reply(cx, m),
+        Request::PutStart(m) => reply(cx, m),
+        Request::PutEnd(m) => reply(cx, m),
+        Request::PutRevoke(m) => reply(cx, m),
+        Request::GetReplicaList(m) => reply(cx, m),
+        Request::Exist(m) => reply(cx, m),
+        Request::Touch(m) => reply(cx, m),
+        Request::Remove(m) => reply(cx, m),
+        Request::RemoveByRegex(m) => reply(cx, m),
+        Request::RemoveAll(m) => reply(cx, m),
+        Request::Status(m) => reply(cx, m),
+        Request::ReplicaAdd(m) => reply(cx, m),
+        Request::ReplicaCommit(m) => reply(cx, m),
+        Request::ReplicaClear(m) => reply(cx, m),
+        Request::TaskCreate(m) => reply(cx, m),
+        Request::TaskUpdate(m) => reply(cx, m),
+        Request::TaskQuery(m) => reply(cx, m),
+        // Other planes' requests: `admit` refused them already.
+        Request::Hello(_)
+        | Request::Auth(_)
+        | Request::Write(_)
+        | Request::Read(_)
+        | Request::Invalidate(_)
+        | Request::StoreAbout(_)
+        | Request::TierMove(_)
+        | Request::EngineWrite(_)
+        | Request::EngineRead(_) => Err(KvError::new(
+            Code::NotSupported,
+            format!("{} is not served by the master", op.name()),
+        )),
+    }
+}
+
+/// Handles one decoded request and encodes its answer.
+fn reply<R: Handle>(cx: &mut Ctx<'_>, req: R) -> KvResult<Vec<u8>> {
     req.handle(cx).map(|r| msg::encode(&r))
 }
 

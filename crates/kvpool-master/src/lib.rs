@@ -318,7 +318,7 @@ enum Work {
 
 /// How the master serves each request. One exhaustive match, so a new
 /// request must decide both (the roles that may send it are in the
-/// request table, `kvpool_proto::frame`).
+/// request table, `kvpool_proto::requests`).
 fn serving(op: Opcode) -> (Serves, Work) {
     use Opcode as O;
     match op {
@@ -477,43 +477,7 @@ impl Master {
             fence: None,
         };
         let cx = &mut cx;
-        let r = match op {
-            Opcode::RegisterClient => handle::<msg::RegisterClient>(cx, meta),
-            Opcode::Heartbeat => handle::<msg::Heartbeat>(cx, meta),
-            Opcode::MountSegment => handle::<msg::MountSegment>(cx, meta),
-            Opcode::ReportObjects => handle::<msg::ReportObjects>(cx, meta),
-            Opcode::DrainSegment => handle::<msg::DrainSegment>(cx, meta),
-            Opcode::UnmountSegment => handle::<msg::UnmountSegment>(cx, meta),
-            Opcode::PutStart => handle::<msg::PutStart>(cx, meta),
-            Opcode::PutEnd => handle::<msg::PutEnd>(cx, meta),
-            Opcode::PutRevoke => handle::<msg::PutRevoke>(cx, meta),
-            Opcode::GetReplicaList => handle::<msg::GetReplicaList>(cx, meta),
-            Opcode::Exist => handle::<msg::Exist>(cx, meta),
-            Opcode::Touch => handle::<msg::Touch>(cx, meta),
-            Opcode::Remove => handle::<msg::Remove>(cx, meta),
-            Opcode::RemoveByRegex => handle::<msg::RemoveByRegex>(cx, meta),
-            Opcode::RemoveAll => handle::<msg::RemoveAll>(cx, meta),
-            Opcode::Status => handle::<msg::Status>(cx, meta),
-            Opcode::ReplicaAdd => handle::<msg::ReplicaAdd>(cx, meta),
-            Opcode::ReplicaCommit => handle::<msg::ReplicaCommit>(cx, meta),
-            Opcode::ReplicaClear => handle::<msg::ReplicaClear>(cx, meta),
-            Opcode::TaskCreate => handle::<msg::TaskCreate>(cx, meta),
-            Opcode::TaskUpdate => handle::<msg::TaskUpdate>(cx, meta),
-            Opcode::TaskQuery => handle::<msg::TaskQuery>(cx, meta),
-            // Other planes' requests: `permitted` refused them already.
-            Opcode::Hello
-            | Opcode::Auth
-            | Opcode::Write
-            | Opcode::Read
-            | Opcode::Invalidate
-            | Opcode::StoreAbout
-            | Opcode::TierMove
-            | Opcode::EngineWrite
-            | Opcode::EngineRead => Err(KvError::new(
-                Code::NotSupported,
-                format!("{} is not served by the master", op.name()),
-            )),
-        };
+        let r = handle(cx, op, meta);
         *fence = cx.fence.take();
         if r.is_err() {
             self.metrics.record(op, 1, 1);

@@ -15,7 +15,8 @@ use kvpool_proto::compat;
 use kvpool_proto::frame::{
     FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN, MIN_PROTOCOL_VERSION,
 };
-use kvpool_proto::msg::{self, Auth, AuthReply, Challenge, Hello, HelloReply, RequestTrailer, Rpc};
+use kvpool_proto::msg::{self, Auth, AuthReply, Challenge, Hello, HelloReply, RequestTrailer};
+use kvpool_proto::Rpc;
 use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
 

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
-    ClientId, Heartbeat, RegisterClient, RegisterReply, RequestId, Rpc, SegmentId, SegmentIo,
+    ClientId, Heartbeat, RegisterClient, RegisterReply, RequestId, SegmentId, SegmentIo,
 };
+use kvpool_proto::Rpc;
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};

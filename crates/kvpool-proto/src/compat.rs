@@ -26,7 +26,13 @@ use std::ops::RangeInclusive;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::code::{Code, KvError, KvResult};
-use crate::frame::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+
+/// Newest version spoken by this build; bumped with every wire change
+/// (6: a [`crate::msg::RequestTrailer`] after each request).
+pub const PROTOCOL_VERSION: u32 = 6;
+/// Oldest peer version this build still talks to: the previous release's
+/// (N-1), so builds can be upgraded one process at a time.
+pub const MIN_PROTOCOL_VERSION: u32 = 5;
 
 /// The versions this build speaks.
 pub const SUPPORTED: RangeInclusive<u32> = MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION;

@@ -1,7 +1,8 @@
 //! The frame codec shared by every kvpool connection (control and data plane).
 //!
 //! A frame is a fixed 32-byte header, then `meta_len` bytes of message (the
-//! typed request or response of [`crate::msg`], encoded with postcard), then
+//! typed request or response of [`crate::msg`] that the request table
+//! ([`crate::requests`]) gives its opcode, encoded with postcard), then
 //! `payload_len` raw bytes. Payload bytes are never serialized: the data plane
 //! moves them between the socket and segment or caller memory directly.
 //!
@@ -32,19 +33,13 @@
 //! before anything is allocated, so a hostile or corrupt header costs nothing.
 
 use crate::code::{Code, KvError};
-use crate::policy::{Plane, Role};
+pub use crate::compat::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+pub use crate::requests::Opcode;
 
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 32;
 /// Magic at the start of every frame.
 pub const MAGIC: [u8; 4] = *b"KVPL";
-/// Newest version spoken by this build; bumped with every wire change
-/// (6: a [`crate::msg::RequestTrailer`] after each request).
-pub const PROTOCOL_VERSION: u32 = 6;
-/// Oldest peer version this build still talks to: the previous release's
-/// (N-1), so builds can be upgraded one process at a time.
-pub const MIN_PROTOCOL_VERSION: u32 = 5;
-
 /// Whether a frame asks or answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameKind {
@@ -52,117 +47,6 @@ pub enum FrameKind {
     Request = 0,
     /// Sent back with the request's id.
     Response = 1,
-}
-
-macro_rules! opcodes {
-    ($($(#[$doc:meta])* $name:ident = $v:expr => $plane:ident, $needs:ident;)*) => {
-        /// What a frame asks for; stable numbers on the wire.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        #[repr(u16)]
-        pub enum Opcode { $($(#[$doc])* $name = $v,)* }
-
-        impl Opcode {
-            /// Decodes a wire value; `None` for an unknown opcode.
-            pub fn from_u16(v: u16) -> Option<Opcode> {
-                match v { $($v => Some(Opcode::$name),)* _ => None }
-            }
-            /// Every opcode, for metrics labels and tests.
-            pub const ALL: &'static [Opcode] = &[$(Opcode::$name,)*];
-            /// Lower-case name, for metrics labels and logs.
-            pub fn name(self) -> &'static str {
-                match self { $(Opcode::$name => stringify!($name),)* }
-            }
-            /// The server that answers it.
-            pub fn plane(self) -> Plane {
-                match self { $(Opcode::$name => Plane::$plane,)* }
-            }
-            /// The least role a peer must have proved to ask it (see
-            /// [`Opcode::admit`]).
-            pub fn needs(self) -> Role {
-                match self { $(Opcode::$name => Role::$needs,)* }
-            }
-        }
-    };
-}
-
-// The one request table: wire number, the plane that serves it and the
-// least role that may ask. A new request must name both to compile.
-// Servers refuse a request of another plane, or from a lower role, before
-// reading it (`Opcode::admit`); some ask more of particular messages, said
-// where they are listed.
-opcodes! {
-    /// Version handshake; first frame on every connection.
-    Hello = 1 => Handshake, Client;
-    /// Handshake: proof of the role key, when the server asks for one.
-    Auth = 2 => Handshake, Client;
-    /// Data plane: write the payload into a segment region. A client also
-    /// needs the master's grant for the region.
-    Write = 10 => Data, Client;
-    /// Data plane: read a segment region into the response payload. A
-    /// client also needs the master's grant for the region.
-    Read = 11 => Data, Client;
-    /// Data plane: destroy freed objects so a restart cannot find them
-    /// (the master's, which proves the store role).
-    Invalidate = 12 => Data, Store;
-    /// Control: a client or store announces itself to the master.
-    RegisterClient = 20 => Control, Client;
-    /// Control: liveness ping from a registered client.
-    Heartbeat = 21 => Control, Client;
-    /// Control: lend a segment to the pool.
-    MountSegment = 22 => Control, Store;
-    /// Control: withdraw a segment.
-    UnmountSegment = 23 => Control, Store;
-    /// Control: the objects a remounted segment holds (restart recovery).
-    ReportObjects = 24 => Control, Store;
-    /// Control: stop placing objects on segments, optionally unmount later
-    /// (that, a forced unmount, takes the admin key).
-    DrainSegment = 25 => Control, Store;
-    /// Control: reserve regions for new objects.
-    PutStart = 30 => Control, Client;
-    /// Control: commit written objects.
-    PutEnd = 31 => Control, Client;
-    /// Control: abandon started puts.
-    PutRevoke = 32 => Control, Client;
-    /// Control: locate objects and take read leases.
-    GetReplicaList = 33 => Control, Client;
-    /// Control: existence and size, without extending anyone's life.
-    Exist = 34 => Control, Client;
-    /// Control: remove objects.
-    Remove = 35 => Control, Client;
-    /// Control: objects read through cached locations (recency only).
-    Touch = 38 => Control, Client;
-    /// Control: remove objects whose key matches a regex.
-    RemoveByRegex = 36 => Control, Admin;
-    /// Control: remove every object.
-    RemoveAll = 37 => Control, Admin;
-    /// Control: cluster status for `kvpool status` and tools.
-    Status = 40 => Control, Client;
-    /// Data plane: what a data server serves, and its master (not secret:
-    /// an engine on the host learns where to attach).
-    StoreAbout = 13 => Data, Client;
-    /// Control: regions on more segments for an object's replicas (copy, move).
-    ReplicaAdd = 50 => Control, Client;
-    /// Control: attach written replica copies, drop moved-away ones.
-    ReplicaCommit = 51 => Control, Client;
-    /// Control: drop objects' replicas on a segment (or whole objects).
-    ReplicaClear = 52 => Control, Client;
-    /// Control: record a replica copy or move task.
-    TaskCreate = 53 => Control, Client;
-    /// Control: report a task's progress.
-    TaskUpdate = 54 => Control, Client;
-    /// Control: a task's status.
-    TaskQuery = 55 => Control, Client;
-    /// Data plane: copy objects between a store's segments (tiering; the
-    /// master's).
-    /// Last in the list: fuzz corpora index messages by position here.
-    TierMove = 16 => Data, Store;
-    /// Transfer engine: write the payload at an absolute address in the
-    /// peer's registered memory (`kvpool-engine`; Mooncake's TE write).
-    /// New opcodes go after this pair: fuzz corpora index by position.
-    EngineWrite = 60 => Data, Client;
-    /// Transfer engine: read bytes at an absolute address in the peer's
-    /// registered memory into the response payload.
-    EngineRead = 61 => Data, Client;
 }
 
 /// Size limits a receiver enforces on incoming frames. The default takes

@@ -1,5 +1,6 @@
-//! kvpool's wire protocol, with no I/O: the frame codec ([`frame`]), the typed
-//! messages of the control and data planes ([`msg`]), the stable error codes
+//! kvpool's wire protocol, with no I/O: the frame codec ([`frame`]), the
+//! request table ([`requests`]: opcode, plane, role, message, response),
+//! the typed messages of each plane ([`msg`]), the stable error codes
 //! shared with Mooncake ([`code`]), how the wire grows between versions
 //! ([`compat`]), the limits every receiver enforces on
 //! well-formed requests ([`limits`]), who may ask what ([`policy`]), and parsers for human sizes ([`units`]).
@@ -13,9 +14,11 @@ pub mod frame;
 pub mod limits;
 pub mod msg;
 pub mod policy;
+pub mod requests;
 pub mod units;
 
 pub use code::{Code, KvError, KvResult};
 pub use frame::{FrameHeader, FrameKind, Opcode, HEADER_LEN, PROTOCOL_VERSION};
 pub use limits::{validate_key, MAX_BATCH_KEYS, MAX_KEY_LEN};
 pub use policy::{Plane, Role};
+pub use requests::{Request, Rpc};

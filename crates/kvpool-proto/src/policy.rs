@@ -1,12 +1,10 @@
-//! Who may ask what: the roles a peer proves in the handshake, the plane
-//! (server) each request belongs to, and the check every server runs before
-//! it looks at a request. Each opcode declares its plane and the role it
-//! needs in the one table in [`crate::frame`] (`opcodes!`): an opcode cannot
-//! exist without a policy, and nothing is open by default.
+//! Who may ask what: the roles a peer proves in the handshake and the
+//! planes (servers) requests belong to. Each opcode declares its plane and
+//! the role it needs in the request table ([`crate::requests`]), which
+//! also holds the check every server runs before it looks at a request
+//! ([`crate::Opcode::admit`]).
 
 use std::fmt;
-
-use crate::{Code, KvError, KvResult, Opcode};
 
 /// What an authenticated peer may do; each role may do everything the roles
 /// below it may.
@@ -83,78 +81,6 @@ impl Plane {
             Plane::Handshake => "handshake",
             Plane::Data => "data plane",
             Plane::Control => "master",
-        }
-    }
-}
-
-impl Opcode {
-    /// Admits this request on `plane` from a peer that proved `peer`: it
-    /// must belong to that plane (`NOT_SUPPORTED` otherwise) and the peer
-    /// must hold at least the role the table gives it (`UNAUTHORIZED`).
-    /// Handshake requests are never admitted: they come first, once.
-    pub fn admit(self, plane: Plane, peer: Role) -> KvResult<()> {
-        if self.plane() != plane || plane == Plane::Handshake {
-            return Err(KvError::new(
-                Code::NotSupported,
-                format!("{} is not served by the {}", self.name(), plane.name()),
-            ));
-        }
-        let needs = self.needs();
-        if peer >= needs {
-            return Ok(());
-        }
-        Err(KvError::new(
-            Code::Unauthorized,
-            format!(
-                "{} takes the {needs} key; this connection proved {peer}",
-                self.name()
-            ),
-        ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_request_has_a_plane_and_a_role_and_is_refused_elsewhere() {
-        for &op in Opcode::ALL {
-            let plane = op.plane();
-            for other in [Plane::Handshake, Plane::Data, Plane::Control] {
-                if other != plane || other == Plane::Handshake {
-                    let e = op.admit(other, Role::Admin).unwrap_err();
-                    assert_eq!(e.code, Code::NotSupported, "{op:?} on {other:?}");
-                }
-            }
-            if plane == Plane::Handshake {
-                continue;
-            }
-            for peer in Role::ALL {
-                let r = op.admit(plane, peer);
-                assert_eq!(r.is_ok(), peer >= op.needs(), "{op:?} from {peer}");
-                if let Err(e) = r {
-                    assert_eq!(e.code, Code::Unauthorized);
-                    assert!(e.message.contains(op.needs().name()), "{e}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn what_only_stores_and_operators_may_ask_is_closed_to_clients() {
-        for op in [
-            Opcode::MountSegment,
-            Opcode::ReportObjects,
-            Opcode::UnmountSegment,
-            Opcode::DrainSegment,
-            Opcode::Invalidate,
-            Opcode::TierMove,
-        ] {
-            assert_eq!(op.needs(), Role::Store, "{op:?}");
-        }
-        for op in [Opcode::RemoveAll, Opcode::RemoveByRegex] {
-            assert_eq!(op.needs(), Role::Admin, "{op:?}");
         }
     }
 }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use kvpool_proto::compat::decode_with;
 use kvpool_proto::frame::{parse_frame, write_frame, FrameHeader, Limits};
 use kvpool_proto::msg::{self, *};
-use kvpool_proto::Opcode;
+use kvpool_proto::{Opcode, Rpc};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/v5")

@@ -567,7 +567,7 @@ pub struct DrainArgs {
 
 /// One control call to the master outside any client session (5 s limit),
 /// proving the key `security` holds.
-pub async fn call_master<R: kvpool_proto::msg::Rpc>(
+pub async fn call_master<R: kvpool_proto::Rpc>(
     master: &str,
     security: &SecurityArgs,
     req: &R,

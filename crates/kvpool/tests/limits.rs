@@ -15,8 +15,9 @@ use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{
     ClientId, Exist, GetReplicaList, Heartbeat, InvalidateReq, InventoryItem, MountSegment, PutEnd,
     PutEndItem, PutGrant, PutItem, PutRevoke, PutStart, RegisterClient, Remove, RemoveByRegex,
-    ReportObjects, Rpc, SegmentId, SegmentInfo, Touch, TouchItem, UnmountSegment, WireResult,
+    ReportObjects, SegmentId, SegmentInfo, Touch, TouchItem, UnmountSegment, WireResult,
 };
+use kvpool_proto::Rpc;
 use kvpool_proto::{Code, KvError, KvResult, MAX_BATCH_KEYS, MAX_KEY_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};

@@ -17,14 +17,10 @@ use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::FramedConn;
 use kvpool_net::request_id;
 use kvpool_net::server::{reject_and_close, serve_framed};
-use kvpool_proto::compat;
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::limits::check_batch;
-use kvpool_proto::msg::{
-    self, Capability, Grant, InvalidateReq, ReadReq, RequestId, RequestTrailer, Rpc, SegmentId,
-    TierMoveReq, WriteReq,
-};
-use kvpool_proto::{Code, KvError, KvResult, Plane};
+use kvpool_proto::msg::{self, Capability, Grant, RequestId, SegmentId, WriteReq};
+use kvpool_proto::{Code, KvError, KvResult, Plane, Request};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, Instrument};
@@ -179,42 +175,21 @@ async fn data_conn(
     }
 }
 
-/// A data-plane request, decoded.
-enum Request {
-    Write(WriteReq),
-    Read(ReadReq),
-    About,
-    TierMove(TierMoveReq),
-    Invalidate(InvalidateReq),
-}
-
 /// Decodes an admitted request's message, and the request id a v6 peer
 /// sends after it. A batch over the item limit is refused from the count
 /// at the front of its bytes, before anything is decoded or allocated.
 fn decode(h: &FrameHeader, meta: &[u8]) -> KvResult<(Request, RequestId)> {
-    fn with<R: Rpc>(meta: &[u8], wrap: fn(R) -> Request) -> KvResult<(Request, RequestId)> {
-        if let Some(n) = R::batch_len(meta) {
-            check_batch(R::OPCODE.name(), n)?;
-        }
-        let (req, trailer): (R, RequestTrailer) = compat::decode_with(meta)?;
-        Ok((wrap(req), trailer.id))
-    }
-    match h.opcode {
-        Opcode::Write => with(meta, Request::Write),
-        _ if h.payload_len != 0 => Err(KvError::new(
+    if h.opcode != Opcode::Write && h.payload_len != 0 {
+        return Err(KvError::new(
             Code::InvalidParams,
             "only writes carry a payload",
-        )),
-        Opcode::Read => with(meta, Request::Read),
-        Opcode::StoreAbout => with(meta, |_: msg::StoreAbout| Request::About),
-        Opcode::TierMove => with(meta, Request::TierMove),
-        Opcode::Invalidate => with(meta, Request::Invalidate),
-        // `admit` refused every other plane's request.
-        op => Err(KvError::new(
-            Code::NotSupported,
-            format!("{} is not served by the data plane", op.name()),
-        )),
+        ));
     }
+    if let Some(n) = h.opcode.batch_len(meta) {
+        check_batch(h.opcode.name(), n)?;
+    }
+    let (req, trailer) = Request::decode(h.opcode, meta)?;
+    Ok((req, trailer.id))
 }
 
 /// Handles one request whose header was read: reads its message (and a
@@ -265,11 +240,17 @@ async fn handle(
                 check(Capability::READ, req.segment, req.grant.as_ref(), range)
                     .and_then(|()| read_for(table, req.segment, req.offset, req.len))
             }
-            Ok(Request::About) => Ok(Reply::Message(msg::encode(&*table.about.read()))),
+            Ok(Request::StoreAbout(_)) => Ok(Reply::Message(msg::encode(&*table.about.read()))),
             Ok(Request::TierMove(req)) => {
                 Ok(Reply::Message(msg::encode(&tier_moves(table, req).await)))
             }
             Ok(Request::Invalidate(req)) => invalidate(table, req),
+            // `admit` refused every other plane's request; the transfer
+            // engine's are served by engines, not stores.
+            Ok(other) => Err(KvError::new(
+                Code::NotSupported,
+                format!("{} is not served by the data plane", other.opcode().name()),
+            )),
         })
     }
     .instrument(request_id::span(id, h.opcode))
