@@ -124,50 +124,107 @@ impl Client {
 
     /// Reads many values into new vectors; one result per key.
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+        let new = |lens: &[usize]| lens.iter().map(|&n| Ok(vec![0u8; n])).collect();
+        self.batch_get_with(keys, new).await
+    }
+
+    /// Reads many values, each into memory `alloc` makes at its value's
+    /// exact size (a vector, a Python `bytes`), so nothing is copied after
+    /// the read; one result per key. Each pass calls `alloc` once, with the
+    /// sizes of the values it found, and wants one buffer (or error) per
+    /// size back; the buffer of a read that failed is dropped.
+    pub async fn batch_get_with<B, F>(&self, keys: &[&str], alloc: F) -> Vec<KvResult<B>>
+    where
+        B: AsRef<[u8]> + AsMut<[u8]>,
+        F: Fn(&[usize]) -> Vec<KvResult<B>>,
+    {
         let t0 = Instant::now();
         let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
         loop {
             let round: Vec<&str> = retry.todo().iter().map(|&i| keys[i]).collect();
-            let out = retry.pass(self.get_pass(&round)).await;
+            let out = retry.pass(self.get_pass(&round, &alloc)).await;
             if !retry.settle(out).await {
                 let out = retry.finish();
-                let len = |_, v: &Vec<u8>| v.len() as u64;
+                let len = |_, v: &B| v.as_ref().len() as u64;
                 (self.inner.metrics).record("get", &out, len, t0.elapsed());
                 return out;
             }
         }
     }
 
-    async fn get_pass(&self, keys: &[&str]) -> Vec<KvResult<Vec<u8>>> {
+    async fn get_pass<B, F>(&self, keys: &[&str], alloc: &F) -> Vec<KvResult<B>>
+    where
+        B: AsMut<[u8]>,
+        F: Fn(&[usize]) -> Vec<KvResult<B>>,
+    {
         let found = self.find(keys).await;
         let cached = cached_flags(&found);
-        let mut out = self.read_new(keys, found).await;
+        let mut out = self.read_new(keys, found, alloc).await;
         let stale = self.stale(keys, &cached, &out);
         if !stale.is_empty() {
             let again: Vec<&str> = stale.iter().map(|&i| keys[i]).collect();
             let found = self.locate_keys(&again).await;
-            for (&i, r) in stale.iter().zip(self.read_new(&again, found).await) {
+            for (&i, r) in stale.iter().zip(self.read_new(&again, found, alloc).await) {
                 out[i] = r;
             }
         }
         out
     }
 
-    /// Reads located objects into new vectors.
-    async fn read_new(&self, keys: &[&str], found: Vec<KvResult<Found>>) -> Vec<KvResult<Vec<u8>>> {
-        let mut bufs: Vec<Vec<u8>> = found
+    /// Reads located objects into buffers `alloc` makes.
+    async fn read_new<B, F>(
+        &self,
+        keys: &[&str],
+        mut found: Vec<KvResult<Found>>,
+        alloc: &F,
+    ) -> Vec<KvResult<B>>
+    where
+        B: AsMut<[u8]>,
+        F: Fn(&[usize]) -> Vec<KvResult<B>>,
+    {
+        let lens: Vec<usize> = found
             .iter()
-            .map(|f| match f {
-                Ok(f) => vec![0u8; f.location.value_len as usize],
-                Err(_) => Vec::new(),
+            .filter_map(|f| f.as_ref().ok())
+            .map(|f| f.location.value_len as usize)
+            .collect();
+        let mut made = alloc(&lens).into_iter();
+        let mut bufs: Vec<Option<B>> = Vec::with_capacity(found.len());
+        for f in &mut found {
+            let buf = match f {
+                Ok(_) => made.next().unwrap_or_else(|| {
+                    Err(KvError::new(
+                        Code::InternalError,
+                        "allocator made too few buffers",
+                    ))
+                }),
+                Err(_) => {
+                    bufs.push(None);
+                    continue;
+                }
+            };
+            match buf {
+                Ok(b) => bufs.push(Some(b)),
+                Err(e) => {
+                    *f = Err(e);
+                    bufs.push(None);
+                }
+            }
+        }
+        let mut items: Vec<GetInto> = keys
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(key, b)| GetInto {
+                key,
+                dst: b.iter_mut().map(|b| b.as_mut()).collect(),
             })
             .collect();
-        let mut items = GetInto::each(keys, &mut bufs);
         let res = self.read_found(&mut items, found).await;
         drop(items);
         res.into_iter()
             .zip(bufs)
-            .map(|(r, b)| r.map(|_| b))
+            .map(|(r, b)| {
+                r.and_then(|_| b.ok_or_else(|| KvError::new(Code::InternalError, "no buffer")))
+            })
             .collect()
     }
 

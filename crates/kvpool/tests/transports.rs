@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use kvpool_client::{Client, GetInto, Protocol, ReplicateConfig};
-use kvpool_proto::Code;
+use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::Mutex;
 
 const PROTOCOLS: [Protocol; 2] = [Protocol::Tcp, Protocol::Shm];
@@ -55,6 +55,41 @@ async fn every_form_round_trips_across_transports() {
                     v.expect("batch_get"),
                     value_for(key, 1 << 20),
                     "{tag}->{reader:?} {key}"
+                );
+            }
+            // Buffers the caller makes at each value's size: a buffer the
+            // allocator refuses fails that key alone, as does a missing key.
+            // (A new client: one that cached the locations would take a
+            // failed read through them for stale and ask again.)
+            let fresh = client(&cluster, reader).await;
+            let ask = [refs[0], refs[1], "absent", refs[2]];
+            let alloc = |lens: &[usize]| -> Vec<KvResult<Vec<u8>>> {
+                let made = lens.iter().enumerate();
+                made.map(|(i, &n)| match i == 1 {
+                    true => Err(KvError::new(Code::InvalidParams, "refused")),
+                    false => Ok(vec![0xa5; n]),
+                })
+                .collect()
+            };
+            let got = fresh.batch_get_with(&ask, alloc).await;
+            let codes: Vec<_> = got
+                .iter()
+                .map(|g| g.as_ref().err().map(|e| e.code))
+                .collect();
+            let want = [
+                None,
+                Some(Code::InvalidParams),
+                Some(Code::ObjectNotFound),
+                None,
+            ];
+            assert_eq!(codes, want, "{tag}->{reader:?}");
+            for i in [0, 3] {
+                let v = got[i].as_ref().expect("read");
+                assert_eq!(
+                    *v,
+                    value_for(ask[i], 1 << 20),
+                    "{tag}->{reader:?} {}",
+                    ask[i]
                 );
             }
             // Values scattered over three caller buffers, with room to spare.

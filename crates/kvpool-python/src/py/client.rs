@@ -106,53 +106,56 @@ impl Client {
         replicate_config(py, obj, own.as_deref())
     }
 
-    /// Reads `keys` into new `bytes` objects: located first, so each is
-    /// made at its value's exact size and read into directly (no second
-    /// copy). Keys that fail transiently (a stale cached location, say) take
-    /// the client's retrying path. One result per key.
+    /// Reads `keys` into new `bytes` objects, each made at its value's
+    /// exact size and read into directly (no second copy), by the client's
+    /// one get algorithm. One result per key.
     fn read_new_bytes<'py>(
         &self,
         py: Python<'py>,
         keys: &[&str],
     ) -> PyResult<Vec<KvResult<Bound<'py, PyBytes>>>> {
         let c = self.client(py)?;
-        let located = wait(py, async { c.locate_many(keys).await })?;
-        let mut out: Vec<KvResult<Bound<'py, PyBytes>>> = Vec::with_capacity(keys.len());
-        let (mut reads, mut read_idx, mut again) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, l) in located.into_iter().enumerate() {
-            match l {
-                Ok(l) => {
-                    // SAFETY: `out` keeps `b` alive past the read; a failed
-                    // read's object is replaced, never returned.
-                    let (b, dst) = unsafe { unfilled_bytes(py, l.value_len())? };
-                    reads.push((l, dst));
-                    read_idx.push(i);
-                    out.push(Ok(b));
-                }
-                Err(e) => {
-                    if e.is_retryable() {
-                        again.push(i);
-                    }
-                    out.push(Err(e));
-                }
-            }
-        }
-        let read = wait(py, async { c.read_located_many(reads).await })?;
-        for (&i, r) in read_idx.iter().zip(read) {
-            match r {
-                Ok(_) => {}
-                Err(e) if e.is_retryable() => again.push(i),
-                Err(e) => out[i] = Err(e),
-            }
-        }
-        if !again.is_empty() {
-            let retry: Vec<&str> = again.iter().map(|&i| keys[i]).collect();
-            let values = wait(py, async { c.batch_get(&retry).await })?;
-            for (&i, v) in again.iter().zip(values) {
-                out[i] = v.map(|v| PyBytes::new(py, &v));
-            }
-        }
-        Ok(out)
+        // One trip back into Python per pass, for all its values.
+        let alloc = |lens: &[usize]| {
+            Python::attach(|py| {
+                lens.iter()
+                    .map(|&n| {
+                        // SAFETY: the client fills the whole value or drops
+                        // the object unseen; `NewBytes` keeps it alive for
+                        // as long as the slice is used.
+                        unsafe { unfilled_bytes(py, n) }
+                            .map(|(obj, dst)| NewBytes {
+                                obj: obj.unbind(),
+                                dst,
+                            })
+                            .map_err(|e| KvError::new(Code::InternalError, e.to_string()))
+                    })
+                    .collect()
+            })
+        };
+        let got = wait(py, async { c.batch_get_with(keys, alloc).await })?;
+        Ok(got
+            .into_iter()
+            .map(|r| r.map(|b| b.obj.into_bound(py)))
+            .collect())
+    }
+}
+
+/// A `bytes` object being filled by a get, and its contents.
+struct NewBytes {
+    obj: Py<PyBytes>,
+    dst: &'static mut [u8],
+}
+
+impl AsRef<[u8]> for NewBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.dst
+    }
+}
+
+impl AsMut<[u8]> for NewBytes {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.dst
     }
 }
 
