@@ -38,6 +38,7 @@ use crate::refusals::Refusals;
 mod clients;
 mod evict;
 mod invalidation;
+mod inventory;
 mod ledger;
 mod membership;
 mod objects;
