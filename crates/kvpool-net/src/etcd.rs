@@ -371,8 +371,10 @@ mod tests {
         let body = json!({ "kvs": [{ "value": B64.encode(value) }] }).to_string();
         std::thread::spawn(move || {
             for mut c in l.incoming().flatten() {
-                let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
+                // The whole request first: closing with unread bytes would
+                // reset the connection under the answer (a request split in
+                // two segments on a loaded machine did).
+                read_request(&mut c);
                 let _ = write!(
                     c,
                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -381,6 +383,32 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// Reads one HTTP request: its headers, then the body its
+    /// `Content-Length` announces.
+    fn read_request(c: &mut std::net::TcpStream) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let Ok(n) = c.read(&mut buf) else { return };
+            if n == 0 {
+                return;
+            }
+            got.extend_from_slice(&buf[..n]);
+            let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let body: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + body {
+                return;
+            }
+        }
     }
 
     /// A member that holds requests costs a read [`NEXT_ENDPOINT_AFTER`],
