@@ -2393,6 +2393,20 @@ fn client_key_holders_cannot_take_the_slots_kept_for_stores() {
     engine(10, later).expect("room again");
 }
 
+/// A small limit still keeps a slot for stores: nine tenths of 5 rounds
+/// down to 4.
+#[test]
+fn a_small_client_limit_still_keeps_a_slot_for_stores() {
+    use kvpool_proto::policy::Role;
+    let p = Pool::new(limited(|l| l.max_clients = 5));
+    let register = |id: u128, role| p.st.register_client_as(ClientId(id), "pod", p.t0, role);
+    for id in 1..=4 {
+        register(id, Role::Client).expect("within the engines' share");
+    }
+    assert_eq!(code(register(5, Role::Client)), UNAVAILABLE);
+    register(100, Role::Store).expect("a store registers");
+}
+
 /// Attack 4 of the tenancy issue: one key holder registers many client
 /// ids and hard-pins up to each one's limit. The pool's share of pins
 /// bounds them all together, so the rest of the pool stays evictable and

@@ -108,8 +108,9 @@ impl MasterState {
     /// is refused with `UNAVAILABLE_IN_CURRENT_STATUS` (a store retries
     /// until one leaves); a registered one always refreshes. Peers with
     /// only the client role may register at most nine tenths of the
-    /// limit: the rest is kept for stores, so one holder of the client key
-    /// registering ids in a loop cannot keep restarted stores out.
+    /// limit, rounded down, and never the last slot: the rest is kept for
+    /// stores, so one holder of the client key registering ids in a loop
+    /// cannot keep restarted stores out.
     pub fn register_client_as(
         &self,
         id: ClientId,
@@ -119,7 +120,7 @@ impl MasterState {
     ) -> KvResult<RegisterReply> {
         let max = self.cfg.limits.max_clients;
         let engine = role < Role::Store;
-        let engines_max = max - max / 10;
+        let engines_max = max - max.div_ceil(10);
         let old = {
             let mut clients = self.clients.lock();
             let new = !clients.contains_key(&id);
