@@ -26,10 +26,10 @@ use crate::regions::{Region, Regions};
 pub const WINDOW: usize = 64;
 
 /// A transfer's timeout when `MC_TRANSFER_TIMEOUT` is not set.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Mooncake's variable for the transfer timeout, in seconds.
-pub const TIMEOUT_ENV: &str = "MC_TRANSFER_TIMEOUT";
+const TIMEOUT_ENV: &str = "MC_TRANSFER_TIMEOUT";
 
 /// How long a connect to a peer may take (part of the transfer timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,14 +58,21 @@ pub enum Direction {
     Read,
 }
 
+/// A transfer timeout of `secs` seconds, or `None` unless it is positive
+/// and at most a billion seconds (a larger one would overflow the
+/// deadlines computed from it).
+pub fn timeout_secs(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && secs > 0.0 && secs <= 1e9).then(|| Duration::from_secs_f64(secs))
+}
+
 /// The transfer timeout the environment asks for: `MC_TRANSFER_TIMEOUT`
-/// seconds when it is a positive number, else [`DEFAULT_TIMEOUT`].
-pub fn timeout_from_env() -> Duration {
+/// seconds when [`timeout_secs`] takes it, else [`DEFAULT_TIMEOUT`].
+fn timeout_from_env() -> Duration {
     std::env::var(TIMEOUT_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64)
+        .and_then(timeout_secs)
+        .unwrap_or(DEFAULT_TIMEOUT)
 }
 
 /// Moves bytes between this process's registered memory and peers'.
@@ -95,11 +102,6 @@ impl Engine {
         self
     }
 
-    /// The regions local buffers must lie in.
-    pub fn regions(&self) -> &Arc<Regions> {
-        &self.regions
-    }
-
     /// Writes each item's local bytes to the peer `peer` (`host:port`);
     /// one result per item, in order.
     pub async fn write(&self, peer: &str, items: &[Transfer]) -> Vec<KvResult<()>> {
@@ -110,13 +112,6 @@ impl Engine {
     /// per item, in order.
     pub async fn read(&self, peer: &str, items: &[Transfer]) -> Vec<KvResult<()>> {
         self.transfer(peer, Direction::Read, items).await
-    }
-
-    /// Drops the idle connections to `peer` (it restarted, say).
-    pub fn forget(&self, peer: &str) {
-        if let Some(p) = self.peers.lock().remove(peer) {
-            p.clear();
-        }
     }
 
     /// Runs a batch: local ranges checked first (a bad one fails that item

@@ -19,8 +19,6 @@ mod client;
 mod regions;
 mod server;
 
-pub use client::{
-    timeout_from_env, Direction, Engine, Transfer, DEFAULT_TIMEOUT, TIMEOUT_ENV, WINDOW,
-};
+pub use client::{timeout_secs, Direction, Engine, Transfer, WINDOW};
 pub use regions::{Pin, Region, Regions};
 pub use server::EngineServer;

@@ -41,21 +41,6 @@ pub struct Region {
 pub type Pin<'a> = RwLockReadGuard<'a, bool>;
 
 impl Region {
-    /// First address of the region.
-    pub fn start(&self) -> u64 {
-        self.start
-    }
-
-    /// Length of the region in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Always `false`: zero-length regions are never registered.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Holds the region registered, waiting behind an unregister already
     /// under way; `None` once it is unregistered.
     pub async fn pin(&self) -> Option<Pin<'_>> {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_engine::{Engine, EngineServer, Regions, Transfer};
+use kvpool_engine::{timeout_secs, Engine, EngineServer, Regions, Transfer};
 use kvpool_net::auth::{Credentials, Security};
 use kvpool_proto::Code;
 
@@ -248,4 +248,17 @@ async fn with_a_secret_peers_without_the_key_are_refused() {
     all_ok(&friend.engine.write(&peer, &[item(f)]).await);
     assert_eq!(dst, src);
     drop((server, friend, stranger, impostor));
+}
+
+/// A timeout too large for a deadline is refused, not a panic at the
+/// first transfer (`MC_TRANSFER_TIMEOUT=1e19` once was).
+#[test]
+fn timeouts_are_positive_and_bounded() {
+    assert_eq!(
+        timeout_secs(2.5),
+        Some(std::time::Duration::from_millis(2500))
+    );
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e10, 1e19] {
+        assert_eq!(timeout_secs(bad), None, "{bad}");
+    }
 }

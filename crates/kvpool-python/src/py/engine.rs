@@ -15,7 +15,6 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kvpool_client::auth::{Credentials, Security};
 use kvpool_engine::{Direction, Engine as Client, EngineServer, Regions, Transfer};
@@ -130,22 +129,23 @@ impl Engine {
             security.credentials = Some(Credentials::parse(s).map_err(|e| raise(py, e))?);
         }
         security.insecure |= insecure;
-        let mut client_timeout = kvpool_engine::timeout_from_env();
-        if let Some(t) = timeout {
-            if !(t.is_finite() && t > 0.0 && t < 1e9) {
-                return Err(PyValueError::new_err(
-                    "timeout must be a positive number of seconds",
-                ));
-            }
-            client_timeout = Duration::from_secs_f64(t);
-        }
+        let client_timeout = timeout
+            .map(|t| {
+                kvpool_engine::timeout_secs(t).ok_or_else(|| {
+                    PyValueError::new_err("timeout must be a positive number of seconds")
+                })
+            })
+            .transpose()?;
         let regions = Arc::new(Regions::new());
         let server = wait(
             py,
             EngineServer::bind(bind, regions.clone(), security.clone()),
         )?
         .map_err(|e| raise(py, e))?;
-        let client = Client::new(regions.clone(), security).with_timeout(client_timeout);
+        let mut client = Client::new(regions.clone(), security);
+        if let Some(t) = client_timeout {
+            client = client.with_timeout(t);
+        }
         Ok(Engine {
             pid: std::process::id(),
             inner: ManuallyDrop::new(Inner {
@@ -175,12 +175,6 @@ impl Engine {
     /// overlapping a registered buffer is refused.
     fn register(&self, py: Python<'_>, addr: u64, length: u64) -> PyResult<()> {
         let inner = self.inner(py)?;
-        if length == 0 {
-            return Err(invalid(
-                py,
-                format!("cannot register zero bytes at {addr:#x}"),
-            ));
-        }
         let region = Region::new(addr, length).map_err(|e| raise(py, e))?;
         py.detach(|| region.readable()).map_err(|e| raise(py, e))?;
         // SAFETY: the caller vouches the memory is valid for reads and
