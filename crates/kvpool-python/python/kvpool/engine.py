@@ -246,12 +246,10 @@ class TransferEngine:
         if self._native is None:
             logger.error("transfer on a TransferEngine that is not initialized")
             return -1
-        if not (len(buffers) == len(peers) == len(lengths)):
-            logger.error("transfer: %d buffers, %d peer addresses, %d lengths", len(buffers), len(peers), len(lengths))
-            return -1
+        # The native side takes any sequences of integers and refuses
+        # lists of different lengths; nothing to convert or check here.
         try:
-            args = (str(target), [int(b) for b in buffers], [int(p) for p in peers], [int(n) for n in lengths])
-            codes = (self._native.write if write else self._native.read)(*args)
+            codes = (self._native.write if write else self._native.read)(str(target), buffers, peers, lengths)
         except (KvpoolError, TypeError, ValueError, OverflowError) as e:
             logger.error("transfer with %s failed: %s", target, e)
             return -1
