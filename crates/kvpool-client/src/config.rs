@@ -11,12 +11,6 @@ use kvpool_net::auth::Security;
 use kvpool_proto::{Code, KvError, KvResult};
 
 /// How object bytes move between this client and the stores.
-///
-/// Parsing: names are case-insensitive; the empty name is `Tcp`, as the
-/// Python binding and its Mooncake drop-in have always read `protocol=""`
-/// (tcp is also what settings resolution picks when no protocol is given,
-/// as Mooncake does). `ClientConfig::new`, for Rust callers filling a config
-/// by hand, defaults to `Auto` instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
     /// Always over the TCP data plane.
@@ -54,9 +48,9 @@ impl std::str::FromStr for Protocol {
     /// `NOT_SUPPORTED`, an unknown name `INVALID_PARAMS`.
     fn from_str(s: &str) -> KvResult<Protocol> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "" | "tcp" => Ok(Protocol::Tcp),
+            "tcp" => Ok(Protocol::Tcp),
             "shm" => Ok(Protocol::Shm),
-            "auto" => Ok(Protocol::Auto),
+            "auto" | "" => Ok(Protocol::Auto),
             p @ ("rdma" | "efa" | "nvlink" | "cxl" | "ascend" | "nvmeof") => Err(KvError::new(
                 Code::NotSupported,
                 format!("protocol {p:?} is not supported by kvpool yet; use \"tcp\", \"shm\" or \"auto\""),
@@ -164,7 +158,7 @@ mod tests {
             ("tcp", Protocol::Tcp),
             (" SHM ", Protocol::Shm),
             ("auto", Protocol::Auto),
-            ("", Protocol::Tcp),
+            ("", Protocol::Auto),
         ] {
             assert_eq!(s.parse::<Protocol>().unwrap(), p, "{s:?}");
             if !s.is_empty() {

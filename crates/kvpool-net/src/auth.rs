@@ -220,10 +220,9 @@ pub struct Security {
 impl Security {
     /// The secret and TLS files named by the environment (see
     /// [`Credentials::from_env`], [`TlsFiles::from_env`]), insecure when
-    /// `KVPOOL_INSECURE` is `1` or `true`.
+    /// `KVPOOL_INSECURE` says yes ([`crate::tls::yes_no`]).
     pub fn from_env() -> KvResult<Security> {
-        let insecure = std::env::var(INSECURE_ENV)
-            .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+        let insecure = crate::tls::env_flag(INSECURE_ENV);
         Security::new(Credentials::from_env()?, insecure, &TlsFiles::from_env())
     }
 

@@ -68,9 +68,19 @@ fn env_path(name: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-fn env_flag(name: &str) -> bool {
-    std::env::var(name)
-        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
+/// A yes/no word as users write it in flags and env vars (any case,
+/// trimmed); `None` for anything else.
+pub fn yes_no(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether the env var `name` says yes.
+pub(crate) fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| yes_no(&v) == Some(true))
 }
 
 impl TlsFiles {

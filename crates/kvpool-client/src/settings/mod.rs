@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvpool_net::auth::{Credentials, Security};
-use kvpool_net::tls::TlsFiles;
+use kvpool_net::tls::{yes_no, TlsFiles};
 use kvpool_proto::{Code, KvError, KvResult};
 
 use crate::{ClientConfig, Protocol};
@@ -388,30 +388,31 @@ impl Resolver<'_> {
 
     /// A yes/no setting (`None` when not given); anything else is an error.
     fn flag(&self, name: &str) -> KvResult<Option<bool>> {
-        match self.text(name, "").trim().to_ascii_lowercase().as_str() {
-            "" => Ok(None),
-            "1" | "true" | "yes" | "on" => Ok(Some(true)),
-            "0" | "false" | "no" | "off" => Ok(Some(false)),
-            other => Err(KvError::new(
+        let Some(text) = self.trimmed(name) else {
+            return Ok(None);
+        };
+        yes_no(&text).map(Some).ok_or_else(|| {
+            KvError::new(
                 Code::InvalidParams,
-                format!("{name} must be true or false, not {other:?}"),
-            )),
-        }
+                format!("{name} must be true or false, not {text:?}"),
+            )
+        })
     }
 
-    /// The transport: `rdma` runs over tcp (noted), as Mooncake does where
-    /// no RDMA device exists; `MC_FORCE_TCP` forces tcp.
+    /// The transport: tcp when not given or blank (Mooncake's default, and
+    /// what the Python binding has always read `protocol=""` as); `rdma`
+    /// runs over tcp (noted), as Mooncake does where no RDMA device exists;
+    /// `MC_FORCE_TCP` forces tcp.
     fn protocol(&self, notes: &mut Vec<String>) -> KvResult<Protocol> {
-        let asked = self.text("protocol", "tcp");
-        let protocol = match asked.trim().to_ascii_lowercase().as_str() {
+        let asked = self.trimmed("protocol").unwrap_or_else(|| "tcp".into());
+        let protocol = match asked.to_ascii_lowercase().as_str() {
             "rdma" => {
                 notes.push("protocol rdma: kvpool has no RDMA transport; using tcp".into());
                 Protocol::Tcp
             }
             _ => asked.parse()?,
         };
-        let forced = (self.env)("MC_FORCE_TCP").map(|v| v.trim().to_ascii_lowercase());
-        if forced.is_some_and(|v| matches!(v.as_str(), "1" | "true" | "yes" | "on")) {
+        if (self.env)("MC_FORCE_TCP").and_then(|v| yes_no(&v)) == Some(true) {
             if protocol != Protocol::Tcp {
                 notes.push("MC_FORCE_TCP is set: using tcp".into());
             }
