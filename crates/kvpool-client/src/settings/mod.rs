@@ -33,11 +33,12 @@ use kvpool_proto::{Code, KvError, KvResult};
 use crate::{ClientConfig, Protocol};
 use keys::{canonical, Key, DEFAULT_ONLY, IGNORED_KEYS, KEYS};
 
-pub use master::{host_part, normalize_master, with_cluster, DEFAULT_MASTER_PORT};
-pub use raw::{config_path, load_config_file, parse_config_file, Raw};
+use master::{host_part, normalize_master, with_cluster};
+use raw::load_config_file;
+pub use raw::Raw;
 
 /// Default segment and local buffer size (Mooncake's 16 MB).
-pub const DEFAULT_SIZE: u64 = 16 << 20;
+const DEFAULT_SIZE: u64 = 16 << 20;
 
 /// Fully resolved client settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,8 +247,15 @@ impl Settings {
         c.segment_address = self.segment_address.clone();
         c.segment_port = self.segment_port;
         c.protocol = self.protocol;
-        c.security = Security::new(self.credentials.clone(), self.insecure, &self.tls)?;
+        c.security = self.security()?;
         Ok(c)
+    }
+
+    /// The key and TLS these settings name, for connections made outside a
+    /// [`Client`](crate::Client) (asking a store what it serves, say). TLS
+    /// files are read and checked here.
+    pub fn security(&self) -> KvResult<Security> {
+        Security::new(self.credentials.clone(), self.insecure, &self.tls)
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kvpool_proto::Code;
 
+use super::raw::{config_path, parse_config_file};
 use super::*;
 
 /// An environment as `resolve_with` reads it.

@@ -15,8 +15,10 @@ _Sizes = Optional[Sequence[Union[None, int, Sequence[Optional[int]]]]]
 
 __all__ = [
     "__version__",
+    "CODES",
     "Buffer",
     "Client",
+    "Engine",
     "address_of",
     "code_name",
     "resolve_settings",
@@ -26,6 +28,8 @@ __all__ = [
     "store_about",
 ]
 __version__: str
+#: Every error code by its Mooncake name (``"OBJECT_NOT_FOUND"`` → ``-704``).
+CODES: Dict[str, int]
 
 def resolve_settings(explicit: Dict[str, Any]) -> Dict[str, Any]:
     """Resolves setup settings from arguments, ``KVPOOL_*``/``MOONCAKE_*``/``MC_*`` env vars and the
@@ -46,16 +50,9 @@ def host_free(ptr: int) -> int:
 def host_alloc_functions() -> Tuple[int, int]:
     """Addresses of the C ``alloc(size, device, stream)`` and ``free(ptr, size, device, stream)``."""
 
-def store_about(
-    endpoint: str,
-    timeout: float = 5.0,
-    secret: Optional[str] = None,
-    insecure: bool = False,
-    tls_ca: Optional[str] = None,
-    tls_cert: Optional[str] = None,
-    tls_key: Optional[str] = None,
-) -> Dict[str, Any]:
-    """What the storage process at ``endpoint`` serves: ``master`` and ``segments``."""
+def store_about(endpoint: str, settings: Dict[str, Any], timeout: float = 5.0) -> Dict[str, Any]:
+    """What the storage process at ``endpoint`` serves: ``master`` and ``segments``, asked with the
+    key and TLS of ``settings`` (as :func:`resolve_settings` returns them)."""
 
 @final
 class Buffer:

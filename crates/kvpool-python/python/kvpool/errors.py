@@ -140,32 +140,23 @@ class BatchError(KvpoolError):
         return (type(self), (self.message, self.code, self.results))
 
 
-# The one mapping from codes to exception classes. Codes not listed raise
-# KvpoolError itself.
+# The one mapping from codes to exception classes: each class's own code,
+# and the other codes that mean the same to a caller. Codes not listed
+# raise KvpoolError itself.
 _BY_CODE: Dict[int, Type[KvpoolError]] = {
-    _C["OBJECT_NOT_FOUND"]: NotFound,
-    _C["TASK_NOT_FOUND"]: NotFound,
-    _C["OBJECT_ALREADY_EXISTS"]: AlreadyExists,
-    _C["NO_AVAILABLE_HANDLE"]: NoSpace,
-    _C["OBJECT_HAS_LEASE"]: LeaseHeld,
-    _C["LEASE_EXPIRED"]: LeaseExpired,
-    _C["REPLICA_IS_NOT_READY"]: NotReady,
-    _C["INVALID_PARAMS"]: InvalidArgument,
-    _C["INVALID_KEY"]: InvalidArgument,
-    _C["BUFFER_OVERFLOW"]: InvalidArgument,
-    _C["NOT_SUPPORTED"]: NotSupported,
-    _C["RPC_TIMEOUT"]: Timeout,
-    _C["RPC_FAIL"]: Unavailable,
-    _C["TRANSFER_FAIL"]: Unavailable,
-    _C["UNAVAILABLE_IN_CURRENT_STATUS"]: Unavailable,
-    _C["CLIENT_NOT_FOUND"]: Unavailable,
-    _C["SEGMENT_NOT_FOUND"]: Unavailable,
-    _C["INVALID_VERSION"]: Unavailable,
-    _C["ETCD_OPERATION_ERROR"]: Unavailable,
-    _C["CHECKSUM_MISMATCH"]: Corrupted,
-    _C["INVALID_WRITE"]: Corrupted,
-    _C["INVALID_READ"]: Corrupted,
+    c.code: c
+    for c in (NotFound, AlreadyExists, NoSpace, LeaseHeld, LeaseExpired, NotReady, InvalidArgument, NotSupported, Timeout, Unavailable, Corrupted)
 }
+_BY_CODE.update(
+    (_C[name], cls)
+    for cls, names in (
+        (NotFound, ("TASK_NOT_FOUND",)),
+        (InvalidArgument, ("INVALID_KEY", "BUFFER_OVERFLOW")),
+        (Unavailable, ("TRANSFER_FAIL", "UNAVAILABLE_IN_CURRENT_STATUS", "CLIENT_NOT_FOUND", "SEGMENT_NOT_FOUND", "INVALID_VERSION", "ETCD_OPERATION_ERROR")),
+        (Corrupted, ("INVALID_WRITE", "INVALID_READ")),
+    )
+    for name in names
+)
 
 
 def error_for(code: int, message: str = "") -> KvpoolError:

@@ -115,7 +115,9 @@ impl Client {
         keys: &[&str],
     ) -> PyResult<Vec<KvResult<Bound<'py, PyBytes>>>> {
         let c = self.client(py)?;
-        // One trip back into Python per pass, for all its values.
+        // One trip back into Python per pass, for all its values. A
+        // `bytes` Python cannot make (MemoryError) is raised, as before.
+        let refused: std::sync::Mutex<Option<PyErr>> = Default::default();
         let alloc = |lens: &[usize]| {
             Python::attach(|py| {
                 lens.iter()
@@ -128,12 +130,20 @@ impl Client {
                                 obj: obj.unbind(),
                                 dst,
                             })
-                            .map_err(|e| KvError::new(Code::InternalError, e.to_string()))
+                            .map_err(|e| {
+                                let k = KvError::new(Code::InternalError, e.to_string());
+                                let mut first = refused.lock().unwrap_or_else(|p| p.into_inner());
+                                first.get_or_insert(e);
+                                k
+                            })
                     })
                     .collect()
             })
         };
         let got = wait(py, async { c.batch_get_with(keys, alloc).await })?;
+        if let Some(e) = refused.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
         Ok(got
             .into_iter()
             .map(|r| r.map(|b| b.obj.into_bound(py)))

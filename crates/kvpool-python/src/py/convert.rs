@@ -102,16 +102,12 @@ pub fn code_name(code: i64) -> &'static str {
 }
 
 /// Every error code by its Mooncake name (`"OBJECT_NOT_FOUND"` → -704),
-/// the one table the Python package takes its numbers from. Also
-/// `FILE_NOT_FOUND`, Mooncake's name for -1100 in its file calls
-/// (`save_tensor`, local disk segments), which kvpool answers to
-/// unauthenticated peers as `UNAUTHORIZED`.
+/// the one table the Python package takes its numbers from.
 pub fn codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     for c in Code::ALL {
         d.set_item(c.name(), c.as_i32())?;
     }
-    d.set_item("FILE_NOT_FOUND", Code::Unauthorized.as_i32())?;
     Ok(d)
 }
 

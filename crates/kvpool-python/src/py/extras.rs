@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use kvpool_client::auth::{Credentials, Security};
-use kvpool_client::tls::TlsFiles;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::client::segment_dict;
+use super::convert::settings_from_dict;
 use super::{raise, wait};
 use crate::hostmem;
 
@@ -37,36 +36,24 @@ pub fn host_alloc_functions() -> (usize, usize) {
 
 /// What the storage process whose data plane is at `endpoint` serves, and
 /// its master: a dict with `master` and `segments` (dicts as
-/// `Client.lent_segments` gives). `secret` and the TLS files as for `Client`.
+/// `Client.lent_segments` gives), asked with the key and TLS of `settings`
+/// (as `resolve_settings` returns them).
 #[pyfunction]
-#[pyo3(signature = (endpoint, timeout = 5.0, secret = None, insecure = false, tls_ca = None, tls_cert = None, tls_key = None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (endpoint, settings, timeout = 5.0))]
 pub fn store_about<'py>(
     py: Python<'py>,
     endpoint: &str,
+    settings: &Bound<'_, PyDict>,
     timeout: f64,
-    secret: Option<&str>,
-    insecure: bool,
-    tls_ca: Option<std::path::PathBuf>,
-    tls_cert: Option<std::path::PathBuf>,
-    tls_key: Option<std::path::PathBuf>,
 ) -> PyResult<Bound<'py, PyDict>> {
     if !(timeout.is_finite() && timeout > 0.0 && timeout < 1e9) {
         return Err(PyValueError::new_err(
             "timeout must be a positive number of seconds",
         ));
     }
-    let credentials = secret
-        .map(Credentials::parse)
-        .transpose()
+    let security = settings_from_dict(py, settings)?
+        .security()
         .map_err(|e| raise(py, e))?;
-    let tls = TlsFiles {
-        ca: tls_ca,
-        cert: tls_cert,
-        key: tls_key,
-        require_client_cert: false,
-    };
-    let security = Security::new(credentials, insecure, &tls).map_err(|e| raise(py, e))?;
     let limit = Duration::from_secs_f64(timeout);
     let about = wait(py, async {
         kvpool_client::store_about(endpoint, &security, limit).await

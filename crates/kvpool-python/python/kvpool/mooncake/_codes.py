@@ -20,7 +20,9 @@ OBJECT_NOT_FOUND = _CODES["OBJECT_NOT_FOUND"]
 OBJECT_ALREADY_EXISTS = _CODES["OBJECT_ALREADY_EXISTS"]
 TRANSFER_FAIL = _CODES["TRANSFER_FAIL"]
 NOT_SUPPORTED = _CODES["NOT_SUPPORTED"]
-FILE_NOT_FOUND = _CODES["FILE_NOT_FOUND"]
+# Mooncake's name for -1100 in its file calls (`save_tensor`, local disk
+# segments); kvpool's name for the number is UNAUTHORIZED.
+FILE_NOT_FOUND = _CODES["UNAUTHORIZED"]
 
 #: Longest soft pin a write may ask for (Mooncake's limit: one day).
 MAX_SOFT_PIN_MS = 86_400_000

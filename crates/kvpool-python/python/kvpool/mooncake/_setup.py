@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import _native
 from ..client import _connect
 from ..errors import KvpoolError
-from ._codes import INVALID_PARAMS, NO_AVAILABLE_HANDLE, OK, logger
+from ._codes import _CODES, INVALID_PARAMS, NO_AVAILABLE_HANDLE, OK, logger
 
 #: Ports Mooncake picks its own from when ``local_hostname`` has none.
 CLIENT_PORTS = (12300, 14300)
@@ -136,9 +136,7 @@ class _SetupMixin:
         except KvpoolError as e:
             return e.code
         try:
-            about = _native.store_about(
-                str(server_address), 5.0, base["secret"], base["insecure"], base["tls_ca"], base["tls_cert"], base["tls_key"]
-            )
+            about = _native.store_about(str(server_address), base)
         except KvpoolError as e:
             logger.error("kvpool setup_dummy: no storage process answers at %s: %s", server_address, e)
             return e.code
@@ -193,7 +191,7 @@ class _SetupMixin:
                 break
             except KvpoolError as e:
                 err = e
-                if e.code != -102:  # the port was taken meanwhile: try another
+                if e.code != _CODES["SEGMENT_ALREADY_EXISTS"]:  # the port was taken meanwhile: try another
                     break
         if client is None:
             assert err is not None
