@@ -188,28 +188,19 @@ impl Client {
             .map(|f| f.location.value_len as usize)
             .collect();
         let mut made = alloc(&lens).into_iter();
-        let mut bufs: Vec<Option<B>> = Vec::with_capacity(found.len());
-        for f in &mut found {
-            let buf = match f {
-                Ok(_) => made.next().unwrap_or_else(|| {
+        // A buffer per key found; a key whose buffer was refused fails.
+        let mut bufs: Vec<Option<B>> = (found.iter_mut())
+            .map(|f| {
+                f.as_ref().ok()?;
+                let made = made.next().unwrap_or_else(|| {
                     Err(KvError::new(
                         Code::InternalError,
                         "allocator made too few buffers",
                     ))
-                }),
-                Err(_) => {
-                    bufs.push(None);
-                    continue;
-                }
-            };
-            match buf {
-                Ok(b) => bufs.push(Some(b)),
-                Err(e) => {
-                    *f = Err(e);
-                    bufs.push(None);
-                }
-            }
-        }
+                });
+                made.map_err(|e| *f = Err(e)).ok()
+            })
+            .collect();
         let mut items: Vec<GetInto> = keys
             .iter()
             .zip(bufs.iter_mut())
@@ -256,7 +247,7 @@ impl Client {
 
     /// [`Self::locate`] for many keys: one master round trip for those not
     /// in the location cache.
-    pub async fn locate_many(&self, keys: &[&str]) -> Vec<KvResult<Located>> {
+    async fn locate_many(&self, keys: &[&str]) -> Vec<KvResult<Located>> {
         let out: Vec<KvResult<Located>> = keys
             .iter()
             .zip(self.find(keys).await)
@@ -280,10 +271,7 @@ impl Client {
     }
 
     /// [`Self::read_located_into`] for many objects, transferred together.
-    pub async fn read_located_many(
-        &self,
-        items: Vec<(Located, &mut [u8])>,
-    ) -> Vec<KvResult<usize>> {
+    async fn read_located_many(&self, items: Vec<(Located, &mut [u8])>) -> Vec<KvResult<usize>> {
         let t0 = Instant::now();
         let mut keys = Vec::with_capacity(items.len());
         let mut found = Vec::with_capacity(items.len());
