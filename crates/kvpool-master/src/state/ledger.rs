@@ -34,9 +34,15 @@ pub(crate) struct Held {
 /// Holdings of every client that holds something.
 #[derive(Default)]
 pub(crate) struct Ledger {
-    per: Mutex<HashMap<ClientId, Held>>,
-    /// Hard-pinned bytes of all clients together.
-    pinned: Mutex<u64>,
+    book: Mutex<Book>,
+}
+
+/// The ledger's contents, under its one lock.
+#[derive(Default)]
+struct Book {
+    per: HashMap<ClientId, Held>,
+    /// Hard-pinned bytes of all clients together (the sum over `per`).
+    pinned: u64,
 }
 
 /// Which limit a hard pin would pass.
@@ -51,13 +57,18 @@ pub(crate) enum PinLimit {
 impl Ledger {
     /// What `client` holds now.
     pub(crate) fn held(&self, client: ClientId) -> Held {
-        self.per.lock().get(&client).copied().unwrap_or_default()
+        self.book
+            .lock()
+            .per
+            .get(&client)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Reserves up to `n` puts in flight for `client` without passing
     /// `max`; returns how many were reserved (the first ones of the batch go).
     pub(crate) fn reserve_puts(&self, client: ClientId, n: u64, max: u64) -> u64 {
-        let mut per = self.per.lock();
+        let per = &mut self.book.lock().per;
         let h = per.entry(client).or_default();
         let granted = n.min(max.saturating_sub(h.pending));
         h.pending += granted;
@@ -75,12 +86,11 @@ impl Ledger {
         bytes: u64,
         (max, pool_max): (u64, u64),
     ) -> Result<(), PinLimit> {
-        let mut per = self.per.lock();
-        let mut pinned = self.pinned.lock();
-        let held = per.get(&client).map_or(0, |h| h.pinned);
-        pin_limit(held, *pinned, bytes, (max, pool_max))?;
-        per.entry(client).or_default().pinned += bytes;
-        *pinned += bytes;
+        let book = &mut *self.book.lock();
+        let held = book.per.get(&client).map_or(0, |h| h.pinned);
+        pin_limit(held, book.pinned, bytes, (max, pool_max))?;
+        book.per.entry(client).or_default().pinned += bytes;
+        book.pinned += bytes;
         Ok(())
     }
 
@@ -91,12 +101,14 @@ impl Ledger {
         bytes: u64,
         limits: (u64, u64),
     ) -> Result<(), PinLimit> {
-        pin_limit(self.held(client).pinned, self.pinned(), bytes, limits)
+        let book = self.book.lock();
+        let held = book.per.get(&client).map_or(0, |h| h.pinned);
+        pin_limit(held, book.pinned, bytes, limits)
     }
 
     /// Hard-pinned bytes of all clients together.
     pub(crate) fn pinned(&self) -> u64 {
-        *self.pinned.lock()
+        self.book.lock().pinned
     }
 
     /// Gives back `puts` puts in flight and `pinned` bytes of pins.
@@ -104,14 +116,14 @@ impl Ledger {
         if puts == 0 && pinned == 0 {
             return;
         }
-        let mut per = self.per.lock();
-        if let Some(h) = per.get_mut(&client) {
+        let book = &mut *self.book.lock();
+        if let Some(h) = book.per.get_mut(&client) {
             let given = h.pinned.min(pinned);
-            *self.pinned.lock() -= given;
+            book.pinned -= given;
             h.pending = h.pending.saturating_sub(puts);
             h.pinned -= given;
             if *h == Held::default() {
-                per.remove(&client);
+                book.per.remove(&client);
             }
         }
     }
@@ -119,7 +131,7 @@ impl Ledger {
     /// Clients holding anything (for tests: entries do not outlive holdings).
     #[cfg(test)]
     pub(crate) fn clients(&self) -> usize {
-        self.per.lock().len()
+        self.book.lock().per.len()
     }
 }
 

@@ -147,6 +147,14 @@ impl MasterState {
         let max = self.cfg.limits.max_pending_per_client;
         let allowed = self.ledger.reserve_puts(client, items.len() as u64, max) as usize;
         let placeable = self.placeable(now);
+        // The pool's share sums every memory segment's capacity: worked
+        // out once per batch, and only when the batch hard-pins.
+        let pin_limits = config.with_hard_pin.then(|| {
+            (
+                self.cfg.limits.max_hard_pinned_per_client,
+                self.pool_pin_limit(),
+            )
+        });
         let (mut started, mut refused) = (0, 0);
         let out = items
             .iter()
@@ -167,7 +175,14 @@ impl MasterState {
                         ),
                     ));
                 }
-                let r = self.put_start_one((client, op), item, config, upsert, &placeable, now);
+                let r = self.put_start_one(
+                    (client, op),
+                    item,
+                    (config, pin_limits),
+                    upsert,
+                    &placeable,
+                    now,
+                );
                 if matches!(&r, Ok(Started::New(_))) {
                     started += 1;
                 }
@@ -229,7 +244,7 @@ impl MasterState {
         &self,
         (client, op): (ClientId, u64),
         item: &PutItem,
-        config: &ReplicateConfig,
+        (config, pin_limits): (&ReplicateConfig, Option<(u64, u64)>),
         upsert: bool,
         placeable: &HashSet<SegmentId>,
         now: Instant,
@@ -254,20 +269,12 @@ impl MasterState {
         }
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
-        // The pool's share sums every segment's capacity: only hard pins
-        // pay for it.
-        let pin_limits = config.with_hard_pin.then(|| {
-            (
-                self.cfg.limits.max_hard_pinned_per_client,
-                self.pool_pin_limit(),
-            )
-        });
         if let Some(limits) = pin_limits {
             let more = item
                 .region_len
                 .saturating_mul(want.min(placeable.len()) as u64);
             if let Err(limit) = self.ledger.pin_fits(client, more, limits) {
-                return Err(self.pin_refused(client, limit, more));
+                return Err(self.pin_refused(client, (limit, limits), more));
             }
         }
         let fit = self.fitting(item.region_len, Some(placeable));
@@ -315,7 +322,7 @@ impl MasterState {
                 let bytes = replicas.iter().map(|(_, r)| r.len).sum();
                 if let Err(limit) = self.ledger.reserve_pin(client, bytes, limits) {
                     self.free_now(&replicas, None);
-                    return Err(self.pin_refused(client, limit, bytes));
+                    return Err(self.pin_refused(client, (limit, limits), bytes));
                 }
                 Some(Pin {
                     owner: client,
@@ -375,20 +382,21 @@ impl MasterState {
     }
 
     /// The refusal of a hard pin of `more` bytes by `client`, which would
-    /// pass `limit`.
-    fn pin_refused(&self, client: ClientId, limit: PinLimit, more: u64) -> KvError {
+    /// pass `limit` of the `(client, pool)` limits checked.
+    fn pin_refused(
+        &self,
+        client: ClientId,
+        (limit, (max, pool_max)): (PinLimit, (u64, u64)),
+        more: u64,
+    ) -> KvError {
         let message = match limit {
             PinLimit::Client => {
-                let (held, max) = (
-                    self.ledger.held(client).pinned,
-                    self.cfg.limits.max_hard_pinned_per_client,
-                );
+                let held = self.ledger.held(client).pinned;
                 format!("client {client} holds {held} hard-pinned bytes; {more} more would pass its limit of {max}")
             }
             PinLimit::Pool => format!(
-                "{} bytes of the pool are hard-pinned; {more} more would pass the pool's limit of {} ({:.0}% of its memory)",
+                "{} bytes of the pool are hard-pinned; {more} more would pass the pool's limit of {pool_max} ({:.0}% of its memory)",
                 self.ledger.pinned(),
-                self.pool_pin_limit(),
                 self.cfg.limits.max_hard_pinned_ratio * 100.0
             ),
         };
