@@ -55,8 +55,8 @@ pub(crate) trait Handle: Rpc + Sized {
 /// Decodes `meta` as the message the request table gives `op` (and the
 /// request id after it, from a v6 peer), handles it in a `request` span
 /// carrying that id, encodes the answer. A batch over
-/// [`kvpool_proto::MAX_BATCH_KEYS`] items is refused from the count at the
-/// front of its bytes, before anything is decoded or allocated.
+/// [`kvpool_proto::MAX_BATCH_KEYS`] items, which `Request::decode` refuses
+/// too, is refused here first so the refusal is counted.
 pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<u8>> {
     if let Some(n) = op.batch_len(meta) {
         check_batch(op.name(), n).map_err(|e| cx.refuse(Refusal::BatchKeys, e))?;

@@ -13,6 +13,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::code::{Code, KvError, KvResult};
 use crate::compat;
+use crate::limits::check_batch;
 use crate::msg::*;
 use crate::policy::{Plane, Role};
 
@@ -121,7 +122,13 @@ macro_rules! requests {
         impl Request {
             /// Decodes the message of a request with opcode `op`, and the
             /// fields a newer peer sends after it (absent from a v5 peer).
+            /// A batch over [`crate::limits::MAX_BATCH_KEYS`] items is
+            /// refused from the count at the front of its bytes, before
+            /// anything is decoded or allocated.
             pub fn decode(op: Opcode, meta: &[u8]) -> KvResult<(Request, RequestTrailer)> {
+                if let Some(n) = op.batch_len(meta) {
+                    check_batch(op.name(), n)?;
+                }
                 match op {
                     $(Opcode::$name => {
                         let (m, t) = compat::decode_with::<$req, RequestTrailer>(meta)?;
@@ -282,6 +289,18 @@ mod tests {
         }
     }
 
+    /// Every server decodes through `Request::decode`, so an oversized
+    /// batch is refused there from its count alone (here: nothing but a
+    /// count follows).
+    #[test]
+    fn decode_refuses_a_batch_over_the_limit_before_reading_it() {
+        let over = encode(&(crate::limits::MAX_BATCH_KEYS as u64 + 1));
+        for op in [Opcode::Exist, Opcode::TierMove] {
+            let e = Request::decode(op, &over).unwrap_err();
+            assert!(e.message.contains("exceeds the limit"), "{op:?}: {e}");
+        }
+    }
+
     /// The table binds each opcode to one type, both ways.
     #[test]
     fn every_opcode_carries_the_type_that_names_it() {
@@ -368,8 +387,10 @@ mod tests {
             assert_eq!(R::OPCODE.batch_len(&meta), Some(n));
             assert_eq!(m.items(), usize::try_from(n).ok());
             assert_eq!(R::batch_len(&[]), None);
-            let (decoded, _) = Request::decode(R::OPCODE, &meta).unwrap();
-            assert_eq!(decoded.opcode(), R::OPCODE);
+            match Request::decode(R::OPCODE, &meta) {
+                Ok((decoded, _)) => assert_eq!(decoded.opcode(), R::OPCODE),
+                Err(e) => assert!(n > crate::limits::MAX_BATCH_KEYS as u64, "{e}"),
+            }
         }
         let id = ClientId(u128::MAX - 1);
         let seg = SegmentId(u128::MAX / 3);

@@ -18,7 +18,6 @@ use kvpool_net::conn::FramedConn;
 use kvpool_net::request_id;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
-use kvpool_proto::limits::check_batch;
 use kvpool_proto::msg::{self, Capability, Grant, RequestId, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult, Plane, Request};
 use tokio::net::TcpListener;
@@ -175,18 +174,14 @@ async fn data_conn(
     }
 }
 
-/// Decodes an admitted request's message, and the request id a v6 peer
-/// sends after it. A batch over the item limit is refused from the count
-/// at the front of its bytes, before anything is decoded or allocated.
+/// Decodes an admitted request's message (`Request::decode` refuses an
+/// oversized batch first), and the request id a v6 peer sends after it.
 fn decode(h: &FrameHeader, meta: &[u8]) -> KvResult<(Request, RequestId)> {
     if h.opcode != Opcode::Write && h.payload_len != 0 {
         return Err(KvError::new(
             Code::InvalidParams,
             "only writes carry a payload",
         ));
-    }
-    if let Some(n) = h.opcode.batch_len(meta) {
-        check_batch(h.opcode.name(), n)?;
     }
     let (req, trailer) = Request::decode(h.opcode, meta)?;
     Ok((req, trailer.id))
