@@ -60,9 +60,14 @@ pub fn append<T: Trailer>(buf: &mut Vec<u8>, version: u32, group: &T) {
     if version < T::SINCE {
         return;
     }
+    extend(buf, group);
+}
+
+/// Appends `value`'s encoding to `buf`, reusing its allocation.
+pub(crate) fn extend<T: Serialize>(buf: &mut Vec<u8>, value: &T) {
     let v = std::mem::take(buf);
-    // Serializing into a Vec cannot fail for these plain-data types.
-    *buf = postcard::to_extend(group, v).unwrap_or_default();
+    // Only a sequence of unknown length fails, which no message has.
+    *buf = postcard::to_extend(value, v).expect("messages encode into a Vec");
 }
 
 /// Reads the next trailer group from `rest` (the bytes after the message and

@@ -36,10 +36,8 @@ pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
 
 /// Encodes a message into `buf` (cleared first), reusing its allocation.
 pub fn encode_to<T: Serialize>(msg: &T, buf: &mut Vec<u8>) {
-    let mut v = std::mem::take(buf);
-    v.clear();
-    // Serializing into a Vec cannot fail for these plain-data types.
-    *buf = postcard::to_extend(msg, v).unwrap_or_default();
+    buf.clear();
+    crate::compat::extend(buf, msg);
 }
 
 /// Decodes a frame's meta section; malformed bytes are an error, never a panic.
