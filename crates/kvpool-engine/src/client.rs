@@ -194,14 +194,14 @@ async fn pipeline(
     locals: &[Option<Arc<Region>>],
     results: &mut [Option<KvResult<()>>],
 ) -> KvResult<()> {
-    let mut inflight: std::collections::VecDeque<(usize, u64)> =
+    let mut inflight: std::collections::VecDeque<(usize, u64, &Region)> =
         std::collections::VecDeque::with_capacity(WINDOW);
     for (i, t) in items.iter().enumerate() {
         let Some(local) = &locals[i] else { continue };
         if inflight.len() == WINDOW {
             conn.flush().await?;
-            if let Some((j, id)) = inflight.pop_front() {
-                results[j] = Some(answer(conn, dir, &items[j], locals[j].as_deref(), id).await?);
+            if let Some((j, id, at)) = inflight.pop_front() {
+                results[j] = Some(answer(conn, dir, &items[j], at, id).await?);
             }
         }
         let id = match dir {
@@ -228,11 +228,11 @@ async fn pipeline(
                 conn.send_request(&req, &[]).await?
             }
         };
-        inflight.push_back((i, id));
+        inflight.push_back((i, id, local));
     }
     conn.flush().await?;
-    while let Some((j, id)) = inflight.pop_front() {
-        results[j] = Some(answer(conn, dir, &items[j], locals[j].as_deref(), id).await?);
+    while let Some((j, id, at)) = inflight.pop_front() {
+        results[j] = Some(answer(conn, dir, &items[j], at, id).await?);
     }
     Ok(())
 }
@@ -243,28 +243,23 @@ async fn answer(
     conn: &mut FramedConn,
     dir: Direction,
     t: &Transfer,
-    local: Option<&Region>,
+    local: &Region,
     id: u64,
 ) -> KvResult<KvResult<()>> {
-    let h = match conn.read_response(id).await {
+    if dir == Direction::Write {
+        return conn.read_ack(id).await;
+    }
+    let h = match conn.read_answer(id).await? {
         Ok(h) => h,
-        Err(e) if e.code == Code::RpcFail => return Err(e),
         Err(e) => return Ok(Err(e)),
     };
-    let expect = if dir == Direction::Read { t.len } else { 0 };
-    if h.meta_len != 0 || h.payload_len != expect {
+    if h.meta_len != 0 || h.payload_len != t.len {
         // Out of step with the peer: nothing after this can be trusted.
         return Err(KvError::new(
             Code::RpcFail,
             format!("{}: answer of the wrong length", conn.peer()),
         ));
     }
-    if dir == Direction::Write {
-        return Ok(Ok(()));
-    }
-    let Some(local) = local else {
-        return Err(KvError::from(Code::InternalError));
-    };
     // SAFETY: inside the local region (checked by `transfer`); every read
     // into it runs under a pin the fenced read takes, so nothing lands once
     // an unregister is under way.

@@ -538,6 +538,14 @@ impl FramedConn {
     /// Reads a response header for request `id`, turning an error status into
     /// an `Err` (its message is consumed).
     pub async fn read_response(&mut self, id: u64) -> KvResult<FrameHeader> {
+        self.read_answer(id).await?
+    }
+
+    /// Reads the answer to request `id`. The outer `Err`: the connection is
+    /// broken or out of step (nothing after it can be trusted, whatever its
+    /// code); the inner one: the error status the peer answered with (its
+    /// message consumed, the connection still in step for the next answer).
+    pub async fn read_answer(&mut self, id: u64) -> KvResult<KvResult<FrameHeader>> {
         let header = match self.silence.as_ref().map(|s| s.within) {
             None => self.read_header().await,
             Some(within) => match tokio::time::timeout(within, self.read_header()).await {
@@ -571,16 +579,41 @@ impl FramedConn {
         if h.status != 0 {
             let msg = String::from_utf8_lossy(self.read_meta(h.meta_len).await?).into_owned();
             self.discard_payload(h.payload_len).await?;
-            return Err(KvError::new(Code::from_i32(h.status), msg));
+            return Ok(Err(KvError::new(Code::from_i32(h.status), msg)));
         }
-        Ok(h)
+        Ok(Ok(h))
+    }
+
+    /// Reads the answer to a request answered with nothing (a write): as
+    /// [`Self::read_answer`], and an answer that carries bytes is out of step.
+    pub async fn read_ack(&mut self, id: u64) -> KvResult<KvResult<()>> {
+        Ok(match self.read_answer(id).await? {
+            Ok(h) if h.meta_len == 0 && h.payload_len == 0 => Ok(()),
+            Ok(_) => {
+                return Err(KvError::new(
+                    Code::RpcFail,
+                    format!("{}: unexpected bytes in an acknowledgement", self.peer),
+                ))
+            }
+            Err(e) => Err(e),
+        })
     }
 
     /// One typed request/response exchange with no payload.
     pub async fn call<R: Rpc>(&mut self, req: &R) -> KvResult<R::Response> {
+        self.exchange(req).await?
+    }
+
+    /// [`Self::call`], with the errors split as [`Self::read_answer`]
+    /// splits them: the inner `Err` (an error status, or an answer that
+    /// does not decode) leaves the connection in step.
+    pub async fn exchange<R: Rpc>(&mut self, req: &R) -> KvResult<KvResult<R::Response>> {
         let id = self.send_request(req, &[]).await?;
         self.flush().await?;
-        let rh = self.read_response(id).await?;
+        let rh = match self.read_answer(id).await? {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(e)),
+        };
         if rh.payload_len != 0 {
             return Err(KvError::new(
                 Code::RpcFail,
@@ -588,7 +621,7 @@ impl FramedConn {
             ));
         }
         let meta = self.read_meta(rh.meta_len).await?;
-        msg::decode(meta)
+        Ok(msg::decode(meta))
     }
 }
 

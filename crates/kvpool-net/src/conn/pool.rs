@@ -145,12 +145,12 @@ impl ConnPool {
     /// Runs one typed call on a pooled connection.
     pub async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
         let mut conn = self.take().await?;
-        let r = conn.call(req).await;
-        // An error status leaves the stream in sync; only transport errors poison it.
-        if !matches!(&r, Err(e) if e.code == Code::RpcFail) {
+        let r = conn.exchange(req).await;
+        // An error status leaves the stream in step; a broken one goes.
+        if r.is_ok() {
             self.give(conn);
         }
-        r
+        r?
     }
 }
 

@@ -42,25 +42,15 @@ pub async fn write_regions(
     for op in ops {
         if ids.len() - results.len() == WINDOW {
             conn.flush().await?;
-            results.push(read_ack(conn, ids[results.len()]).await?);
+            results.push(conn.read_ack(ids[results.len()]).await?);
         }
         ids.push(conn.send_request(&op.req, &op.parts).await?);
     }
     conn.flush().await?;
     while results.len() < ids.len() {
-        results.push(read_ack(conn, ids[results.len()]).await?);
+        results.push(conn.read_ack(ids[results.len()]).await?);
     }
     Ok(results)
-}
-
-/// Reads a response with no payload; an error status is a per-item result.
-async fn read_ack(conn: &mut FramedConn, id: u64) -> KvResult<KvResult<()>> {
-    match conn.read_response(id).await {
-        Ok(h) if h.meta_len == 0 && h.payload_len == 0 => Ok(Ok(())),
-        Ok(_) => Err(KvError::new(Code::RpcFail, "unexpected bytes in write ack")),
-        Err(e) if e.code == Code::RpcFail => Err(e),
-        Err(e) => Ok(Err(e)),
-    }
 }
 
 /// Pipelines `ops` on `conn` alone, filling each op's buffers, in order.
@@ -124,9 +114,13 @@ pub async fn read_regions_shared<'a, T>(
             return (done, None);
         };
         ahead -= op.req.len;
+        // The outer `Err`: the stream broke or is out of step.
         let r = async {
             conn.flush().await?;
-            let h = conn.read_response(id).await?;
+            let h = match conn.read_answer(id).await? {
+                Ok(h) => h,
+                Err(e) => return Ok(Err(e)),
+            };
             if h.meta_len != 0 || h.payload_len != op.req.len {
                 return Err(KvError::new(
                     Code::RpcFail,
@@ -136,16 +130,16 @@ pub async fn read_regions_shared<'a, T>(
             for d in op.dst.iter_mut() {
                 conn.read_payload(d).await?;
             }
-            Ok(())
+            Ok(Ok(()))
         }
         .await;
         match r {
             // A broken stream (not an error response) fails the rest.
-            Err(e) if e.code == Code::RpcFail => {
+            Err(e) => {
                 done.push((tag, op, Err(e.clone())));
                 break e;
             }
-            r => done.push((tag, op, r)),
+            Ok(r) => done.push((tag, op, r)),
         }
     };
     for (_, tag, op) in inflight {
