@@ -27,11 +27,11 @@ pub(crate) trait LentMedium: Send + Sync {
     fn path(&self) -> Option<String>;
     /// Starts serving it on the data plane as segment `id`, object area
     /// from `base`.
-    fn serve(&self, table: &SegmentTable, id: SegmentId, base: u64);
+    fn serve(self: Arc<Self>, table: &SegmentTable, id: SegmentId, base: u64);
     /// The intact objects in it (blocking: runs off the runtime).
     fn scan(&self, base: u64) -> std::io::Result<(Vec<Found>, ScanStats)>;
     /// Destroys each object `(offset, generation)` still of that generation.
-    fn invalidate(&self, rejected: Vec<(u64, u64)>) -> Invalidated;
+    fn invalidate(self: Arc<Self>, rejected: Vec<(u64, u64)>) -> Invalidated;
     /// Its I/O counters, for a medium that keeps them.
     fn io(&self, _id: SegmentId) -> Option<SegmentIo> {
         None
@@ -42,7 +42,7 @@ pub(crate) trait LentMedium: Send + Sync {
     }
 }
 
-impl LentMedium for Arc<MappedRegion> {
+impl LentMedium for MappedRegion {
     fn tier(&self) -> Tier {
         Tier::Memory
     }
@@ -57,8 +57,8 @@ impl LentMedium for Arc<MappedRegion> {
             .map(|p| p.to_string_lossy().into_owned())
     }
 
-    fn serve(&self, table: &SegmentTable, id: SegmentId, base: u64) {
-        table.insert(id, self.clone(), base);
+    fn serve(self: Arc<Self>, table: &SegmentTable, id: SegmentId, base: u64) {
+        table.insert(id, self, base);
     }
 
     fn scan(&self, base: u64) -> std::io::Result<(Vec<Found>, ScanStats)> {
@@ -69,15 +69,15 @@ impl LentMedium for Arc<MappedRegion> {
         Ok(kvpool_format::scan::scan(bytes, base))
     }
 
-    fn invalidate(&self, rejected: Vec<(u64, u64)>) -> Invalidated {
+    fn invalidate(self: Arc<Self>, rejected: Vec<(u64, u64)>) -> Invalidated {
         let n = (rejected.iter())
-            .filter(|(off, gen)| invalidate_object(self, *off, *gen))
+            .filter(|(off, gen)| invalidate_object(&self, *off, *gen))
             .count();
         Box::pin(std::future::ready(n))
     }
 }
 
-impl LentMedium for Arc<DiskFile> {
+impl LentMedium for DiskFile {
     fn tier(&self) -> Tier {
         Tier::Disk
     }
@@ -91,8 +91,8 @@ impl LentMedium for Arc<DiskFile> {
         None
     }
 
-    fn serve(&self, table: &SegmentTable, id: SegmentId, base: u64) {
-        table.insert_disk(id, self.clone(), base);
+    fn serve(self: Arc<Self>, table: &SegmentTable, id: SegmentId, base: u64) {
+        table.insert_disk(id, self, base);
     }
 
     fn scan(&self, base: u64) -> std::io::Result<(Vec<Found>, ScanStats)> {
@@ -100,7 +100,7 @@ impl LentMedium for Arc<DiskFile> {
     }
 
     /// Through the disk's I/O queue, as every invalidation is.
-    fn invalidate(&self, rejected: Vec<(u64, u64)>) -> Invalidated {
+    fn invalidate(self: Arc<Self>, rejected: Vec<(u64, u64)>) -> Invalidated {
         let done = self.submit(move |f| f.invalidate_all(&rejected));
         Box::pin(async move { done.await.unwrap_or(0) })
     }

@@ -138,7 +138,7 @@ impl DataNode {
         region: Arc<MappedRegion>,
         base: u64,
     ) -> SegmentInfo {
-        let info = self.lend(id, possession, name.to_string(), Arc::new(region), base);
+        let info = self.lend(id, possession, name.to_string(), region, base);
         self.table.describe(|a| a.segments.push(info.clone()));
         info
     }
@@ -162,7 +162,7 @@ impl DataNode {
             path: medium.path(),
             tier: medium.tier(),
         };
-        medium.serve(&self.table, id, base);
+        medium.clone().serve(&self.table, id, base);
         self.segments.lock().push(Lent {
             info: info.clone(),
             possession,
@@ -264,7 +264,7 @@ impl DataNode {
         file: Arc<DiskFile>,
         base: u64,
     ) -> SegmentInfo {
-        self.lend(id, possession, format!("{name}/disk"), Arc::new(file), base)
+        self.lend(id, possession, format!("{name}/disk"), file, base)
     }
 
     /// The I/O of this node's disk segments since they opened.
