@@ -1,7 +1,8 @@
 //! kvpool's networking: framed connections with handshake and pooling
 //! ([`conn`], with a [`breaker`] per peer that can be done without), one
 //! [`deadline`] per call shared by its attempts, the
-//! server loops that speak the frame protocol ([`server`]), the id that
+//! server loops that speak the frame protocol ([`server`]) and the
+//! connection budgets they keep ([`admission`]), the id that
 //! follows one call through every process ([`request_id`]),
 //! data-plane capabilities ([`capability`]), TLS ([`tls`]),
 //! the link every client and store keeps to the master ([`master`]), and the
@@ -11,6 +12,7 @@
 //! It knows nothing of segments or object bytes, so the master can link it
 //! without the data plane (that lives in `kvpool-transfer`, on top of this).
 
+pub mod admission;
 pub mod auth;
 pub mod breaker;
 pub mod capability;

@@ -2,9 +2,8 @@
 //! request/response loop of the control plane (master). The data-plane loop
 //! lives in `kvpool_transfer::data`, which builds on these.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
+use crate::admission::{BudgetLimits, Budgets, Refused};
 use crate::auth::{Role, Security};
 use crate::conn::{accept, FramedConn};
 
@@ -47,18 +47,25 @@ pub trait ControlHandler: Send + Sync + 'static {
     fn closed(&self, conn: Self::Conn);
 }
 
-/// Most connections one server keeps open; more are closed on accept, so a
-/// flood of sockets cannot exhaust descriptors and memory.
+/// Most authenticated connections one server keeps open; more are closed
+/// once their handshake finishes (or at accept, when the server is full
+/// already), so a flood of sockets cannot exhaust descriptors and memory.
+/// Connections still in their handshake have a budget of their own
+/// ([`PREAUTH_TOTAL`]).
 pub const MAX_CONNECTIONS: usize = 8192;
 
-/// Most connections one peer IP address may hold on one server, so a single
-/// host cannot take every slot of [`MAX_CONNECTIONS`] and lock everyone else
-/// out. Loopback is one address like any other: every client of a
-/// single-host deployment shares it. A client keeps a few connections to
-/// the master (calls, heartbeats) and a few per store, so 1,024 leaves room
-/// for hundreds of clients on one host. Set `KVPOOL_MAX_CONNECTIONS_PER_IP`
-/// in a process's environment to change it (0: no per-address cap).
+/// Most authenticated connections one peer IP address may hold on one
+/// server, so a single host cannot take every slot of [`MAX_CONNECTIONS`]
+/// and lock everyone else out. Loopback is one address like any other:
+/// every client of a single-host deployment shares it. A client keeps a
+/// few connections to the master (calls, heartbeats) and a few per store,
+/// so 1,024 leaves room for hundreds of clients on one host. Set
+/// `KVPOOL_MAX_CONNECTIONS_PER_IP` in a process's environment to change it
+/// (0: no per-address cap). Connections that have not finished their
+/// handshake do not count here ([`PREAUTH_PER_IP`]).
 pub const MAX_CONNECTIONS_PER_IP: usize = 1024;
+
+pub use crate::admission::{PREAUTH_PER_IP, PREAUTH_TOTAL};
 
 /// Environment variable that overrides [`MAX_CONNECTIONS_PER_IP`].
 pub const MAX_CONNECTIONS_PER_IP_ENV: &str = "KVPOOL_MAX_CONNECTIONS_PER_IP";
@@ -70,78 +77,140 @@ pub static REFUSED_CONNECTIONS_PER_IP: AtomicU64 = AtomicU64::new(0);
 /// Connections this process's accept loops closed at [`MAX_CONNECTIONS`].
 pub static REFUSED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 
+/// Connections still in their handshake that this process's accept loops
+/// closed to make room for a newer one ([`PREAUTH_PER_IP`],
+/// [`PREAUTH_TOTAL`]).
+pub static PREAUTH_EVICTED: AtomicU64 = AtomicU64::new(0);
+
 /// Least time between two log lines about refused connections.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// Accepts connections until `shutdown`, running `serve` for each; returns
-/// after every connection task has finished (they watch the same token).
-/// A connection beyond [`MAX_CONNECTIONS`], or beyond its peer address's
-/// share ([`MAX_CONNECTIONS_PER_IP`]), is closed at once; refusals are
-/// counted and logged at most once a second.
-pub async fn accept_loop<F, Fut>(listener: TcpListener, shutdown: CancellationToken, serve: F)
-where
-    F: Fn(TcpStream) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
+/// The budgets an accept loop applies: [`MAX_CONNECTIONS_PER_IP`] (or its
+/// environment variable), [`MAX_CONNECTIONS`], [`PREAUTH_PER_IP`] and
+/// [`PREAUTH_TOTAL`].
+pub fn budget_limits() -> BudgetLimits {
     let per_ip = std::env::var(MAX_CONNECTIONS_PER_IP_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(MAX_CONNECTIONS_PER_IP);
-    let per_ip = if per_ip == 0 { usize::MAX } else { per_ip };
+    BudgetLimits {
+        per_ip: if per_ip == 0 { usize::MAX } else { per_ip },
+        total: MAX_CONNECTIONS,
+        preauth_per_ip: PREAUTH_PER_IP,
+        preauth_total: PREAUTH_TOTAL,
+    }
+}
+
+/// Logs a refused or evicted connection, at most once a second per process
+/// (with how many went since the last line).
+fn log_refusal(peer: SocketAddr, why: &str) {
+    static LAST: parking_lot::Mutex<(Option<Instant>, u64)> = parking_lot::Mutex::new((None, 0));
+    let mut last = LAST.lock();
+    last.1 += 1;
+    if last.0.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+        warn!(%peer, refused = last.1, "{why}; closing (logged at most once a second)");
+        *last = (Some(Instant::now()), 0);
+    }
+}
+
+/// Counts and logs a connection refused a slot.
+fn refused(peer: SocketAddr, why: Refused, limits: &BudgetLimits) {
+    match why {
+        Refused::PerIp => {
+            REFUSED_CONNECTIONS_PER_IP.fetch_add(1, Ordering::Relaxed);
+            let n = limits.per_ip;
+            log_refusal(
+                peer,
+                &format!("{} holds {n} connections, its limit", peer.ip()),
+            );
+        }
+        Refused::Total => {
+            REFUSED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+            log_refusal(
+                peer,
+                &format!("connection limit of {} reached", limits.total),
+            );
+        }
+    }
+}
+
+/// Accepts connections until `shutdown`: each runs `handshake` under a
+/// slot of the handshake budget, then, once that yields a connection,
+/// `serve` under a slot of the authenticated budget (see
+/// [`crate::admission`]); returns after every connection task has
+/// finished (they watch the same token). A connection whose handshake is
+/// still running when a newer one needs its slot is closed; one refused
+/// its authenticated slot (its address holds [`MAX_CONNECTIONS_PER_IP`],
+/// or the server [`MAX_CONNECTIONS`]) is closed at accept when that is
+/// known already, else after its handshake. Refusals and evictions are
+/// counted and logged at most once a second.
+pub async fn accept_loop<H, HFut, T, S, SFut>(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    handshake: H,
+    serve: S,
+) where
+    H: Fn(TcpStream) -> HFut,
+    HFut: Future<Output = Option<T>> + Send + 'static,
+    T: Send + 'static,
+    S: Fn(T) -> SFut + Send + Sync + 'static,
+    SFut: Future<Output = ()> + Send + 'static,
+{
+    accept_within(listener, shutdown, budget_limits(), handshake, serve).await
+}
+
+/// [`accept_loop`] under budgets of the given sizes.
+pub async fn accept_within<H, HFut, T, S, SFut>(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    limits: BudgetLimits,
+    handshake: H,
+    serve: S,
+) where
+    H: Fn(TcpStream) -> HFut,
+    HFut: Future<Output = Option<T>> + Send + 'static,
+    T: Send + 'static,
+    S: Fn(T) -> SFut + Send + Sync + 'static,
+    SFut: Future<Output = ()> + Send + 'static,
+{
     let tracker = TaskTracker::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    // Open connections per peer address; an entry goes when its last does.
-    let by_ip: Arc<parking_lot::Mutex<HashMap<IpAddr, usize>>> = Arc::default();
-    let mut last_warned: Option<Instant> = None;
-    let mut unlogged = 0u64;
+    let budgets = Budgets::new(limits);
+    let serve = Arc::new(serve);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
-                    let ip = peer.ip();
-                    let refused = {
-                        let mut open = by_ip.lock();
-                        let n = open.get(&ip).copied().unwrap_or(0);
-                        if n >= per_ip {
-                            REFUSED_CONNECTIONS_PER_IP.fetch_add(1, Ordering::Relaxed);
-                            Some(format!("{ip} holds {n} connections, its limit"))
-                        } else {
-                            match slots.clone().try_acquire_owned() {
-                                Ok(slot) => {
-                                    *open.entry(ip).or_default() += 1;
-                                    debug!(%peer, "accepted");
-                                    let conn = serve(stream);
-                                    let by_ip = by_ip.clone();
-                                    tracker.spawn(async move {
-                                        conn.await;
-                                        drop(slot);
-                                        let mut open = by_ip.lock();
-                                        if let Some(n) = open.get_mut(&ip) {
-                                            *n -= 1;
-                                            if *n == 0 {
-                                                open.remove(&ip);
-                                            }
-                                        }
-                                    });
-                                    None
-                                }
-                                Err(_) => {
-                                    REFUSED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-                                    Some(format!("connection limit of {MAX_CONNECTIONS} reached"))
-                                }
-                            }
+                    let (slot, evicted) = match budgets.arrive(peer.ip()) {
+                        Ok(s) => s,
+                        Err(why) => {
+                            // Dropping the stream closes it.
+                            refused(peer, why, &limits);
+                            continue;
                         }
                     };
-                    // Dropping the stream closes it (outside the lock).
-                    if let Some(why) = refused {
-                        unlogged += 1;
-                        if last_warned.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
-                            warn!(%peer, refused = unlogged, "{why}; closing (logged at most once a second)");
-                            last_warned = Some(Instant::now());
-                            unlogged = 0;
-                        }
+                    if evicted > 0 {
+                        PREAUTH_EVICTED.fetch_add(evicted as u64, Ordering::Relaxed);
+                        log_refusal(peer, "too many connections in their handshake: the oldest is dropped for this one");
                     }
+                    debug!(%peer, "accepted");
+                    let handshake = handshake(stream);
+                    let (serve, stop) = (serve.clone(), shutdown.clone());
+                    tracker.spawn(async move {
+                        let conn = tokio::select! {
+                            c = handshake => c,
+                            _ = slot.evicted() => None,
+                            _ = stop.cancelled() => None,
+                        };
+                        let Some(conn) = conn else { return };
+                        match slot.admit() {
+                            Ok(admitted) => {
+                                serve(conn).await;
+                                drop(admitted);
+                            }
+                            Err(why) => refused(peer, why, &limits),
+                        }
+                    });
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off, keep serving.
@@ -171,18 +240,16 @@ pub async fn serve_framed<F, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let token = shutdown.clone();
-    let serve = Arc::new(serve);
     let security = Arc::new(security);
-    accept_loop(listener, shutdown, move |stream| {
-        let serve = serve.clone();
-        let token = token.clone();
-        let security = security.clone();
-        async move {
-            if let Some(conn) = accept(stream, name, limits, &security).await {
-                serve(conn, token).await;
-            }
-        }
-    })
+    accept_loop(
+        listener,
+        shutdown,
+        move |stream| {
+            let security = security.clone();
+            async move { accept(stream, name, limits, &security).await }
+        },
+        move |conn| serve(conn, token.clone()),
+    )
     .await;
 }
 
@@ -275,4 +342,122 @@ async fn send_result(
         Err(e) => conn.send_error(req, &e).await?,
     }
     conn.flush_if_idle().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Whether the peer closed `s` within `within`.
+    async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+        let mut b = [0u8; 16];
+        loop {
+            match tokio::time::timeout(within, s.read(&mut b)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// A server whose "handshake" is one byte `h` and which then echoes
+    /// every byte, under small budgets.
+    async fn echo_server(limits: BudgetLimits) -> (String, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = CancellationToken::new();
+        let handshake = |mut s: TcpStream| async move {
+            let mut b = [0u8; 1];
+            (s.read_exact(&mut b).await.is_ok() && b[0] == b'h').then_some(s)
+        };
+        let serve = |mut s: TcpStream| async move {
+            let mut b = [0u8; 1];
+            while s.read_exact(&mut b).await.is_ok() {
+                if s.write_all(&b).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let token = stop.clone();
+        tokio::spawn(accept_within(listener, token, limits, handshake, serve));
+        (addr, stop)
+    }
+
+    async fn handshaken(addr: &str) -> TcpStream {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"h").await.unwrap();
+        s.write_all(b"x").await.unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await.expect("served");
+        assert_eq!(&b, b"x");
+        s
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_handshakes_that_never_finish_evicts_only_its_oldest() {
+        let limits = BudgetLimits {
+            per_ip: 4,
+            total: 100,
+            preauth_per_ip: 8,
+            preauth_total: 100,
+        };
+        let (addr, stop) = echo_server(limits).await;
+        let served = handshaken(&addr).await;
+        let before = PREAUTH_EVICTED.load(Ordering::Relaxed);
+        let mut flood = Vec::new();
+        for _ in 0..40 {
+            flood.push(TcpStream::connect(&addr).await.unwrap());
+        }
+        // A newcomer still gets in, and the served connection is untouched.
+        let mut newcomer = handshaken(&addr).await;
+        let mut closed = 0;
+        for s in &mut flood {
+            closed += closed_within(s, Duration::from_millis(200)).await as usize;
+        }
+        // The newcomer took the slot of one more flooder.
+        assert_eq!(closed, 40 + 1 - 8, "flooders closed");
+        assert!(PREAUTH_EVICTED.load(Ordering::Relaxed) - before >= 33);
+        newcomer.write_all(b"y").await.unwrap();
+        let mut b = [0u8; 1];
+        newcomer.read_exact(&mut b).await.unwrap();
+        drop(served);
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn authenticated_connections_keep_their_own_per_address_cap() {
+        let limits = BudgetLimits {
+            per_ip: 3,
+            total: 100,
+            preauth_per_ip: 8,
+            preauth_total: 100,
+        };
+        let (addr, stop) = echo_server(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(handshaken(&addr).await);
+        }
+        // The fourth is closed at accept, before any handshake.
+        let mut fourth = TcpStream::connect(&addr).await.unwrap();
+        assert!(closed_within(&mut fourth, Duration::from_secs(2)).await);
+        // One leaves: another gets in.
+        drop(held.pop());
+        let mut again = None;
+        for _ in 0..50 {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let _ = s.write_all(b"hz").await;
+            let mut b = [0u8; 1];
+            let r = tokio::time::timeout(Duration::from_millis(200), s.read_exact(&mut b)).await;
+            if matches!(r, Ok(Ok(_))) {
+                again = Some(s);
+                break;
+            }
+        }
+        assert!(
+            again.is_some(),
+            "a slot freed by a closed connection is reused"
+        );
+        stop.cancel();
+    }
 }

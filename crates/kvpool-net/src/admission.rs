@@ -1,0 +1,342 @@
+//! Who holds a connection slot on a server. A connection still in its
+//! handshake (TLS, `Hello`, `Auth`) holds a slot of a small budget of its
+//! own, per peer address and in all; when that budget is full, a newcomer
+//! takes the slot of the *oldest* connection still in its handshake, which
+//! is closed. A finished handshake moves the connection into the
+//! authenticated budget (per address and in all), which connections that
+//! never finish a handshake cannot touch: a flood of them, with or without
+//! a key, keeps nobody out.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+/// Connections one peer address may hold in their handshake at once on one
+/// server; a newer one closes its oldest. A legitimate process opens a
+/// handful at a time, so 64 leaves room for many on one host while a flood
+/// from that address only churns its own connections.
+pub const PREAUTH_PER_IP: usize = 64;
+
+/// Connections all peers together may hold in their handshake at once on
+/// one server; a newer one closes the oldest of all.
+pub const PREAUTH_TOTAL: usize = 512;
+
+/// The sizes of a server's budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetLimits {
+    /// Authenticated connections one peer address may hold (`usize::MAX`: no cap).
+    pub per_ip: usize,
+    /// Authenticated connections in all.
+    pub total: usize,
+    /// Connections in their handshake one peer address may hold.
+    pub preauth_per_ip: usize,
+    /// Connections in their handshake in all.
+    pub preauth_total: usize,
+}
+
+/// Why a connection was refused a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its address holds its share of authenticated connections.
+    PerIp,
+    /// The server holds its most authenticated connections.
+    Total,
+}
+
+/// The two budgets of one server (see the module's documentation).
+pub struct Budgets {
+    limits: BudgetLimits,
+    preauth: Mutex<PreAuth>,
+    authed: Mutex<HashMap<IpAddr, usize>>,
+    slots: Arc<Semaphore>,
+}
+
+/// Connections in their handshake, oldest first.
+#[derive(Default)]
+struct PreAuth {
+    next: u64,
+    /// Per address: (arrival number, what closes it), oldest first.
+    by_ip: HashMap<IpAddr, VecDeque<(u64, CancellationToken)>>,
+    /// Every one by arrival number.
+    order: BTreeMap<u64, IpAddr>,
+}
+
+impl PreAuth {
+    /// Takes out the oldest connection of `ip`, if it has one.
+    fn pop_oldest_of(&mut self, ip: IpAddr) -> Option<CancellationToken> {
+        let queue = self.by_ip.get_mut(&ip)?;
+        let (seq, token) = queue.pop_front()?;
+        if queue.is_empty() {
+            self.by_ip.remove(&ip);
+        }
+        self.order.remove(&seq);
+        Some(token)
+    }
+
+    /// Takes out connection `seq` of `ip`; whether it was still here.
+    fn remove(&mut self, ip: IpAddr, seq: u64) -> bool {
+        if self.order.remove(&seq).is_none() {
+            return false;
+        }
+        if let Some(queue) = self.by_ip.get_mut(&ip) {
+            queue.retain(|(s, _)| *s != seq);
+            if queue.is_empty() {
+                self.by_ip.remove(&ip);
+            }
+        }
+        true
+    }
+}
+
+impl Budgets {
+    /// Empty budgets of these sizes.
+    pub fn new(limits: BudgetLimits) -> Arc<Budgets> {
+        Arc::new(Budgets {
+            limits,
+            preauth: Mutex::default(),
+            authed: Mutex::default(),
+            slots: Arc::new(Semaphore::new(limits.total)),
+        })
+    }
+
+    /// A slot in the handshake budget for a connection from `ip`, and how
+    /// many older connections in their handshake were closed to make room
+    /// (their [`PreAuthSlot::evicted`] fires). Refused only when the
+    /// connection could not be admitted after its handshake either: its
+    /// address, or the server, holds every authenticated slot it may.
+    pub fn arrive(self: &Arc<Self>, ip: IpAddr) -> Result<(PreAuthSlot, usize), Refused> {
+        if self.authed.lock().get(&ip).copied().unwrap_or(0) >= self.limits.per_ip {
+            return Err(Refused::PerIp);
+        }
+        if self.slots.available_permits() == 0 {
+            return Err(Refused::Total);
+        }
+        let token = CancellationToken::new();
+        let mut evicted = Vec::new();
+        let seq = {
+            let mut pre = self.preauth.lock();
+            let mine = pre.by_ip.get(&ip).map_or(0, VecDeque::len);
+            if mine >= self.limits.preauth_per_ip.max(1) {
+                evicted.extend(pre.pop_oldest_of(ip));
+            }
+            while pre.order.len() >= self.limits.preauth_total.max(1) {
+                let oldest = *pre.order.values().next().expect("a connection");
+                evicted.extend(pre.pop_oldest_of(oldest));
+            }
+            let seq = pre.next;
+            pre.next += 1;
+            pre.by_ip
+                .entry(ip)
+                .or_default()
+                .push_back((seq, token.clone()));
+            pre.order.insert(seq, ip);
+            seq
+        };
+        for t in &evicted {
+            t.cancel();
+        }
+        let slot = PreAuthSlot {
+            budgets: self.clone(),
+            ip,
+            seq,
+            token,
+        };
+        Ok((slot, evicted.len()))
+    }
+
+    /// Connections in their handshake now (from `ip`, or in all).
+    pub fn preauth(&self, ip: Option<IpAddr>) -> usize {
+        let pre = self.preauth.lock();
+        match ip {
+            Some(ip) => pre.by_ip.get(&ip).map_or(0, VecDeque::len),
+            None => pre.order.len(),
+        }
+    }
+
+    /// Authenticated connections now (from `ip`, or in all).
+    pub fn authenticated(&self, ip: Option<IpAddr>) -> usize {
+        match ip {
+            Some(ip) => self.authed.lock().get(&ip).copied().unwrap_or(0),
+            None => self.limits.total - self.slots.available_permits(),
+        }
+    }
+}
+
+/// A connection's slot in the handshake budget; given back when dropped.
+pub struct PreAuthSlot {
+    budgets: Arc<Budgets>,
+    ip: IpAddr,
+    seq: u64,
+    token: CancellationToken,
+}
+
+impl PreAuthSlot {
+    /// Resolves once a newer connection took this slot: the handshake must
+    /// be abandoned and the connection closed.
+    pub fn evicted(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+
+    /// Whether a newer connection took this slot.
+    pub fn is_evicted(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// The handshake finished: gives this slot back and takes one in the
+    /// authenticated budget, unless that budget is full for the address or
+    /// in all (or this slot was taken meanwhile, counted as the total).
+    pub fn admit(self) -> Result<Admitted, Refused> {
+        if self.is_evicted() {
+            return Err(Refused::Total);
+        }
+        let budgets = self.budgets.clone();
+        let ip = self.ip;
+        drop(self);
+        let mut authed = budgets.authed.lock();
+        let n = authed.entry(ip).or_default();
+        if *n >= budgets.limits.per_ip {
+            if *n == 0 {
+                authed.remove(&ip);
+            }
+            return Err(Refused::PerIp);
+        }
+        let Ok(permit) = budgets.slots.clone().try_acquire_owned() else {
+            if *n == 0 {
+                authed.remove(&ip);
+            }
+            return Err(Refused::Total);
+        };
+        *n += 1;
+        drop(authed);
+        Ok(Admitted {
+            budgets,
+            ip,
+            _permit: permit,
+        })
+    }
+}
+
+impl Drop for PreAuthSlot {
+    fn drop(&mut self) {
+        self.budgets.preauth.lock().remove(self.ip, self.seq);
+    }
+}
+
+/// An authenticated connection's slot; given back when dropped.
+pub struct Admitted {
+    budgets: Arc<Budgets>,
+    ip: IpAddr,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut authed = self.budgets.authed.lock();
+        if let Some(n) = authed.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                authed.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    fn budgets(per_ip: usize, total: usize, pre_ip: usize, pre_total: usize) -> Arc<Budgets> {
+        Budgets::new(BudgetLimits {
+            per_ip,
+            total,
+            preauth_per_ip: pre_ip,
+            preauth_total: pre_total,
+        })
+    }
+
+    #[test]
+    fn a_full_address_gives_its_oldest_handshake_slot_to_a_newcomer() {
+        let b = budgets(100, 100, 3, 100);
+        let mut slots: Vec<PreAuthSlot> = (0..3).map(|_| b.arrive(ip(1)).unwrap().0).collect();
+        let other = b.arrive(ip(2)).unwrap().0;
+        let (newest, evicted) = b.arrive(ip(1)).unwrap();
+        assert_eq!(evicted, 1);
+        assert!(slots[0].is_evicted(), "the oldest of that address goes");
+        assert!(!slots[1].is_evicted() && !slots[2].is_evicted());
+        assert!(!other.is_evicted(), "another address keeps its slot");
+        assert!(!newest.is_evicted());
+        assert_eq!(b.preauth(Some(ip(1))), 3);
+        assert_eq!(b.preauth(None), 4);
+        // An evicted slot cannot be admitted; its drop changes nothing.
+        let first = slots.remove(0);
+        assert_eq!(first.admit().err(), Some(Refused::Total));
+        assert_eq!(b.preauth(None), 4);
+    }
+
+    #[test]
+    fn a_full_server_gives_the_oldest_handshake_slot_of_all_to_a_newcomer() {
+        let b = budgets(100, 100, 10, 4);
+        let a: Vec<PreAuthSlot> = (0..2).map(|_| b.arrive(ip(1)).unwrap().0).collect();
+        let c: Vec<PreAuthSlot> = (0..2).map(|_| b.arrive(ip(2)).unwrap().0).collect();
+        let (_new, evicted) = b.arrive(ip(3)).unwrap();
+        assert_eq!(evicted, 1);
+        assert!(a[0].is_evicted());
+        assert!(!a[1].is_evicted() && !c[0].is_evicted() && !c[1].is_evicted());
+        let (_new, _) = b.arrive(ip(3)).unwrap();
+        assert!(a[1].is_evicted(), "then the next oldest");
+        assert_eq!(b.preauth(None), 4);
+        assert_eq!(b.preauth(Some(ip(1))), 0);
+    }
+
+    #[tokio::test]
+    async fn an_evicted_connection_learns_it() {
+        let b = budgets(100, 100, 1, 100);
+        let (old, _) = b.arrive(ip(1)).unwrap();
+        let (_new, _) = b.arrive(ip(1)).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(1), old.evicted())
+            .await
+            .expect("the eviction is signalled");
+    }
+
+    #[test]
+    fn a_finished_handshake_leaves_the_handshake_budget_for_the_authenticated_one() {
+        let b = budgets(2, 3, 1, 1);
+        let (s, _) = b.arrive(ip(1)).unwrap();
+        let first = s.admit().expect("admitted");
+        assert_eq!((b.preauth(None), b.authenticated(Some(ip(1)))), (0, 1));
+        // A flood of handshakes that never finish does not touch it.
+        let flood: Vec<PreAuthSlot> = (0..10).map(|_| b.arrive(ip(1)).unwrap().0).collect();
+        assert_eq!(flood.iter().filter(|s| !s.is_evicted()).count(), 1);
+        let last = flood.into_iter().last().unwrap();
+        let second = last.admit().expect("a newcomer gets in despite the flood");
+        // The address holds its share now: refused at once, then at admit.
+        assert_eq!(b.arrive(ip(1)).err(), Some(Refused::PerIp));
+        let (other, _) = b.arrive(ip(2)).unwrap();
+        let third = other.admit().expect("another address");
+        assert_eq!(b.authenticated(None), 3);
+        assert_eq!(b.arrive(ip(3)).err(), Some(Refused::Total));
+        drop((first, second, third));
+        assert_eq!(b.authenticated(None), 0);
+        assert_eq!(b.authenticated(Some(ip(1))), 0);
+        assert!(b.authed.lock().is_empty());
+        assert!(b.preauth.lock().by_ip.is_empty());
+    }
+
+    #[test]
+    fn admit_rechecks_the_authenticated_budget() {
+        let b = budgets(1, 10, 10, 10);
+        let (x, _) = b.arrive(ip(1)).unwrap();
+        let (y, _) = b.arrive(ip(1)).unwrap();
+        let _in = x.admit().expect("first");
+        assert_eq!(y.admit().err(), Some(Refused::PerIp));
+        assert_eq!(b.preauth(None), 0);
+    }
+}
