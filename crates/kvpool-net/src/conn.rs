@@ -49,6 +49,15 @@ pub const MAX_HELLO: u32 = 4 << 10;
 /// A message buffer larger than this is given back after use, so one big
 /// message does not pin its memory for the connection's life.
 const KEEP_META: usize = 1 << 20;
+/// What a server connection's message buffers may keep while it waits for
+/// a request: larger ones are given back once it has been idle for
+/// [`SHRINK_AFTER`], so a connection that once carried a 16 MiB message
+/// does not hold 16 MiB while it idles.
+pub const IDLE_BUFFER: usize = IO_BUFFER;
+/// How long a server connection holding buffers over [`IDLE_BUFFER`] waits
+/// for its next request before giving them back (back-to-back big
+/// requests reuse them).
+pub const SHRINK_AFTER: Duration = Duration::from_secs(1);
 
 /// Maps an I/O failure to the stable code callers retry on.
 pub fn io_error(context: &str, e: io::Error) -> KvError {
@@ -430,13 +439,45 @@ impl FramedConn {
 
     /// Reads the next request header on a server: `Ok(None)` on a clean end
     /// of stream, or when no request started within [`IDLE_TIMEOUT`].
+    /// Message buffers over [`IDLE_BUFFER`] are given back once no request
+    /// started for [`SHRINK_AFTER`].
     pub async fn next_request(&mut self) -> KvResult<Option<FrameHeader>> {
-        match tokio::time::timeout(IDLE_TIMEOUT, self.read_header()).await {
+        let deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
+        let big = self.meta_buf.capacity().max(self.out_buf.capacity()) > IDLE_BUFFER;
+        if big && self.reader.buffer().is_empty() {
+            // Waits for input without taking any (a dropped `fill_buf`
+            // loses nothing): an end or error is left to read_header.
+            use tokio::io::AsyncBufReadExt;
+            if tokio::time::timeout(SHRINK_AFTER, self.reader.fill_buf())
+                .await
+                .is_err()
+            {
+                self.shrink_buffers();
+            }
+        }
+        match tokio::time::timeout_at(deadline, self.read_header()).await {
             Ok(r) => r,
             Err(_) => {
                 tracing::debug!(peer = %self.peer, "idle connection closed");
                 Ok(None)
             }
+        }
+    }
+
+    /// Bytes this connection holds in buffers of its own (reads, writes,
+    /// messages), however much of them is in use.
+    pub fn buffered_bytes(&self) -> usize {
+        2 * IO_BUFFER + self.meta_buf.capacity() + self.out_buf.capacity()
+    }
+
+    /// Gives back message buffers over [`IDLE_BUFFER`] (the read and write
+    /// buffers are [`IDLE_BUFFER`] each and stay).
+    pub fn shrink_buffers(&mut self) {
+        if self.meta_buf.capacity() > IDLE_BUFFER {
+            self.meta_buf = Vec::new();
+        }
+        if self.out_buf.capacity() > IDLE_BUFFER {
+            self.out_buf = Vec::new();
         }
     }
 

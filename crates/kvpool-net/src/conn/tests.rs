@@ -40,3 +40,45 @@ async fn a_silent_peer_costs_one_connect_timeout_and_probes_run_aside() {
     tokio::time::sleep(timeout).await;
     assert!(pool.is_down());
 }
+
+/// A server connection that carried a big message gives its buffer back
+/// once idle, and keeps serving.
+#[tokio::test]
+async fn big_message_buffers_are_given_back_when_the_connection_idles() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let client = TcpStream::connect(&addr);
+    let (client, accepted) = tokio::join!(client, listener.accept());
+    let mut client = FramedConn::from_stream(client.unwrap(), Limits::default()).unwrap();
+    let mut server = FramedConn::from_stream(accepted.unwrap().0, Limits::default()).unwrap();
+    let small = server.buffered_bytes();
+    assert!(small <= 2 * IO_BUFFER + IDLE_BUFFER, "{small}");
+    let big = vec![7u8; 8 << 20];
+    let h = FrameHeader::request(Opcode::Exist, 1, big.len() as u32, 0);
+    let send = async {
+        client.send_frame(&h, &big, &[]).await.unwrap();
+        client.flush().await.unwrap();
+    };
+    let (_, got) = tokio::join!(send, server.next_request());
+    let got = got.unwrap().expect("a request");
+    assert_eq!(
+        server.read_meta(got.meta_len).await.unwrap().len(),
+        big.len()
+    );
+    assert!(server.buffered_bytes() >= big.len());
+    // Idle past SHRINK_AFTER, then a small request.
+    let next = async {
+        tokio::time::sleep(SHRINK_AFTER * 2).await;
+        let h = FrameHeader::request(Opcode::Exist, 2, 3, 0);
+        client.send_frame(&h, b"abc", &[]).await.unwrap();
+        client.flush().await.unwrap();
+    };
+    let (_, got) = tokio::join!(next, server.next_request());
+    let got = got.unwrap().expect("a request");
+    assert!(
+        server.buffered_bytes() <= 2 * IO_BUFFER + IDLE_BUFFER,
+        "{} bytes held after idling",
+        server.buffered_bytes()
+    );
+    assert_eq!(server.read_meta(got.meta_len).await.unwrap(), b"abc");
+}
