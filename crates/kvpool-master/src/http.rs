@@ -3,7 +3,9 @@
 //! Mooncake clients expect (`GET/PUT/DELETE /metadata?key=K`).
 //!
 //! Both listeners serve at most [`HttpLimits::max_connections`] connections
-//! at once (more are closed at accept), close a connection whose request
+//! at once, and at most [`HttpLimits::max_connections_per_ip`] from one peer
+//! address (more are closed at accept, so one address cannot keep
+//! `/health` and `/metrics` from everyone else), close a connection whose request
 //! header does not arrive within [`HttpLimits::header_read_timeout`] (idle
 //! keep-alive connections included), and answer 408 to a request not
 //! handled within [`HttpLimits::request_timeout`]. The metadata service
@@ -40,6 +42,9 @@ use crate::{status_page, Master};
 pub struct HttpLimits {
     /// Connections each HTTP listener serves at once; more are closed at accept.
     pub max_connections: usize,
+    /// Connections each HTTP listener serves at once from one peer address
+    /// (0: no per-address cap); more are closed at accept.
+    pub max_connections_per_ip: usize,
     /// A request's header must arrive within this long of the connection
     /// opening or the previous response; else the connection is closed.
     pub header_read_timeout: Duration,
@@ -57,6 +62,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             max_connections: 1024,
+            max_connections_per_ip: 64,
             header_read_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             metadata_max_value: 1 << 20,
@@ -272,6 +278,12 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let per_ip = match limits.max_connections_per_ip {
+        0 => usize::MAX,
+        n => n,
+    };
+    // Open connections per peer address; an entry goes when its last does.
+    let by_ip: Arc<Mutex<HashMap<std::net::IpAddr, usize>>> = Arc::default();
     let tracker = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -286,6 +298,16 @@ pub async fn serve(
                 }
             },
         };
+        let ip = peer.ip();
+        let held = by_ip.lock().get(&ip).copied().unwrap_or(0);
+        if held >= per_ip {
+            let why = format!("{peer}: {ip} holds {held} HTTP connections, its limit; closed");
+            master
+                .state
+                .refusals()
+                .record(Refusal::HttpConnectionsPerIp, 1, &why);
+            continue;
+        }
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             let why = format!(
                 "{peer}: {} HTTP connections open, the limit; closed",
@@ -297,8 +319,10 @@ pub async fn serve(
                 .record(Refusal::HttpConnections, 1, &why);
             continue;
         };
+        *by_ip.lock().entry(ip).or_default() += 1;
         let (http, router, stop, tls) =
             (http.clone(), router.clone(), shutdown.clone(), tls.clone());
+        let by_ip = by_ip.clone();
         let handshake_limit = limits.header_read_timeout;
         tracker.spawn(async move {
             let r = match tls {
@@ -316,6 +340,13 @@ pub async fn serve(
                 tracing::debug!(%peer, error = %e, "HTTP connection closed");
             }
             drop(slot);
+            let mut open = by_ip.lock();
+            if let Some(n) = open.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&ip);
+                }
+            }
         });
     }
     tracker.close();

@@ -44,6 +44,9 @@ pub enum Refusal {
     HardPinnedPool,
     /// An HTTP connection beyond `--http-max-connections`.
     HttpConnections,
+    /// An HTTP connection from an address that holds
+    /// `--http-max-connections-per-ip` on that listener already.
+    HttpConnectionsPerIp,
     /// A metadata value over `--metadata-max-value-size`.
     MetadataValueSize,
     /// A new metadata key beyond `--metadata-max-keys` (or total bytes).
@@ -53,6 +56,9 @@ pub enum Refusal {
     ConnectionsPerIp,
     /// A connection beyond the RPC port's total (counted likewise).
     Connections,
+    /// A connection still in its handshake, closed to make room for a
+    /// newer one (the handshake budget of `kvpool-net`'s accept loop).
+    PreauthEvicted,
 }
 
 impl Refusal {
@@ -73,10 +79,12 @@ impl Refusal {
             Refusal::HardPinnedBytes => "hard_pinned_bytes_per_client",
             Refusal::HardPinnedPool => "hard_pinned_bytes_pool",
             Refusal::HttpConnections => "http_connections",
+            Refusal::HttpConnectionsPerIp => "http_connections_per_ip",
             Refusal::MetadataValueSize => "metadata_value_size",
             Refusal::MetadataKeys => "metadata_keys",
             Refusal::ConnectionsPerIp => "connections_per_ip",
             Refusal::Connections => "connections",
+            Refusal::PreauthEvicted => "preauth_evicted",
         }
     }
 }
@@ -98,7 +106,7 @@ pub struct Refusals {
     /// Per reason: when it was last logged, and refusals since.
     logged: Mutex<HashMap<Refusal, (Instant, u64)>>,
     /// Connection refusals of `kvpool-net`'s accept loops already counted.
-    synced: Mutex<(u64, u64)>,
+    synced: Mutex<(u64, u64, u64)>,
 }
 
 impl Refusals {
@@ -155,10 +163,13 @@ impl Refusals {
     /// Adds the connections refused by this process's accept loops since
     /// the last call (they count in `kvpool-net`, which has no metrics).
     pub fn sync_connections(&self) {
-        use kvpool_net::server::{REFUSED_CONNECTIONS, REFUSED_CONNECTIONS_PER_IP};
+        use kvpool_net::server::{
+            PREAUTH_EVICTED, REFUSED_CONNECTIONS, REFUSED_CONNECTIONS_PER_IP,
+        };
         let mut synced = self.synced.lock();
         let per_ip = REFUSED_CONNECTIONS_PER_IP.load(Ordering::Relaxed);
         let total = REFUSED_CONNECTIONS.load(Ordering::Relaxed);
+        let evicted = PREAUTH_EVICTED.load(Ordering::Relaxed);
         let count = |r: Refusal, n: u64| {
             self.counts
                 .get_or_create(&ReasonLabel { reason: r.label() })
@@ -166,7 +177,12 @@ impl Refusals {
         };
         count(Refusal::ConnectionsPerIp, per_ip.saturating_sub(synced.0));
         count(Refusal::Connections, total.saturating_sub(synced.1));
-        *synced = (per_ip.max(synced.0), total.max(synced.1));
+        count(Refusal::PreauthEvicted, evicted.saturating_sub(synced.2));
+        *synced = (
+            per_ip.max(synced.0),
+            total.max(synced.1),
+            evicted.max(synced.2),
+        );
     }
 }
 

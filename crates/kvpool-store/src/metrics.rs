@@ -167,7 +167,7 @@ impl StoreMetrics {
         );
         registry.register(
             "connections_refused",
-            "Connections this process's accept loops closed at a limit (process-wide: in `kvpool up` the master's too)",
+            "Connections this process's accept loops closed at a limit (per_ip, max_connections) or, still in their handshake, to make room for a newer one (preauth_evicted); process-wide: in `kvpool up` the master's too",
             m.refused.clone(),
         );
         registry.register(
@@ -192,10 +192,13 @@ impl StoreMetrics {
             let l = SegmentLabel { segment: name };
             self.disk_online.get_or_create(&l).set(online as i64);
         }
-        use kvpool_net::server::{REFUSED_CONNECTIONS, REFUSED_CONNECTIONS_PER_IP};
+        use kvpool_net::server::{
+            PREAUTH_EVICTED, REFUSED_CONNECTIONS, REFUSED_CONNECTIONS_PER_IP,
+        };
         for (reason, n) in [
             ("max_connections", &REFUSED_CONNECTIONS),
             ("per_ip", &REFUSED_CONNECTIONS_PER_IP),
+            ("preauth_evicted", &PREAUTH_EVICTED),
         ] {
             let n = n.load(Ordering::Relaxed) as i64;
             self.refused.get_or_create(&ReasonLabel { reason }).set(n);

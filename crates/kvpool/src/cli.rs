@@ -334,6 +334,10 @@ pub struct MasterArgs {
     /// Connections each HTTP listener (metrics/admin, metadata) serves at once.
     #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
     pub http_max_connections: usize,
+    /// Connections each HTTP listener serves at once from one peer address
+    /// (0: no per-address cap).
+    #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS_PER_IP", default_value_t = 64)]
+    pub http_max_connections_per_ip: usize,
     /// An HTTP request header must arrive within this long, else the
     /// connection is closed (idle keep-alive connections too).
     #[arg(long, env = "KVPOOL_HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
@@ -402,6 +406,7 @@ impl MasterArgs {
             http_metadata_server_port: self.http_metadata_server_port,
             http: HttpLimits {
                 max_connections: self.http_max_connections,
+                max_connections_per_ip: self.http_max_connections_per_ip,
                 header_read_timeout: self.http_header_read_timeout,
                 request_timeout: self.http_request_timeout,
                 metadata_max_value: usize::try_from(self.metadata_max_value_size)?,
