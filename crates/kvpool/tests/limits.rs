@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use common::{eventually, free_port, http_get, Cluster};
 use kvpool_client::ReplicateConfig;
 use kvpool_net::FramedConn;
-use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
+use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode, MIN_PROTOCOL_VERSION};
 use kvpool_proto::msg::{
-    ClientId, Exist, GetReplicaList, Heartbeat, InvalidateReq, InventoryItem, MountSegment, PutEnd,
-    PutEndItem, PutGrant, PutItem, PutRevoke, PutStart, RegisterClient, Remove, RemoveByRegex,
-    ReportObjects, SegmentId, SegmentInfo, Touch, TouchItem, UnmountSegment, WireResult,
+    ClientId, Exist, GetReplicaList, Heartbeat, Hello, InvalidateReq, InventoryItem, MountSegment,
+    PutEnd, PutEndItem, PutGrant, PutItem, PutRevoke, PutStart, RegisterClient, Remove,
+    RemoveByRegex, ReportObjects, SegmentId, SegmentInfo, Touch, TouchItem, UnmountSegment,
+    WireResult,
 };
 use kvpool_proto::Rpc;
 use kvpool_proto::{Code, KvError, KvResult, MAX_BATCH_KEYS, MAX_KEY_LEN};
@@ -614,6 +615,22 @@ async fn connect_from(from: &str, addr: &str) -> TcpStream {
         .expect("connect")
 }
 
+/// A connection from `from` to the master past the handshake (in the
+/// oldest protocol, which needs no more of it), proved admitted by a call.
+async fn admitted_from(from: &str, addr: &str) -> KvResult<FramedConn> {
+    let mut conn = FramedConn::from_stream(connect_from(from, addr).await, Limits::default())?;
+    let hello = Hello {
+        version: MIN_PROTOCOL_VERSION,
+        min_version: MIN_PROTOCOL_VERSION,
+        role: "test".into(),
+        nonce: [0; 16],
+    };
+    conn.call(&hello).await?;
+    // Any answer will do (the outer error is a closed connection).
+    let _answer = conn.exchange(&Exist { keys: Vec::new() }).await?;
+    Ok(conn)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_cannot_take_every_connection() {
     const PER_IP: usize = 32;
@@ -621,21 +638,19 @@ async fn one_address_cannot_take_every_connection() {
         .master_flag("--max-connections-per-ip", &PER_IP.to_string())
         .start()
         .await;
-    // A flood from one address: the connections past its share are closed
-    // at once, the others wait in the handshake.
-    let mut flood = Vec::new();
-    for _ in 0..4 * PER_IP {
-        flood.push(connect_from("127.0.0.2", &cluster.master_addr).await);
+    let master = cluster.master_addr.clone();
+    // Authenticated connections from one address, up to its share.
+    let mut held = Vec::new();
+    for i in 0..PER_IP {
+        let conn = admitted_from("127.0.0.2", &master).await;
+        held.push(conn.unwrap_or_else(|e| panic!("connection {i} within the share: {e}")));
     }
-    // All at once: the ones let in are closed if they say nothing for 5 s.
-    let closed = futures::future::join_all(
-        flood
-            .iter_mut()
-            .map(|s| closed_within(s, Duration::from_millis(500))),
-    )
-    .await;
-    let open = closed.iter().filter(|&&c| !c).count();
-    assert_eq!(open, PER_IP, "connections from 127.0.0.2 left open");
+    // Past it: closed at accept, before any handshake.
+    for _ in 0..PER_IP {
+        let mut s = connect_from("127.0.0.2", &master).await;
+        assert!(closed_within(&mut s, Duration::from_millis(500)).await);
+    }
+    assert!(admitted_from("127.0.0.2", &master).await.is_err());
     // Everyone else is served meanwhile: a client from 127.0.0.1, and a
     // handshake from a third address.
     let client = cluster.client().await;
@@ -643,18 +658,16 @@ async fn one_address_cannot_take_every_connection() {
         .put("per-ip/ok", b"1", &ReplicateConfig::default())
         .await
         .expect("put during the flood");
-    let mut other = connect_from("127.0.0.3", &cluster.master_addr).await;
-    assert!(!closed_within(&mut other, Duration::from_millis(300)).await);
-    assert!(refusals(&cluster, "connections_per_ip").await >= 3 * PER_IP as u64);
-    // Once the flood is gone, that address connects again.
-    drop(flood);
+    admitted_from("127.0.0.3", &master)
+        .await
+        .expect("another address");
+    assert!(refusals(&cluster, "connections_per_ip").await >= PER_IP as u64);
+    // Once they are gone, that address connects again.
+    drop(held);
     eventually(
         "127.0.0.2 to connect again",
         Duration::from_secs(5),
-        async || {
-            let mut s = connect_from("127.0.0.2", &cluster.master_addr).await;
-            (!closed_within(&mut s, Duration::from_millis(200)).await).then_some(())
-        },
+        async || admitted_from("127.0.0.2", &master).await.ok(),
     )
     .await;
 }
@@ -763,4 +776,193 @@ async fn the_metadata_service_refuses_big_values_and_too_many_keys() {
     assert_eq!(put("k10", 10).await.0, 200);
     assert!(refusals(&cluster, "metadata_value_size").await >= 1);
     assert!(refusals(&cluster, "metadata_keys").await >= 1);
+}
+
+/// Opens `n` TCP connections to `addr` from `from` that never say a word.
+async fn silent_flood(from: &str, addr: &str, n: usize) -> Vec<TcpStream> {
+    let mut flood = Vec::with_capacity(n);
+    for _ in 0..n {
+        flood.push(connect_from(from, addr).await);
+    }
+    flood
+}
+
+/// How many of `socks` the peer has closed, each given `within`.
+async fn closed_of(socks: &mut [TcpStream], within: Duration) -> usize {
+    let closed =
+        futures::future::join_all(socks.iter_mut().map(|s| closed_within(s, within))).await;
+    closed.into_iter().filter(|&c| c).count()
+}
+
+/// Attack 6 of the tenancy issue: without any key, 1,024 connections from
+/// one address (every process of a host shares it; on loopback everything
+/// does) used to refuse every new client of that address, and half the
+/// reads on a flooded store failed. Connections in their handshake now have
+/// a budget of their own where a newcomer evicts the oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unauthenticated_connections_locks_nobody_out() {
+    const FLOOD: usize = 1100;
+    let cluster = Cluster::builder().secured().start().await;
+    let before = cluster.client().await;
+    let keys: Vec<String> = (0..32).map(|i| format!("flood/{i}")).collect();
+    for k in &keys {
+        before
+            .put(k, k.as_bytes(), &ReplicateConfig::default())
+            .await
+            .expect("put before the flood");
+    }
+    let store = before.status().await.expect("status").segments[0]
+        .info
+        .endpoint
+        .clone();
+    // From the address everyone here uses, to both the master and the
+    // store: more than the old per-address cap, and none says a word.
+    let mut on_master = silent_flood("127.0.0.1", &cluster.master_addr, FLOOD).await;
+    let mut on_store = silent_flood("127.0.0.1", &store, FLOOD).await;
+
+    // A new client from that address connects, puts and reads (from the
+    // store, on connections it opens now), within retries too short to
+    // wait out the flood's handshake timeout (5 s): a lock-out fails it.
+    let newcomer = cluster
+        .client_with(|c| {
+            c.timeout = Duration::from_secs(2);
+            c.retry_for = Duration::from_secs(2);
+        })
+        .await;
+    newcomer
+        .put("flood/new", b"new", &ReplicateConfig::default())
+        .await
+        .expect("a put by a newcomer during the flood");
+    let mut failed = 0;
+    for k in &keys {
+        match newcomer.get(k).await {
+            Ok(v) => assert_eq!(v, k.as_bytes(), "{k}"),
+            Err(_) => failed += 1,
+        }
+    }
+    assert_eq!(failed, 0, "reads by a newcomer failed during the flood");
+    assert_eq!(before.get("flood/new").await.expect("get"), b"new");
+    // The flood holds at most its share of handshake slots: the rest were
+    // closed to make room, oldest first.
+    let within = Duration::from_millis(500);
+    let open = FLOOD - closed_of(&mut on_master, within).await;
+    assert!(
+        open <= 64,
+        "{open} silent connections still open on the master"
+    );
+    let open = FLOOD - closed_of(&mut on_store, within).await;
+    assert!(
+        open <= 64,
+        "{open} silent connections still open on the store"
+    );
+    assert!(refusals(&cluster, "preauth_evicted").await >= (FLOOD - 64) as u64);
+    // Nothing was refused for the address's share of authenticated slots.
+    assert_eq!(refusals(&cluster, "connections_per_ip").await, 0);
+}
+
+/// Attack 6, HTTP: the cap was per listener only, so one address could
+/// hold all 1,024 connections and keep `/metrics` and `/health`
+/// unreachable. Each address now gets 64 of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_keep_http_health_unreachable() {
+    const FLOOD: usize = 1100;
+    let cluster = Cluster::builder().start().await;
+    let addr = cluster.metrics_addr.clone();
+    // Idle connections from 127.0.0.2: they would be held until the header
+    // timeout (10 s).
+    let mut flood = silent_flood("127.0.0.2", &addr, FLOOD).await;
+    let open = FLOOD - closed_of(&mut flood, Duration::from_millis(500)).await;
+    assert_eq!(open, 64, "connections from 127.0.0.2 left open");
+    // Everyone else is served meanwhile.
+    assert_eq!(http_get(&addr, "/health").await.0, 200);
+    let (code, body) = http_get(&addr, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(body.contains("kvpool_refusals_total"), "{body}");
+    let mut third = connect_from("127.0.0.3", &addr).await;
+    third
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = String::new();
+    let read = third.read_to_string(&mut answer);
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("an answer")
+        .expect("read");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(refusals(&cluster, "http_connections_per_ip").await >= (FLOOD - 64) as u64);
+}
+
+/// One connection's message: `len` bytes that decode to nothing, so the
+/// server reads them whole, answers an error and keeps the connection.
+async fn send_big_message(conn: &mut FramedConn, opcode: Opcode, len: usize) {
+    let id = conn.next_id();
+    let h = FrameHeader::request(opcode, id, len as u32, 0);
+    conn.send_frame(&h, &vec![0xff; len], &[])
+        .await
+        .expect("send");
+    conn.flush().await.expect("flush");
+    let answer = conn.read_answer(id).await.expect("the connection stays");
+    assert!(answer.is_err(), "a message of 0xff decodes to nothing");
+}
+
+/// Attack 5 of the tenancy issue: an idle authenticated connection held on
+/// to the buffer of the biggest message it ever carried (16 MiB), for as
+/// long as it stayed open. Idle connections now give buffers over 64 KiB
+/// back within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_give_back_the_memory_of_big_messages() {
+    const CONNECTIONS: usize = 32;
+    const MESSAGE: usize = 15 << 20;
+    let mut cluster = Cluster::builder().start().await;
+    let client = cluster.client().await;
+    let store = client.status().await.expect("status").segments[0]
+        .info
+        .endpoint
+        .clone();
+    for (name, addr, opcode) in [
+        ("master", cluster.master_addr.clone(), Opcode::Exist),
+        ("store", store, Opcode::Read),
+    ] {
+        let rss = |cluster: &mut Cluster| match name {
+            "master" => cluster.master_process().rss(),
+            _ => cluster.store(0).rss(),
+        };
+        let mut conns = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let c = FramedConn::connect(&addr, "test", Limits::default()).await;
+            conns.push(c.expect("connect"));
+        }
+        let before = rss(&mut cluster);
+        let mut peak = 0;
+        for c in &mut conns {
+            send_big_message(c, opcode, MESSAGE).await;
+            peak = peak.max(rss(&mut cluster));
+        }
+        // Held all at once that would be 32 x 16 MiB = 512 MiB; once idle,
+        // each connection keeps its 64 KiB read and write buffers only.
+        let bound = 96 << 20;
+        let mut grown = u64::MAX;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            grown = rss(&mut cluster).saturating_sub(before);
+            if grown < bound {
+                break;
+            }
+        }
+        eprintln!(
+            "{name}: RSS {} MiB before, peak {} MiB, {} MiB more once idle",
+            before >> 20,
+            peak >> 20,
+            grown >> 20
+        );
+        assert!(
+            grown < bound,
+            "{name}: {CONNECTIONS} idle connections hold {grown} more bytes than before their big messages"
+        );
+        // They still work.
+        for c in &mut conns {
+            send_big_message(c, opcode, 1024).await;
+        }
+    }
 }
