@@ -45,6 +45,8 @@ pub enum Refused {
     PerIp,
     /// The server holds its most authenticated connections.
     Total,
+    /// A newer connection took its handshake slot (counted at eviction).
+    Evicted,
 }
 
 /// The two budgets of one server (see the module's documentation).
@@ -188,10 +190,10 @@ impl PreAuthSlot {
 
     /// The handshake finished: gives this slot back and takes one in the
     /// authenticated budget, unless that budget is full for the address or
-    /// in all (or this slot was taken meanwhile, counted as the total).
+    /// in all, or this slot was taken meanwhile.
     pub fn admit(self) -> Result<Admitted, Refused> {
         if self.is_evicted() {
-            return Err(Refused::Total);
+            return Err(Refused::Evicted);
         }
         let budgets = self.budgets.clone();
         let ip = self.ip;
@@ -277,7 +279,7 @@ mod tests {
         assert_eq!(b.preauth(None), 4);
         // An evicted slot cannot be admitted; its drop changes nothing.
         let first = slots.remove(0);
-        assert_eq!(first.admit().err(), Some(Refused::Total));
+        assert_eq!(first.admit().err(), Some(Refused::Evicted));
         assert_eq!(b.preauth(None), 4);
     }
 

@@ -131,6 +131,8 @@ fn refused(peer: SocketAddr, why: Refused, limits: &BudgetLimits) {
                 &format!("connection limit of {} reached", limits.total),
             );
         }
+        // Counted, and logged, when it was evicted.
+        Refused::Evicted => {}
     }
 }
 
