@@ -142,6 +142,18 @@ pub fn fixed_generation(fixed: &[u8]) -> Option<u64> {
         .then(|| u64::from_le_bytes(fixed[16..24].try_into().unwrap_or([0; 8])))
 }
 
+/// The key bytes of the header at the start of `block`, if its magic is
+/// there and the key lies within `block` (nothing else is checked: a store
+/// compares them with a grant's signature, which a torn header fails).
+pub fn key_at(block: &[u8]) -> Option<&[u8]> {
+    let fixed = block.get(..FIXED_LEN)?;
+    if fixed[..4] != OBJECT_MAGIC {
+        return None;
+    }
+    let key_len = u16::from_le_bytes([fixed[6], fixed[7]]) as usize;
+    block.get(FIXED_LEN..FIXED_LEN + key_len)
+}
+
 /// Destroys the object whose header starts at `object[0]` if that header
 /// still carries `generation`, so a freed region can never be found again by
 /// a scan. A region already reused by a newer object (another generation),

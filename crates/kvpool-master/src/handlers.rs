@@ -40,6 +40,8 @@ pub(crate) struct Ctx<'a> {
     pub role: Role,
     /// The role the peer proved at the handshake.
     pub peer: kvpool_net::auth::Role,
+    /// The protocol version the peer's connection speaks.
+    pub version: u32,
     /// What the reply must wait for, if anything: a new value or a removal
     /// is reported only once the key's old versions are destroyed on their
     /// stores (or can no longer be read without asking this master).
@@ -119,11 +121,13 @@ impl Ctx<'_> {
     }
 
     /// Signs each replica's region for `access` to the object version
-    /// `generation`, when this master has a secret.
-    fn grant(&self, access: u8, generation: u64, replicas: &mut [msg::Replica]) {
-        let Some(key) = &self.master.grants else {
+    /// `generation`, when this master has a secret; with `key`, bound to
+    /// that key's object where the segment's store checks bound grants.
+    fn grant(&self, access: u8, generation: u64, key: Option<&str>, replicas: &mut [msg::Replica]) {
+        let Some(signer) = &self.master.grants else {
             return;
         };
+        let unbound = self.master.unbound.read();
         let ttl = if access & msg::Capability::WRITE != 0 {
             // A put not ended by then is revoked anyway.
             self.master.state.config().pending_ttl
@@ -133,7 +137,10 @@ impl Ctx<'_> {
         let expires = unix_ms().saturating_add(ttl.as_millis() as u64);
         for r in replicas {
             let region = (r.offset, r.len);
-            r.cap = Some(key.sign(access, r.segment, region, (generation, r.fence), expires));
+            let fields = (generation, r.fence);
+            let bound = key.filter(|_| !unbound.contains(&r.segment));
+            let bound = bound.map(str::as_bytes);
+            r.cap = Some(signer.sign(access, r.segment, region, fields, expires, bound));
         }
     }
 
@@ -204,8 +211,16 @@ impl Handle for msg::MountSegment {
             fence: self.fence,
             held: self.held,
         };
+        let id = self.segment.id;
         let s = &cx.master.state;
-        s.mount_scanned(self.client_id, self.segment, spec, cx.now)
+        s.mount_scanned(self.client_id, self.segment, spec, cx.now)?;
+        let mut unbound = cx.master.unbound.write();
+        if cx.version < msg::Capability::KEY_SINCE {
+            unbound.insert(id);
+        } else {
+            unbound.remove(&id);
+        }
+        Ok(())
     }
 }
 
@@ -294,13 +309,13 @@ impl Handle for msg::PutStart {
         );
         // The writer may read back what it wrote (a put is a read hint).
         let access = msg::Capability::READ | msg::Capability::WRITE;
-        for g in v.iter_mut().flatten() {
-            if let msg::PutGrant::Write {
+        for (g, item) in v.iter_mut().zip(&self.items) {
+            if let Ok(msg::PutGrant::Write {
                 generation,
                 replicas,
-            } = g
+            }) = g
             {
-                cx.grant(access, *generation, replicas);
+                cx.grant(access, *generation, Some(&item.key), replicas);
             }
         }
         if m.state.above_watermark() {
@@ -341,7 +356,7 @@ impl Handle for msg::GetReplicaList {
         cx.count_bad_keys("GetReplicaList", self.keys.iter().map(String::as_str));
         let mut v = cx.master.state.get_replica_list(&self.keys, cx.now);
         for l in v.iter_mut().flatten() {
-            cx.grant(msg::Capability::READ, l.generation, &mut l.replicas);
+            cx.grant(msg::Capability::READ, l.generation, None, &mut l.replicas);
         }
         Ok(counted::<Self, _>(cx, v))
     }
@@ -451,10 +466,16 @@ impl Handle for msg::ReplicaAdd {
         cx.master.metrics.record(Self::OPCODE, 1, 0);
         let s = &cx.master.state;
         let mut plan = s.replica_add(self.client_id, &self.key, &self.targets, cx.now)?;
-        cx.grant(msg::Capability::READ, plan.generation, &mut plan.sources);
+        cx.grant(
+            msg::Capability::READ,
+            plan.generation,
+            None,
+            &mut plan.sources,
+        );
         let access = msg::Capability::READ | msg::Capability::WRITE;
         for t in plan.targets.iter_mut().flatten().flatten() {
-            cx.grant(access, plan.generation, std::slice::from_mut(t));
+            let target = std::slice::from_mut(t);
+            cx.grant(access, plan.generation, Some(&self.key), target);
         }
         Ok(plan)
     }

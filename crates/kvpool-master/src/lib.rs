@@ -149,6 +149,11 @@ pub struct Master {
     /// Signs the regions handed out for data-plane access; `None` without
     /// a secret (stores then check nothing).
     grants: Option<CapabilityKey>,
+    /// Segments mounted over a protocol older than
+    /// [`msg::Capability::KEY_SINCE`]: their stores cannot check grants
+    /// bound to a key, so theirs are signed unbound (usually empty; kept
+    /// until the segment is mounted by a newer store).
+    unbound: parking_lot::RwLock<std::collections::HashSet<msg::SegmentId>>,
     evict_soon: Notify,
     /// Wakes the invalidator when a reply waits on it.
     invalidate_now: Notify,
@@ -188,6 +193,7 @@ impl Master {
             metrics,
             history: Default::default(),
             grants,
+            unbound: Default::default(),
             evict_soon: Notify::new(),
             invalidate_now: Notify::new(),
             invalidated: tokio::sync::watch::Sender::new(0),
@@ -385,7 +391,7 @@ impl ControlHandler for Master {
     fn handle(
         &self,
         conn: &mut Option<msg::ClientId>,
-        peer: PeerRole,
+        (peer, version): (PeerRole, u32),
         op: Opcode,
         meta: &[u8],
     ) -> (KvResult<Vec<u8>>, Option<ReplyWait>) {
@@ -396,9 +402,9 @@ impl ControlHandler for Master {
         let mut fence: Option<state::FenceWait> = None;
         let start = std::time::Instant::now();
         let r = if self.may_take_long(op) {
-            off_the_runtime(|| self.answer(op, peer, meta, &mut fence))
+            off_the_runtime(|| self.answer(op, (peer, version), meta, &mut fence))
         } else {
-            self.answer(op, peer, meta, &mut fence)
+            self.answer(op, (peer, version), meta, &mut fence)
         };
         self.metrics.observe_handling(op, start.elapsed());
         if op == Opcode::Heartbeat && conn.is_none() && r.is_ok() {
@@ -463,7 +469,7 @@ impl Master {
     fn answer(
         &self,
         op: Opcode,
-        peer: PeerRole,
+        (peer, version): (PeerRole, u32),
         meta: &[u8],
         fence: &mut Option<state::FenceWait>,
     ) -> KvResult<Vec<u8>> {
@@ -474,6 +480,7 @@ impl Master {
             now,
             role,
             peer,
+            version,
             fence: None,
         };
         let cx = &mut cx;

@@ -7,6 +7,9 @@ use kvpool_proto::msg::{
     ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
 };
 
+/// An admin peer on a connection of this build's protocol.
+const ADMIN: (PeerRole, u32) = (PeerRole::Admin, kvpool_proto::PROTOCOL_VERSION);
+
 fn segment(id: u128) -> SegmentInfo {
     SegmentInfo {
         id: SegmentId(id),
@@ -38,7 +41,7 @@ fn a_store_that_hangs_up_takes_no_new_objects_until_it_is_heard_from() {
         io: Default::default(),
         held: Default::default(),
     });
-    let (r, _) = master.handle(&mut conn, PeerRole::Admin, Opcode::Heartbeat, &beat);
+    let (r, _) = master.handle(&mut conn, ADMIN, Opcode::Heartbeat, &beat);
     r.unwrap();
     assert_eq!(conn, Some(gone), "the connection carries its heartbeats");
     let placed = |key: &str| {
@@ -157,7 +160,7 @@ async fn a_drain_deadline_unmounts_unless_the_master_stopped() {
             segment: "s1".into(),
             unmount_after_ms: Some(10_000),
         });
-        let (r, _) = master.handle(&mut None, PeerRole::Admin, Opcode::DrainSegment, &drain);
+        let (r, _) = master.handle(&mut None, ADMIN, Opcode::DrainSegment, &drain);
         r.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
         if stop_first {
@@ -187,7 +190,7 @@ async fn regex_removals_are_bounded_before_they_walk() {
             force: true,
         });
         master
-            .handle(&mut None, PeerRole::Admin, Opcode::RemoveByRegex, &req)
+            .handle(&mut None, ADMIN, Opcode::RemoveByRegex, &req)
             .0
     };
     let long = remove("a".repeat(4097)).unwrap_err();
@@ -220,7 +223,7 @@ fn batches_over_the_limit_are_refused_whole() {
     let exist = |n| msg::encode(&msg::Exist { keys: keys(n) });
     let over = master.handle(
         &mut None,
-        PeerRole::Admin,
+        ADMIN,
         Opcode::Exist,
         &exist(kvpool_proto::MAX_BATCH_KEYS + 1),
     );
@@ -230,7 +233,7 @@ fn batches_over_the_limit_are_refused_whole() {
     assert_eq!(master.state.refusals().count(Refusal::BatchKeys), 1);
     let at = master.handle(
         &mut None,
-        PeerRole::Admin,
+        ADMIN,
         Opcode::Exist,
         &exist(kvpool_proto::MAX_BATCH_KEYS),
     );
@@ -241,7 +244,7 @@ fn batches_over_the_limit_are_refused_whole() {
     lying[0] = 0xff;
     lying.insert(1, 0xff);
     let e = master
-        .handle(&mut None, PeerRole::Admin, Opcode::GetReplicaList, &lying)
+        .handle(&mut None, ADMIN, Opcode::GetReplicaList, &lying)
         .0
         .unwrap_err();
     assert!(e.message.contains("exceeds the limit"), "{e}");
@@ -262,7 +265,7 @@ fn a_stall_extends_the_recovery_grace() {
         keys: vec!["k".into()],
     });
     let refused = |m: &Master| {
-        m.handle(&mut None, PeerRole::Admin, Opcode::Exist, &exist)
+        m.handle(&mut None, ADMIN, Opcode::Exist, &exist)
             .0
             .is_err_and(|e| e.code == Code::UnavailableInCurrentStatus)
     };
@@ -353,7 +356,7 @@ fn a_recovering_leader_serves_upserts_once_a_segment_is_back() {
         })
     };
     let code = |op, meta: &[u8]| {
-        let r = master.handle(&mut None, PeerRole::Admin, op, meta).0;
+        let r = master.handle(&mut None, ADMIN, op, meta).0;
         r.err().map(|e| e.code)
     };
     let busy = Some(Code::UnavailableInCurrentStatus);
@@ -386,7 +389,7 @@ fn a_leader_past_its_lease_serves_only_status() {
     let exist = msg::encode(&msg::Exist {
         keys: vec!["k".into()],
     });
-    let answer = |m: &Master, op, meta: &[u8]| m.handle(&mut None, PeerRole::Admin, op, meta).0;
+    let answer = |m: &Master, op, meta: &[u8]| m.handle(&mut None, ADMIN, op, meta).0;
     master.lead_until(Some(Instant::now() + Duration::from_secs(60)));
     assert!(answer(&master, Opcode::Exist, &exist).is_ok());
     master.lead_until(Some(Instant::now()));
@@ -437,4 +440,60 @@ async fn lease_expires_with_time() {
     assert_eq!(r[0].as_ref().unwrap_err().code, Code::ObjectHasLease);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(s.remove(&["k".into()], false, Instant::now())[0].is_ok());
+}
+
+/// Grants are bound to the object's key only on segments whose store
+/// checks such grants (mounted at protocol 7 or later): a v6 store would
+/// take the binding bit for a bad signature and refuse every write.
+#[test]
+fn grants_are_bound_to_keys_only_where_the_store_checks_them() {
+    let secret = kvpool_net::auth::Credentials::parse("a cluster secret long enough").unwrap();
+    let grants = CapabilityKey::new(&secret);
+    let master = Master::with_shutdown(StateConfig::default(), grants, CancellationToken::new());
+    let (store, writer) = (ClientId(1), ClientId(2));
+    for (id, name) in [(store, "store"), (writer, "writer")] {
+        master
+            .state
+            .register_client(id, name, Instant::now())
+            .unwrap();
+    }
+    for (id, version) in [(1, 6), (2, msg::Capability::KEY_SINCE)] {
+        let mount = msg::encode(&msg::MountSegment {
+            client_id: store,
+            segment: segment(id),
+            objects: 0,
+            scan_age_ms: 0,
+            possession: [id as u8; 16],
+            fence: 1,
+            held: Vec::new(),
+        });
+        let peer = (PeerRole::Store, version);
+        let (r, _) = master.handle(&mut None, peer, Opcode::MountSegment, &mount);
+        r.unwrap();
+    }
+    let access_on = |name: &str| {
+        let put = msg::encode(&msg::PutStart {
+            client_id: writer,
+            op: rand::random(),
+            items: vec![PutItem {
+                key: format!("on-{name}"),
+                value_len: 10,
+                region_len: 100,
+            }],
+            config: ReplicateConfig {
+                preferred_segments: vec![name.into()],
+                ..Default::default()
+            },
+            upsert: false,
+        });
+        let (r, _) = master.handle(&mut None, ADMIN, Opcode::PutStart, &put);
+        let mut granted: Vec<msg::WireResult<PutGrant>> = msg::decode(&r.unwrap()).unwrap();
+        match granted.remove(0) {
+            Ok(PutGrant::Write { replicas, .. }) => replicas[0].cap.expect("signed").access,
+            other => panic!("{other:?}"),
+        }
+    };
+    let rw = msg::Capability::READ | msg::Capability::WRITE;
+    assert_eq!(access_on("s1"), rw, "a v6 store's segment");
+    assert_eq!(access_on("s2"), rw | msg::Capability::KEY);
 }

@@ -52,7 +52,8 @@ impl CapabilityKey {
     /// Signs `access` (bits of [`Capability::READ`] and
     /// [`Capability::WRITE`]) to the region `(offset, len)` of `segment`
     /// under its mount `fence`, holding the object version `generation`,
-    /// until `expires_ms` (Unix ms).
+    /// until `expires_ms` (Unix ms). With `key`, the grant is bound to the
+    /// object of that key ([`Capability::KEY`]).
     pub fn sign(
         &self,
         access: u8,
@@ -60,9 +61,21 @@ impl CapabilityKey {
         region: (u64, u64),
         (generation, fence): (u64, u64),
         expires_ms: u64,
+        key: Option<&[u8]>,
     ) -> Capability {
+        let access = match key {
+            Some(_) => access | Capability::KEY,
+            None => access & !Capability::KEY,
+        };
         let tag = self
-            .keyed(access, segment, region, (generation, fence), expires_ms)
+            .keyed(
+                access,
+                segment,
+                region,
+                (generation, fence),
+                expires_ms,
+                key,
+            )
             .finalize()
             .into_bytes();
         let mut mac = [0u8; 16];
@@ -76,31 +89,43 @@ impl CapabilityKey {
 
     /// Checks that `grant` allows `access` (one access bit) to `len` bytes
     /// at `offset` of `segment` at `now_ms` (Unix ms): signed by this key,
-    /// for that access, not expired, and covering the whole range.
+    /// for that access, not expired, covering the whole range, and when it
+    /// is bound to a key, for the object of `key` (the key of the object at
+    /// the region's start, `None` when none is there).
     pub fn check(
+        &self,
+        access: u8,
+        segment: SegmentId,
+        grant: Option<&Grant>,
+        range: (u64, u64),
+        now_ms: u64,
+        key: Option<&[u8]>,
+    ) -> KvResult<()> {
+        match (self.admit(access, segment, grant, range, now_ms)?, grant) {
+            (true, Some(g)) => self.check_key(segment, g, key),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`CapabilityKey::check`] but for the signature of a grant bound to a
+    /// key, which needs the object's key: `Ok(true)` when that is still to
+    /// check ([`CapabilityKey::check_key`]). A write checks the key once
+    /// its header has arrived, before any byte lands.
+    pub fn admit(
         &self,
         access: u8,
         segment: SegmentId,
         grant: Option<&Grant>,
         (offset, len): (u64, u64),
         now_ms: u64,
-    ) -> KvResult<()> {
+    ) -> KvResult<bool> {
         let Some((g, cap)) = grant.and_then(|g| g.cap.map(|c| (g, c))) else {
             return Err(denied(
                 "this store requires the master's signed grant with every read and write",
             ));
         };
-        let ok = self
-            .keyed(
-                cap.access,
-                segment,
-                (g.offset, g.len),
-                (g.generation, g.fence),
-                cap.expires_ms,
-            )
-            .verify_truncated_left(&cap.mac)
-            .is_ok();
-        if !ok {
+        let bound = cap.access & Capability::KEY != 0;
+        if !bound && !self.signed(segment, g, &cap, None) {
             return Err(denied("the grant's signature does not match"));
         }
         if cap.access & access == 0 {
@@ -119,7 +144,37 @@ impl CapabilityKey {
                 g.offset, g.len
             )));
         }
+        Ok(bound)
+    }
+
+    /// Checks the signature of a grant bound to a key against `key`, the
+    /// key of the object at the granted region's start (`None`: none is).
+    pub fn check_key(&self, segment: SegmentId, g: &Grant, key: Option<&[u8]>) -> KvResult<()> {
+        let Some(cap) = g.cap else {
+            return Err(denied("the grant is not signed"));
+        };
+        let Some(key) = key else {
+            return Err(denied("the grant's object is not in its region"));
+        };
+        if !self.signed(segment, g, &cap, Some(key)) {
+            return Err(denied(
+                "the grant's signature does not match (another region, or an object of another key)",
+            ));
+        }
         Ok(())
+    }
+
+    fn signed(&self, segment: SegmentId, g: &Grant, cap: &Capability, key: Option<&[u8]>) -> bool {
+        let fields = (g.generation, g.fence);
+        let mac = self.keyed(
+            cap.access,
+            segment,
+            (g.offset, g.len),
+            fields,
+            cap.expires_ms,
+            key,
+        );
+        mac.verify_truncated_left(&cap.mac).is_ok()
     }
 
     fn keyed(
@@ -129,13 +184,19 @@ impl CapabilityKey {
         (offset, len): (u64, u64),
         (generation, fence): (u64, u64),
         expires_ms: u64,
+        key: Option<&[u8]>,
     ) -> Hmac<Sha256> {
         let mut m = self.mac.clone();
-        // Fixed-width fields: no two different grants hash alike.
+        // Fixed-width fields, then the key last with its length: no two
+        // different grants hash alike.
         m.update(&[access]);
         m.update(&segment.0.to_le_bytes());
         for v in [offset, len, generation, fence, expires_ms] {
             m.update(&v.to_le_bytes());
+        }
+        if let Some(key) = key {
+            m.update(&(key.len() as u64).to_le_bytes());
+            m.update(key);
         }
         m
     }
@@ -168,7 +229,7 @@ mod tests {
             len: region.1,
             generation: gen,
             fence: 42,
-            cap: Some(k.sign(access, SegmentId(seg), region, (gen, 42), 1_000_000)),
+            cap: Some(k.sign(access, SegmentId(seg), region, (gen, 42), 1_000_000, None)),
         }
     }
 
@@ -187,12 +248,12 @@ mod tests {
         );
         let by_store = CapabilityKey::new(&store).unwrap();
         assert!(by_store
-            .check(Capability::READ, SegmentId(1), Some(&g), (64, 64), 0)
+            .check(Capability::READ, SegmentId(1), Some(&g), (64, 64), 0, None)
             .is_ok());
         let other = Credentials::parse("another cluster's secret!").unwrap();
         let e = CapabilityKey::new(&other)
             .unwrap()
-            .check(Capability::READ, SegmentId(1), Some(&g), (64, 64), 0)
+            .check(Capability::READ, SegmentId(1), Some(&g), (64, 64), 0, None)
             .unwrap_err();
         assert_eq!(e.code, Code::Unauthorized);
     }
@@ -202,13 +263,62 @@ mod tests {
         let k = key();
         let g = grant(&k, Capability::WRITE, 1, (0, 8), 1);
         let skew = CLOCK_SKEW.as_millis() as u64;
-        let at = |now| k.check(Capability::WRITE, SegmentId(1), Some(&g), (0, 8), now);
+        let at = |now| k.check(Capability::WRITE, SegmentId(1), Some(&g), (0, 8), now, None);
         assert!(at(1_000_000 + skew).is_ok());
         assert!(at(1_000_001 + skew).is_err());
-        let missing = k.check(Capability::WRITE, SegmentId(1), None, (0, 8), 0);
+        let missing = k.check(Capability::WRITE, SegmentId(1), None, (0, 8), 0, None);
         assert_eq!(missing.unwrap_err().code, Code::Unauthorized);
         let unsigned = Grant { cap: None, ..g };
-        let r = k.check(Capability::WRITE, SegmentId(1), Some(&unsigned), (0, 8), 0);
+        let r = k.check(
+            Capability::WRITE,
+            SegmentId(1),
+            Some(&unsigned),
+            (0, 8),
+            0,
+            None,
+        );
+        assert_eq!(r.unwrap_err().code, Code::Unauthorized);
+    }
+
+    #[test]
+    fn a_grant_bound_to_a_key_serves_only_that_keys_object() {
+        let k = key();
+        let region = (4096, 4096);
+        let cap = k.sign(
+            Capability::WRITE,
+            SegmentId(3),
+            region,
+            (7, 42),
+            1_000_000,
+            Some(b"mine"),
+        );
+        assert_eq!(cap.access, Capability::WRITE | Capability::KEY);
+        let g = Grant {
+            offset: region.0,
+            len: region.1,
+            generation: 7,
+            fence: 42,
+            cap: Some(cap),
+        };
+        let at =
+            |key: Option<&[u8]>| k.check(Capability::WRITE, SegmentId(3), Some(&g), region, 0, key);
+        assert!(at(Some(b"mine")).is_ok());
+        for other in [Some(&b"theirs"[..]), Some(b"min"), Some(b"mine\0"), None] {
+            assert_eq!(at(other).unwrap_err().code, Code::Unauthorized, "{other:?}");
+        }
+        let admitted = k.admit(Capability::WRITE, SegmentId(3), Some(&g), region, 0);
+        assert!(admitted.unwrap(), "the key is still to check");
+        // Dropping the binding bit breaks the signature.
+        let mut unbound = g;
+        unbound.cap.as_mut().unwrap().access = Capability::WRITE;
+        let r = k.check(
+            Capability::WRITE,
+            SegmentId(3),
+            Some(&unbound),
+            region,
+            0,
+            Some(b"mine"),
+        );
         assert_eq!(r.unwrap_err().code, Code::Unauthorized);
     }
 
@@ -223,11 +333,11 @@ mod tests {
             let k = key();
             let g = grant(&k, Capability::READ, 9, (start, len), 5);
             let inside = off >= start && off + n <= start + len;
-            let r = k.check(Capability::READ, SegmentId(9), Some(&g), (off, n), 0);
+            let r = k.check(Capability::READ, SegmentId(9), Some(&g), (off, n), 0, None);
             prop_assert_eq!(r.is_ok(), inside);
-            let w = k.check(Capability::WRITE, SegmentId(9), Some(&g), (start, len), 0);
+            let w = k.check(Capability::WRITE, SegmentId(9), Some(&g), (start, len), 0, None);
             prop_assert!(w.is_err(), "a read grant does not write");
-            let s = k.check(Capability::READ, SegmentId(8), Some(&g), (start, len), 0);
+            let s = k.check(Capability::READ, SegmentId(8), Some(&g), (start, len), 0, None);
             prop_assert!(s.is_err(), "nor reach another segment");
         }
 
@@ -246,7 +356,7 @@ mod tests {
                 5 => g.fence = g.fence.wrapping_add(delta),
                 _ => cap.mac[bit / 8] ^= 1 << (bit % 8),
             }
-            let r = k.check(Capability::WRITE, SegmentId(4), Some(&g), (g.offset, 0), 0);
+            let r = k.check(Capability::WRITE, SegmentId(4), Some(&g), (g.offset, 0), 0, None);
             prop_assert_eq!(r.unwrap_err().code, Code::Unauthorized);
         }
     }

@@ -33,11 +33,12 @@ pub trait ControlHandler: Send + Sync + 'static {
     /// reply must wait for, if anything (the master: old versions destroyed
     /// on their stores before a new value or a removal is reported). Only
     /// that connection waits.
-    /// `role` is what the peer proved in the handshake.
+    /// `peer` is the role the peer proved in the handshake and the
+    /// protocol version the connection speaks.
     fn handle(
         &self,
         conn: &mut Self::Conn,
-        role: Role,
+        peer: (Role, u32),
         opcode: Opcode,
         meta: &[u8],
     ) -> (KvResult<Vec<u8>>, Option<ReplyWait>);
@@ -315,8 +316,8 @@ async fn control_conn<H: ControlHandler>(
                 "control requests carry no payload",
             ))
         } else {
-            let (result, wait) =
-                handler.handle(state, conn.peer_role(), h.opcode, conn.last_meta());
+            let peer = (conn.peer_role(), conn.version());
+            let (result, wait) = handler.handle(state, peer, h.opcode, conn.last_meta());
             if let Some(wait) = wait {
                 wait.await;
             }

@@ -1,7 +1,7 @@
 //! Version negotiation over real sockets on 127.0.0.1: a build speaking
-//! 5..=6 agrees with v5 peers on 5 (and sends them the v5 shapes), with
-//! v6 peers on 6 (and the request id arrives), and refuses a peer with no
-//! version in common, saying so.
+//! 5..=7 agrees with v5 peers on 5 (and sends them the v5 shapes), with
+//! v6 peers on 6 and its own peers on 7 (and the request id arrives), and
+//! refuses a peer with no version in common, saying so.
 
 use kvpool_net::auth::Security;
 use kvpool_net::conn::accept;
@@ -144,17 +144,17 @@ async fn a_v5_client_and_this_server_speak_5_without_request_ids() {
 }
 
 #[tokio::test]
-async fn this_client_and_this_server_speak_6_and_the_request_id_arrives() {
-    assert_eq!(PROTOCOL_VERSION, 6);
+async fn this_client_and_this_server_speak_7_and_the_request_id_arrives() {
+    assert_eq!(PROTOCOL_VERSION, 7);
     let (addr, mut seen) = start(Server::ThisBuild).await;
     let mut conn = FramedConn::connect(&addr, "client", Limits::default())
         .await
         .unwrap();
-    assert_eq!(conn.version(), 6);
+    assert_eq!(conn.version(), 7);
     let id = request_id::fresh();
     beat(&mut conn, id).await;
     let want = Seen {
-        version: 6,
+        version: 7,
         id,
         v5_shape: false,
     };
@@ -162,7 +162,7 @@ async fn this_client_and_this_server_speak_6_and_the_request_id_arrives() {
     // Outside any call the trailer is there, with no id.
     beat(&mut conn, RequestId::NONE).await;
     let want = Seen {
-        version: 6,
+        version: 7,
         id: RequestId::NONE,
         v5_shape: false,
     };
@@ -193,7 +193,7 @@ async fn peers_without_a_common_version_are_refused_with_the_reason() {
     for (min, max) in [(3, 4), (PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 3), (6, 5)] {
         let e = old_client(&addr, min, max).await.err().expect("refused");
         assert_eq!(e.code, Code::InvalidVersion, "{min}..={max}: {e}");
-        let says = format!("speaks protocol 5..=6 and the client speaks {min}..={max}");
+        let says = format!("speaks protocol 5..=7 and the client speaks {min}..={max}");
         assert!(e.message.contains(&says), "{e}");
         assert!(e.message.contains("no version in common"), "{e}");
     }

@@ -28,8 +28,9 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::code::{Code, KvError, KvResult};
 
 /// Newest version spoken by this build; bumped with every wire change
-/// (6: a [`crate::msg::RequestTrailer`] after each request).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// (6: a [`crate::msg::RequestTrailer`] after each request; 7: stores check
+/// key-bound grants, [`crate::msg::Capability::KEY`]).
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Oldest peer version this build still talks to: the previous release's
 /// (N-1), so builds can be upgraded one process at a time.
 pub const MIN_PROTOCOL_VERSION: u32 = 5;

@@ -1045,6 +1045,151 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
     }
 }
 
+/// Attack 2 of the tenancy issue, "plant headers that win after a master
+/// restart": inside the grant of a put of its own (so with a generation
+/// newer than the victims'), a holder of the client key writes a header
+/// naming a victim's key; a master rebuilding from the stores' scans would
+/// take it for the victim's newest version. Grants are bound to the key
+/// they were given for, so the store refuses the header before a byte of
+/// it lands, and after a master restart every victim reads its own bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_headers_win_nothing_after_a_master_restart() {
+    const N: usize = 16;
+    const VALUE: usize = 2048;
+    let mut cluster = Cluster::builder().secured().stores(2).start().await;
+    let victim = cluster.client().await;
+    let victims: Vec<(String, Vec<u8>)> = (0..N)
+        .map(|i| {
+            (
+                format!("victim-{i:02}"),
+                common::value_for(&format!("v{i}"), VALUE),
+            )
+        })
+        .collect();
+    for (key, value) in &victims {
+        victim
+            .put(key, value, &ReplicateConfig::default())
+            .await
+            .expect("victim put");
+    }
+    let client_key = cluster.secrets.as_ref().expect("secured").key(Role::Client);
+    let link = link_as(&cluster, Some(client_key.clone()));
+    link.register().await.expect("register");
+    let newest_victim = link
+        .call_once(&msg::GetReplicaList {
+            keys: victims.iter().map(|(k, _)| k.clone()).collect(),
+        })
+        .await
+        .expect("locate")
+        .into_iter()
+        .map(|l| msg::from_wire(l).expect("the victim is there").generation)
+        .max()
+        .expect("victims");
+    // The attacker's own keys are as long as the victims', so a victim's
+    // header fits its regions exactly.
+    let own = |i: usize| format!("attack-{i:02}");
+    let planted = vec![0xEEu8; VALUE];
+    let object = |key: &str, generation: u64, value: &[u8]| {
+        let mut o = ObjectHeader {
+            key: key.into(),
+            value_len: value.len() as u64,
+            generation,
+            checksum: kvpool_format::value_checksum(&[value]),
+        }
+        .encode();
+        o.extend_from_slice(value);
+        o
+    };
+    let start = msg::PutStart {
+        client_id: link.client_id(),
+        op: rand::random(),
+        items: (0..N)
+            .map(|i| msg::PutItem {
+                key: own(i),
+                value_len: VALUE as u64,
+                region_len: (kvpool_format::header_len(own(i).len()) + VALUE) as u64,
+            })
+            .collect(),
+        config: ReplicateConfig::default(),
+        upsert: false,
+    };
+    let granted = link.call_once(&start).await.expect("put start");
+    let mut conns = std::collections::HashMap::new();
+    let mut refused = 0;
+    for (i, g) in granted.into_iter().enumerate() {
+        let Ok(msg::PutGrant::Write {
+            generation,
+            replicas,
+        }) = msg::from_wire(g)
+        else {
+            panic!("no write grant for {}", own(i));
+        };
+        assert!(generation > newest_victim, "the planted version would win");
+        let rep = &replicas[0];
+        let cap = rep.cap.expect("a secured master signs");
+        assert_ne!(cap.access & msg::Capability::KEY, 0, "bound to {}", own(i));
+        if !conns.contains_key(&rep.endpoint) {
+            let conn = FramedConn::connect_with(
+                &rep.endpoint,
+                "attacker",
+                Limits::default(),
+                &Security::with_key(Some(client_key.clone())),
+            )
+            .await
+            .expect("a client key opens the data plane");
+            conns.insert(rep.endpoint.clone(), conn);
+        }
+        let conn = conns.get_mut(&rep.endpoint).expect("connected");
+        let (victim_key, _) = &victims[i];
+        let e = write_as(
+            conn,
+            rep.segment,
+            rep.offset,
+            rep.grant(generation),
+            &object(victim_key, generation, &planted),
+        )
+        .await
+        .expect_err("a header naming the victim's key");
+        assert_eq!(e.code, Code::Unauthorized, "{victim_key}: {e}");
+        assert!(e.message.contains("another key"), "{e}");
+        refused += 1;
+        // The same grant still writes the object it was given for.
+        write_as(
+            conn,
+            rep.segment,
+            rep.offset,
+            rep.grant(generation),
+            &object(&own(i), generation, &planted),
+        )
+        .await
+        .expect("a write of its own key");
+        // And reads it back: a store finds the key a read grant is bound
+        // to in the region's header.
+        let range = (rep.offset, 64);
+        read_as(conn, rep.segment, range, Some(rep.grant(generation)))
+            .await
+            .expect("a read under the grant bound to its key");
+    }
+    assert_eq!(refused, N);
+
+    // The rebuild after a master restart finds no header naming a victim.
+    cluster.kill9_master();
+    cluster.restart_master().await;
+    let fresh = cluster.client().await;
+    common::eventually("both stores back", Duration::from_secs(30), async || {
+        let st = fresh.status().await.ok()?;
+        (st.segments.len() == 2).then_some(())
+    })
+    .await;
+    for (key, value) in &victims {
+        let got = fresh
+            .get(key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(got == *value, "{key}: the planted bytes won");
+    }
+}
+
 /// Attack 4 of the tenancy issue, "lock others out": a holder of the
 /// client key hard-pins as much as it may and registers client ids in a
 /// loop. Pins of all clients together take at most half the pool, so a

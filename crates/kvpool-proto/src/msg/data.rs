@@ -11,9 +11,11 @@ use super::*;
 pub struct Capability {
     /// When it stops being honoured, in ms since the Unix epoch.
     pub expires_ms: u64,
-    /// What it allows: [`Capability::READ`], [`Capability::WRITE`] or both.
+    /// What it allows: [`Capability::READ`], [`Capability::WRITE`] or both,
+    /// and whether it is bound to one key ([`Capability::KEY`]).
     pub access: u8,
-    /// MAC over the region, generation, fence, access and expiry.
+    /// MAC over the region, generation, fence, access and expiry, and with
+    /// [`Capability::KEY`] the object's key.
     pub mac: [u8; 16],
 }
 
@@ -22,6 +24,14 @@ impl Capability {
     pub const READ: u8 = 1;
     /// Access bit: writing the region.
     pub const WRITE: u8 = 2;
+    /// Binding bit: the MAC also covers the key of the object granted, so
+    /// the store serves the grant only for an object of that key at the
+    /// region's start (the header a write carries, the header a read
+    /// finds). A client key cannot write a header naming another key.
+    pub const KEY: u8 = 4;
+    /// The protocol version from which stores check [`Capability::KEY`];
+    /// a master binds grants only to segments mounted at this version.
+    pub const KEY_SINCE: u32 = 7;
 }
 
 /// What the master granted a read or write for, sent with each data-plane

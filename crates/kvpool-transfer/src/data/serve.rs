@@ -200,10 +200,14 @@ async fn handle(
     let t0 = Instant::now();
     let peer_role = conn.peer_role();
     // Stores and the master hold the key grants are signed with; a
-    // client may touch only what the master granted it.
-    let check = |access, segment, grant: Option<&Grant>, range| match grants {
-        Some(key) if peer_role < Role::Store => key.check(access, segment, grant, range, unix_ms()),
-        _ => Ok(()),
+    // client may touch only what the master granted it. `Some(key)`: the
+    // grant is bound to an object's key, still to check.
+    let grants = grants.filter(|_| peer_role < Role::Store);
+    let admit = |access, segment, grant: Option<&Grant>, range| match grants {
+        Some(key) => Ok(key
+            .admit(access, segment, grant, range, unix_ms())?
+            .then_some(key)),
+        None => Ok(None),
     };
     let meta = conn.read_meta(h.meta_len).await?;
     let admitted = match h.kind {
@@ -221,18 +225,27 @@ async fn handle(
             Err(e) => Err(e),
             Ok(Request::Write(req)) => {
                 let range = (req.offset, h.payload_len);
-                let signed = || check(Capability::WRITE, req.segment, Some(&req.grant), range);
+                let signed = || admit(Capability::WRITE, req.segment, Some(&req.grant), range);
                 match admit_write(table, &req, h.payload_len, signed) {
-                    Ok(s) => match write_object(conn, table, &s, &req, h.payload_len).await? {
-                        Ok(()) => Ok(Reply::Ack),
-                        Err(e) => Ok(Reply::Refused(e)),
-                    },
+                    Ok((s, bound)) => {
+                        let len = h.payload_len;
+                        match write_object(conn, table, (&s, bound), &req, len).await? {
+                            Ok(()) => Ok(Reply::Ack),
+                            Err(e) => Ok(Reply::Refused(e)),
+                        }
+                    }
                     Err(e) => Err(e),
                 }
             }
             Ok(Request::Read(req)) => {
                 let range = (req.offset, req.len);
-                check(Capability::READ, req.segment, req.grant.as_ref(), range)
+                admit(Capability::READ, req.segment, req.grant.as_ref(), range)
+                    .and_then(|bound| match (bound, &req.grant) {
+                        (Some(key), Some(g)) => key_in_region(table, req.segment, g.offset, |k| {
+                            key.check_key(req.segment, g, k)
+                        }),
+                        _ => Ok(()),
+                    })
                     .and_then(|()| read_for(table, req.segment, req.offset, req.len))
             }
             Ok(Request::StoreAbout(_)) => Ok(Reply::Message(msg::encode(&*table.about.read()))),
@@ -331,17 +344,19 @@ fn outcome(h: &FrameHeader, reply: &KvResult<Reply>) -> (u64, Option<Code>) {
     }
 }
 
-/// Checks a write before any of its bytes land: the grant's signature
-/// (by `signed`), that the write is one whole object at the start of its
+/// Checks a write before any of its payload is read: the grant (by
+/// `signed`; but for the key of a grant bound to one, which the payload's
+/// header carries), that the write is one whole object at the start of its
 /// granted region, under the segment's current fence, and that no newer
-/// object lies there (the grant is stale). Returns the segment.
-fn admit_write(
+/// object lies there (the grant is stale). Returns the segment, and the
+/// signer still to check the key with in [`write_object`].
+fn admit_write<'k>(
     table: &SegmentTable,
     req: &WriteReq,
     len: u64,
-    signed: impl FnOnce() -> KvResult<()>,
-) -> KvResult<Arc<Served>> {
-    signed()?;
+    signed: impl FnOnce() -> KvResult<Option<&'k CapabilityKey>>,
+) -> KvResult<(Arc<Served>, Option<&'k CapabilityKey>)> {
+    let bound = signed()?;
     let (segment, g) = (req.segment, &req.grant);
     let s = table.served(segment).ok_or_else(|| {
         if table.elsewhere(segment) {
@@ -388,7 +403,28 @@ fn admit_write(
             ));
         }
     }
-    Ok(s)
+    Ok((s, bound))
+}
+
+/// Runs `check` on the key of the object at `offset` of a served segment
+/// (`None` when no header is there, or the segment is not served here).
+fn key_in_region(
+    table: &SegmentTable,
+    segment: SegmentId,
+    offset: u64,
+    check: impl FnOnce(Option<&[u8]>) -> KvResult<()>,
+) -> KvResult<()> {
+    let Some(s) = table.served(segment) else {
+        return check(None);
+    };
+    let max = kvpool_format::header_len(u16::MAX as usize) as u64;
+    let Some(span) = s.region.len().checked_sub(offset).map(|n| n.min(max)) else {
+        return check(None);
+    };
+    // SAFETY: in bounds. A writer may be changing these bytes: a torn key
+    // fails the signature, which is all they are used for.
+    let there = unsafe { s.region.slice(offset, span) };
+    check(kvpool_format::scan::key_at(there))
 }
 
 /// Why a write was refused by the fence checks.
@@ -441,13 +477,14 @@ fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvEr
 }
 
 /// Reads an admitted write's payload into the segment: the object header
-/// first, checked to name the granted version, then the rest, every read
+/// first, checked to name the granted version (and with a grant bound to a
+/// key, that key), then the rest, every read
 /// inside the segment's fence. A write refused midway has its payload read
 /// to the end and is answered `Ok(Err(..))`; `Err` is a broken connection.
 async fn write_object(
     conn: &mut FramedConn,
     table: &SegmentTable,
-    s: &Served,
+    (s, bound): (&Served, Option<&CapabilityKey>),
     req: &WriteReq,
     len: u64,
 ) -> KvResult<KvResult<()>> {
@@ -460,17 +497,30 @@ async fn write_object(
         let why = Refusal::Header(named);
         return Ok(Err(refused(&table.metrics, why, req.segment, g)));
     }
+    // A grant bound to a key writes only a header naming that key.
+    let mut key = Vec::new();
+    if let Some(signer) = bound {
+        let key_len = u64::from(u16::from_le_bytes([head[6], head[7]]));
+        key.resize(key_len.min(len - FIXED_LEN as u64) as usize, 0);
+        conn.read_payload(&mut key).await?;
+        if let Err(e) = signer.check_key(req.segment, g, Some(&key)) {
+            conn.discard_payload(len - (FIXED_LEN + key.len()) as u64)
+                .await?;
+            return Ok(Err(e));
+        }
+    }
+    let head_len = FIXED_LEN + key.len();
     // SAFETY: range checked by admit_write; the master gave this region to
     // this grant alone, and every write into it happens inside the fence.
     let dst = unsafe { s.region.slice_mut(req.offset, len) };
-    let landed = s
-        .fence
-        .enter(g.fence)
-        .map(|_inside| dst[..FIXED_LEN].copy_from_slice(&head));
+    let landed = s.fence.enter(g.fence).map(|_inside| {
+        dst[..FIXED_LEN].copy_from_slice(&head);
+        dst[FIXED_LEN..head_len].copy_from_slice(&key);
+    });
     if landed.is_none() {
-        conn.discard_payload(len - FIXED_LEN as u64).await?;
+        conn.discard_payload(len - head_len as u64).await?;
     }
-    let rest = &mut dst[FIXED_LEN..];
+    let rest = &mut dst[head_len..];
     if landed.is_none()
         || !conn
             .read_payload_fenced(rest, || s.fence.enter(g.fence))
