@@ -227,6 +227,13 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             },
             vec![SEG],
         ),
+        Opcode::DrainOwn => both(
+            DrainOwn {
+                segment: SEG,
+                possession: [7; 16],
+            },
+            (),
+        ),
         Opcode::PutStart => both(
             PutStart {
                 client_id: ID,

@@ -71,6 +71,7 @@ pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<
         Request::MountSegment(m) => reply(cx, m),
         Request::ReportObjects(m) => reply(cx, m),
         Request::DrainSegment(m) => reply(cx, m),
+        Request::DrainOwn(m) => reply(cx, m),
         Request::UnmountSegment(m) => reply(cx, m),
         Request::PutStart(m) => reply(cx, m),
         Request::PutEnd(m) => reply(cx, m),
@@ -263,6 +264,14 @@ impl Handle for msg::DrainSegment {
                 .unmount_later(ids.clone(), Duration::from_millis(ms));
         }
         Ok(ids)
+    }
+}
+
+impl Handle for msg::DrainOwn {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<()> {
+        cx.master.state.drain_own(self.segment, &self.possession)?;
+        info!(segment = %self.segment, "segment draining (its store's request)");
+        Ok(())
     }
 }
 

@@ -338,6 +338,7 @@ fn serving(op: Opcode) -> (Serves, Work) {
         | O::Touch
         | O::Remove
         | O::DrainSegment
+        | O::DrainOwn
         | O::ReplicaAdd
         | O::ReplicaCommit
         | O::ReplicaClear
@@ -345,7 +346,7 @@ fn serving(op: Opcode) -> (Serves, Work) {
         | O::TaskUpdate
         | O::TaskQuery => (Serves::Objects, Work::Short),
         O::RemoveByRegex | O::RemoveAll => (Serves::Objects, Work::Long),
-        // Refused by `permitted` before they get here.
+        // Refused by `Opcode::admit` (another plane) before they get here.
         O::Hello
         | O::Auth
         | O::Write
@@ -395,7 +396,7 @@ impl ControlHandler for Master {
         op: Opcode,
         meta: &[u8],
     ) -> (KvResult<Vec<u8>>, Option<ReplyWait>) {
-        if let Err(e) = permitted(peer, op, meta) {
+        if let Err(e) = op.admit(Plane::Control, peer) {
             self.metrics.record(op, 1, 1);
             return (Err(e), None);
         }
@@ -421,24 +422,6 @@ impl ControlHandler for Master {
             self.state.hung_up(id);
         }
     }
-}
-
-/// Refuses a request the peer's role may not make, by the request table
-/// (`kvpool_proto::frame`, closed by default), and a drain with a deadline
-/// (a forced unmount), which takes the admin key.
-fn permitted(peer: PeerRole, op: Opcode, meta: &[u8]) -> KvResult<()> {
-    let forced_unmount = op == Opcode::DrainSegment
-        && msg::decode::<msg::DrainSegment>(meta).map_or(true, |d| d.unmount_after_ms.is_some());
-    if forced_unmount && peer < PeerRole::Admin {
-        return Err(KvError::new(
-            Code::Unauthorized,
-            format!(
-                "{} takes the admin key to unmount; this connection proved {peer}",
-                op.name()
-            ),
-        ));
-    }
-    op.admit(Plane::Control, peer)
 }
 
 /// Runs `f`, which may take long, without holding up the other tasks of

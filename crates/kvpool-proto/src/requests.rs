@@ -177,10 +177,12 @@ requests! {
     /// Control: the objects a remounted segment holds (restart recovery).
     ReportObjects = 24 => Control, Store, ReportObjects -> InventoryVerdict,
         batch (ClientId, SegmentId) => objects;
-    /// Control: stop placing objects on segments, optionally unmount later
-    /// (that, a forced unmount, takes the admin key). Answers the segments
-    /// now draining.
-    DrainSegment = 25 => Control, Store, DrainSegment -> Vec<SegmentId>;
+    /// Control: an operator stops placing objects on segments, optionally
+    /// unmounting them later. Answers the segments now draining.
+    DrainSegment = 25 => Control, Admin, DrainSegment -> Vec<SegmentId>;
+    /// Control: a store stops placing objects on a segment of its own,
+    /// proved by the segment's secret (protocol 7).
+    DrainOwn = 26 => Control, Store, DrainOwn -> ();
     /// Control: reserve regions for new objects.
     PutStart = 30 => Control, Client, PutStart -> Vec<WireResult<PutGrant>>,
         batch (ClientId, u64) => items;
@@ -323,13 +325,17 @@ mod tests {
             Opcode::MountSegment,
             Opcode::ReportObjects,
             Opcode::UnmountSegment,
-            Opcode::DrainSegment,
+            Opcode::DrainOwn,
             Opcode::Invalidate,
             Opcode::TierMove,
         ] {
             assert_eq!(op.needs(), Role::Store, "{op:?}");
         }
-        for op in [Opcode::RemoveAll, Opcode::RemoveByRegex] {
+        for op in [
+            Opcode::RemoveAll,
+            Opcode::RemoveByRegex,
+            Opcode::DrainSegment,
+        ] {
             assert_eq!(op.needs(), Role::Admin, "{op:?}");
         }
     }

@@ -91,7 +91,7 @@ impl DiskSegment {
                 if has_segment_magic(&sb) {
                     warn!(path = %path.display(), "disk segment superblock does not match; re-initializing");
                 }
-                let (id, possession) = (SegmentId(rand::random()), rand::random());
+                let (id, possession) = crate::segment::new_identity();
                 write_superblock(&mut sb, id, size, possession);
                 file.write_blocks(0, &sb).map_err(io(&path))?;
                 info!(segment = %id, path = %path.display(), size, direct = file.direct(), "created disk segment");

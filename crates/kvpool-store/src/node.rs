@@ -222,7 +222,7 @@ impl DataNode {
                 format!("cannot map {}: {e}", path.display()),
             )
         })?;
-        let (id, possession) = (SegmentId(rand::random()), rand::random());
+        let (id, possession) = crate::segment::new_identity();
         let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE);
         let lent = self.lent(id)?;
         mount_one(link, lent, &self.table, &self.recovery).await?;
@@ -305,7 +305,7 @@ impl DataNode {
     /// Serves an anonymous in-process segment of `size` bytes (embedded store).
     pub fn add_anonymous_segment(&self, name: &str, size: u64) -> std::io::Result<SegmentInfo> {
         let region = Arc::new(MappedRegion::anonymous(size)?);
-        let (id, possession) = (SegmentId(rand::random()), rand::random());
+        let (id, possession) = crate::segment::new_identity();
         Ok(self.add_segment(id, possession, name, region, DATA_BASE))
     }
 
@@ -321,16 +321,27 @@ impl DataNode {
     }
 
     /// Asks the master to place nothing new on this node's segments, keeping
-    /// their objects (best effort, before a restart).
+    /// their objects (best effort, before a restart). Each drain proves the
+    /// segment's secret; a master older than protocol 7 does not know that
+    /// request and is asked the old way, by name.
     pub async fn drain_all(&self, link: &MasterLink) {
-        let ids: Vec<SegmentId> = self.segments.lock().iter().map(|s| s.info.id).collect();
-        for id in ids {
-            let _ = link
-                .call_once(&kvpool_proto::msg::DrainSegment {
-                    segment: id.to_string(),
-                    unmount_after_ms: None,
-                })
-                .await;
+        let own: Vec<(SegmentId, [u8; 16])> = (self.segments.lock().iter())
+            .map(|s| (s.info.id, s.possession))
+            .collect();
+        for (segment, possession) in own {
+            let req = kvpool_proto::msg::DrainOwn {
+                segment,
+                possession,
+            };
+            if let Err(e) = link.call_once(&req).await {
+                if e.code == Code::NotSupported {
+                    let old = kvpool_proto::msg::DrainSegment {
+                        segment: segment.to_string(),
+                        unmount_after_ms: None,
+                    };
+                    let _ = link.call_once(&old).await;
+                }
+            }
         }
     }
 

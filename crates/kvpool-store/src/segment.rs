@@ -14,6 +14,14 @@ use tracing::{info, warn};
 
 use crate::StoreError;
 
+/// A new segment's id and proof of possession: a random secret and the id
+/// derived from it ([`SegmentId::proven_by`]), so that only the holder of
+/// the secret can mount the id, also on a master that never saw it.
+pub(crate) fn new_identity() -> (SegmentId, [u8; 16]) {
+    let possession = rand::random();
+    (SegmentId::proven_by(&possession), possession)
+}
+
 /// Name of the segment file inside the data directory.
 pub const SEGMENT_FILE: &str = "segment.kvp";
 
@@ -70,11 +78,10 @@ impl SegmentFile {
                 (found.id, possession)
             }
             None => {
-                let id = SegmentId(rand::random::<u128>());
+                let (id, possession) = new_identity();
                 if has_segment_magic(sb) {
                     warn!(path = %path.display(), "segment superblock does not match; re-initializing");
                 }
-                let possession = rand::random();
                 write_superblock(sb, id, size, possession);
                 info!(segment = %id, path = %path.display(), size, "created segment");
                 (id, possession)

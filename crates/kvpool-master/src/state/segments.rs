@@ -101,6 +101,18 @@ impl MasterState {
             held,
         } = spec;
         self.require_client(client, now)?;
+        // An id derived from its proof needs that proof, also on a master
+        // that never saw the segment (after a restart, before its store is
+        // back); a random id of an older store only the secret seen first.
+        if info.id.proved_by(&possession) == Some(false) {
+            return Err(KvError::new(
+                Code::Unauthorized,
+                format!(
+                    "segment {} is not this store's: its proof of possession does not match its id",
+                    info.id
+                ),
+            ));
+        }
         // A margin for the time the mount message took to arrive.
         let cutoff = now
             .checked_sub(scan_age + Duration::from_secs(1))
@@ -256,6 +268,26 @@ impl MasterState {
             }
         }
         out
+    }
+
+    /// Drains a segment for the store that proves it holds it (the
+    /// secret it mounted with); nobody else's proof drains it.
+    pub fn drain_own(&self, id: SegmentId, possession: &[u8; 16]) -> KvResult<()> {
+        let mut segs = self.segments.write();
+        let Some(s) = segs.get_mut(&id) else {
+            return Err(KvError::new(
+                Code::SegmentNotFound,
+                format!("segment {id} is not mounted"),
+            ));
+        };
+        if !same_secret(&s.possession, possession) {
+            return Err(KvError::new(
+                Code::Unauthorized,
+                format!("segment {id} is not this store's: its proof of possession does not match"),
+            ));
+        }
+        s.draining = true;
+        Ok(())
     }
 
     /// Unmounts a segment on an operator's request (after a drain).

@@ -69,6 +69,37 @@ impl std::fmt::Display for SegmentId {
     }
 }
 
+impl SegmentId {
+    /// The top 32 bits of every id derived from a proof of possession
+    /// (`"KVP1"`); an id drawn at random before them carries it with odds
+    /// of 2^-32.
+    const PROVEN: u128 = 0x4b56_5031 << 96;
+
+    /// The id of a new segment whose proof of possession is `possession`:
+    /// a marker and 96 bits of its SHA-256, so that any master, also one
+    /// that never saw the segment (after a restart), can tell whether a
+    /// mount proves it, and nobody who does not hold the proof can find
+    /// one that does.
+    pub fn proven_by(possession: &[u8; 16]) -> SegmentId {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"kvpool segment id\0")
+            .chain_update(possession)
+            .finalize();
+        let mut low = [0u8; 16];
+        low[4..].copy_from_slice(&digest[..12]);
+        SegmentId(Self::PROVEN | u128::from_be_bytes(low))
+    }
+
+    /// Whether `possession` proves this id: `Some(true)` or `Some(false)`
+    /// for an id derived with [`SegmentId::proven_by`], `None` for one drawn
+    /// at random (by builds before it), which only the secret a master
+    /// saw at its first mount proves.
+    pub fn proved_by(self, possession: &[u8; 16]) -> Option<bool> {
+        (self.0 & (u128::MAX << 96) == Self::PROVEN).then(|| Self::proven_by(possession) == self)
+    }
+}
+
 /// Identifies a client (or store) process to the master.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClientId(pub u128);
@@ -132,6 +163,27 @@ mod tests {
             assert_eq!(decode::<ReadReq>(&buf).unwrap(), req);
         }
         assert_eq!(RequestId(0xab).to_string(), "00000000000000ab");
+    }
+
+    #[test]
+    fn a_proven_segment_id_takes_its_own_proof_and_no_other() {
+        let p = [7u8; 16];
+        let id = SegmentId::proven_by(&p);
+        assert_eq!(id.proved_by(&p), Some(true));
+        for other in [[8u8; 16], [0; 16], {
+            let mut q = p;
+            q[15] ^= 1;
+            q
+        }] {
+            assert_eq!(id.proved_by(&other), Some(false));
+        }
+        assert_ne!(SegmentId::proven_by(&[8; 16]), id);
+        assert_eq!(
+            SegmentId(0x1234).proved_by(&p),
+            None,
+            "a random id of before"
+        );
+        assert_eq!(format!("{id}").get(..8), Some("4b565031"));
     }
 
     #[test]

@@ -196,6 +196,17 @@ pub struct DrainSegment {
     pub unmount_after_ms: Option<u64>,
 }
 
+/// A store stops the master placing new objects on a segment of its own
+/// (before a restart), proving it holds the segment with the secret from
+/// its superblock; the objects stay (protocol 7).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainOwn {
+    /// The segment.
+    pub segment: SegmentId,
+    /// The segment's proof of possession (see [`MountSegment::possession`]).
+    pub possession: [u8; 16],
+}
+
 /// Withdraw a segment; objects with no other replica are dropped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnmountSegment {
