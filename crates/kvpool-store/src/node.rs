@@ -323,7 +323,8 @@ impl DataNode {
     /// Asks the master to place nothing new on this node's segments, keeping
     /// their objects (best effort, before a restart). Each drain proves the
     /// segment's secret; a master older than protocol 7 does not know that
-    /// request and is asked the old way, by name.
+    /// request (it closes the connection, so the error is not always
+    /// `NOT_SUPPORTED`) and is asked the old way, by name.
     pub async fn drain_all(&self, link: &MasterLink) {
         let own: Vec<(SegmentId, [u8; 16])> = (self.segments.lock().iter())
             .map(|s| (s.info.id, s.possession))
@@ -334,7 +335,8 @@ impl DataNode {
                 possession,
             };
             if let Err(e) = link.call_once(&req).await {
-                if e.code == Code::NotSupported {
+                // Only a master that knows the request answers these.
+                if !matches!(e.code, Code::Unauthorized | Code::SegmentNotFound) {
                     let old = kvpool_proto::msg::DrainSegment {
                         segment: segment.to_string(),
                         unmount_after_ms: None,
