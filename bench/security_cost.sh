@@ -15,15 +15,18 @@
 # With BEFORE=<kvpool binary of an earlier build> a fourth pool, "before",
 # runs that binary with no secret: plain / before is what the change between
 # the two builds costs (the write fence, say), on this machine in this run.
+# BEFORE_AS=auth runs it with the secret instead, for auth / before (what a
+# change to grants or their checks costs).
 # Usage: bench/security_cost.sh [OUTDIR]   (builds the release binary first)
 # Env: ROUNDS (default 5), DURATION (per bench phase, default 3s),
 #      SIZES (default 4KiB,512KiB), SEGMENT (per store, default 1GiB),
-#      BEFORE (optional, see above).
+#      BEFORE, BEFORE_AS (optional, see above).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-/tmp/kvpool-bench/security}"; mkdir -p "$OUT"
 ROUNDS="${ROUNDS:-5}"; DURATION="${DURATION:-3s}"
 SIZES="${SIZES:-4KiB,512KiB}"; SEGMENT="${SEGMENT:-1GiB}"
+BEFORE_AS="${BEFORE_AS:-plain}"
 cargo build --release -p kvpool --manifest-path "$ROOT/Cargo.toml" >/dev/null
 K="$ROOT/target/release/kvpool"
 
@@ -44,8 +47,9 @@ if [ -n "${BEFORE:-}" ]; then POOLS=(before "${POOLS[@]}"); BIN[before]="$BEFORE
 
 # pool NAME PORT -> starts it; the client flags go to $DATA/NAME.flags
 pool() {
-  local name=$1 port=$2 mflags=() sflags=() cflags=() bin=${BIN[$1]}
-  case $name in
+  local name=$1 port=$2 mflags=() sflags=() cflags=() bin=${BIN[$1]} as=$1
+  [ "$name" = before ] && as=$BEFORE_AS
+  case $as in
     auth|tls)
       mflags+=(--secret-file "$DATA/admin.key"); sflags+=(--secret-file "$DATA/store.key")
       cflags+=(--secret-file "$DATA/client.key") ;;
@@ -81,17 +85,18 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-python3 - "$OUT/raw.tsv" <<'EOF' | tee "$OUT/security.md"
+python3 - "$OUT/raw.tsv" "$BEFORE_AS" <<'EOF' | tee "$OUT/security.md"
 import collections, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     pool, _, op, size, items, gbs, p99 = line.split("\t")
     rows[(op, size, pool)].append((float(items), float(gbs), float(p99)))
 before = any(p == "before" for _, _, p in rows)
+before_as = sys.argv[2]
 head = "| op | size | plain GB/s | auth GB/s | auth / plain | auth+TLS GB/s | TLS / plain | p99 plain / auth / TLS (us) |"
 line = "|---|---|---|---|---|---|---|---|"
 if before:
-    head += " before GB/s | plain / before | p99 before (us) |"
+    head += f" before ({before_as}) GB/s | {before_as} / before | p99 before (us) |"
     line += "---|---|---|"
 print(head)
 print(line)
@@ -103,6 +108,7 @@ for op, size in sorted({(o, s) for o, s, _ in rows}, key=lambda k: (k[0] != "put
            f"{med['tls'][0]:.3f} | {med['tls'][0] / base:.3f} | "
            f"{med['plain'][1]:.0f} / {med['auth'][1]:.0f} / {med['tls'][1]:.0f} |")
     if before:
-        row += f" {med['before'][0]:.3f} | {base / med['before'][0]:.3f} | {med['before'][1]:.0f} |"
+        row += (f" {med['before'][0]:.3f} | {med[before_as][0] / med['before'][0]:.3f} | "
+                f"{med['before'][1]:.0f} |")
     print(row)
 EOF
