@@ -478,8 +478,7 @@ fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvEr
 
 /// Reads an admitted write's payload into the segment: the object header
 /// first, checked to name the granted version (and with a grant bound to a
-/// key, that key), then the rest, every read
-/// inside the segment's fence. A write refused midway has its payload read
+/// key, that key), then the rest, every read inside the segment's fence. A write refused midway has its payload read
 /// to the end and is answered `Ok(Err(..))`; `Err` is a broken connection.
 async fn write_object(
     conn: &mut FramedConn,
