@@ -4,17 +4,20 @@
 //! store scans for its inventory and invalidates as the master says.
 
 use kvpool_format::header::{header_len, value_checksum, ObjectHeader, FIXED_LEN};
-use kvpool_format::scan::{invalidate, scan, REGION_ALIGN};
+use kvpool_format::scan::{invalidate, key_at, scan, REGION_ALIGN};
 use kvpool_format::superblock::{
     has_segment_magic, read_superblock, segment_id, write_superblock, DATA_BASE, SUPERBLOCK_LEN,
 };
 
-/// An object header as a reader finds it at the start of a region; one
-/// that decodes must re-encode to the same bytes.
+/// An object header as a reader finds it at the start of a region (and a
+/// store, checking a read's key-bound grant, its key); one that decodes
+/// must re-encode to the same bytes and show the store the same key.
 pub fn object_header(data: &[u8]) {
+    let key = key_at(data);
     let Ok(h) = ObjectHeader::decode(data) else {
         return;
     };
+    assert_eq!(key, Some(h.key.as_bytes()), "the key a store finds");
     let enc = h.encode();
     assert_eq!(enc[..], data[..enc.len()], "header re-encodes");
     h.expect(&h.key, h.value_len, h.generation)
