@@ -501,9 +501,10 @@ async fn a_store_cannot_take_over_another_stores_segment() {
         Some(cluster.secrets.as_ref().expect("secured").key(Role::Store)),
     );
     thief.register().await.expect("register");
-    for objects in [0, 1] {
-        let grab = msg::MountSegment {
-            client_id: thief.client_id(),
+    // Its mounts of the victim's id, with an empty inventory and with one.
+    let grabs = |client_id| {
+        [0, 1].map(|objects| msg::MountSegment {
+            client_id,
             segment: SegmentInfo {
                 endpoint: "127.0.0.1:1".into(),
                 ..victim.clone()
@@ -513,7 +514,9 @@ async fn a_store_cannot_take_over_another_stores_segment() {
             possession: rand::random(),
             fence: 1,
             held: Vec::new(),
-        };
+        })
+    };
+    for grab in grabs(thief.client_id()) {
         let e = thief
             .call_once(&grab)
             .await
@@ -552,19 +555,7 @@ async fn a_store_cannot_take_over_another_stores_segment() {
     cluster.kill9_master();
     cluster.restart_master().await;
     thief.register().await.expect("register again");
-    for objects in [0, 1] {
-        let grab = msg::MountSegment {
-            client_id: thief.client_id(),
-            segment: SegmentInfo {
-                endpoint: "127.0.0.1:1".into(),
-                ..victim.clone()
-            },
-            objects,
-            scan_age_ms: 0,
-            possession: rand::random(),
-            fence: 1,
-            held: Vec::new(),
-        };
+    for grab in grabs(thief.client_id()) {
         let e = thief
             .call_once(&grab)
             .await
@@ -673,6 +664,20 @@ async fn http_takes_bearer_tokens_but_probes_stay_open() {
     let got = common::http_request(&meta, "DELETE", path, &[], b"").await;
     assert_eq!(got.0, 401, "a metadata delete without a token");
     assert_eq!(common::http_get(&meta, path).await.0, 200, "still there");
+}
+
+/// The object `key` of version `generation` holding `value`: header and
+/// value, as a client writes it.
+fn object(key: &str, generation: u64, value: &[u8]) -> Vec<u8> {
+    let mut o = ObjectHeader {
+        key: key.into(),
+        value_len: value.len() as u64,
+        generation,
+        checksum: kvpool_format::value_checksum(&[value]),
+    }
+    .encode();
+    o.extend_from_slice(value);
+    o
 }
 
 /// Writes `payload` through `conn` under `grant`; the store's verdict.
@@ -805,31 +810,21 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
     };
     let own = &replicas[0];
     let write_grant = own.grant(generation);
-    let object = |generation| {
-        let mut o = ObjectHeader {
-            key: "attacker-own".into(),
-            value_len: 64,
-            generation,
-            checksum: kvpool_format::value_checksum(&[&[1; 64]]),
-        }
-        .encode();
-        o.extend_from_slice(&[1; 64]);
-        o
-    };
+    let own_object = |generation| object("attacker-own", generation, &[1; 64]);
     write_as(
         &mut conn,
         own.segment,
         own.offset,
         write_grant,
-        &object(generation),
+        &own_object(generation),
     )
     .await
     .expect("a write inside its own grant");
     // A grant writes only the version it names: not another object's
     // header, nor bytes that are no object at all.
     for (what, payload) in [
-        ("a newer generation", object(generation + 1)),
-        ("an older generation", object(generation - 1)),
+        ("a newer generation", own_object(generation + 1)),
+        ("an older generation", own_object(generation - 1)),
         ("no header", vec![1; 64]),
     ] {
         let e = write_as(&mut conn, own.segment, own.offset, write_grant, &payload)
@@ -894,7 +889,7 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
         own.segment,
         own.offset,
         write_grant,
-        &object(generation),
+        &own_object(generation),
     )
     .await
     .expect_err("a write through the grant of a removed object");
@@ -936,17 +931,6 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
     link.register().await.expect("register");
     let own = |i: usize| format!("own-{i:03}");
     let value = vec![0xA5u8; VALUE];
-    let object = |key: &str, generation: u64| {
-        let mut o = ObjectHeader {
-            key: key.into(),
-            value_len: VALUE as u64,
-            generation,
-            checksum: kvpool_format::value_checksum(&[&value]),
-        }
-        .encode();
-        o.extend_from_slice(&value);
-        o
-    };
     let items: Vec<msg::PutItem> = (0..N)
         .map(|i| msg::PutItem {
             key: own(i),
@@ -989,7 +973,7 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
             rep.segment,
             rep.offset,
             rep.grant(*generation),
-            &object(key, *generation),
+            &object(key, *generation, &value),
         )
         .await
         .expect("a write inside its own grant");
@@ -1067,14 +1051,14 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
             rep.segment,
             rep.offset,
             grant,
-            &object(key, *generation),
+            &object(key, *generation, &value),
         )
         .await
         .expect_err("a write through the grant of a removed object");
         assert_eq!(e.code, Code::TransferFail, "{key}: {e}");
     }
     for (_, generation, rep, victim_key) in &reused {
-        let planted = object(victim_key, generation + 1_000_000);
+        let planted = object(victim_key, generation + 1_000_000, &value);
         let e = write_as(
             &mut conn,
             rep.segment,
@@ -1139,17 +1123,6 @@ async fn planted_headers_win_nothing_after_a_master_restart() {
     // header fits its regions exactly.
     let own = |i: usize| format!("attack-{i:02}");
     let planted = vec![0xEEu8; VALUE];
-    let object = |key: &str, generation: u64, value: &[u8]| {
-        let mut o = ObjectHeader {
-            key: key.into(),
-            value_len: value.len() as u64,
-            generation,
-            checksum: kvpool_format::value_checksum(&[value]),
-        }
-        .encode();
-        o.extend_from_slice(value);
-        o
-    };
     let start = msg::PutStart {
         client_id: link.client_id(),
         op: rand::random(),
