@@ -89,28 +89,11 @@ impl CapabilityKey {
 
     /// Checks that `grant` allows `access` (one access bit) to `len` bytes
     /// at `offset` of `segment` at `now_ms` (Unix ms): signed by this key,
-    /// for that access, not expired, covering the whole range, and when it
-    /// is bound to a key, for the object of `key` (the key of the object at
-    /// the region's start, `None` when none is there).
-    pub fn check(
-        &self,
-        access: u8,
-        segment: SegmentId,
-        grant: Option<&Grant>,
-        range: (u64, u64),
-        now_ms: u64,
-        key: Option<&[u8]>,
-    ) -> KvResult<()> {
-        match (self.admit(access, segment, grant, range, now_ms)?, grant) {
-            (true, Some(g)) => self.check_key(segment, g, key),
-            _ => Ok(()),
-        }
-    }
-
-    /// [`CapabilityKey::check`] but for the signature of a grant bound to a
-    /// key, which needs the object's key: `Ok(true)` when that is still to
-    /// check ([`CapabilityKey::check_key`]). A write checks the key once
-    /// its header has arrived, before any byte lands.
+    /// for that access, not expired, and covering the whole range; for a
+    /// grant bound to a key, all but the signature, which needs the
+    /// object's key: `Ok(true)` when that is still to check
+    /// ([`CapabilityKey::check_key`], once a write's header has arrived or
+    /// from the header a read finds, before any byte is served).
     pub fn admit(
         &self,
         access: u8,
@@ -217,6 +200,26 @@ fn denied(why: &str) -> KvError {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    impl CapabilityKey {
+        /// The whole check a store makes: [`CapabilityKey::admit`], then
+        /// for a bound grant its signature with `key`, the key of the
+        /// object at the region's start (`None` when none is there).
+        fn check(
+            &self,
+            access: u8,
+            segment: SegmentId,
+            grant: Option<&Grant>,
+            range: (u64, u64),
+            now_ms: u64,
+            key: Option<&[u8]>,
+        ) -> KvResult<()> {
+            match (self.admit(access, segment, grant, range, now_ms)?, grant) {
+                (true, Some(g)) => self.check_key(segment, g, key),
+                _ => Ok(()),
+            }
+        }
+    }
 
     fn key() -> CapabilityKey {
         let admin = Credentials::parse("a cluster secret long enough").unwrap();
