@@ -15,11 +15,11 @@ use tracing::{info, warn};
 use crate::StoreError;
 
 /// A new segment's id and proof of possession: a random secret and the id
-/// derived from it ([`SegmentId::proven_by`]), so that only the holder of
+/// derived from it ([`SegmentId::derived_from`]), so that only the holder of
 /// the secret can mount the id, also on a master that never saw it.
 pub(crate) fn new_identity() -> (SegmentId, [u8; 16]) {
     let possession = rand::random();
-    (SegmentId::proven_by(&possession), possession)
+    (SegmentId::derived_from(&possession), possession)
 }
 
 /// Name of the segment file inside the data directory.

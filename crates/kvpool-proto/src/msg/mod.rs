@@ -80,7 +80,7 @@ impl SegmentId {
     /// that never saw the segment (after a restart), can tell whether a
     /// mount proves it, and nobody who does not hold the proof can find
     /// one that does.
-    pub fn proven_by(possession: &[u8; 16]) -> SegmentId {
+    pub fn derived_from(possession: &[u8; 16]) -> SegmentId {
         use sha2::{Digest, Sha256};
         let digest = Sha256::new()
             .chain_update(b"kvpool segment id\0")
@@ -92,11 +92,11 @@ impl SegmentId {
     }
 
     /// Whether `possession` proves this id: `Some(true)` or `Some(false)`
-    /// for an id derived with [`SegmentId::proven_by`], `None` for one drawn
+    /// for an id derived with [`SegmentId::derived_from`], `None` for one drawn
     /// at random (by builds before it), which only the secret a master
     /// saw at its first mount proves.
     pub fn proved_by(self, possession: &[u8; 16]) -> Option<bool> {
-        (self.0 & (u128::MAX << 96) == Self::PROVEN).then(|| Self::proven_by(possession) == self)
+        (self.0 & (u128::MAX << 96) == Self::PROVEN).then(|| Self::derived_from(possession) == self)
     }
 }
 
@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn a_proven_segment_id_takes_its_own_proof_and_no_other() {
         let p = [7u8; 16];
-        let id = SegmentId::proven_by(&p);
+        let id = SegmentId::derived_from(&p);
         assert_eq!(id.proved_by(&p), Some(true));
         for other in [[8u8; 16], [0; 16], {
             let mut q = p;
@@ -177,7 +177,7 @@ mod tests {
         }] {
             assert_eq!(id.proved_by(&other), Some(false));
         }
-        assert_ne!(SegmentId::proven_by(&[8; 16]), id);
+        assert_ne!(SegmentId::derived_from(&[8; 16]), id);
         assert_eq!(
             SegmentId(0x1234).proved_by(&p),
             None,
