@@ -338,8 +338,22 @@ impl FramedConn {
     /// Queues a request (its message encoded into a reused buffer, with the
     /// [`RequestTrailer`] of the call in force when the connection speaks
     /// protocol 6, see [`crate::request_id`]) followed by `payload`; returns
-    /// its frame id.
+    /// its frame id. A request newer than the connection's version is
+    /// refused here, `NOT_SUPPORTED`, and nothing is sent: the older peer
+    /// would close the connection on it.
     pub async fn send_request<R: Rpc>(&mut self, req: &R, payload: &[&[u8]]) -> KvResult<u64> {
+        if R::OPCODE.since() > self.version {
+            return Err(KvError::new(
+                Code::NotSupported,
+                format!(
+                    "{} needs protocol {}; {} speaks {}",
+                    R::OPCODE.name(),
+                    R::OPCODE.since(),
+                    self.peer,
+                    self.version
+                ),
+            ));
+        }
         let id = self.next_id();
         msg::encode_to(req, &mut self.out_buf);
         let trailer = RequestTrailer {

@@ -187,6 +187,30 @@ async fn this_client_and_a_released_server_speak_5() {
     assert_eq!(seen.recv().await.unwrap(), want);
 }
 
+/// A request newer than the connection's version is refused before it is
+/// sent (the older peer would close the connection on it), and the
+/// connection goes on.
+#[tokio::test]
+async fn a_request_newer_than_the_connection_is_not_sent() {
+    let (addr, mut seen) = start(Server::Released).await;
+    let mut conn = FramedConn::connect(&addr, "store", Limits::default())
+        .await
+        .unwrap();
+    let drain = msg::DrainOwn {
+        segment: msg::SegmentId(7),
+        possession: [1; 16],
+    };
+    let e = conn.call(&drain).await.unwrap_err();
+    assert_eq!(e.code, Code::NotSupported, "{e}");
+    assert!(e.message.contains("DrainOwn needs protocol 7"), "{e}");
+    beat(&mut conn, request_id::fresh()).await;
+    let first = seen.recv().await.unwrap();
+    assert_eq!(
+        first.version, 5,
+        "the heartbeat was the first request it saw"
+    );
+}
+
 #[tokio::test]
 async fn peers_without_a_common_version_are_refused_with_the_reason() {
     let (addr, _seen) = start(Server::ThisBuild).await;

@@ -59,10 +59,18 @@ fn seq_len_after<P: DeserializeOwned>(meta: &[u8]) -> Option<u64> {
         .map(|((_, n), _)| n)
 }
 
+/// The version a row's `since` names, or the oldest still spoken.
+fn added(since: &[u32]) -> u32 {
+    since
+        .first()
+        .copied()
+        .unwrap_or(crate::compat::MIN_PROTOCOL_VERSION)
+}
+
 macro_rules! requests {
     ($(
         $(#[$doc:meta])*
-        $name:ident = $v:literal => $plane:ident, $needs:ident,
+        $name:ident = $v:literal $(since $since:literal)? => $plane:ident, $needs:ident,
         $req:ident -> $resp:ty $(, batch $front:ty => $items:ident)?;
     )*) => {
         /// What a frame asks for; stable numbers on the wire.
@@ -89,6 +97,12 @@ macro_rules! requests {
             /// [`Opcode::admit`]).
             pub fn needs(self) -> Role {
                 match self { $(Opcode::$name => Role::$needs,)* }
+            }
+            /// The protocol version that added it: a peer on a connection
+            /// of an older version does not know it (and closes the
+            /// connection on it), so it is not sent there.
+            pub fn since(self) -> u32 {
+                match self { $(Opcode::$name => added(&[$($since)?]),)* }
             }
             /// [`Rpc::batch_len`] of the request type this opcode carries.
             pub fn batch_len(self, meta: &[u8]) -> Option<u64> {
@@ -144,8 +158,9 @@ macro_rules! requests {
     };
 }
 
-// Each row: `Name = wire number => plane, least role, request type ->
-// response type`, and for a batch `batch <fields before the items> =>
+// Each row: `Name = wire number [since protocol version] => plane, least
+// role, request type -> response type` (no `since`: in every version still
+// spoken), and for a batch `batch <fields before the items> =>
 // <items field>`. Servers refuse a request of another plane, or from a
 // lower role, before reading it (`Opcode::admit`); some ask more of
 // particular messages, said where they are listed. New opcodes go at the
@@ -182,7 +197,7 @@ requests! {
     DrainSegment = 25 => Control, Admin, DrainSegment -> Vec<SegmentId>;
     /// Control: a store stops placing objects on a segment of its own,
     /// proved by the segment's secret (protocol 7).
-    DrainOwn = 26 => Control, Store, DrainOwn -> ();
+    DrainOwn = 26 since 7 => Control, Store, DrainOwn -> ();
     /// Control: reserve regions for new objects.
     PutStart = 30 => Control, Client, PutStart -> Vec<WireResult<PutGrant>>,
         batch (ClientId, u64) => items;
@@ -231,10 +246,10 @@ requests! {
     TierMove = 16 => Data, Store, TierMoveReq -> Vec<i32>, batch () => moves;
     /// Transfer engine: write the payload at an absolute address in the
     /// peer's registered memory (`kvpool-engine`; Mooncake's TE write).
-    EngineWrite = 60 => Data, Client, EngineWriteReq -> ();
+    EngineWrite = 60 since 6 => Data, Client, EngineWriteReq -> ();
     /// Transfer engine: read bytes at an absolute address in the peer's
     /// registered memory into the response payload.
-    EngineRead = 61 => Data, Client, EngineReadReq -> ();
+    EngineRead = 61 since 6 => Data, Client, EngineReadReq -> ();
 }
 
 impl Opcode {

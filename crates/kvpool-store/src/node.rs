@@ -323,8 +323,8 @@ impl DataNode {
     /// Asks the master to place nothing new on this node's segments, keeping
     /// their objects (best effort, before a restart). Each drain proves the
     /// segment's secret; a master older than protocol 7 does not know that
-    /// request (it closes the connection, so the error is not always
-    /// `NOT_SUPPORTED`) and is asked the old way, by name.
+    /// request (`NOT_SUPPORTED`, nothing sent) and is asked the old way, by
+    /// name.
     pub async fn drain_all(&self, link: &MasterLink) {
         let own: Vec<(SegmentId, [u8; 16])> = (self.segments.lock().iter())
             .map(|s| (s.info.id, s.possession))
@@ -335,8 +335,7 @@ impl DataNode {
                 possession,
             };
             if let Err(e) = link.call_once(&req).await {
-                // Only a master that knows the request answers these.
-                if !matches!(e.code, Code::Unauthorized | Code::SegmentNotFound) {
+                if e.code == Code::NotSupported {
                     let old = kvpool_proto::msg::DrainSegment {
                         segment: segment.to_string(),
                         unmount_after_ms: None,
