@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
-use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_proto::{tenant, Code, KvError, KvResult};
 use sha2::{Digest, Sha256};
 
 use crate::tls::{Tls, TlsFiles, CERT_ENV, KEY_ENV};
@@ -34,17 +34,22 @@ pub const MIN_SECRET_LEN: usize = 16;
 pub use kvpool_proto::Role;
 
 /// A role key: what one process holds to prove (and verify) its role and
-/// every role below it.
+/// every role below it; or a tenant's key, which proves the client role
+/// within that tenant's namespace only (see [`kvpool_proto::tenant`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
     role: Role,
+    tenant: Option<String>,
     key: [u8; 32],
 }
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never the key itself: Debug output ends up in logs.
-        write!(f, "Credentials({})", self.role)
+        match &self.tenant {
+            Some(t) => write!(f, "Credentials({}@{t})", self.role),
+            None => write!(f, "Credentials({})", self.role),
+        }
     }
 }
 
@@ -64,13 +69,15 @@ impl Credentials {
             .into();
         Ok(Credentials {
             role: Role::Admin,
+            tenant: None,
             key,
         })
     }
 
     /// Parses a secret as written in a secret file: `kvpool-<role>:<64 hex
-    /// digits>` (from [`Credentials::encode`]), or else the text, trimmed,
-    /// is the cluster secret itself.
+    /// digits>` or `kvpool-client@<tenant>:<64 hex digits>` (from
+    /// [`Credentials::encode`]), or else the text, trimmed, is the cluster
+    /// secret itself.
     pub fn parse(text: &str) -> KvResult<Credentials> {
         let text = text.trim();
         let Some((role, hex)) = text
@@ -79,14 +86,28 @@ impl Credentials {
         else {
             return Credentials::from_cluster_secret(text.as_bytes());
         };
-        let role = Role::parse(role)
-            .ok_or_else(|| bad_secret(format!("unknown role {role:?} in a role key")))?;
+        let (role, tenant) = match role.split_once('@') {
+            Some(("client", name)) => {
+                tenant::validate_tenant(name).map_err(|e| bad_secret(e.message))?;
+                (Role::Client, Some(name.to_string()))
+            }
+            Some(_) => {
+                return Err(bad_secret(format!(
+                    "only client keys belong to a tenant, not {role:?}"
+                )))
+            }
+            None => (
+                Role::parse(role)
+                    .ok_or_else(|| bad_secret(format!("unknown role {role:?} in a role key")))?,
+                None,
+            ),
+        };
         let key = decode_hex(hex).ok_or_else(|| {
             bad_secret(format!(
                 "a {role} key must be 64 hex digits after `kvpool-{role}:`"
             ))
         })?;
-        Ok(Credentials { role, key })
+        Ok(Credentials { role, tenant, key })
     }
 
     /// Reads a secret file (see [`Credentials::parse`]). Warns when the
@@ -114,12 +135,39 @@ impl Credentials {
     /// Writes the key in the form [`Credentials::parse`] reads.
     pub fn encode(&self) -> String {
         let hex: String = self.key.iter().map(|b| format!("{b:02x}")).collect();
-        format!("kvpool-{}:{hex}", self.role)
+        match &self.tenant {
+            Some(t) => format!("kvpool-{}@{t}:{hex}", self.role),
+            None => format!("kvpool-{}:{hex}", self.role),
+        }
     }
 
     /// The role this key proves.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// The tenant whose key this is; `None` for a role key.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// The key of tenant `name`, derived from the store key: every server
+    /// (a store, the master) can verify every tenant, while a client's key,
+    /// a tenant's included, derives no tenant's key.
+    pub fn for_tenant(&self, name: &str) -> KvResult<Credentials> {
+        tenant::validate_tenant(name)?;
+        let store = self.derive(Role::Store).ok_or_else(|| {
+            bad_secret(format!(
+                "tenant {name:?}'s key derives from the store key or the cluster secret, \
+                 not from a {} key",
+                self.role
+            ))
+        })?;
+        Ok(Credentials {
+            role: Role::Client,
+            tenant: Some(name.to_string()),
+            key: store.mac(&[b"kvpool tenant key\0", name.as_bytes()]),
+        })
     }
 
     /// The key of `role`, derived from this one; `None` when `role` is above
@@ -130,6 +178,7 @@ impl Credentials {
             let below = c.role.below()?;
             c = Credentials {
                 role: below,
+                tenant: None,
                 key: c.mac(&[b"kvpool role key\0", below.name().as_bytes()]),
             };
         }
@@ -359,6 +408,38 @@ mod tests {
         }
         let fresh = Credentials::parse(&new_cluster_secret()).unwrap();
         assert_eq!(fresh.role(), Role::Admin);
+    }
+
+    #[test]
+    fn tenant_keys_derive_from_the_client_key_and_prove_one_tenant() {
+        let admin = admin();
+        let client = admin.derive(Role::Client).unwrap();
+        let acme = admin.for_tenant("acme").unwrap();
+        let store = admin.derive(Role::Store).unwrap();
+        assert_eq!(store.for_tenant("acme").unwrap(), acme);
+        assert!(
+            client.for_tenant("acme").is_err(),
+            "a client key reaches no tenant"
+        );
+        assert_eq!((acme.role(), acme.tenant()), (Role::Client, Some("acme")));
+        assert_eq!(Credentials::parse(&acme.encode()).unwrap(), acme);
+        assert!(acme.encode().starts_with("kvpool-client@acme:"));
+        assert_eq!(acme.derive(Role::Client).unwrap(), acme);
+        assert!(acme.derive(Role::Store).is_none());
+        assert!(
+            acme.for_tenant("other").is_err(),
+            "no tenant key from a tenant's"
+        );
+        assert!(admin.for_tenant("bad name").is_err());
+        let other = admin.for_tenant("other").unwrap();
+        assert_ne!(other.key, acme.key);
+        assert_ne!(acme.key, client.key);
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert!(!other.verify(false, &a, &b, &acme.client_proof(&a, &b)));
+        assert!(!client.verify(false, &a, &b, &acme.client_proof(&a, &b)));
+        assert!(Credentials::parse(&format!("kvpool-store@acme:{}", "0".repeat(64))).is_err());
+        assert!(Credentials::parse(&format!("kvpool-client@a b:{}", "0".repeat(64))).is_err());
+        assert_eq!(format!("{acme:?}"), "Credentials(client@acme)");
     }
 
     #[test]

@@ -12,10 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_proto::compat;
+use kvpool_proto::compat::Trailer;
 use kvpool_proto::frame::{
     FrameHeader, FrameKind, Limits, Opcode, HEADER_LEN, MIN_PROTOCOL_VERSION,
 };
-use kvpool_proto::msg::{self, Auth, AuthReply, Challenge, Hello, HelloReply, RequestTrailer};
+use kvpool_proto::msg::{
+    self, Auth, AuthReply, AuthTenant, Challenge, Hello, HelloReply, RequestTrailer,
+};
 use kvpool_proto::Rpc;
 use kvpool_proto::{Code, KvError, KvResult, PROTOCOL_VERSION};
 use parking_lot::Mutex;
@@ -81,6 +84,8 @@ pub struct FramedConn {
     peer: String,
     /// What the peer proved in the handshake (servers only).
     peer_role: Role,
+    /// The tenant whose key the peer proved, if any (servers only).
+    peer_tenant: Option<Arc<str>>,
     /// The most the peer may prove: the client role over TLS without a
     /// client certificate (servers only).
     ceiling: Role,
@@ -197,12 +202,25 @@ impl FramedConn {
                 let key = own.derive(own.role().min(most)).ok_or_else(|| {
                     KvError::new(Code::Unauthorized, format!("{addr}: no usable role"))
                 })?;
-                let reply = conn
-                    .call(&Auth {
-                        role: key.role().as_u8(),
-                        proof: key.client_proof(&nonce, &challenge.nonce),
-                    })
-                    .await?;
+                if key.tenant().is_some() && reply.version < AuthTenant::SINCE {
+                    return Err(KvError::new(
+                        Code::InvalidVersion,
+                        format!(
+                            "{addr} speaks protocol {}, too old for tenant keys ({} and \
+                             newer): upgrade it first",
+                            reply.version,
+                            AuthTenant::SINCE
+                        ),
+                    ));
+                }
+                let auth = Auth {
+                    role: key.role().as_u8(),
+                    proof: key.client_proof(&nonce, &challenge.nonce),
+                };
+                let tenant = AuthTenant {
+                    tenant: key.tenant().map(str::to_string),
+                };
+                let reply = conn.authenticate(&auth, &tenant, reply.version).await?;
                 if !key.verify(true, &nonce, &challenge.nonce, &reply.proof) {
                     return Err(KvError::new(
                         Code::Unauthorized,
@@ -239,6 +257,7 @@ impl FramedConn {
             out_buf: Vec::new(),
             peer,
             peer_role: Role::Client,
+            peer_tenant: None,
             ceiling: Role::Admin,
             silence: None,
             version: MIN_PROTOCOL_VERSION,
@@ -286,6 +305,11 @@ impl FramedConn {
     /// server holds no secret. Only meaningful on accepted connections.
     pub fn peer_role(&self) -> Role {
         self.peer_role
+    }
+
+    /// The tenant whose key the peer proved, if any (accepted connections).
+    pub fn peer_tenant(&self) -> Option<&Arc<str>> {
+        self.peer_tenant.as_ref()
     }
 
     /// The protocol version agreed in the handshake (the highest both sides
@@ -664,6 +688,28 @@ impl FramedConn {
     /// does not decode) leaves the connection in step.
     pub async fn exchange<R: Rpc>(&mut self, req: &R) -> KvResult<KvResult<R::Response>> {
         let id = self.send_request(req, &[]).await?;
+        self.answer_to::<R>(id).await
+    }
+
+    /// Sends `auth` in the handshake's own shape (no request trailer),
+    /// with the tenant fields after it where `version` has them.
+    async fn authenticate(
+        &mut self,
+        auth: &Auth,
+        tenant: &AuthTenant,
+        version: u32,
+    ) -> KvResult<AuthReply> {
+        let id = self.next_id();
+        msg::encode_to(auth, &mut self.out_buf);
+        compat::append(&mut self.out_buf, version, tenant);
+        let h = FrameHeader::request(Opcode::Auth, id, self.out_buf.len() as u32, 0);
+        let r = write_frame(&mut self.writer, &h, &self.out_buf, &[]).await;
+        r.map_err(|e| self.send_failed(e))?;
+        self.answer_to::<Auth>(id).await?
+    }
+
+    /// Flushes and reads the control answer to request `id`.
+    async fn answer_to<R: Rpc>(&mut self, id: u64) -> KvResult<KvResult<R::Response>> {
         self.flush().await?;
         let rh = match self.read_answer(id).await? {
             Ok(h) => h,

@@ -33,12 +33,12 @@ pub trait ControlHandler: Send + Sync + 'static {
     /// reply must wait for, if anything (the master: old versions destroyed
     /// on their stores before a new value or a removal is reported). Only
     /// that connection waits.
-    /// `peer` is the role the peer proved in the handshake and the
-    /// protocol version the connection speaks.
+    /// `peer` is what the peer proved in the handshake and the protocol
+    /// version the connection speaks.
     fn handle(
         &self,
         conn: &mut Self::Conn,
-        peer: (Role, u32),
+        peer: &Peer,
         opcode: Opcode,
         meta: &[u8],
     ) -> (KvResult<Vec<u8>>, Option<ReplyWait>);
@@ -46,6 +46,29 @@ pub trait ControlHandler: Send + Sync + 'static {
     /// The connection ended: closed or reset by the peer, broken, or shut
     /// down.
     fn closed(&self, conn: Self::Conn);
+}
+
+/// Who is on the other end of an accepted connection, as its handshake
+/// proved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The role proved (every role on a server without a secret).
+    pub role: Role,
+    /// The tenant whose key was proved, if any.
+    pub tenant: Option<Arc<str>>,
+    /// The protocol version the connection speaks.
+    pub version: u32,
+}
+
+impl Peer {
+    /// What `conn`'s handshake proved.
+    pub fn of(conn: &FramedConn) -> Peer {
+        Peer {
+            role: conn.peer_role(),
+            tenant: conn.peer_tenant().cloned(),
+            version: conn.version(),
+        }
+    }
 }
 
 /// Most authenticated connections one server keeps open; more are closed
@@ -296,6 +319,7 @@ async fn control_conn<H: ControlHandler>(
     handler: &H,
     state: &mut H::Conn,
 ) -> KvResult<()> {
+    let peer = Peer::of(conn);
     loop {
         let h = match conn.next_request().await {
             Ok(Some(h)) => h,
@@ -316,8 +340,7 @@ async fn control_conn<H: ControlHandler>(
                 "control requests carry no payload",
             ))
         } else {
-            let peer = (conn.peer_role(), conn.version());
-            let (result, wait) = handler.handle(state, peer, h.opcode, conn.last_meta());
+            let (result, wait) = handler.handle(state, &peer, h.opcode, conn.last_meta());
             if let Some(wait) = wait {
                 wait.await;
             }

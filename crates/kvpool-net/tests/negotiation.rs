@@ -144,17 +144,17 @@ async fn a_v5_client_and_this_server_speak_5_without_request_ids() {
 }
 
 #[tokio::test]
-async fn this_client_and_this_server_speak_7_and_the_request_id_arrives() {
-    assert_eq!(PROTOCOL_VERSION, 7);
+async fn this_client_and_this_server_speak_8_and_the_request_id_arrives() {
+    assert_eq!(PROTOCOL_VERSION, 8);
     let (addr, mut seen) = start(Server::ThisBuild).await;
     let mut conn = FramedConn::connect(&addr, "client", Limits::default())
         .await
         .unwrap();
-    assert_eq!(conn.version(), 7);
+    assert_eq!(conn.version(), 8);
     let id = request_id::fresh();
     beat(&mut conn, id).await;
     let want = Seen {
-        version: 7,
+        version: 8,
         id,
         v5_shape: false,
     };
@@ -162,7 +162,7 @@ async fn this_client_and_this_server_speak_7_and_the_request_id_arrives() {
     // Outside any call the trailer is there, with no id.
     beat(&mut conn, RequestId::NONE).await;
     let want = Seen {
-        version: 7,
+        version: 8,
         id: RequestId::NONE,
         v5_shape: false,
     };
@@ -217,7 +217,9 @@ async fn peers_without_a_common_version_are_refused_with_the_reason() {
     for (min, max) in [(3, 4), (PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 3), (6, 5)] {
         let e = old_client(&addr, min, max).await.err().expect("refused");
         assert_eq!(e.code, Code::InvalidVersion, "{min}..={max}: {e}");
-        let says = format!("speaks protocol 5..=7 and the client speaks {min}..={max}");
+        let says = format!(
+            "speaks protocol {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION} and the client speaks {min}..={max}"
+        );
         assert!(e.message.contains(&says), "{e}");
         assert!(e.message.contains("no version in common"), "{e}");
     }

@@ -62,13 +62,16 @@ pub enum Code {
     /// kvpool's own: the peer did not prove the cluster secret, or its role
     /// may not do this (see docs/security.md).
     Unauthorized = -1100,
+    /// kvpool's own: the tenant's quota (objects, bytes or clients) is
+    /// used up; other tenants' puts still succeed (docs/security.md).
+    QuotaExceeded = -1101,
     /// No replica copy or move task with this id (Mooncake's number).
     TaskNotFound = -1400,
 }
 
 impl Code {
     /// Every code, for exhaustive tests and docs.
-    pub const ALL: [Code; 28] = [
+    pub const ALL: [Code; 29] = [
         Code::Ok,
         Code::InternalError,
         Code::BufferOverflow,
@@ -96,6 +99,7 @@ impl Code {
         Code::UnavailableInCurrentStatus,
         Code::NotSupported,
         Code::Unauthorized,
+        Code::QuotaExceeded,
         Code::TaskNotFound,
     ];
 
@@ -144,6 +148,7 @@ impl Code {
             Code::UnavailableInCurrentStatus => "UNAVAILABLE_IN_CURRENT_STATUS",
             Code::NotSupported => "NOT_SUPPORTED",
             Code::Unauthorized => "UNAUTHORIZED",
+            Code::QuotaExceeded => "QUOTA_EXCEEDED",
             Code::TaskNotFound => "TASK_NOT_FOUND",
         }
     }

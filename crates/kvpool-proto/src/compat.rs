@@ -29,8 +29,9 @@ use crate::code::{Code, KvError, KvResult};
 
 /// Newest version spoken by this build; bumped with every wire change
 /// (6: a [`crate::msg::RequestTrailer`] after each request; 7: stores check
-/// key-bound grants, [`crate::msg::Capability::KEY`]).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// key-bound grants, [`crate::msg::Capability::KEY`]; 8: tenant keys,
+/// [`crate::msg::AuthTenant`]).
+pub const PROTOCOL_VERSION: u32 = 8;
 /// Oldest peer version this build still talks to: the previous release's
 /// (N-1), so builds can be upgraded one process at a time.
 pub const MIN_PROTOCOL_VERSION: u32 = 5;

@@ -3,7 +3,7 @@
 //! the typed messages of each plane ([`msg`]), the stable error codes
 //! shared with Mooncake ([`code`]), how the wire grows between versions
 //! ([`compat`]), the limits every receiver enforces on
-//! well-formed requests ([`limits`]), who may ask what ([`policy`]), and parsers for human sizes ([`units`]).
+//! well-formed requests ([`limits`]), who may ask what ([`policy`]), tenants' namespaces ([`tenant`]), and parsers for human sizes ([`units`]).
 //!
 //! Everything that crosses a socket is defined here so that the master, the
 //! storage node and the clients cannot disagree about it.
@@ -15,6 +15,7 @@ pub mod limits;
 pub mod msg;
 pub mod policy;
 pub mod requests;
+pub mod tenant;
 pub mod units;
 
 pub use code::{Code, KvError, KvResult};

@@ -65,17 +65,23 @@ async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credent
         return true;
     };
     let peer = conn.peer.clone();
-    let role = handshake_step(conn, Opcode::Auth, |meta| {
-        let auth: Auth = msg::decode(meta)?;
-        let key = Role::from_u8(auth.role)
-            .filter(|r| *r <= ceiling)
-            .and_then(|r| keyring.derive(r));
+    let proved = handshake_step(conn, Opcode::Auth, |meta| {
+        let (auth, AuthTenant { tenant }) = compat::decode_with::<Auth, AuthTenant>(meta)?;
+        let key = match &tenant {
+            // A tenant's key proves the client role, in its namespace.
+            Some(name) => (auth.role == Role::Client.as_u8())
+                .then(|| keyring.for_tenant(name).ok())
+                .flatten(),
+            None => Role::from_u8(auth.role)
+                .filter(|r| *r <= ceiling)
+                .and_then(|r| keyring.derive(r)),
+        };
         match key {
             Some(key) if key.verify(false, &hello.nonce, &challenge.nonce, &auth.proof) => {
                 let reply = AuthReply {
                     proof: key.server_proof(&hello.nonce, &challenge.nonce),
                 };
-                Ok((key.role(), msg::encode(&reply)))
+                Ok(((key.role(), tenant), msg::encode(&reply)))
             }
             _ => {
                 refused_auth(
@@ -90,9 +96,10 @@ async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credent
         }
     })
     .await;
-    match role {
-        Some(role) => {
+    match proved {
+        Some((role, tenant)) => {
             conn.peer_role = role;
+            conn.peer_tenant = tenant.map(Arc::from);
             true
         }
         None => false,

@@ -44,6 +44,18 @@ pub struct Auth {
     pub proof: [u8; 32],
 }
 
+/// Fields of [`Auth`] since protocol 8: the tenant whose key proves the
+/// client role (see [`crate::tenant`]); none for a role key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthTenant {
+    /// The tenant's name.
+    pub tenant: Option<String>,
+}
+
+impl crate::compat::Trailer for AuthTenant {
+    const SINCE: u32 = 8;
+}
+
 /// Answer to [`Auth`]: the server's own proof of the same key, so a caller
 /// never talks to a server that does not hold the secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
