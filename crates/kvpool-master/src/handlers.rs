@@ -12,6 +12,7 @@ use kvpool_proto::limits::{
     MAX_PREFERRED_SEGMENTS,
 };
 use kvpool_proto::msg::{self, to_wire, WireResult};
+use kvpool_proto::tenant::{self, Scope};
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use kvpool_proto::{Opcode, Request, Rpc};
 use tokio::time::Instant;
@@ -19,7 +20,7 @@ use tracing::info;
 
 use crate::refusals::Refusal;
 use crate::state::MountSpec;
-use crate::{Master, Role};
+use crate::{Master, Peer, Role};
 
 /// Compiled size a remove-by-regex pattern may reach (its NFA, and each of
 /// its lazy DFA caches): compiling stops there, so a small pattern that
@@ -38,10 +39,9 @@ pub(crate) struct Ctx<'a> {
     pub now: Instant,
     /// The role the request was admitted under.
     pub role: Role,
-    /// The role the peer proved at the handshake.
-    pub peer: kvpool_net::auth::Role,
-    /// The protocol version the peer's connection speaks.
-    pub version: u32,
+    /// What the peer proved at the handshake, and the protocol version
+    /// its connection speaks.
+    pub peer: &'a Peer,
     /// What the reply must wait for, if anything: a new value or a removal
     /// is reported only once the key's old versions are destroyed on their
     /// stores (or can no longer be read without asking this master).
@@ -65,6 +65,7 @@ pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<
     }
     let (req, trailer) = Request::decode(op, meta)?;
     let _span = request_id::span(trailer.id, op).entered();
+    cx.check_scope(&req)?;
     match req {
         Request::RegisterClient(m) => reply(cx, m),
         Request::Heartbeat(m) => reply(cx, m),
@@ -110,7 +111,66 @@ fn reply<R: Handle>(cx: &mut Ctx<'_>, req: R) -> KvResult<Vec<u8>> {
     req.handle(cx).map(|r| msg::encode(&r))
 }
 
+/// The keys `req` names, and whether it only reads them; `None` for a
+/// request that names no key.
+fn named_keys(req: &Request) -> Option<(bool, Box<dyn Iterator<Item = &str> + '_>)> {
+    fn all(keys: &[String]) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(keys.iter().map(String::as_str))
+    }
+    Some(match req {
+        Request::GetReplicaList(m) => (true, all(&m.keys)),
+        Request::Exist(m) => (true, all(&m.keys)),
+        Request::Touch(m) => (true, Box::new(m.items.iter().map(|i| i.key.as_str()))),
+        Request::PutStart(m) => (false, Box::new(m.items.iter().map(|i| i.key.as_str()))),
+        Request::PutEnd(m) => (false, Box::new(m.items.iter().map(|i| i.key.as_str()))),
+        Request::PutRevoke(m) => (false, all(&m.keys)),
+        Request::Remove(m) => (false, all(&m.keys)),
+        Request::ReplicaClear(m) => (false, all(&m.keys)),
+        Request::ReplicaAdd(m) => (false, Box::new(std::iter::once(m.key.as_str()))),
+        Request::ReplicaCommit(m) => (false, Box::new(std::iter::once(m.key.as_str()))),
+        Request::TaskCreate(m) => (false, Box::new(std::iter::once(m.key.as_str()))),
+        _ => return None,
+    })
+}
+
 impl Ctx<'_> {
+    /// The namespaces the peer may reach: a store's or an admin's key
+    /// reaches all (a store holds every tenant's bytes anyway).
+    fn scope(&self) -> Scope<'_> {
+        match &self.peer.tenant {
+            _ if self.peer.role >= kvpool_net::auth::Role::Store => Scope::All,
+            Some(t) => Scope::Tenant(t),
+            None => Scope::Untenanted,
+        }
+    }
+
+    /// Refuses, whole, a request that names a key outside its peer's
+    /// namespace: a tenant's client writes only its own keys and reads
+    /// those and the shared namespaces; a client without a tenant the
+    /// same for keys without one.
+    fn check_scope(&self, req: &Request) -> KvResult<()> {
+        let scope = self.scope();
+        if scope == Scope::All {
+            return Ok(());
+        }
+        let Some((read, mut keys)) = named_keys(req) else {
+            return Ok(());
+        };
+        let tenants = &self.master.state.config().tenants;
+        let shared = |t: &str| tenants.is_shared(t);
+        let outside = keys.find(|k| {
+            if read {
+                !scope.may_read(k, &shared)
+            } else {
+                !scope.may_write(k)
+            }
+        });
+        match outside {
+            None => Ok(()),
+            Some(k) => Err(self.refuse(Refusal::Namespace, tenant::outside(scope, k))),
+        }
+    }
+
     /// Counts (and maybe logs) a refusal; hands the error back.
     fn refuse(&self, reason: Refusal, e: KvError) -> KvError {
         self.master.state.refusals().refuse(reason, e)
@@ -169,7 +229,12 @@ impl Handle for msg::RegisterClient {
         cx.check_name("hostname", &self.hostname)?;
         cx.master.metrics.record(Self::OPCODE, 0, 0);
         let s = &cx.master.state;
-        let reply = s.register_client_as(self.client_id, &self.hostname, cx.now, cx.peer)?;
+        let reply = s.register_client_as(
+            self.client_id,
+            &self.hostname,
+            cx.now,
+            (cx.peer.role, cx.peer.tenant.as_ref()),
+        )?;
         info!(client = %self.client_id, hostname = %self.hostname, "client registered");
         Ok(reply)
     }
@@ -216,7 +281,7 @@ impl Handle for msg::MountSegment {
         let s = &cx.master.state;
         s.mount_scanned(self.client_id, self.segment, spec, cx.now)?;
         let mut unbound = cx.master.unbound.write();
-        if cx.version < msg::Capability::KEY_SINCE {
+        if cx.peer.version < msg::Capability::KEY_SINCE {
             unbound.insert(id);
         } else {
             unbound.remove(&id);
@@ -454,6 +519,10 @@ impl Handle for msg::Status {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::ClusterStatus> {
         let mut st = cx.master.state.status();
         st.role = cx.master.role(cx.now).name().into();
+        if let Scope::Tenant(t) = cx.scope() {
+            // A tenant counts its own objects, not the pool's.
+            st.keys = cx.master.state.tenant_usage(t).objects;
+        }
         Ok(st)
     }
 }

@@ -107,7 +107,7 @@ async fn metrics(State(m): State<Arc<Master>>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        m.metrics.render(&status),
+        m.metrics.render(&status, &m.state.tenants()),
     )
         .into_response()
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use kvpool_net::auth::{Role as PeerRole, Security};
 use kvpool_net::capability::CapabilityKey;
-use kvpool_net::server::{serve_control, ControlHandler, ReplyWait};
+use kvpool_net::server::{serve_control, ControlHandler, Peer, ReplyWait};
 use kvpool_proto::frame::{Limits, Opcode};
 use kvpool_proto::msg;
 use kvpool_proto::Plane;
@@ -47,7 +47,7 @@ use handlers::{handle, Ctx};
 pub use metrics::Metrics;
 pub use refusals::{Refusal, Refusals};
 pub use start::{run, start, MasterHandle};
-pub use state::{ClientLimits, MasterState, StateConfig};
+pub use state::{ClientLimits, MasterState, Quota, StateConfig, TenantPolicy, Usage};
 
 /// Settings of `kvpool master` (flags are defined by the binary).
 #[derive(Debug, Clone)]
@@ -392,20 +392,20 @@ impl ControlHandler for Master {
     fn handle(
         &self,
         conn: &mut Option<msg::ClientId>,
-        (peer, version): (PeerRole, u32),
+        peer: &Peer,
         op: Opcode,
         meta: &[u8],
     ) -> (KvResult<Vec<u8>>, Option<ReplyWait>) {
-        if let Err(e) = op.admit(Plane::Control, peer) {
+        if let Err(e) = op.admit(Plane::Control, peer.role) {
             self.metrics.record(op, 1, 1);
             return (Err(e), None);
         }
         let mut fence: Option<state::FenceWait> = None;
         let start = std::time::Instant::now();
         let r = if self.may_take_long(op) {
-            off_the_runtime(|| self.answer(op, (peer, version), meta, &mut fence))
+            off_the_runtime(|| self.answer(op, peer, meta, &mut fence))
         } else {
-            self.answer(op, (peer, version), meta, &mut fence)
+            self.answer(op, peer, meta, &mut fence)
         };
         self.metrics.observe_handling(op, start.elapsed());
         if op == Opcode::Heartbeat && conn.is_none() && r.is_ok() {
@@ -452,7 +452,7 @@ impl Master {
     fn answer(
         &self,
         op: Opcode,
-        (peer, version): (PeerRole, u32),
+        peer: &Peer,
         meta: &[u8],
         fence: &mut Option<state::FenceWait>,
     ) -> KvResult<Vec<u8>> {
@@ -463,7 +463,6 @@ impl Master {
             now,
             role,
             peer,
-            version,
             fence: None,
         };
         let cx = &mut cx;

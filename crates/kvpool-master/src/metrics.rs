@@ -15,6 +15,7 @@ use std::time::Duration;
 use kvpool_proto::msg::{ClusterStatus, Tier};
 
 use crate::refusals::Refusals;
+use crate::state::Usage;
 
 /// Label of per-operation counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -53,6 +54,21 @@ pub struct SegmentStateLabel {
     pub segment: String,
     /// `live`, `suspect`, `draining` or `recovering`.
     pub state: String,
+}
+
+/// Label of a tenant's gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    /// The tenant's name.
+    pub tenant: String,
+}
+
+/// What each tenant holds against its quota, refreshed at every scrape.
+#[derive(Default)]
+struct PerTenant {
+    objects: Family<TenantLabel, Gauge>,
+    bytes: Family<TenantLabel, Gauge>,
+    clients: Family<TenantLabel, Gauge>,
 }
 
 /// Label of the master's role gauge.
@@ -113,6 +129,7 @@ pub struct Metrics {
     tier_objects: Family<TierLabel, Gauge>,
     disk: DiskIo,
     per_segment: PerSegment,
+    per_tenant: PerTenant,
     role: Family<RoleLabel, Gauge>,
 }
 
@@ -157,6 +174,7 @@ impl Default for Metrics {
             tier_objects: Family::default(),
             disk: DiskIo::default(),
             per_segment: PerSegment::default(),
+            per_tenant: PerTenant::default(),
             role: Family::default(),
             registry: Registry::default(),
         };
@@ -233,6 +251,22 @@ impl Default for Metrics {
             "tier_objects",
             "Object replicas held, per tier",
             m.tier_objects.clone(),
+        );
+        let t = &m.per_tenant;
+        registry.register(
+            "tenant_objects",
+            "Objects a tenant holds, committed or being put (against --tenant-quota)",
+            t.objects.clone(),
+        );
+        registry.register(
+            "tenant_bytes",
+            "Value bytes of a tenant's objects (against --tenant-quota)",
+            t.bytes.clone(),
+        );
+        registry.register(
+            "tenant_clients",
+            "Client ids a tenant has registered (against --tenant-quota)",
+            t.clients.clone(),
         );
         let p = &m.per_segment;
         registry.register(
@@ -320,8 +354,9 @@ impl Metrics {
             .fetch_max(took.as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Prometheus text exposition, with state gauges refreshed from `s`.
-    pub fn render(&self, s: &ClusterStatus) -> String {
+    /// Prometheus text exposition, with state gauges refreshed from `s`
+    /// and the tenants' usage.
+    pub fn render(&self, s: &ClusterStatus, tenants: &[(String, Usage)]) -> String {
         let longest = self.longest_us.swap(0, Ordering::Relaxed);
         self.longest.set(longest as f64 / 1e6);
         let g = |v: u64| v.min(i64::MAX as u64) as i64;
@@ -370,6 +405,18 @@ impl Metrics {
                 state: seg.state.clone(),
             };
             p.state.get_or_create(&l).set(1);
+        }
+        let t = &self.per_tenant;
+        for f in [&t.objects, &t.bytes, &t.clients] {
+            f.clear();
+        }
+        for (name, u) in tenants {
+            let l = TenantLabel {
+                tenant: name.clone(),
+            };
+            t.objects.get_or_create(&l).set(g(u.objects));
+            t.bytes.get_or_create(&l).set(g(u.bytes));
+            t.clients.get_or_create(&l).set(g(u.clients));
         }
         let d = &self.disk;
         for seg in &s.segments {

@@ -59,6 +59,10 @@ pub enum Refusal {
     /// A connection still in its handshake, closed to make room for a
     /// newer one (the handshake budget of `kvpool-net`'s accept loop).
     PreauthEvicted,
+    /// A put or client id beyond its tenant's `--tenant-quota`.
+    Quota,
+    /// A request naming a key outside its peer's tenant namespace.
+    Namespace,
 }
 
 impl Refusal {
@@ -85,6 +89,8 @@ impl Refusal {
             Refusal::ConnectionsPerIp => "connections_per_ip",
             Refusal::Connections => "connections",
             Refusal::PreauthEvicted => "preauth_evicted",
+            Refusal::Quota => "tenant_quota",
+            Refusal::Namespace => "tenant_namespace",
         }
     }
 }

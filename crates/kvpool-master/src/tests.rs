@@ -8,7 +8,11 @@ use kvpool_proto::msg::{
 };
 
 /// An admin peer on a connection of this build's protocol.
-const ADMIN: (PeerRole, u32) = (PeerRole::Admin, kvpool_proto::PROTOCOL_VERSION);
+const ADMIN: Peer = Peer {
+    role: PeerRole::Admin,
+    tenant: None,
+    version: kvpool_proto::PROTOCOL_VERSION,
+};
 
 fn segment(id: u128) -> SegmentInfo {
     SegmentInfo {
@@ -41,7 +45,7 @@ fn a_store_that_hangs_up_takes_no_new_objects_until_it_is_heard_from() {
         io: Default::default(),
         held: Default::default(),
     });
-    let (r, _) = master.handle(&mut conn, ADMIN, Opcode::Heartbeat, &beat);
+    let (r, _) = master.handle(&mut conn, &ADMIN, Opcode::Heartbeat, &beat);
     r.unwrap();
     assert_eq!(conn, Some(gone), "the connection carries its heartbeats");
     let placed = |key: &str| {
@@ -160,7 +164,7 @@ async fn a_drain_deadline_unmounts_unless_the_master_stopped() {
             segment: "s1".into(),
             unmount_after_ms: Some(10_000),
         });
-        let (r, _) = master.handle(&mut None, ADMIN, Opcode::DrainSegment, &drain);
+        let (r, _) = master.handle(&mut None, &ADMIN, Opcode::DrainSegment, &drain);
         r.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
         if stop_first {
@@ -190,7 +194,7 @@ async fn regex_removals_are_bounded_before_they_walk() {
             force: true,
         });
         master
-            .handle(&mut None, ADMIN, Opcode::RemoveByRegex, &req)
+            .handle(&mut None, &ADMIN, Opcode::RemoveByRegex, &req)
             .0
     };
     let long = remove("a".repeat(4097)).unwrap_err();
@@ -223,7 +227,7 @@ fn batches_over_the_limit_are_refused_whole() {
     let exist = |n| msg::encode(&msg::Exist { keys: keys(n) });
     let over = master.handle(
         &mut None,
-        ADMIN,
+        &ADMIN,
         Opcode::Exist,
         &exist(kvpool_proto::MAX_BATCH_KEYS + 1),
     );
@@ -233,7 +237,7 @@ fn batches_over_the_limit_are_refused_whole() {
     assert_eq!(master.state.refusals().count(Refusal::BatchKeys), 1);
     let at = master.handle(
         &mut None,
-        ADMIN,
+        &ADMIN,
         Opcode::Exist,
         &exist(kvpool_proto::MAX_BATCH_KEYS),
     );
@@ -244,7 +248,7 @@ fn batches_over_the_limit_are_refused_whole() {
     lying[0] = 0xff;
     lying.insert(1, 0xff);
     let e = master
-        .handle(&mut None, ADMIN, Opcode::GetReplicaList, &lying)
+        .handle(&mut None, &ADMIN, Opcode::GetReplicaList, &lying)
         .0
         .unwrap_err();
     assert!(e.message.contains("exceeds the limit"), "{e}");
@@ -265,7 +269,7 @@ fn a_stall_extends_the_recovery_grace() {
         keys: vec!["k".into()],
     });
     let refused = |m: &Master| {
-        m.handle(&mut None, ADMIN, Opcode::Exist, &exist)
+        m.handle(&mut None, &ADMIN, Opcode::Exist, &exist)
             .0
             .is_err_and(|e| e.code == Code::UnavailableInCurrentStatus)
     };
@@ -356,7 +360,7 @@ fn a_recovering_leader_serves_upserts_once_a_segment_is_back() {
         })
     };
     let code = |op, meta: &[u8]| {
-        let r = master.handle(&mut None, ADMIN, op, meta).0;
+        let r = master.handle(&mut None, &ADMIN, op, meta).0;
         r.err().map(|e| e.code)
     };
     let busy = Some(Code::UnavailableInCurrentStatus);
@@ -389,7 +393,7 @@ fn a_leader_past_its_lease_serves_only_status() {
     let exist = msg::encode(&msg::Exist {
         keys: vec!["k".into()],
     });
-    let answer = |m: &Master, op, meta: &[u8]| m.handle(&mut None, ADMIN, op, meta).0;
+    let answer = |m: &Master, op, meta: &[u8]| m.handle(&mut None, &ADMIN, op, meta).0;
     master.lead_until(Some(Instant::now() + Duration::from_secs(60)));
     assert!(answer(&master, Opcode::Exist, &exist).is_ok());
     master.lead_until(Some(Instant::now()));
@@ -467,8 +471,12 @@ fn grants_are_bound_to_keys_only_where_the_store_checks_them() {
             fence: 1,
             held: Vec::new(),
         });
-        let peer = (PeerRole::Store, version);
-        let (r, _) = master.handle(&mut None, peer, Opcode::MountSegment, &mount);
+        let peer = Peer {
+            role: PeerRole::Store,
+            tenant: None,
+            version,
+        };
+        let (r, _) = master.handle(&mut None, &peer, Opcode::MountSegment, &mount);
         r.unwrap();
     }
     let access_on = |name: &str| {
@@ -486,7 +494,7 @@ fn grants_are_bound_to_keys_only_where_the_store_checks_them() {
             },
             upsert: false,
         });
-        let (r, _) = master.handle(&mut None, ADMIN, Opcode::PutStart, &put);
+        let (r, _) = master.handle(&mut None, &ADMIN, Opcode::PutStart, &put);
         let mut granted: Vec<msg::WireResult<PutGrant>> = msg::decode(&r.unwrap()).unwrap();
         match granted.remove(0) {
             Ok(PutGrant::Write { replicas, .. }) => replicas[0].cap.expect("signed").access,

@@ -57,6 +57,7 @@ fn config() -> StateConfig {
         store_grace: Duration::ZERO,
         pending_ttl: Duration::from_secs(3600),
         limits: Default::default(),
+        tenants: Default::default(),
     }
 }
 
@@ -1134,6 +1135,7 @@ impl Sim {
             store_grace: Duration::ZERO,
             pending_ttl: PENDING_TTL,
             limits: Default::default(),
+            tenants: Default::default(),
         });
         let now = Instant::now();
         let clients = [ClientId(1), ClientId(2)];
@@ -2363,6 +2365,38 @@ fn hard_pins_beyond_the_per_client_limit_are_refused() {
     assert_eq!(p.st.held_by(c), (0, OBJ));
 }
 
+/// A tenant's usage follows every way its objects come and go: a put in
+/// flight, its commit, an upsert over it, a revoke, a removal, evictions.
+#[test]
+fn a_tenants_usage_follows_its_objects() {
+    let (p, c) = Pool::with_segment(config(), 8 * OBJ);
+    let k = |i: u64| kvpool_proto::tenant::scoped(Some("t"), &format!("o{i}"));
+    let usage = || p.st.tenant_usage("t");
+    p.start(c, &k(0), OBJ, p.t0);
+    assert_eq!(usage().objects, 1, "a put in flight counts");
+    p.end(c, &k(0), p.t0).unwrap();
+    let one = usage();
+    assert_eq!(one.objects, 1);
+    assert!(one.bytes > 0);
+    p.upsert(c, &k(0), OBJ, p.at(1));
+    p.end(c, &k(0), p.at(1)).unwrap();
+    assert_eq!(usage(), one, "an upsert replaces");
+    p.start(c, &k(1), OBJ, p.at(2));
+    p.revoke(c, &k(1)).unwrap();
+    assert_eq!(usage(), one, "a revoke gives back");
+    p.remove(&k(0), true, p.at(3)).unwrap();
+    assert_eq!(usage(), Default::default());
+    // Twice the pool, half of it the tenant's: evictions give back too.
+    for i in 0..16 {
+        p.commit(c, &k(i), OBJ, p.at(10 + i));
+        p.commit(c, &format!("plain-{i}"), OBJ, p.at(10 + i));
+    }
+    let present = (0..16).filter(|&i| p.present(&k(i))).count() as u64;
+    assert!(present < 16, "nothing was evicted");
+    assert_eq!(usage().objects, present);
+    assert_eq!(usage().bytes, present * one.bytes);
+}
+
 /// Attack 4 of the tenancy issue, its first half: a holder of the client
 /// key registers client ids in a loop. It gets nine tenths of the limit;
 /// restarted stores (proving the store key) still register.
@@ -2371,7 +2405,7 @@ fn client_key_holders_cannot_take_the_slots_kept_for_stores() {
     use kvpool_proto::policy::Role;
     let p = Pool::new(limited(|l| l.max_clients = 10));
     let engine = |id: u128, at| {
-        p.st.register_client_as(ClientId(id), "pod", at, Role::Client)
+        p.st.register_client_as(ClientId(id), "pod", at, (Role::Client, None))
     };
     for id in 1..=9 {
         engine(id, p.t0).expect("within the engines' share");
@@ -2380,10 +2414,10 @@ fn client_key_holders_cannot_take_the_slots_kept_for_stores() {
     // A registered engine refreshes; a store takes a kept slot.
     engine(3, p.at(SEC)).expect("refresh");
     (p.st
-        .register_client_as(ClientId(100), "store", p.t0, Role::Store))
+        .register_client_as(ClientId(100), "store", p.t0, (Role::Store, None)))
     .expect("a store registers");
     assert_eq!(
-        code(p.st.register_client_as(ClientId(101), "store", p.t0, Role::Store)),
+        code(p.st.register_client_as(ClientId(101), "store", p.t0, (Role::Store, None))),
         UNAVAILABLE
     );
     // Expired engines give their share back.
@@ -2399,7 +2433,9 @@ fn client_key_holders_cannot_take_the_slots_kept_for_stores() {
 fn a_small_client_limit_still_keeps_a_slot_for_stores() {
     use kvpool_proto::policy::Role;
     let p = Pool::new(limited(|l| l.max_clients = 5));
-    let register = |id: u128, role| p.st.register_client_as(ClientId(id), "pod", p.t0, role);
+    let register = |id: u128, role| {
+        p.st.register_client_as(ClientId(id), "pod", p.t0, (role, None))
+    };
     for id in 1..=4 {
         register(id, Role::Client).expect("within the engines' share");
     }

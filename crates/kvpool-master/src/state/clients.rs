@@ -28,6 +28,8 @@ pub(super) struct ClientEntry {
     /// Registered by a peer that proved only the client role: such ids
     /// may not take the slots kept for stores.
     pub(super) engine: bool,
+    /// The tenant whose key registered it, whose quota counts it.
+    pub(super) tenant: Option<Arc<str>>,
 }
 
 /// Most time between two heartbeats, whatever the TTL: a store that stops
@@ -100,7 +102,7 @@ impl MasterState {
         hostname: &str,
         now: Instant,
     ) -> KvResult<RegisterReply> {
-        self.register_client_as(id, hostname, now, Role::Admin)
+        self.register_client_as(id, hostname, now, (Role::Admin, None))
     }
 
     /// Registers (or refreshes) a client for a peer that proved `role`. A
@@ -116,7 +118,7 @@ impl MasterState {
         id: ClientId,
         hostname: &str,
         now: Instant,
-        role: Role,
+        (role, tenant): (Role, Option<&Arc<str>>),
     ) -> KvResult<RegisterReply> {
         let max = self.cfg.limits.max_clients;
         let engine = role < Role::Store;
@@ -144,6 +146,14 @@ impl MasterState {
                     ),
                 ));
             }
+            let tenant = tenant.cloned();
+            let same_tenant = clients.get(&id).map(|c| &c.tenant) == Some(&tenant);
+            if let Some(name) = tenant.as_deref().filter(|_| !same_tenant) {
+                if let Err(e) = self.ledger.tenant_add_client(name, &self.cfg.tenants) {
+                    drop(clients);
+                    return Err(self.refusals.refuse(Refusal::Quota, e));
+                }
+            }
             let old = clients.insert(
                 id,
                 ClientEntry {
@@ -152,6 +162,7 @@ impl MasterState {
                     suspect: false,
                     hung_up: false,
                     engine,
+                    tenant,
                 },
             );
             // Counted under the map's lock, so the count is the map's.
@@ -160,6 +171,11 @@ impl MasterState {
             }
             if engine {
                 self.engine_ids.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(name) = old.as_ref().and_then(|c| c.tenant.as_deref()) {
+                if !same_tenant {
+                    self.ledger.tenant_drop_client(name);
+                }
             }
             old
         };
@@ -313,6 +329,9 @@ impl MasterState {
                     if c.engine {
                         self.engine_ids.fetch_sub(1, Ordering::Relaxed);
                     }
+                    if let Some(name) = c.tenant.as_deref() {
+                        self.ledger.tenant_drop_client(name);
+                    }
                     tracing::warn!(client = %id, hostname = %c.hostname, "client expired");
                 }
             }
@@ -337,11 +356,11 @@ impl MasterState {
                 continue;
             }
             let mut freed = Vec::new();
-            sh.pending.retain(|_, p| {
+            sh.pending.retain(|key, p| {
                 let stale = dead_set.contains(&p.owner)
                     || now.saturating_duration_since(p.started) > self.cfg.pending_ttl;
                 if stale {
-                    self.forget_pending(p);
+                    self.forget_pending(key, p);
                     freed.push((p.version.replicas.clone(), p.version.generation));
                 }
                 !stale

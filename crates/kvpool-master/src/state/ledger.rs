@@ -4,13 +4,19 @@
 //! `max_hard_pinned_per_client` or the pool's `max_hard_pinned_ratio` is
 //! refused before any region is reserved.
 //!
+//! It also keeps what each tenant holds against its quota (see
+//! `tenants.rs`).
+//!
 //! Taken last: its lock is taken under a shard's (an object's removal gives
 //! its pin back), and nothing is taken under it.
 
 use std::collections::HashMap;
 
 use kvpool_proto::msg::ClientId;
+use kvpool_proto::KvResult;
 use parking_lot::Mutex;
+
+use super::tenants::{self, TenantPolicy, Usage};
 
 /// What a hard-pinned object costs its writer: the client whose limit
 /// counts it and the bytes its regions took when it was placed.
@@ -43,6 +49,8 @@ struct Book {
     per: HashMap<ClientId, Held>,
     /// Hard-pinned bytes of all clients together (the sum over `per`).
     pinned: u64,
+    /// What each tenant holds against its quota.
+    tenants: tenants::Book,
 }
 
 /// Which limit a hard pin would pass.
@@ -126,6 +134,62 @@ impl Ledger {
                 book.per.remove(&client);
             }
         }
+    }
+
+    /// Reserves one object of `bytes` for a put of `key` against its
+    /// tenant's quota (nothing for a key without a tenant).
+    pub(crate) fn tenant_reserve(
+        &self,
+        key: &str,
+        bytes: u64,
+        policy: &TenantPolicy,
+    ) -> KvResult<()> {
+        let Some(name) = tenants::owner(key) else {
+            return Ok(());
+        };
+        let quota = policy.quota(name);
+        let r = self.book.lock().tenants.reserve(name, bytes, quota);
+        r.map_err(|over| tenants::quota_error(name, over))
+    }
+
+    /// Charges a committed object of `key` to its tenant, whatever the quota
+    /// (what its put reserved, or an object a rebuild found).
+    pub(crate) fn tenant_charge(&self, key: &str, bytes: u64) {
+        if let Some(name) = tenants::owner(key) {
+            self.book.lock().tenants.charge(name, 1, bytes);
+        }
+    }
+
+    /// Gives back one object of `bytes` of `key`'s tenant.
+    pub(crate) fn tenant_release(&self, key: &str, bytes: u64) {
+        if let Some(name) = tenants::owner(key) {
+            self.book.lock().tenants.release(name, bytes);
+        }
+    }
+
+    /// Counts a new client id of tenant `name` within its quota.
+    pub(crate) fn tenant_add_client(&self, name: &str, policy: &TenantPolicy) -> KvResult<()> {
+        let r = self
+            .book
+            .lock()
+            .tenants
+            .add_client(name, policy.quota(name));
+        r.map_err(|over| tenants::quota_error(name, over))
+    }
+
+    /// Counts a client id of tenant `name` less.
+    pub(crate) fn tenant_drop_client(&self, name: &str) {
+        self.book.lock().tenants.drop_client(name);
+    }
+
+    /// What tenant `name` holds.
+    pub(crate) fn tenant_usage(&self, name: &str) -> Usage {
+        self.book.lock().tenants.usage(name)
+    }
+
+    /// Every tenant holding something.
+    pub(crate) fn tenants(&self) -> Vec<(String, Usage)> {
+        self.book.lock().tenants.all()
     }
 
     /// Clients holding anything (for tests: entries do not outlive holdings).

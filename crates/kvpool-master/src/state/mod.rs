@@ -14,7 +14,7 @@
 //! removals), `evict` (LRU eviction), `tiers` (moves between a store's
 //! memory and disk), `invalidation` (freed regions and the destruction of
 //! their headers on the stores), `ledger` (what each client holds against
-//! its limits) and `membership` (the segments a new leader expects back
+//! its limits, and each tenant against its quota: `tenants`) and `membership` (the segments a new leader expects back
 //! after a failover).
 //!
 //! Limits on what one client may hold (registrations, segments, puts in
@@ -45,6 +45,7 @@ mod objects;
 mod replicas;
 mod segments;
 mod table;
+mod tenants;
 mod tiers;
 mod tombstones;
 
@@ -58,6 +59,7 @@ use objects::{Shard, Tick, Version};
 pub use segments::MountSpec;
 use segments::SegmentSlot;
 use table::{SegNo, SegNumbers};
+pub use tenants::{Quota, TenantPolicy, Usage};
 pub use tiers::MoveTicket;
 use tiers::TierState;
 pub use tombstones::Tombstone;
@@ -97,6 +99,8 @@ pub struct StateConfig {
     pub pending_ttl: Duration,
     /// What one client may hold.
     pub limits: ClientLimits,
+    /// Tenants' quotas and shared namespaces.
+    pub tenants: TenantPolicy,
 }
 
 /// Limits on what clients may hold, so that no client (or flood of client
@@ -148,6 +152,7 @@ impl Default for StateConfig {
             store_grace: Duration::from_secs(30),
             pending_ttl: Duration::from_secs(60),
             limits: ClientLimits::default(),
+            tenants: TenantPolicy::default(),
         }
     }
 }
@@ -358,6 +363,16 @@ impl MasterState {
     /// The settings in force.
     pub fn config(&self) -> &StateConfig {
         &self.cfg
+    }
+
+    /// What tenant `name` holds against its quota.
+    pub fn tenant_usage(&self, name: &str) -> Usage {
+        self.ledger.tenant_usage(name)
+    }
+
+    /// What every tenant that holds something holds, by name.
+    pub fn tenants(&self) -> Vec<(String, Usage)> {
+        self.ledger.tenants()
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {

@@ -155,7 +155,7 @@ impl MasterState {
                 self.pool_pin_limit(),
             )
         });
-        let (mut started, mut refused) = (0, 0);
+        let (mut started, mut refused, mut quota) = (0, 0, 0);
         let out = items
             .iter()
             .enumerate()
@@ -175,6 +175,13 @@ impl MasterState {
                         ),
                     ));
                 }
+                if let Err(e) =
+                    self.ledger
+                        .tenant_reserve(&item.key, item.value_len, &self.cfg.tenants)
+                {
+                    quota += 1;
+                    return Err(e);
+                }
                 let r = self.put_start_one(
                     (client, op),
                     item,
@@ -185,6 +192,9 @@ impl MasterState {
                 );
                 if matches!(&r, Ok(Started::New(_))) {
                     started += 1;
+                } else {
+                    // Nothing new is in flight: the reservation goes back.
+                    self.ledger.tenant_release(&item.key, item.value_len);
                 }
                 r.map(Started::grant)
             })
@@ -198,14 +208,19 @@ impl MasterState {
             );
             self.refusals.record(Refusal::PendingPuts, refused, &detail);
         }
+        if quota > 0 {
+            let detail = format!("{quota} of {} keys over their tenant's quota", items.len());
+            self.refusals.record(Refusal::Quota, quota, &detail);
+        }
         out
     }
 
     /// Gives back what a put in flight held: it was revoked, expired, or
     /// lost its segments (a committed put keeps its pin in the table).
-    pub(super) fn forget_pending(&self, p: &Pending) {
+    pub(super) fn forget_pending(&self, key: &str, p: &Pending) {
         let pinned = p.version.hard_pin.map_or(0, |pin| pin.bytes);
         self.ledger.release(p.owner, 1, pinned);
+        self.ledger.tenant_release(key, p.version.value_len);
     }
 
     /// What the key's current state means for a new put, if it decides the answer.
@@ -446,7 +461,7 @@ impl MasterState {
             .pending
             .remove(key)
             .ok_or_else(|| KvError::from(Code::InternalError))?;
-        self.forget_pending(&p);
+        self.forget_pending(key, &p);
         Ok(p)
     }
 
@@ -486,6 +501,9 @@ impl MasterState {
         let owner = p.owner;
         // A segment may have gone away while the bytes were being written.
         let mut v = self.pack(p.version);
+        // What the put reserved of its tenant's quota: the committed object
+        // is charged by the table.
+        self.ledger.tenant_release(key, v.value_len);
         if v.replicas.is_empty() {
             self.ledger
                 .release(owner, 1, v.hard_pin.map_or(0, |pin| pin.bytes));

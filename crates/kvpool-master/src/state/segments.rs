@@ -334,10 +334,10 @@ impl MasterState {
                 sh.objects.retain_replicas(|_, s, _| s != no);
             }
             let mut revoked = Vec::new();
-            sh.pending.retain(|_, p| {
+            sh.pending.retain(|key, p| {
                 let on = p.version.replicas.iter().any(|(s, _)| *s == id);
                 if on {
-                    self.forget_pending(p);
+                    self.forget_pending(key, p);
                     revoked.push((p.version.replicas.clone(), p.version.generation));
                 }
                 !on

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 use kvpool_proto::msg::{SegmentId, Tier};
+use kvpool_proto::tenant;
 
 use super::ledger::{Ledger, Pin};
 use super::objects::{KeyHasher, Tick, Version};
@@ -319,8 +320,11 @@ impl ObjectTable {
             self.unpin(i);
             let s = *self.at(i);
             self.write(i, s.key_at, s.key_len, &v);
+            self.ledger.tenant_release(key, old.value_len);
+            self.ledger.tenant_charge(key, v.value_len);
             return Some(old);
         }
+        self.ledger.tenant_charge(key, v.value_len);
         let key_at = self.store_key(key.as_bytes());
         let i = match self.vacant {
             Some(i) => {
@@ -355,7 +359,13 @@ impl ObjectTable {
     pub(super) fn remove_at(&mut self, i: u32) -> Version<SegNo> {
         let v = self.unpack(i);
         let s = *self.at(i);
-        let h = self.hash(key_bytes(&self.keys, &s));
+        let key = key_bytes(&self.keys, &s);
+        if key.first() == Some(&(tenant::MARK as u8)) {
+            // Keys are stored from `&str`s, so this is never lossy.
+            self.ledger
+                .tenant_release(&String::from_utf8_lossy(key), v.value_len);
+        }
+        let h = self.hash(key);
         if let Ok(e) = self.index.find_entry(spread(h), |&(j, _)| j == i) {
             e.remove();
         }

@@ -1,0 +1,301 @@
+//! Tenants on the master: each tenant's quota, the namespaces an admin
+//! marked shared, and what each tenant holds against its quota.
+//!
+//! A tenant's usage counts its committed objects (charged where the object
+//! table takes or drops them, so a rebuild after a restart counts too), its
+//! puts in flight (reserved before any region is, given back when the put
+//! ends either way) and its registered client ids. Value bytes are counted
+//! once per object, whatever its replica count. Keys without a tenant
+//! count against no quota (only the per-client limits).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use kvpool_proto::tenant::{tenant_of, validate_tenant};
+use kvpool_proto::units::parse_size;
+use kvpool_proto::{Code, KvError, KvResult};
+use serde::Serialize;
+
+/// What one tenant may hold; `u64::MAX` is no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Objects, committed or being put.
+    pub objects: u64,
+    /// Value bytes of those objects.
+    pub bytes: u64,
+    /// Registered client ids.
+    pub clients: u64,
+}
+
+impl Default for Quota {
+    /// No limit on objects or bytes; 1,000 client ids, so that no tenant
+    /// can take the registrations every other engine needs.
+    fn default() -> Self {
+        Quota {
+            objects: u64::MAX,
+            bytes: u64::MAX,
+            clients: 1_000,
+        }
+    }
+}
+
+/// The tenants' settings: quotas and shared namespaces.
+#[derive(Debug, Clone, Default)]
+pub struct TenantPolicy {
+    /// The quota of a tenant without one of its own.
+    pub default: Quota,
+    /// Quotas of particular tenants.
+    pub quotas: HashMap<String, Quota>,
+    /// Namespaces every client may read (never write).
+    pub shared: HashSet<String>,
+}
+
+impl TenantPolicy {
+    /// Tenant `name`'s quota.
+    pub fn quota(&self, name: &str) -> Quota {
+        self.quotas.get(name).copied().unwrap_or(self.default)
+    }
+
+    /// Whether `name`'s namespace is readable by every client.
+    pub fn is_shared(&self, name: &str) -> bool {
+        self.shared.contains(name)
+    }
+
+    /// Applies one `--tenant-quota` value: `NAME:objects=N,bytes=SIZE,clients=N`
+    /// (any of the three; `NAME` `*` sets the default of every tenant
+    /// without a line of its own; `none` lifts a limit).
+    pub fn add_quota(&mut self, spec: &str) -> KvResult<()> {
+        let bad = |why: String| {
+            KvError::new(
+                Code::InvalidParams,
+                format!("--tenant-quota {spec:?}: {why} (NAME:objects=N,bytes=SIZE,clients=N)"),
+            )
+        };
+        let (name, limits) = spec
+            .split_once(':')
+            .ok_or_else(|| bad("no ':' after the tenant name".into()))?;
+        if name != "*" {
+            validate_tenant(name)?;
+        }
+        let mut q = if name == "*" {
+            self.default
+        } else {
+            self.quota(name)
+        };
+        for part in limits.split(',').filter(|p| !p.is_empty()) {
+            let (what, value) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{part:?} is not what=value")))?;
+            let n = match (what.trim(), value.trim()) {
+                (_, "none") => u64::MAX,
+                ("bytes", v) => parse_size(v).map_err(|e| bad(e.to_string()))?,
+                (_, v) => v
+                    .parse()
+                    .map_err(|_| bad(format!("{v:?} is not a count")))?,
+            };
+            match what.trim() {
+                "objects" => q.objects = n,
+                "bytes" => q.bytes = n,
+                "clients" => q.clients = n,
+                other => return Err(bad(format!("unknown limit {other:?}"))),
+            }
+        }
+        if name == "*" {
+            self.default = q;
+        } else {
+            self.quotas.insert(name.to_string(), q);
+        }
+        Ok(())
+    }
+}
+
+/// What one tenant holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Objects committed or being put.
+    pub objects: u64,
+    /// Their value bytes.
+    pub bytes: u64,
+    /// Registered client ids.
+    pub clients: u64,
+}
+
+/// The limit a reservation would pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Over {
+    /// Objects.
+    Objects(u64),
+    /// Value bytes.
+    Bytes(u64),
+    /// Client ids.
+    Clients(u64),
+}
+
+impl fmt::Display for Over {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Over::Objects(n) => write!(f, "its quota of {n} objects"),
+            Over::Bytes(n) => write!(f, "its quota of {n} value bytes"),
+            Over::Clients(n) => write!(f, "its quota of {n} client ids"),
+        }
+    }
+}
+
+/// The refusal of a put or registration over tenant `name`'s quota.
+pub(crate) fn quota_error(name: &str, over: Over) -> KvError {
+    KvError::new(
+        Code::QuotaExceeded,
+        format!("tenant {name:?} holds {over}: remove some of its objects or raise --tenant-quota"),
+    )
+}
+
+/// Every tenant's usage (entries that hold nothing are dropped).
+#[derive(Default)]
+pub(crate) struct Book {
+    per: HashMap<Box<str>, Usage>,
+}
+
+impl Book {
+    /// Reserves one object of `bytes` for `key`'s tenant within `quota`.
+    pub(crate) fn reserve(&mut self, name: &str, bytes: u64, quota: Quota) -> Result<(), Over> {
+        let u = self.per.get(name).copied().unwrap_or_default();
+        if u.objects >= quota.objects {
+            return Err(Over::Objects(quota.objects));
+        }
+        if u.bytes.saturating_add(bytes) > quota.bytes {
+            return Err(Over::Bytes(quota.bytes));
+        }
+        self.charge(name, 1, bytes);
+        Ok(())
+    }
+
+    /// Adds `objects` objects of `bytes` in all to `name`, whatever its quota
+    /// (a commit of what was reserved, or a rebuild).
+    pub(crate) fn charge(&mut self, name: &str, objects: u64, bytes: u64) {
+        let u = self.per.entry(name.into()).or_default();
+        u.objects += objects;
+        u.bytes += bytes;
+    }
+
+    /// Takes one object of `bytes` off `name`.
+    pub(crate) fn release(&mut self, name: &str, bytes: u64) {
+        self.update(name, |u| {
+            u.objects = u.objects.saturating_sub(1);
+            u.bytes = u.bytes.saturating_sub(bytes);
+        });
+    }
+
+    /// Counts one more client id of `name`, within `quota`.
+    pub(crate) fn add_client(&mut self, name: &str, quota: Quota) -> Result<(), Over> {
+        let u = self.per.entry(name.into()).or_default();
+        if u.clients >= quota.clients {
+            return Err(Over::Clients(quota.clients));
+        }
+        u.clients += 1;
+        Ok(())
+    }
+
+    /// Counts one client id of `name` less.
+    pub(crate) fn drop_client(&mut self, name: &str) {
+        self.update(name, |u| u.clients = u.clients.saturating_sub(1));
+    }
+
+    /// What `name` holds now.
+    pub(crate) fn usage(&self, name: &str) -> Usage {
+        self.per.get(name).copied().unwrap_or_default()
+    }
+
+    /// Every tenant holding something, by name.
+    pub(crate) fn all(&self) -> Vec<(String, Usage)> {
+        let mut v: Vec<_> = self.per.iter().map(|(k, u)| (k.to_string(), *u)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    fn update(&mut self, name: &str, f: impl FnOnce(&mut Usage)) {
+        if let Some(u) = self.per.get_mut(name) {
+            f(u);
+            if *u == Usage::default() {
+                self.per.remove(name);
+            }
+        }
+    }
+}
+
+/// The tenant whose quota `key` counts against, if any.
+pub(crate) fn owner(key: &str) -> Option<&str> {
+    tenant_of(key).filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_parse_and_default() {
+        let mut p = TenantPolicy::default();
+        p.add_quota("*:objects=10,clients=2").unwrap();
+        p.add_quota("acme:bytes=1MiB").unwrap();
+        p.add_quota("big:objects=none").unwrap();
+        assert_eq!(
+            p.quota("other"),
+            Quota {
+                objects: 10,
+                bytes: u64::MAX,
+                clients: 2
+            }
+        );
+        assert_eq!(
+            p.quota("acme"),
+            Quota {
+                objects: 10,
+                bytes: 1 << 20,
+                clients: 2
+            }
+        );
+        assert_eq!(p.quota("big").objects, u64::MAX);
+        for bad in [
+            "acme",
+            "acme:objects",
+            "acme:colors=3",
+            "a b:objects=1",
+            "x:objects=-1",
+            "x:bytes=lots",
+        ] {
+            assert_eq!(
+                p.add_quota(bad).unwrap_err().code,
+                Code::InvalidParams,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn usage_stops_at_the_quota_and_comes_back() {
+        let q = Quota {
+            objects: 2,
+            bytes: 100,
+            clients: 1,
+        };
+        let mut b = Book::default();
+        assert_eq!(b.reserve("a", 60, q), Ok(()));
+        assert_eq!(b.reserve("a", 60, q), Err(Over::Bytes(100)));
+        assert_eq!(b.reserve("a", 40, q), Ok(()));
+        assert_eq!(b.reserve("a", 0, q), Err(Over::Objects(2)));
+        assert_eq!(
+            b.reserve("b", 100, q),
+            Ok(()),
+            "another tenant is not held back"
+        );
+        assert_eq!(b.add_client("a", q), Ok(()));
+        assert_eq!(b.add_client("a", q), Err(Over::Clients(1)));
+        b.release("a", 60);
+        b.release("a", 40);
+        b.drop_client("a");
+        assert_eq!(b.usage("a"), Usage::default());
+        assert_eq!(b.all().len(), 1, "an empty entry is dropped");
+        assert_eq!(owner("\u{1}a\u{1}k"), Some("a"));
+        assert_eq!(owner("k"), None);
+        assert_eq!(owner("\u{1}k"), None);
+    }
+}
