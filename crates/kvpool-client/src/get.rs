@@ -138,6 +138,8 @@ impl Client {
         B: AsRef<[u8]> + AsMut<[u8]>,
         F: Fn(&[usize]) -> Vec<KvResult<B>>,
     {
+        let scoped = self.scoped_all(keys);
+        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
         let t0 = Instant::now();
         let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
         loop {
@@ -242,7 +244,7 @@ impl Client {
     /// takes the read lease). No retries: on a transient error, fall back to
     /// [`Self::get`].
     pub async fn locate(&self, key: &str) -> KvResult<Located> {
-        one(self.locate_many(&[key]).await)
+        one(self.locate_many(&[&self.scoped(key)]).await)
     }
 
     /// [`Self::locate`] for many keys: one master round trip for those not
@@ -313,8 +315,30 @@ impl Client {
         one(self.batch_get_into(&mut items).await)
     }
 
-    /// Reads many values into caller buffers; one result (value length) per item.
+    /// Reads many values into caller buffers; one result (value length) per
+    /// item. With a tenant's key the `dst` lists are taken out of `items`
+    /// (the reads go through items of the tenant's keys).
     pub async fn batch_get_into(&self, items: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
+        if self.tenant().is_none() {
+            return self.get_into_items(items).await;
+        }
+        let keys: Vec<String> = items
+            .iter()
+            .map(|i| self.scoped(i.key).into_owned())
+            .collect();
+        let mut scoped: Vec<GetInto> = keys
+            .iter()
+            .zip(items.iter_mut())
+            .map(|(key, i)| GetInto {
+                key,
+                dst: std::mem::take(&mut i.dst),
+            })
+            .collect();
+        self.get_into_items(&mut scoped).await
+    }
+
+    /// [`Self::batch_get_into`] of keys as sent to the master.
+    async fn get_into_items(&self, items: &mut [GetInto<'_>]) -> Vec<KvResult<usize>> {
         let t0 = Instant::now();
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {

@@ -58,8 +58,9 @@ pub use settings::Settings;
 use cache::LocationCache;
 use kvpool_net::{CallPolicy, MasterLink};
 use kvpool_proto::msg::{self, ClientId};
-use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_proto::{tenant, Code, KvError, KvResult};
 use kvpool_store::DataNode;
+use std::borrow::Cow;
 use tokio_util::sync::CancellationToken;
 use transport::Transports;
 
@@ -176,6 +177,26 @@ impl Client {
     /// How the location cache has served reads so far.
     pub fn cache_stats(&self) -> CacheStats {
         self.inner.cache.stats()
+    }
+
+    /// `key` as this client sends it: in its tenant's namespace when its
+    /// key is a tenant's (see [`kvpool_proto::tenant::scoped`]), else as is.
+    pub(crate) fn scoped<'k>(&self, key: &'k str) -> Cow<'k, str> {
+        match self.tenant() {
+            Some(t) => Cow::Owned(tenant::scoped(Some(t), key)),
+            None => Cow::Borrowed(key),
+        }
+    }
+
+    /// The tenant whose key this client holds, if any.
+    pub fn tenant(&self) -> Option<&str> {
+        let credentials = self.inner.cfg.security.credentials.as_ref();
+        credentials.and_then(|c| c.tenant())
+    }
+
+    /// [`Self::scoped`] of each key.
+    pub(crate) fn scoped_all<'k>(&self, keys: &[&'k str]) -> Vec<Cow<'k, str>> {
+        keys.iter().map(|k| self.scoped(k)).collect()
     }
 
     /// Withdraws the embedded segment and stops background work.

@@ -92,6 +92,13 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<KvResult<()>> {
+        let scoped: Vec<_> = items.iter().map(|(k, _)| self.scoped(k)).collect();
+        let items: Vec<Item> = scoped
+            .iter()
+            .zip(items)
+            .map(|(k, (_, v))| (&**k, *v))
+            .collect();
+        let items = &items[..];
         let t0 = Instant::now();
         // Every pass is this one operation to the master (see `PutStart::op`).
         let op = rand::random::<u64>() | 1;

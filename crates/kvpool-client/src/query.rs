@@ -38,6 +38,8 @@ impl Client {
     }
 
     async fn sizes(&self, keys: &[&str]) -> Vec<KvResult<u64>> {
+        let scoped = self.scoped_all(keys);
+        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
         // One bad key fails the batch before the master sees it.
         if let Some(e) = keys.iter().find_map(|k| validate_key(k).err()) {
             return keys
@@ -58,10 +60,10 @@ impl Client {
     /// Removes many keys; one result per key.
     pub async fn batch_remove(&self, keys: &[&str], force: bool) -> Vec<KvResult<()>> {
         let t0 = Instant::now();
-        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let owned: Vec<String> = keys.iter().map(|k| self.scoped(k).into_owned()).collect();
         let remove = |keys| msg::Remove { keys, force };
-        let out = self.call_split(owned, String::as_str, remove).await;
-        for k in keys {
+        let out = self.call_split(owned.clone(), String::as_str, remove).await;
+        for k in &owned {
             self.inner.cache.forget(k);
         }
         (self.inner.metrics).record("remove", &out, |_, _| 0, t0.elapsed());

@@ -62,7 +62,9 @@ impl Client {
     /// remove right after is refused while the lease lasts). `None` for a
     /// missing key.
     pub async fn batch_exist_leased(&self, keys: &[&str]) -> Vec<KvResult<Option<u64>>> {
-        self.locate_keys(keys)
+        let scoped = self.scoped_all(keys);
+        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
+        self.locate_keys(&keys)
             .await
             .into_iter()
             .map(|f| match f {
@@ -86,7 +88,9 @@ impl Client {
     /// The replicas of each of `keys` (taking a read lease, as a read
     /// does); `OBJECT_NOT_FOUND` for a missing key.
     pub async fn replica_descs(&self, keys: &[&str]) -> Vec<KvResult<Vec<ReplicaDesc>>> {
-        let found = self.locate_keys(keys).await;
+        let scoped = self.scoped_all(keys);
+        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
+        let found = self.locate_keys(&keys).await;
         if found.iter().all(|f| f.is_err()) {
             return found.into_iter().map(|f| f.map(|_| Vec::new())).collect();
         }
@@ -142,6 +146,7 @@ impl Client {
         targets: &[String],
         drop_from: Option<&str>,
     ) -> KvResult<()> {
+        let key = &*self.scoped(key);
         validate_key(key)?;
         if targets.is_empty() {
             return Err(KvError::new(Code::InvalidParams, "no target segments"));
@@ -307,9 +312,9 @@ impl Client {
         keys: &[&str],
         segment: Option<&str>,
     ) -> KvResult<Vec<bool>> {
-        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let owned: Vec<String> = keys.iter().map(|k| self.scoped(k).into_owned()).collect();
         let mut out = Vec::with_capacity(keys.len());
-        for part in split_batch(owned, String::as_str) {
+        for part in split_batch(owned.clone(), String::as_str) {
             let n = part.len();
             let cleared = self
                 .call(&msg::ReplicaClear {
@@ -325,7 +330,7 @@ impl Client {
             }
             out.extend(cleared);
         }
-        for k in keys {
+        for k in &owned {
             self.inner.cache.forget(k);
         }
         Ok(out)
@@ -342,6 +347,7 @@ impl Client {
         source: &str,
         targets: &[String],
     ) -> KvResult<u128> {
+        let key = &*self.scoped(key);
         validate_key(key)?;
         let id = self
             .call(&msg::TaskCreate {

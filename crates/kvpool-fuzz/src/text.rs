@@ -1,9 +1,12 @@
 //! Short texts from peers, flags, env vars and config files: keys, names and
 //! endpoints (`kvpool_proto::limits`), sizes and durations
-//! (`kvpool_proto::units`), and secrets (`kvpool_net::auth`).
+//! (`kvpool_proto::units`), secrets (`kvpool_net::auth`), tenant names,
+//! namespaces and `--tenant-quota` values.
 
+use kvpool_master::TenantPolicy;
 use kvpool_net::auth::Credentials;
 use kvpool_proto::limits::{validate_endpoint, validate_key, validate_name, MAX_KEY_LEN};
+use kvpool_proto::tenant::{scoped, tenant_of, validate_tenant, Scope};
 use kvpool_proto::units::{parse_duration, parse_size};
 
 /// The input as each text a validator or parser takes; non-UTF-8 is
@@ -33,4 +36,12 @@ pub fn validators(data: &[u8]) {
         let again = Credentials::parse(&c.encode()).ok();
         assert!(again == Some(c), "key round trip");
     }
+    // Whatever key a tenant's client is given, the key it sends is in its
+    // namespace, or names one outright; never in another's by accident.
+    let key = scoped(Some("t"), s);
+    assert!(Scope::Tenant("t").may_write(&key) || s.starts_with(kvpool_proto::tenant::MARK));
+    if validate_tenant(s).is_ok() {
+        assert_eq!(tenant_of(&scoped(Some(s), "k")), Some(s));
+    }
+    let _ = TenantPolicy::default().add_quota(s);
 }

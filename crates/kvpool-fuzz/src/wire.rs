@@ -114,6 +114,13 @@ impl Visit for Decode<'_> {
             let n = m.items().map(|n| n as u64);
             assert_eq!(counted, n, "{}: batch_len", R::OPCODE.name());
         }
+        // The handshake reads a tenant after `Auth` (protocol 8).
+        if R::OPCODE == Opcode::Auth {
+            if let Ok((m, _)) = compat::decode_with::<msg::Auth, msg::AuthTenant>(bytes) {
+                let plain = msg::decode::<msg::Auth>(bytes).ok();
+                assert_eq!(plain, Some(m), "Auth: tenant trailer");
+            }
+        }
         // Servers read the request id after the message (protocol 6);
         // whatever they accept, a v5 server reads as the same message.
         if let Ok((m, _)) = compat::decode_with::<R, RequestTrailer>(bytes) {

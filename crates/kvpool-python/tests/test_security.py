@@ -120,3 +120,32 @@ def test_tls_files_in_a_setup_dict_and_the_client(tls_cluster, monkeypatch, pref
     with pytest.raises(kvpool.KvpoolError) as e:
         kvpool.Client(tls_cluster.master, secret_file=tls_cluster.keys["client"], tls_ca=ca + ".missing")
     assert "ca.pem.missing" in str(e.value)
+
+
+def test_a_tenant_setting_keeps_its_objects_apart(secured_cluster, monkeypatch, prefix):
+    """``tenant`` (``KVPOOL_TENANT``) with the store key derives the
+    tenant's key: the same key names are then another namespace, which a
+    client without the tenant neither sees nor can remove."""
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", secured_cluster.keys["store"])
+    acme = MooncakeDistributedStore()
+    assert acme.setup({"master_server_addr": secured_cluster.master, "global_segment_size": 0,
+                       "tenant": "acme"}) == 0
+    monkeypatch.setenv("KVPOOL_SECRET_FILE", secured_cluster.keys["client"])
+    plain = connect(secured_cluster.master)
+    try:
+        assert acme.put(prefix + "t", b"tenant bytes") == 0
+        assert plain.put(prefix + "t", b"plain bytes") == 0
+        assert acme.get(prefix + "t") == b"tenant bytes"
+        assert plain.get(prefix + "t") == b"plain bytes"
+        assert plain.remove(prefix + "t") == 0
+        assert acme.is_exist(prefix + "t") == 1
+        # Naming the tenant's namespace outright: refused.
+        assert plain.remove("\x01acme\x01" + prefix + "t") == UNAUTHORIZED
+        assert acme.get(prefix + "t") == b"tenant bytes"
+        # A tenant needs a key that proves it.
+        bad = MooncakeDistributedStore()
+        assert bad.setup({"master_server_addr": secured_cluster.master, "global_segment_size": 0,
+                          "tenant": "acme"}) != 0
+    finally:
+        acme.close()
+        plain.close()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 use kvpool_master::http::HttpLimits;
-use kvpool_master::{ClientLimits, MasterConfig, StateConfig};
+use kvpool_master::{ClientLimits, MasterConfig, StateConfig, TenantPolicy};
 use kvpool_net::auth::{Credentials, Security};
 use kvpool_net::tls::TlsFiles;
 use kvpool_proto::msg::{ClusterStatus, Tier};
@@ -156,12 +156,16 @@ pub enum SecretCommand {
         #[command(flatten)]
         security: SecurityArgs,
     },
-    /// Print the key of a lower role (store, client), derived from the
-    /// secret given by --secret-file or the environment.
+    /// Print the key of a lower role (store, client), or of a tenant,
+    /// derived from the secret given by --secret-file or the environment.
     Derive {
         /// The role: client, store or admin.
-        #[arg(long)]
-        role: String,
+        #[arg(long, required_unless_present = "tenant")]
+        role: Option<String>,
+        /// Print tenant NAME's client key instead: it reaches only that
+        /// tenant's keys (docs/security.md, "Tenants").
+        #[arg(long, value_name = "NAME", conflicts_with = "role")]
+        tenant: Option<String>,
         #[command(flatten)]
         security: SecurityArgs,
     },
@@ -327,6 +331,15 @@ pub struct MasterArgs {
     /// together may take; the rest stays evictable for everyone's puts.
     #[arg(long, env = "KVPOOL_MAX_HARD_PINNED_RATIO", default_value_t = 0.5)]
     pub max_hard_pinned_ratio: f64,
+    /// A tenant's quota, `NAME:objects=N,bytes=SIZE,clients=N` (any of
+    /// them; `none` lifts one); NAME `*` sets every other tenant's.
+    /// Repeat for more tenants, or separate with `;` in the environment.
+    #[arg(long, env = "KVPOOL_TENANT_QUOTA", value_delimiter = ';')]
+    pub tenant_quota: Vec<String>,
+    /// A tenant whose namespace every client may read (never write).
+    /// Repeat for more, or separate with `,` in the environment.
+    #[arg(long, env = "KVPOOL_SHARED_TENANT", value_delimiter = ',')]
+    pub shared_tenant: Vec<String>,
     /// Connections one peer IP address may hold on the RPC port (0: no
     /// per-address cap; the port takes 8192 in all).
     #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
@@ -383,6 +396,19 @@ pub struct MasterArgs {
 }
 
 impl MasterArgs {
+    /// The tenants' quotas and shared namespaces these flags describe.
+    fn tenant_policy(&self) -> anyhow::Result<TenantPolicy> {
+        let mut p = TenantPolicy::default();
+        for spec in &self.tenant_quota {
+            p.add_quota(spec)?;
+        }
+        for name in &self.shared_tenant {
+            kvpool_proto::tenant::validate_tenant(name)?;
+            p.shared.insert(name.clone());
+        }
+        Ok(p)
+    }
+
     /// The library config these flags describe.
     pub fn to_config(&self) -> anyhow::Result<MasterConfig> {
         let ha = match (self.enable_ha, &self.etcd_endpoints) {
@@ -430,6 +456,7 @@ impl MasterArgs {
                     max_hard_pinned_per_client: self.max_hard_pinned_per_client,
                     max_hard_pinned_ratio: self.max_hard_pinned_ratio,
                 },
+                tenants: self.tenant_policy()?,
             },
         })
     }

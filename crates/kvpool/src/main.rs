@@ -227,15 +227,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             target,
             flags,
         }) => print!("{}", config::check(&file, target.as_deref(), &flags)?),
-        Command::Secret(cli::SecretCommand::Derive { role, security }) => {
-            let role = kvpool_net::auth::Role::parse(&role)
-                .ok_or_else(|| anyhow::anyhow!("unknown role {role:?} (client, store, admin)"))?;
+        Command::Secret(cli::SecretCommand::Derive {
+            role,
+            tenant,
+            security,
+        }) => {
             let own = security.to_security()?.credentials.ok_or_else(|| {
                 anyhow::anyhow!("no secret: pass --secret-file or set KVPOOL_SECRET_FILE")
             })?;
-            let key = own.derive(role).ok_or_else(|| {
-                anyhow::anyhow!("a {} key cannot derive the {role} key", own.role())
-            })?;
+            let key = match (role, tenant) {
+                (_, Some(name)) => own.for_tenant(&name)?,
+                (Some(role), None) => {
+                    let role = kvpool_net::auth::Role::parse(&role).ok_or_else(|| {
+                        anyhow::anyhow!("unknown role {role:?} (client, store, admin)")
+                    })?;
+                    own.derive(role).ok_or_else(|| {
+                        anyhow::anyhow!("a {} key cannot derive the {role} key", own.role())
+                    })?
+                }
+                (None, None) => anyhow::bail!("pass --role or --tenant"),
+            };
             println!("{}", key.encode());
         }
     }

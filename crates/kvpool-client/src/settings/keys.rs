@@ -92,6 +92,7 @@ pub(super) const KEYS: &[Key] = &[
     ),
     key("secret_file", &[], "KVPOOL_SECRET_FILE", &[]),
     key("secret", &[], "KVPOOL_SECRET", &[]),
+    key("tenant", &[], "KVPOOL_TENANT", &[]),
     key("insecure", &[], "KVPOOL_INSECURE", &[]),
     key("tls_ca", &[], "KVPOOL_TLS_CA", &[]),
     key("tls_cert", &[], "KVPOOL_TLS_CERT", &[]),

@@ -130,6 +130,7 @@ impl Settings {
             (_, s) if !s.is_empty() => Some(Credentials::parse(&s)?),
             _ => None,
         };
+        let credentials = with_tenant(credentials, r.trimmed("tenant"))?;
         let tls = TlsFiles {
             ca: r.trimmed("tls_ca").map(Into::into),
             cert: r.trimmed("tls_cert").map(Into::into),
@@ -208,6 +209,13 @@ impl Settings {
                 self.credentials
                     .as_ref()
                     .map_or(Raw::Null, |c| Raw::Str(c.encode())),
+            ),
+            (
+                "tenant",
+                self.credentials
+                    .as_ref()
+                    .and_then(|c| c.tenant())
+                    .map_or(Raw::Null, |t| Raw::Str(t.into())),
             ),
             ("insecure", Raw::Bool(self.insecure)),
             ("tls_ca", path(&self.tls.ca)),
@@ -438,4 +446,29 @@ fn from_map(key: &Key, m: &BTreeMap<String, Raw>, what: &str) -> Option<(Raw, St
             Some(Raw::Null) | None => None,
             Some(v) => Some((v.clone(), format!("{what} {n}"))),
         })
+}
+
+/// The key a `tenant` setting asks for: the tenant's own key as given, or
+/// derived from a store key or the cluster secret given instead.
+fn with_tenant(
+    credentials: Option<Credentials>,
+    tenant: Option<String>,
+) -> KvResult<Option<Credentials>> {
+    let Some(name) = tenant else {
+        return Ok(credentials);
+    };
+    let bad = |why: String| KvError::new(Code::InvalidParams, format!("tenant {name:?}: {why}"));
+    match credentials {
+        None => Err(bad(
+            "a tenant needs its key: set secret_file (KVPOOL_SECRET_FILE) to the output of \
+             `kvpool secret derive --tenant NAME`"
+                .into(),
+        )),
+        Some(c) if c.tenant() == Some(name.as_str()) => Ok(Some(c)),
+        Some(c) if c.tenant().is_some() => Err(bad(format!(
+            "the key given is tenant {:?}'s",
+            c.tenant().unwrap_or_default()
+        ))),
+        Some(c) => c.for_tenant(&name).map(Some).map_err(|e| bad(e.message)),
+    }
 }

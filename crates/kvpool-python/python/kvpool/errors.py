@@ -151,6 +151,7 @@ _BY_CODE.update(
     (_C[name], cls)
     for cls, names in (
         (NotFound, ("TASK_NOT_FOUND",)),
+        (NoSpace, ("QUOTA_EXCEEDED",)),
         (InvalidArgument, ("INVALID_KEY", "BUFFER_OVERFLOW")),
         (Unavailable, ("TRANSFER_FAIL", "UNAVAILABLE_IN_CURRENT_STATUS", "CLIENT_NOT_FOUND", "SEGMENT_NOT_FOUND", "INVALID_VERSION", "ETCD_OPERATION_ERROR")),
         (Corrupted, ("INVALID_WRITE", "INVALID_READ")),

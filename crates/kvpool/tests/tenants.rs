@@ -1,0 +1,327 @@
+//! Tenants against the real master and stores: a tenant's key reaches only
+//! its own namespace (attack 3 of the tenancy issue: "read, overwrite,
+//! force-remove and ReplicaClear any key it can name"), reads a namespace
+//! an admin marked shared without writing it, and is held to its quota
+//! (attack 4's "lock others out" per tenant), also after a master restart
+//! rebuilt the index from the stores.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{http_get, run_kvpool, Cluster};
+use kvpool_client::{Client, ReplicateConfig};
+use kvpool_net::auth::{Credentials, Role, Security};
+use kvpool_net::{CallPolicy, MasterLink};
+use kvpool_proto::msg::{self, ClientId};
+use kvpool_proto::tenant::scoped;
+use kvpool_proto::Code;
+
+/// A client of `cluster` proving `key`.
+async fn client_as(cluster: &Cluster, key: Credentials) -> Client {
+    cluster
+        .client_with(|c| c.security.credentials = Some(key))
+        .await
+}
+
+/// A raw link to the master proving `key`, registered.
+async fn link_as(cluster: &Cluster, key: Credentials) -> std::sync::Arc<MasterLink> {
+    let link = MasterLink::new(
+        &cluster.master_addr,
+        ClientId(rand::random()),
+        "tenant",
+        "tenant",
+        CallPolicy::default(),
+        Security::with_key(Some(key)),
+    )
+    .expect("link");
+    link.register().await.expect("register");
+    link
+}
+
+/// The value `who` stores under `key`.
+fn value(who: &str, key: &str) -> Vec<u8> {
+    common::value_for(&format!("{who}/{key}"), 4096)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_reaches_only_its_own_namespace() {
+    let cluster = Cluster::builder()
+        .secured()
+        .master_flag("--shared-tenant", "base")
+        .start()
+        .await;
+    let admin = cluster.secrets.as_ref().expect("secured").admin.clone();
+    let tenant = |name: &str| admin.for_tenant(name).expect("tenant key");
+    let acme = client_as(&cluster, tenant("acme")).await;
+    let evil = client_as(&cluster, tenant("evil")).await;
+    let base = client_as(&cluster, tenant("base")).await;
+    let plain = cluster.client().await;
+    let cfg = ReplicateConfig::default();
+
+    // The same key names in three namespaces are three objects.
+    let keys: Vec<String> = (0..16).map(|i| format!("page-{i}")).collect();
+    for k in &keys {
+        acme.put(k, &value("acme", k), &cfg)
+            .await
+            .expect("acme put");
+        plain
+            .put(k, &value("plain", k), &cfg)
+            .await
+            .expect("plain put");
+    }
+    base.put("system", &value("base", "system"), &cfg)
+        .await
+        .expect("base put");
+    for k in &keys {
+        assert_eq!(acme.get(k).await.expect("acme get"), value("acme", k));
+        assert_eq!(plain.get(k).await.expect("plain get"), value("plain", k));
+        let e = evil
+            .get(k)
+            .await
+            .expect_err("evil sees acme's or plain's page");
+        assert_eq!(e.code, Code::ObjectNotFound, "{e}");
+    }
+
+    // Naming another namespace outright: refused, for every call that
+    // names keys, from another tenant and from the untenanted client key.
+    let victim = scoped(Some("acme"), "page-3");
+    let client_key = cluster.secrets.as_ref().expect("secured").key(Role::Client);
+    for (who, key) in [("evil", tenant("evil")), ("client key", client_key)] {
+        let link = link_as(&cluster, key).await;
+        let id = link.client_id();
+        let refusals = [
+            (
+                "read",
+                link.call_once(&msg::GetReplicaList {
+                    keys: vec![victim.clone()],
+                })
+                .await
+                .err(),
+            ),
+            (
+                "exist",
+                link.call_once(&msg::Exist {
+                    keys: vec![victim.clone()],
+                })
+                .await
+                .err(),
+            ),
+            (
+                "remove",
+                link.call_once(&msg::Remove {
+                    keys: vec![victim.clone()],
+                    force: true,
+                })
+                .await
+                .err(),
+            ),
+            (
+                "replica clear",
+                link.call_once(&msg::ReplicaClear {
+                    keys: vec![victim.clone()],
+                    segment: None,
+                })
+                .await
+                .err(),
+            ),
+            (
+                "overwrite",
+                link.call_once(&msg::PutStart {
+                    client_id: id,
+                    op: 1,
+                    items: vec![msg::PutItem {
+                        key: victim.clone(),
+                        value_len: 10,
+                        region_len: 200,
+                    }],
+                    config: ReplicateConfig::default(),
+                    upsert: true,
+                })
+                .await
+                .err(),
+            ),
+            (
+                "copy",
+                link.call_once(&msg::TaskCreate {
+                    client_id: id,
+                    kind: 0,
+                    key: victim.clone(),
+                    source: String::new(),
+                    targets: vec![Cluster::store_name(0)],
+                })
+                .await
+                .err(),
+            ),
+        ];
+        for (what, e) in refusals {
+            let e = e.unwrap_or_else(|| panic!("{who}: {what} of acme's key was answered"));
+            assert_eq!(e.code, Code::Unauthorized, "{who} {what}: {e}");
+        }
+    }
+    // Through the client API too: an explicit namespace is left as named.
+    let e = evil.remove(&victim, true).await.expect_err("evil removed");
+    assert_eq!(e.code, Code::Unauthorized, "{e}");
+
+    // The shared namespace: readable by every client, writable by its own.
+    let system = scoped(Some("base"), "system");
+    for (who, c) in [("acme", &acme), ("evil", &evil), ("plain", &plain)] {
+        let got = c
+            .get(&system)
+            .await
+            .unwrap_or_else(|e| panic!("{who}: {e}"));
+        assert_eq!(got, value("base", "system"), "{who}");
+        let e = (c.upsert(&system, b"poison", &cfg).await).expect_err("wrote a shared key");
+        assert_eq!(e.code, Code::Unauthorized, "{who}: {e}");
+        let e = c
+            .remove(&system, true)
+            .await
+            .expect_err("removed a shared key");
+        assert_eq!(e.code, Code::Unauthorized, "{who}: {e}");
+    }
+
+    // A tenant's status counts its own objects.
+    assert_eq!(acme.status().await.expect("status").keys, keys.len() as u64);
+    // Everything is where its owner put it; the admin sees every namespace.
+    for k in &keys {
+        assert_eq!(acme.get(k).await.expect("acme get"), value("acme", k));
+        assert_eq!(plain.get(k).await.expect("plain get"), value("plain", k));
+    }
+    let as_admin = link_as(&cluster, admin.clone()).await;
+    let sizes = as_admin
+        .call_once(&msg::Exist {
+            keys: vec![victim.clone(), system.clone()],
+        })
+        .await
+        .expect("admin exist");
+    let want = [value("acme", "page-3"), value("base", "system")].map(|v| Ok(v.len() as u64));
+    assert_eq!(sizes, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_held_to_its_quota() {
+    let mut cluster = Cluster::builder()
+        .secured()
+        .master_flag("--tenant-quota", "acme:objects=10,bytes=40KiB,clients=3")
+        .start()
+        .await;
+    let admin = cluster.secrets.as_ref().expect("secured").admin.clone();
+    let acme = client_as(&cluster, admin.for_tenant("acme").expect("key")).await;
+    let other = client_as(&cluster, admin.for_tenant("other").expect("key")).await;
+    let cfg = ReplicateConfig::default();
+    let small = vec![1u8; 1024];
+    for i in 0..10 {
+        acme.put(&format!("k{i}"), &small, &cfg)
+            .await
+            .expect("within the quota");
+    }
+    let over = |r: kvpool_proto::KvResult<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code, Code::QuotaExceeded, "{what}: {e}");
+    };
+    over(acme.put("k10", &small, &cfg).await, "an eleventh object");
+    // Another tenant is not held back.
+    for i in 0..20 {
+        other
+            .put(&format!("k{i}"), &small, &cfg)
+            .await
+            .expect("other tenant");
+    }
+    // Room comes back with a removal; bytes count as well as objects.
+    acme.remove("k0", true).await.expect("remove");
+    over(
+        acme.put("big", &vec![2u8; 32 << 10], &cfg).await,
+        "past the byte quota",
+    );
+    acme.put("k10", &small, &cfg).await.expect("the freed slot");
+
+    // Client ids: the client itself holds one of three.
+    let key = admin.for_tenant("acme").expect("key");
+    let _a = link_as(&cluster, key.clone()).await;
+    let _b = link_as(&cluster, key.clone()).await;
+    let link = MasterLink::new(
+        &cluster.master_addr,
+        ClientId(rand::random()),
+        "tenant",
+        "tenant",
+        CallPolicy::default(),
+        Security::with_key(Some(key)),
+    )
+    .expect("link");
+    let e = link.register().await.expect_err("a fourth client id");
+    assert_eq!(e.code, Code::QuotaExceeded, "{e}");
+
+    // Usage is visible in the metrics.
+    let (status, body) = http_get(&cluster.metrics_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        "kvpool_tenant_objects{tenant=\"acme\"} 10",
+        "kvpool_tenant_clients{tenant=\"acme\"} 3",
+        "kvpool_tenant_objects{tenant=\"other\"} 20",
+    ] {
+        assert!(body.contains(line), "no {line:?} in the metrics");
+    }
+    assert!(
+        body.contains("reason=\"tenant_quota\""),
+        "quota refusals counted"
+    );
+
+    // After a master restart the index (and the usage) is rebuilt from the
+    // stores: the quota still holds.
+    cluster.kill9_master();
+    cluster.restart_master().await;
+    common::eventually("acme's objects back", Duration::from_secs(30), async || {
+        (acme.status().await.ok()?.keys == 10).then_some(())
+    })
+    .await;
+    over(
+        acme.put("k11", &small, &cfg).await,
+        "an eleventh object after the restart",
+    );
+    assert_eq!(acme.get("k10").await.expect("get"), small);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_keys_come_from_the_store_key_or_the_secret() {
+    let cluster = Cluster::builder().secured().start().await;
+    let s = cluster.secrets.as_ref().expect("secured");
+    let derive = async |file: &std::path::Path| {
+        let file = file.to_string_lossy();
+        let args = [
+            "secret",
+            "derive",
+            "--tenant",
+            "acme",
+            "--secret-file",
+            &file,
+        ];
+        run_kvpool(&args, Duration::from_secs(10)).await
+    };
+    let out = derive(&s.store_file).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = Credentials::parse(&String::from_utf8_lossy(&out.stdout)).expect("a key");
+    assert_eq!(key, s.admin.for_tenant("acme").expect("key"));
+    assert_eq!(key.tenant(), Some("acme"));
+    // The client key derives no tenant's key.
+    let out = derive(&s.client_file).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("store key"));
+    // The key works against the pool; a made-up one does not.
+    let acme = client_as(&cluster, key).await;
+    acme.put("k", b"v", &ReplicateConfig::default())
+        .await
+        .expect("put");
+    let forged =
+        Credentials::parse(&format!("kvpool-client@acme:{}", "ab".repeat(32))).expect("parses");
+    let mut cfg = kvpool_client::ClientConfig::new(&cluster.master_addr);
+    cfg.security = Security::with_key(Some(forged));
+    let e = Client::connect(cfg)
+        .await
+        .err()
+        .expect("a forged tenant key connected");
+    assert_eq!(e.code, Code::Unauthorized, "{e}");
+}
