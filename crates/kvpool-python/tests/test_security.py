@@ -137,10 +137,10 @@ def test_a_tenant_setting_keeps_its_objects_apart(secured_cluster, monkeypatch, 
         assert plain.put(prefix + "t", b"plain bytes") == 0
         assert acme.get(prefix + "t") == b"tenant bytes"
         assert plain.get(prefix + "t") == b"plain bytes"
-        assert plain.remove(prefix + "t") == 0
+        assert plain.remove(prefix + "t", True) == 0
         assert acme.is_exist(prefix + "t") == 1
         # Naming the tenant's namespace outright: refused.
-        assert plain.remove("\x01acme\x01" + prefix + "t") == UNAUTHORIZED
+        assert plain.remove("\x01acme\x01" + prefix + "t", True) == UNAUTHORIZED
         assert acme.get(prefix + "t") == b"tenant bytes"
         # A tenant needs a key that proves it.
         bad = MooncakeDistributedStore()
