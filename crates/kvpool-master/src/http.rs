@@ -2,37 +2,30 @@
 //! one-page human status, and the optional transfer-metadata service that
 //! Mooncake clients expect (`GET/PUT/DELETE /metadata?key=K`).
 //!
-//! Both listeners serve at most [`HttpLimits::max_connections`] connections
-//! at once, and at most [`HttpLimits::max_connections_per_ip`] from one peer
-//! address (more are closed at accept, so one address cannot keep
-//! `/health` and `/metrics` from everyone else), close a connection whose request
-//! header does not arrive within [`HttpLimits::header_read_timeout`] (idle
-//! keep-alive connections included), and answer 408 to a request not
-//! handled within [`HttpLimits::request_timeout`]. The metadata service
-//! stores values of at most [`HttpLimits::metadata_max_value`] bytes (413
-//! beyond), keys of at most 4,096 bytes (414), and at most
-//! [`HttpLimits::metadata_max_keys`] keys and
-//! [`HttpLimits::metadata_max_bytes`] bytes in all (507 beyond).
+//! Both listeners are served within [`HttpLimits::conn`] (connections at
+//! once, per peer address, header and request timeouts; see
+//! [`kvpool_net::http`]). The metadata service stores values of at most
+//! [`HttpLimits::metadata_max_value`] bytes (413 beyond), keys of at most
+//! 4,096 bytes (414), and at most [`HttpLimits::metadata_max_keys`] keys
+//! and [`HttpLimits::metadata_max_bytes`] bytes in all (507 beyond).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use kvpool_net::http::{HttpConnLimits, HttpRefusal};
 use kvpool_net::tls::TlsAcceptor;
 use kvpool_proto::MAX_KEY_LEN;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::refusals::Refusal;
 use crate::{status_page, Master};
@@ -40,16 +33,8 @@ use crate::{status_page, Master};
 /// Limits of the master's HTTP listeners and of the metadata service.
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
-    /// Connections each HTTP listener serves at once; more are closed at accept.
-    pub max_connections: usize,
-    /// Connections each HTTP listener serves at once from one peer address
-    /// (0: no per-address cap); more are closed at accept.
-    pub max_connections_per_ip: usize,
-    /// A request's header must arrive within this long of the connection
-    /// opening or the previous response; else the connection is closed.
-    pub header_read_timeout: Duration,
-    /// A request (its body included) must be handled within this long; 408 after.
-    pub request_timeout: Duration,
+    /// Connections each listener serves, and how long it waits.
+    pub conn: HttpConnLimits,
     /// Largest value the metadata service stores (413 beyond).
     pub metadata_max_value: usize,
     /// Most keys the metadata service holds (507 for a new key beyond).
@@ -61,10 +46,7 @@ pub struct HttpLimits {
 impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
-            max_connections: 1024,
-            max_connections_per_ip: 64,
-            header_read_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(30),
+            conn: HttpConnLimits::default(),
             metadata_max_value: 1 << 20,
             metadata_max_keys: 100_000,
             metadata_max_bytes: 256 << 20,
@@ -243,19 +225,6 @@ async fn meta_delete(State(s): State<MetadataStore>, Query(q): Query<KeyQuery>) 
     }
 }
 
-/// Answers 408 to a request not handled within `limit` (a body that
-/// trickles in, say), so it gives its connection back.
-async fn within(limit: Duration, req: Request, next: Next) -> Response {
-    match tokio::time::timeout(limit, next.run(req)).await {
-        Ok(r) => r,
-        Err(_) => (
-            StatusCode::REQUEST_TIMEOUT,
-            format!("request not completed within {limit:?}\n"),
-        )
-            .into_response(),
-    }
-}
-
 /// Serves `router` on `listener` until `shutdown`, within `limits`, over
 /// TLS when `tls` is set (https); connections refused at the cap count in
 /// `master`'s metrics. Returns once every connection has finished
@@ -268,115 +237,12 @@ pub async fn serve(
     master: Arc<Master>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::TokioTimer;
-
-    let timeout = limits.request_timeout;
-    let router = router.layer(axum::middleware::from_fn(move |req, next| {
-        within(timeout, req, next)
-    }));
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let per_ip = match limits.max_connections_per_ip {
-        0 => usize::MAX,
-        n => n,
-    };
-    // Open connections per peer address; an entry goes when its last does.
-    let by_ip: Arc<Mutex<HashMap<std::net::IpAddr, usize>>> = Arc::default();
-    let tracker = TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off, keep serving.
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+    let refused = |why: HttpRefusal, line: &str| {
+        let reason = match why {
+            HttpRefusal::PerIp => Refusal::HttpConnectionsPerIp,
+            HttpRefusal::Total => Refusal::HttpConnections,
         };
-        let ip = peer.ip();
-        let held = by_ip.lock().get(&ip).copied().unwrap_or(0);
-        if held >= per_ip {
-            let why = format!("{peer}: {ip} holds {held} HTTP connections, its limit; closed");
-            master
-                .state
-                .refusals()
-                .record(Refusal::HttpConnectionsPerIp, 1, &why);
-            continue;
-        }
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            let why = format!(
-                "{peer}: {} HTTP connections open, the limit; closed",
-                limits.max_connections
-            );
-            master
-                .state
-                .refusals()
-                .record(Refusal::HttpConnections, 1, &why);
-            continue;
-        };
-        *by_ip.lock().entry(ip).or_default() += 1;
-        let (http, router, stop, tls) =
-            (http.clone(), router.clone(), shutdown.clone(), tls.clone());
-        let by_ip = by_ip.clone();
-        let handshake_limit = limits.header_read_timeout;
-        tracker.spawn(async move {
-            let r = match tls {
-                None => serve_one(&http, stream, router, stop).await,
-                Some(acceptor) => {
-                    // The TLS handshake counts against the header timeout.
-                    match tokio::time::timeout(handshake_limit, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_one(&http, stream, router, stop).await,
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err("TLS handshake timed out".to_string()),
-                    }
-                }
-            };
-            if let Err(e) = r {
-                tracing::debug!(%peer, error = %e, "HTTP connection closed");
-            }
-            drop(slot);
-            let mut open = by_ip.lock();
-            if let Some(n) = open.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    open.remove(&ip);
-                }
-            }
-        });
-    }
-    tracker.close();
-    tracker.wait().await;
-    Ok(())
-}
-
-/// Serves HTTP/1 on one connection until it closes or `stop` fires (the
-/// request in flight is finished first).
-async fn serve_one<S>(
-    http: &hyper::server::conn::http1::Builder,
-    stream: S,
-    router: Router,
-    stop: CancellationToken,
-) -> Result<(), String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
-
-    let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
-    let mut conn = std::pin::pin!(conn);
-    let r = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stop.cancelled() => {
-            // Finish the request in flight, take no more.
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
+        master.state.refusals().record(reason, 1, line);
     };
-    r.map_err(|e| e.to_string())
+    kvpool_net::http::serve(listener, router, limits.conn, tls, refused, shutdown).await
 }

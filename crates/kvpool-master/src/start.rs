@@ -113,10 +113,10 @@ fn validate_config(cfg: &MasterConfig) -> Result<(), MasterError> {
     if l.max_clients == 0
         || l.max_segments_per_client == 0
         || l.max_pending_per_client == 0
-        || h.max_connections == 0
+        || h.conn.max_connections == 0
         || h.metadata_max_keys == 0
-        || h.header_read_timeout.is_zero()
-        || h.request_timeout.is_zero()
+        || h.conn.header_read_timeout.is_zero()
+        || h.conn.request_timeout.is_zero()
     {
         return Err(MasterError::Config(
             "client, connection and metadata limits and HTTP timeouts must be positive".into(),

@@ -3,9 +3,11 @@
 //! own, per peer address and in all; when that budget is full, a newcomer
 //! takes the slot of the *oldest* connection still in its handshake, which
 //! is closed. A finished handshake moves the connection into the
-//! authenticated budget (per address and in all), which connections that
+//! authenticated budget (per identity and in all), which connections that
 //! never finish a handshake cannot touch: a flood of them, with or without
-//! a key, keeps nobody out.
+//! a key, keeps nobody out. The identity is the tenant whose key the peer
+//! proved, else its address: a tenant flooding from a host shared with
+//! others uses up its own share, not theirs.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -28,7 +30,8 @@ pub const PREAUTH_TOTAL: usize = 512;
 /// The sizes of a server's budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetLimits {
-    /// Authenticated connections one peer address may hold (`usize::MAX`: no cap).
+    /// Authenticated connections one peer address, or one tenant, may
+    /// hold (`usize::MAX`: no cap).
     pub per_ip: usize,
     /// Authenticated connections in all.
     pub total: usize,
@@ -41,7 +44,8 @@ pub struct BudgetLimits {
 /// Why a connection was refused a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
-    /// Its address holds its share of authenticated connections.
+    /// Its address (or its tenant) holds its share of authenticated
+    /// connections.
     PerIp,
     /// The server holds its most authenticated connections.
     Total,
@@ -53,8 +57,17 @@ pub enum Refused {
 pub struct Budgets {
     limits: BudgetLimits,
     preauth: Mutex<PreAuth>,
-    authed: Mutex<HashMap<IpAddr, usize>>,
+    authed: Mutex<HashMap<Identity, usize>>,
     slots: Arc<Semaphore>,
+}
+
+/// Whose share of the authenticated budget a connection takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// A peer without a tenant: its address.
+    Addr(IpAddr),
+    /// A tenant's key, from any address.
+    Tenant(Arc<str>),
 }
 
 /// Connections in their handshake, oldest first.
@@ -108,12 +121,10 @@ impl Budgets {
     /// A slot in the handshake budget for a connection from `ip`, and how
     /// many older connections in their handshake were closed to make room
     /// (their [`PreAuthSlot::evicted`] fires). Refused only when the
-    /// connection could not be admitted after its handshake either: its
-    /// address, or the server, holds every authenticated slot it may.
+    /// connection could not be admitted after its handshake either: the
+    /// server holds every authenticated slot (an address holding its share
+    /// may still bring a tenant's connection, known after the handshake).
     pub fn arrive(self: &Arc<Self>, ip: IpAddr) -> Result<(PreAuthSlot, usize), Refused> {
-        if self.authed.lock().get(&ip).copied().unwrap_or(0) >= self.limits.per_ip {
-            return Err(Refused::PerIp);
-        }
         if self.slots.available_permits() == 0 {
             return Err(Refused::Total);
         }
@@ -159,10 +170,10 @@ impl Budgets {
         }
     }
 
-    /// Authenticated connections now (from `ip`, or in all).
-    pub fn authenticated(&self, ip: Option<IpAddr>) -> usize {
-        match ip {
-            Some(ip) => self.authed.lock().get(&ip).copied().unwrap_or(0),
+    /// Authenticated connections now (of `who`, or in all).
+    pub fn authenticated(&self, who: Option<&Identity>) -> usize {
+        match who {
+            Some(who) => self.authed.lock().get(who).copied().unwrap_or(0),
             None => self.limits.total - self.slots.available_permits(),
         }
     }
@@ -188,35 +199,29 @@ impl PreAuthSlot {
         self.token.is_cancelled()
     }
 
-    /// The handshake finished: gives this slot back and takes one in the
-    /// authenticated budget, unless that budget is full for the address or
-    /// in all, or this slot was taken meanwhile.
-    pub fn admit(self) -> Result<Admitted, Refused> {
+    /// The handshake finished, proving `tenant`'s key or none: gives this
+    /// slot back and takes one in the authenticated budget, unless that
+    /// budget is full for the tenant (else the address) or in all, or this
+    /// slot was taken meanwhile.
+    pub fn admit(self, tenant: Option<Arc<str>>) -> Result<Admitted, Refused> {
         if self.is_evicted() {
             return Err(Refused::Evicted);
         }
         let budgets = self.budgets.clone();
-        let ip = self.ip;
+        let who = tenant.map_or(Identity::Addr(self.ip), Identity::Tenant);
         drop(self);
         let mut authed = budgets.authed.lock();
-        let n = authed.entry(ip).or_default();
-        if *n >= budgets.limits.per_ip {
-            if *n == 0 {
-                authed.remove(&ip);
-            }
+        if authed.get(&who).copied().unwrap_or(0) >= budgets.limits.per_ip {
             return Err(Refused::PerIp);
         }
         let Ok(permit) = budgets.slots.clone().try_acquire_owned() else {
-            if *n == 0 {
-                authed.remove(&ip);
-            }
             return Err(Refused::Total);
         };
-        *n += 1;
+        *authed.entry(who.clone()).or_default() += 1;
         drop(authed);
         Ok(Admitted {
             budgets,
-            ip,
+            who,
             _permit: permit,
         })
     }
@@ -231,17 +236,17 @@ impl Drop for PreAuthSlot {
 /// An authenticated connection's slot; given back when dropped.
 pub struct Admitted {
     budgets: Arc<Budgets>,
-    ip: IpAddr,
+    who: Identity,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         let mut authed = self.budgets.authed.lock();
-        if let Some(n) = authed.get_mut(&self.ip) {
+        if let Some(n) = authed.get_mut(&self.who) {
             *n -= 1;
             if *n == 0 {
-                authed.remove(&self.ip);
+                authed.remove(&self.who);
             }
         }
     }
@@ -279,7 +284,7 @@ mod tests {
         assert_eq!(b.preauth(None), 4);
         // An evicted slot cannot be admitted; its drop changes nothing.
         let first = slots.remove(0);
-        assert_eq!(first.admit().err(), Some(Refused::Evicted));
+        assert_eq!(first.admit(None).err(), Some(Refused::Evicted));
         assert_eq!(b.preauth(None), 4);
     }
 
@@ -312,22 +317,26 @@ mod tests {
     fn a_finished_handshake_leaves_the_handshake_budget_for_the_authenticated_one() {
         let b = budgets(2, 3, 1, 1);
         let (s, _) = b.arrive(ip(1)).unwrap();
-        let first = s.admit().expect("admitted");
-        assert_eq!((b.preauth(None), b.authenticated(Some(ip(1)))), (0, 1));
+        let first = s.admit(None).expect("admitted");
+        let one = Identity::Addr(ip(1));
+        assert_eq!((b.preauth(None), b.authenticated(Some(&one))), (0, 1));
         // A flood of handshakes that never finish does not touch it.
         let flood: Vec<PreAuthSlot> = (0..10).map(|_| b.arrive(ip(1)).unwrap().0).collect();
         assert_eq!(flood.iter().filter(|s| !s.is_evicted()).count(), 1);
         let last = flood.into_iter().last().unwrap();
-        let second = last.admit().expect("a newcomer gets in despite the flood");
-        // The address holds its share now: refused at once, then at admit.
-        assert_eq!(b.arrive(ip(1)).err(), Some(Refused::PerIp));
+        let second = last
+            .admit(None)
+            .expect("a newcomer gets in despite the flood");
+        // The address holds its share now: refused after the handshake.
+        let (s, _) = b.arrive(ip(1)).unwrap();
+        assert_eq!(s.admit(None).err(), Some(Refused::PerIp));
         let (other, _) = b.arrive(ip(2)).unwrap();
-        let third = other.admit().expect("another address");
+        let third = other.admit(None).expect("another address");
         assert_eq!(b.authenticated(None), 3);
         assert_eq!(b.arrive(ip(3)).err(), Some(Refused::Total));
         drop((first, second, third));
         assert_eq!(b.authenticated(None), 0);
-        assert_eq!(b.authenticated(Some(ip(1))), 0);
+        assert_eq!(b.authenticated(Some(&one)), 0);
         assert!(b.authed.lock().is_empty());
         assert!(b.preauth.lock().by_ip.is_empty());
     }
@@ -337,8 +346,26 @@ mod tests {
         let b = budgets(1, 10, 10, 10);
         let (x, _) = b.arrive(ip(1)).unwrap();
         let (y, _) = b.arrive(ip(1)).unwrap();
-        let _in = x.admit().expect("first");
-        assert_eq!(y.admit().err(), Some(Refused::PerIp));
+        let _in = x.admit(None).expect("first");
+        assert_eq!(y.admit(None).err(), Some(Refused::PerIp));
         assert_eq!(b.preauth(None), 0);
+    }
+
+    #[test]
+    fn a_tenant_has_its_own_share_whatever_its_address() {
+        let b = budgets(2, 10, 10, 10);
+        let acme: Arc<str> = Arc::from("acme");
+        let admit =
+            |from: u8, t: Option<&Arc<str>>| b.arrive(ip(from)).unwrap().0.admit(t.cloned());
+        // The address is full of connections without a tenant...
+        let _held = [admit(1, None).unwrap(), admit(1, None).unwrap()];
+        assert_eq!(admit(1, None).err(), Some(Refused::PerIp));
+        // ...a tenant on the same host gets in, up to its own share.
+        let _a = admit(1, Some(&acme)).expect("a tenant on a full address");
+        let _b = admit(2, Some(&acme)).expect("from another address");
+        assert_eq!(admit(3, Some(&acme)).err(), Some(Refused::PerIp));
+        let other: Arc<str> = Arc::from("other");
+        let _o = admit(1, Some(&other)).expect("another tenant");
+        assert_eq!(b.authenticated(Some(&Identity::Tenant(acme))), 2);
     }
 }

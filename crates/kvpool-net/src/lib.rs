@@ -4,7 +4,8 @@
 //! server loops that speak the frame protocol ([`server`]) and the
 //! connection budgets they keep ([`admission`]), the id that
 //! follows one call through every process ([`request_id`]),
-//! data-plane capabilities ([`capability`]), TLS ([`tls`]),
+//! data-plane capabilities ([`capability`]), TLS ([`tls`]), HTTP ports
+//! served within limits ([`http`]),
 //! the link every client and store keeps to the master ([`master`]), and the
 //! etcd client behind `etcd://` master addresses and leader election
 //! ([`etcd`]).
@@ -19,6 +20,7 @@ pub mod capability;
 pub mod conn;
 pub mod deadline;
 pub mod etcd;
+pub mod http;
 pub mod master;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;

@@ -85,8 +85,10 @@ pub const MAX_CONNECTIONS: usize = 8192;
 /// few connections to the master (calls, heartbeats) and a few per store,
 /// so 1,024 leaves room for hundreds of clients on one host. Set
 /// `KVPOOL_MAX_CONNECTIONS_PER_IP` in a process's environment to change it
-/// (0: no per-address cap). Connections that have not finished their
-/// handshake do not count here ([`PREAUTH_PER_IP`]).
+/// (0: no per-address cap). A tenant's connections count against the
+/// same number for that tenant instead, from whatever address. Connections
+/// that have not finished their handshake do not count here
+/// ([`PREAUTH_PER_IP`]).
 pub const MAX_CONNECTIONS_PER_IP: usize = 1024;
 
 pub use crate::admission::{PREAUTH_PER_IP, PREAUTH_TOTAL};
@@ -95,7 +97,8 @@ pub use crate::admission::{PREAUTH_PER_IP, PREAUTH_TOTAL};
 pub const MAX_CONNECTIONS_PER_IP_ENV: &str = "KVPOOL_MAX_CONNECTIONS_PER_IP";
 
 /// Connections this process's accept loops closed because their address
-/// held its share already (read by the master's `/metrics`).
+/// (or their tenant) held its share already (read by the master's
+/// `/metrics`).
 pub static REFUSED_CONNECTIONS_PER_IP: AtomicU64 = AtomicU64::new(0);
 
 /// Connections this process's accept loops closed at [`MAX_CONNECTIONS`].
@@ -137,6 +140,26 @@ fn log_refusal(peer: SocketAddr, why: &str) {
     }
 }
 
+/// What a connection's handshake proved that the authenticated budget
+/// counts by: the tenant, if any (else the peer's address is used).
+pub trait Proved {
+    /// The tenant whose key the peer proved.
+    fn tenant(&self) -> Option<Arc<str>>;
+}
+
+impl Proved for FramedConn {
+    fn tenant(&self) -> Option<Arc<str>> {
+        self.peer_tenant().cloned()
+    }
+}
+
+/// A bare stream proves no tenant (servers without kvpool's handshake).
+impl Proved for TcpStream {
+    fn tenant(&self) -> Option<Arc<str>> {
+        None
+    }
+}
+
 /// Counts and logs a connection refused a slot.
 fn refused(peer: SocketAddr, why: Refused, limits: &BudgetLimits) {
     match why {
@@ -145,7 +168,10 @@ fn refused(peer: SocketAddr, why: Refused, limits: &BudgetLimits) {
             let n = limits.per_ip;
             log_refusal(
                 peer,
-                &format!("{} holds {n} connections, its limit", peer.ip()),
+                &format!(
+                    "{} (or its tenant) holds {n} connections, its limit",
+                    peer.ip()
+                ),
             );
         }
         Refused::Total => {
@@ -166,9 +192,9 @@ fn refused(peer: SocketAddr, why: Refused, limits: &BudgetLimits) {
 /// [`crate::admission`]); returns after every connection task has
 /// finished (they watch the same token). A connection whose handshake is
 /// still running when a newer one needs its slot is closed; one refused
-/// its authenticated slot (its address holds [`MAX_CONNECTIONS_PER_IP`],
-/// or the server [`MAX_CONNECTIONS`]) is closed at accept when that is
-/// known already, else after its handshake. Refusals and evictions are
+/// its authenticated slot is closed after its handshake (its tenant, else
+/// its address, holds [`MAX_CONNECTIONS_PER_IP`]), or at accept when the
+/// server holds [`MAX_CONNECTIONS`] already. Refusals and evictions are
 /// counted and logged at most once a second.
 pub async fn accept_loop<H, HFut, T, S, SFut>(
     listener: TcpListener,
@@ -178,7 +204,7 @@ pub async fn accept_loop<H, HFut, T, S, SFut>(
 ) where
     H: Fn(TcpStream) -> HFut,
     HFut: Future<Output = Option<T>> + Send + 'static,
-    T: Send + 'static,
+    T: Proved + Send + 'static,
     S: Fn(T) -> SFut + Send + Sync + 'static,
     SFut: Future<Output = ()> + Send + 'static,
 {
@@ -195,7 +221,7 @@ pub async fn accept_within<H, HFut, T, S, SFut>(
 ) where
     H: Fn(TcpStream) -> HFut,
     HFut: Future<Output = Option<T>> + Send + 'static,
-    T: Send + 'static,
+    T: Proved + Send + 'static,
     S: Fn(T) -> SFut + Send + Sync + 'static,
     SFut: Future<Output = ()> + Send + 'static,
 {
@@ -229,7 +255,7 @@ pub async fn accept_within<H, HFut, T, S, SFut>(
                             _ = stop.cancelled() => None,
                         };
                         let Some(conn) = conn else { return };
-                        match slot.admit() {
+                        match slot.admit(conn.tenant()) {
                             Ok(admitted) => {
                                 serve(conn).await;
                                 drop(admitted);
@@ -464,8 +490,9 @@ mod tests {
         for _ in 0..3 {
             held.push(handshaken(&addr).await);
         }
-        // The fourth is closed at accept, before any handshake.
+        // The fourth is closed once its handshake says whose it is.
         let mut fourth = TcpStream::connect(&addr).await.unwrap();
+        fourth.write_all(b"h").await.unwrap();
         assert!(closed_within(&mut fourth, Duration::from_secs(2)).await);
         // One leaves: another gets in.
         drop(held.pop());

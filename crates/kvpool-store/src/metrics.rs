@@ -18,6 +18,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use kvpool_format::scan::ScanStats;
+use kvpool_net::http::{HttpConnLimits, HttpRefusal};
 use kvpool_proto::msg::Tier;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -130,6 +131,9 @@ pub struct StoreMetrics {
     capacity: Family<TierLabel, Gauge>,
     disk_online: Family<SegmentLabel, Gauge>,
     refused: Family<ReasonLabel, Gauge>,
+    /// HTTP connections the metrics port closed at accept: over its total,
+    /// over one address's share.
+    http_refused: [AtomicU64; 2],
     /// 1 from the shutdown signal on: placements stopped, transfers in
     /// flight finishing (`connections_open` shows how many remain).
     pub draining: Gauge,
@@ -148,6 +152,7 @@ impl StoreMetrics {
             capacity: Family::default(),
             disk_online: Family::default(),
             refused: Family::default(),
+            http_refused: Default::default(),
             draining: Gauge::default(),
         };
         registry.register(
@@ -167,7 +172,7 @@ impl StoreMetrics {
         );
         registry.register(
             "connections_refused",
-            "Connections this process's accept loops closed at a limit (per_ip, max_connections) or, still in their handshake, to make room for a newer one (preauth_evicted); process-wide: in `kvpool up` the master's too",
+            "Connections this process's accept loops closed at a limit (per_ip, max_connections) or, still in their handshake, to make room for a newer one (preauth_evicted), process-wide (in `kvpool up` the master's too); and HTTP connections the metrics port closed at its limits (http_max_connections, http_per_ip)",
             m.refused.clone(),
         );
         registry.register(
@@ -195,10 +200,13 @@ impl StoreMetrics {
         use kvpool_net::server::{
             PREAUTH_EVICTED, REFUSED_CONNECTIONS, REFUSED_CONNECTIONS_PER_IP,
         };
+        let [http_total, http_per_ip] = &self.http_refused;
         for (reason, n) in [
             ("max_connections", &REFUSED_CONNECTIONS),
             ("per_ip", &REFUSED_CONNECTIONS_PER_IP),
             ("preauth_evicted", &PREAUTH_EVICTED),
+            ("http_max_connections", http_total),
+            ("http_per_ip", http_per_ip),
         ] {
             let n = n.load(Ordering::Relaxed) as i64;
             self.refused.get_or_create(&ReasonLabel { reason }).set(n);
@@ -210,7 +218,10 @@ impl StoreMetrics {
 }
 
 /// Serves `/metrics` and `/health` of `metrics` on `listener` until
-/// `shutdown`.
+/// `shutdown`, within the default HTTP limits
+/// ([`kvpool_net::http::HttpConnLimits`]: 64 connections per address,
+/// 1,024 in all, a 10 s header timeout), so no peer keeps the store's
+/// probes from its orchestrator.
 pub async fn serve_metrics(
     listener: TcpListener,
     metrics: Arc<StoreMetrics>,
@@ -233,8 +244,17 @@ pub async fn serve_metrics(
             ),
         )
         .route("/health", get(|| async { "OK\n" }))
-        .with_state(metrics);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+        .with_state(metrics.clone());
+    let refused = move |why: HttpRefusal, line: &str| {
+        let [total, per_ip] = &metrics.http_refused;
+        let n = match why {
+            HttpRefusal::Total => total,
+            HttpRefusal::PerIp => per_ip,
+        };
+        if n.fetch_add(1, Ordering::Relaxed).is_power_of_two() {
+            tracing::warn!("metrics port: {line} (logged at powers of two)");
+        }
+    };
+    let limits = HttpConnLimits::default();
+    kvpool_net::http::serve(listener, router, limits, None, refused, shutdown).await
 }

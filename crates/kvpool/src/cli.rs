@@ -11,6 +11,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use kvpool_master::http::HttpLimits;
 use kvpool_master::{ClientLimits, MasterConfig, StateConfig, TenantPolicy};
 use kvpool_net::auth::{Credentials, Security};
+use kvpool_net::http::HttpConnLimits;
 use kvpool_net::tls::TlsFiles;
 use kvpool_proto::msg::{ClusterStatus, Tier};
 use kvpool_proto::units::{parse_duration, parse_size};
@@ -431,10 +432,12 @@ impl MasterArgs {
             enable_http_metadata_server: self.enable_http_metadata_server,
             http_metadata_server_port: self.http_metadata_server_port,
             http: HttpLimits {
-                max_connections: self.http_max_connections,
-                max_connections_per_ip: self.http_max_connections_per_ip,
-                header_read_timeout: self.http_header_read_timeout,
-                request_timeout: self.http_request_timeout,
+                conn: HttpConnLimits {
+                    max_connections: self.http_max_connections,
+                    max_connections_per_ip: self.http_max_connections_per_ip,
+                    header_read_timeout: self.http_header_read_timeout,
+                    request_timeout: self.http_request_timeout,
+                },
                 metadata_max_value: usize::try_from(self.metadata_max_value_size)?,
                 metadata_max_keys: self.metadata_max_keys,
                 metadata_max_bytes: self.metadata_max_bytes,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{http_get, run_kvpool, Cluster};
 use kvpool_client::{Client, ReplicateConfig};
 use kvpool_net::auth::{Credentials, Role, Security};
-use kvpool_net::{CallPolicy, MasterLink};
+use kvpool_net::{CallPolicy, FramedConn, MasterLink};
 use kvpool_proto::msg::{self, ClientId};
 use kvpool_proto::tenant::scoped;
 use kvpool_proto::Code;
@@ -279,6 +279,50 @@ async fn a_tenant_is_held_to_its_quota() {
         "an eleventh object after the restart",
     );
     assert_eq!(acme.get("k10").await.expect("get"), small);
+}
+
+/// Connections are counted per identity: a tenant on a host whose address
+/// holds its share of connections still gets in, and its own connections
+/// stop at the same share, from any address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_has_its_own_share_of_connections() {
+    const SHARE: usize = 48;
+    let cluster = Cluster::builder()
+        .secured()
+        .master_flag("--max-connections-per-ip", &SHARE.to_string())
+        .start()
+        .await;
+    let s = cluster.secrets.as_ref().expect("secured");
+    // An admitted connection answers a call; a refused one is closed
+    // after its handshake.
+    let open = async |key: &Credentials| {
+        let security = Security::with_key(Some(key.clone()));
+        let limits = kvpool_proto::frame::Limits::default();
+        let addr = &cluster.master_addr;
+        let mut conn = FramedConn::connect_with(addr, "flood", limits, &security)
+            .await
+            .ok()?;
+        conn.call(&msg::Status {}).await.ok().map(|_| conn)
+    };
+    // The client key fills 127.0.0.1's share (the store holds some).
+    let client = s.key(Role::Client);
+    let mut held = Vec::new();
+    while let Some(c) = open(&client).await {
+        held.push(c);
+        assert!(held.len() <= SHARE, "past the address's share");
+    }
+    // A tenant from the same address gets a share of its own.
+    let acme = s.admin.for_tenant("acme").expect("key");
+    let mut tenant = Vec::new();
+    while let Some(c) = open(&acme).await {
+        tenant.push(c);
+        assert!(tenant.len() <= SHARE, "past the tenant's share");
+    }
+    assert_eq!(tenant.len(), SHARE);
+    // Another tenant too, while the first holds all of its own.
+    open(&s.admin.for_tenant("other").expect("key"))
+        .await
+        .expect("another tenant");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
