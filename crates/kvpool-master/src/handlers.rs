@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::refusals::Refusal;
-use crate::state::MountSpec;
+use crate::state::{FenceWait, MountSpec};
 use crate::{Master, Peer, Role};
 
 /// Compiled size a remove-by-regex pattern may reach (its NFA, and each of
@@ -403,8 +403,20 @@ impl Handle for msg::PutEnd {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<()>>> {
         cx.count_bad_keys("PutEnd", self.items.iter().map(|i| i.key.as_str()));
         let s = &cx.master.state;
+        // In a new leader's recovery, a key with no version known here may
+        // have one on a store not back yet: see `recovery_wait`.
+        let wait = s.recovery_wait(cx.now).filter(|_| {
+            let unknown = |i: &msg::PutEndItem| !s.committed(&i.key);
+            self.items.iter().any(unknown)
+        });
         let v = s.put_end(self.client_id, &self.items, cx.now);
         cx.fence = s.fence(self.items.iter().map(|i| i.key.as_str()), cx.now);
+        if let Some(t) = wait {
+            cx.fence = Some(match cx.fence.take() {
+                Some(w) => w.not_before(t),
+                None => FenceWait::at(t),
+            });
+        }
         #[cfg(feature = "planted-bugs")]
         if kvpool_net::planted::active("skip-upsert-fence") {
             // Planted: the commit answers before the old version is gone.

@@ -373,9 +373,11 @@ impl Master {
                     return;
                 }
                 // Every invalidator pass sends on `invalidated`.
+                let now = Instant::now();
+                let look = w.next_look(now);
                 tokio::select! {
                     r = sent.changed() => if r.is_err() { return },
-                    _ = tokio::time::sleep_until(w.until) => return,
+                    _ = tokio::time::sleep_until(look) => if look >= w.until { return },
                 }
             }
         })

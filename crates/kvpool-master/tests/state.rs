@@ -2547,6 +2547,29 @@ fn a_new_leader_expects_back_every_segment_its_predecessor_listed() {
     assert!(p.get("on-b", now).is_ok());
 }
 
+/// While segments of before a failover are expected back, a commit of a
+/// key the new leader knows no version of is answered only once every
+/// lease an earlier leader granted is past its first half: until then a
+/// client may read the key's old version, on a segment not back yet,
+/// through its cache without asking.
+#[test]
+fn a_new_leader_holds_commits_until_old_leases_are_past_their_first_half() {
+    let p = Pool::new(config());
+    let t0 = p.at(0);
+    p.st.begin_term(t0);
+    assert_eq!(p.st.recovery_wait(t0), None, "nothing expected back");
+    p.st.expect_segments(Some(vec![SegmentId(1)]), t0);
+    let half = t0 + Duration::from_millis(500);
+    assert_eq!(p.st.recovery_wait(t0), Some(half));
+    assert_eq!(
+        p.st.recovery_wait(half),
+        None,
+        "the leases' first half is over"
+    );
+    p.mount(p.client(1), 1, "a", MIB);
+    assert_eq!(p.st.recovery_wait(t0), None, "every segment is back");
+}
+
 /// A listed segment that stays away past the client TTL and the store
 /// grace is given up, as a silent store is, and left off the next list.
 #[test]

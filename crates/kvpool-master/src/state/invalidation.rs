@@ -135,6 +135,38 @@ pub struct FenceWait {
     durable: u64,
     /// The reply goes at this instant whatever happened.
     pub until: Instant,
+    /// Nor before this instant, whatever happened (see
+    /// [`MasterState::recovery_wait`]).
+    pub not_before: Option<Instant>,
+}
+
+impl FenceWait {
+    /// A wait for nothing but the instant `t`.
+    pub fn at(t: Instant) -> FenceWait {
+        FenceWait {
+            seq: 0,
+            segments: Vec::new(),
+            young: t,
+            durable: 0,
+            until: t,
+            not_before: Some(t),
+        }
+    }
+
+    /// This wait, and not over before `t`.
+    pub fn not_before(mut self, t: Instant) -> FenceWait {
+        self.not_before = Some(self.not_before.map_or(t, |n| n.max(t)));
+        self.until = self.until.max(t);
+        self
+    }
+
+    /// When the waiter should look again if nothing is sent meanwhile.
+    pub fn next_look(&self, now: Instant) -> Instant {
+        match self.not_before {
+            Some(t) if now < t => t,
+            _ => self.until,
+        }
+    }
 }
 
 /// Longest a reply waits for a reachable store to destroy an old version
@@ -440,6 +472,7 @@ impl MasterState {
                 young: now + FENCE_WAIT,
                 durable: 0,
                 until: now + FENCE_WAIT,
+                not_before: None,
             });
             w.seq = w.seq.max(f.seq);
             w.segments.extend_from_slice(&f.segments);
@@ -454,6 +487,9 @@ impl MasterState {
     /// its sequence number was sent and none of its segments still owes an
     /// invalidation, or its time is up.
     pub fn fence_done(&self, w: &FenceWait, now: Instant) -> bool {
+        if w.not_before.is_some_and(|t| now < t) {
+            return false;
+        }
         if now >= w.until || (now >= w.young && self.removal_durable(w.durable)) {
             return true;
         }
@@ -462,6 +498,23 @@ impl MasterState {
         }
         let inv = self.invalidations.lock();
         !w.segments.iter().any(|s| inv.owing.contains(s))
+    }
+
+    /// Until when the commit of a key this master knows no version of may
+    /// not be reported while segments mounted before a failover are still
+    /// expected back: one of them may hold the key's old version, which
+    /// this master has not seen and so cannot fence, and
+    /// a client holding a read lease an earlier leader granted reads it
+    /// through its cached location, without asking, for the lease's first
+    /// half. Every such lease was granted before this term began, so that
+    /// half is over by `term start + lease / 2`. `None` once nothing is
+    /// expected back, or that instant passed.
+    pub fn recovery_wait(&self, now: Instant) -> Option<Instant> {
+        if self.expecting() == 0 {
+            return None;
+        }
+        let t = *self.term_start.lock() + self.cfg.lease_ttl / 2;
+        (now < t).then_some(t)
     }
 
     /// Whether any key waits for its old version to be destroyed.
@@ -479,6 +532,7 @@ impl MasterState {
             young: now + FENCE_WAIT,
             durable: 0,
             until: now + FENCE_WAIT,
+            not_before: None,
         })
     }
 
