@@ -11,6 +11,9 @@
 //! eviction answers only once the old version's headers are destroyed on
 //! its stores, so a cached location cannot serve a replaced value.
 //!
+//! After a master restart or failover (the client registers again) every
+//! lease held becomes a hint ([`LocationCache::follow`]).
+//!
 //! A location without a live lease is still a hint: where this client just
 //! wrote an object, or where a lease ran out. A read through a hint goes to
 //! the replica while the master is asked to confirm it (and grant the
@@ -59,6 +62,9 @@ pub struct LocationCache {
     stale: AtomicU64,
     /// Reads to report: key → (generation, when read).
     touched: Mutex<HashMap<String, (u64, Instant)>>,
+    /// The master link's registrations when the leases here were granted
+    /// (see [`Self::follow`]).
+    registrations: AtomicU64,
 }
 
 /// How the location cache has served reads.
@@ -80,6 +86,26 @@ impl LocationCache {
             hits: AtomicU64::new(0),
             stale: AtomicU64::new(0),
             touched: Mutex::new(HashMap::new()),
+            registrations: AtomicU64::new(0),
+        }
+    }
+
+    /// The client registered `registrations` times so far: after a new
+    /// registration (a master that did not know it: a restart or a
+    /// failover) every lease held is demoted to a hint. A new leader may
+    /// commit a new version of a key whose old one sits on a store not yet
+    /// back with it; it cannot destroy that one, so the read is confirmed
+    /// with the master instead (a leader of this build also holds such a
+    /// commit's answer until the leases could have been used alone; one
+    /// of an earlier build does not).
+    pub fn follow(&self, registrations: u64) {
+        if self.registrations.swap(registrations, Ordering::AcqRel) == registrations {
+            return;
+        }
+        for s in &self.shards {
+            for (_, from) in s.lock().values_mut() {
+                *from = None;
+            }
         }
     }
 

@@ -424,6 +424,7 @@ impl Client {
         // A read from the cache over shared memory never waits on I/O; this
         // keeps a loop of them from starving the caller's other tasks.
         tokio::task::consume_budget().await;
+        self.inner.cache.follow(self.inner.link.registrations());
         let mut out: Vec<Option<KvResult<Found>>> = keys
             .iter()
             .map(|k| {

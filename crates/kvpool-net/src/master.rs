@@ -115,6 +115,9 @@ pub struct MasterLink {
     policy: CallPolicy,
     io: Mutex<Option<IoSource>>,
     held: Mutex<Option<HeldSource>>,
+    /// Registrations that succeeded: a new one means a master that did not
+    /// know this client (a restart or a failover).
+    registrations: std::sync::atomic::AtomicU64,
 }
 
 /// Pools to the master currently believed to lead.
@@ -153,6 +156,7 @@ impl MasterLink {
             policy,
             io: Mutex::new(None),
             held: Mutex::new(None),
+            registrations: Default::default(),
         };
         if let MasterAddr::Static(a) = &link.target {
             *link.conns.lock() = Some(link.pools_for(a));
@@ -298,11 +302,22 @@ impl MasterLink {
 
     /// Registers with the master; returns the heartbeat timing it expects.
     pub async fn register(&self) -> KvResult<RegisterReply> {
-        self.call(&RegisterClient {
-            client_id: self.client_id,
-            hostname: self.hostname.clone(),
-        })
-        .await
+        let reply = self
+            .call(&RegisterClient {
+                client_id: self.client_id,
+                hostname: self.hostname.clone(),
+            })
+            .await?;
+        (self.registrations).fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(reply)
+    }
+
+    /// How many times this client registered: it changes when a master
+    /// that did not know the client (restarted, or newly leading) took it
+    /// in, after which read leases granted before are not to be trusted
+    /// alone.
+    pub fn registrations(&self) -> u64 {
+        (self.registrations).load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Heartbeats every `interval` until `shutdown`; when the master no longer
