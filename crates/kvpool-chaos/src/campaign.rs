@@ -58,6 +58,12 @@ pub struct CampaignConfig {
     pub dir: PathBuf,
     /// The `kvpool` binary under test.
     pub kvpool: PathBuf,
+    /// An earlier build (the last release): the masters and stores start on
+    /// it, and each upgrade switches a process to `kvpool` (and the next one
+    /// back), so old and new run side by side all campaign long. `None`:
+    /// upgrades restart on another copy of `kvpool`. Clients are always
+    /// this build (the harness's workers).
+    pub previous: Option<PathBuf>,
     /// How to start a worker: program and leading arguments; the worker's
     /// own flags follow (`kvpool-chaos worker`, or a test binary).
     pub worker_cmd: Vec<String>,
@@ -106,6 +112,7 @@ impl CampaignConfig {
             duration: Duration::from_secs(60),
             dir,
             kvpool,
+            previous: None,
             worker_cmd,
             topo: Topology {
                 etcd: 3,

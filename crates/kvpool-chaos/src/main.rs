@@ -44,7 +44,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// mixed, failover, partition, or join (a store joins a nearly full pool).
+    /// mixed, failover, pause-leader, partition, upgrade, or join (a store
+    /// joins a nearly full pool).
     #[arg(long, default_value = "mixed")]
     scenario: String,
     /// Seeds, comma-separated, run one after another; default: one random seed.
@@ -59,6 +60,10 @@ struct RunArgs {
     /// The kvpool binary under test (default: next to this one).
     #[arg(long)]
     kvpool: Option<PathBuf>,
+    /// An earlier kvpool binary (the last release): masters and stores
+    /// start on it and upgrades switch them between it and --kvpool.
+    #[arg(long)]
+    previous: Option<PathBuf>,
     /// Masters (HA through etcd).
     #[arg(long, default_value_t = 3)]
     masters: usize,
@@ -232,6 +237,7 @@ async fn run_campaigns(a: RunArgs) -> anyhow::Result<ExitCode> {
         cfg.plan.failover_every = a.failover_every;
         cfg.store_grace = a.store_grace.clone();
         cfg.planted_bug = a.plant_bug.clone();
+        cfg.previous = a.previous.clone();
         cfg.log_level = a.log_level.clone();
         println!("== {} seed {seed}: {}", a.scenario, cfg.dir.display());
         if join {

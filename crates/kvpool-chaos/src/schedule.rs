@@ -266,6 +266,11 @@ pub enum Scenario {
     PauseLeader,
     /// Store partitions (link down, one-way loss, splits) and restarts.
     Partition,
+    /// Rolling upgrades: one master or store at a time drains and comes
+    /// back on the other binary (with an earlier build, see
+    /// `CampaignConfig::previous`, a mixed-version pool throughout), and
+    /// now and then a store is killed meanwhile.
+    Upgrade,
 }
 
 impl std::str::FromStr for Scenario {
@@ -277,8 +282,9 @@ impl std::str::FromStr for Scenario {
             "failover" => Ok(Scenario::Failover),
             "partition" => Ok(Scenario::Partition),
             "pause-leader" => Ok(Scenario::PauseLeader),
+            "upgrade" => Ok(Scenario::Upgrade),
             other => Err(format!(
-                "unknown scenario {other:?} (mixed, failover, pause-leader, partition)"
+                "unknown scenario {other:?} (mixed, failover, pause-leader, partition, upgrade)"
             )),
         }
     }
@@ -343,6 +349,21 @@ fn draw(rng: &mut Rng, topo: &Topology, scenario: Scenario) -> (Fault, Duration)
                 _ => (Fault::Pause(store), rng.duration(ms(500), secs(6))),
             }
         }
+        Scenario::Upgrade => match rng.below(10) {
+            0 | 1 => (Fault::Upgrade(Target::Leader), Duration::ZERO),
+            2 => (
+                Fault::Upgrade(Target::Host(host(rng, topo, Role::Master))),
+                Duration::ZERO,
+            ),
+            3..=8 => (
+                Fault::Upgrade(Target::Host(host(rng, topo, Role::Store))),
+                Duration::ZERO,
+            ),
+            _ => (
+                Fault::Kill(Target::Host(host(rng, topo, Role::Store))),
+                rng.duration(ms(500), secs(4)),
+            ),
+        },
         Scenario::Mixed => match rng.below(20) {
             0..=4 => (
                 Fault::Kill(any_process(rng)),
@@ -485,7 +506,7 @@ mod tests {
         for seed in 0..200 {
             let d = Duration::from_secs(90);
             let opts = PlanOptions::default();
-            for scenario in [Scenario::Mixed, Scenario::Partition] {
+            for scenario in [Scenario::Mixed, Scenario::Partition, Scenario::Upgrade] {
                 let faults = plan(seed, &TOPO, scenario, d, opts);
                 for (i, p) in faults.iter().enumerate() {
                     assert!(p.at + p.hold <= d, "{p:?}");

@@ -80,9 +80,11 @@ impl Pool {
         net::mount_tmpfs(&cfg.dir.join("data"), 1 << 30)?;
         let keys = write_keys(&cfg.dir)?;
         let bins = [cfg.dir.join("bin/kvpool-a"), cfg.dir.join("bin/kvpool-b")];
-        for b in &bins {
-            std::fs::copy(&cfg.kvpool, b)
-                .with_context(|| format!("copy {} (the kvpool binary)", cfg.kvpool.display()))?;
+        // Hosts start on the first: the earlier build, when there is one.
+        let first = cfg.previous.as_ref().unwrap_or(&cfg.kvpool);
+        for (b, from) in bins.iter().zip([first, &cfg.kvpool]) {
+            std::fs::copy(from, b)
+                .with_context(|| format!("copy {} (a kvpool binary)", from.display()))?;
         }
         let mut hosts = cfg.topo.hosts();
         hosts.extend_from_slice(extra_hosts);
@@ -111,6 +113,12 @@ impl Pool {
             cfg,
         };
         pool.mark(format!("setup; wall clock {}", pool.started_at));
+        if let Some(p) = &pool.cfg.previous {
+            let (old, new) = (p.display(), pool.cfg.kvpool.display());
+            pool.mark(format!(
+                "mixed versions: hosts start on {old}, upgrades switch to {new} and back"
+            ));
+        }
         for h in hosts {
             if h.role == Role::Client {
                 continue;
