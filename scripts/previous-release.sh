@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the `kvpool` binary of the previous release once and prints its
 # path; later runs print the cached one. The mixed-version chaos campaign
-# (crates/kvpool/tests/chaos.rs) runs masters and stores of that release
-# beside this build's, upgrading and downgrading them one at a time.
+# (`kvpool-chaos run --scenario upgrade --previous PATH`, docs/chaos.md)
+# runs masters and stores of that release beside this build's, upgrading
+# and downgrading them one at a time.
 #
 # The release is the tag in KVPOOL_PREVIOUS (default v0.1.0); a clone
 # without tags falls back to the tag's commit, pinned below. The build

@@ -34,11 +34,6 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-# The previous release, for the mixed-version chaos campaign (built once,
-# cached in ~/.cache/kvpool/previous).
-echo "== the previous release"
-KVPOOL_PREVIOUS_BIN="$(./scripts/previous-release.sh)"
-export KVPOOL_PREVIOUS_BIN
 echo "== cargo test"
 cargo test --workspace
 # The binding is behind the `python` feature, which the workspace-wide lint
