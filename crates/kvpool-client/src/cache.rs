@@ -99,7 +99,10 @@ impl LocationCache {
     /// commit's answer until the leases could have been used alone; one
     /// of an earlier build does not).
     pub fn follow(&self, registrations: u64) {
-        if self.registrations.swap(registrations, Ordering::AcqRel) == registrations {
+        // Every read passes here: a load, not a write, when nothing changed.
+        if self.registrations.load(Ordering::Acquire) == registrations
+            || self.registrations.swap(registrations, Ordering::AcqRel) == registrations
+        {
             return;
         }
         for s in &self.shards {

@@ -138,8 +138,9 @@ impl Client {
         B: AsRef<[u8]> + AsMut<[u8]>,
         F: Fn(&[usize]) -> Vec<KvResult<B>>,
     {
-        let scoped = self.scoped_all(keys);
-        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
+        let scoped = self.tenant_keys(keys);
+        let refs: Vec<&str> = scoped.iter().map(String::as_str).collect();
+        let keys = if scoped.is_empty() { keys } else { &refs[..] };
         let t0 = Instant::now();
         let mut retry = KeyRetry::new(keys.len(), &self.inner.cfg);
         loop {

@@ -194,9 +194,13 @@ impl Client {
         credentials.and_then(|c| c.tenant())
     }
 
-    /// [`Self::scoped`] of each key.
-    pub(crate) fn scoped_all<'k>(&self, keys: &[&'k str]) -> Vec<Cow<'k, str>> {
-        keys.iter().map(|k| self.scoped(k)).collect()
+    /// [`Self::scoped`] of each key where that differs from the key (a
+    /// tenant's client); empty otherwise, so the common path copies nothing.
+    pub(crate) fn tenant_keys(&self, keys: &[&str]) -> Vec<String> {
+        match self.tenant() {
+            Some(t) => keys.iter().map(|k| tenant::scoped(Some(t), k)).collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Withdraws the embedded segment and stops background work.

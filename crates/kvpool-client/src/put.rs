@@ -92,13 +92,24 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<KvResult<()>> {
-        let scoped: Vec<_> = items.iter().map(|(k, _)| self.scoped(k)).collect();
-        let items: Vec<Item> = scoped
+        // A tenant's keys in its namespace; nothing copied without one.
+        let scoped: Vec<String> = match self.tenant() {
+            Some(_) => items
+                .iter()
+                .map(|(k, _)| self.scoped(k).into_owned())
+                .collect(),
+            None => Vec::new(),
+        };
+        let with_tenant: Vec<Item> = scoped
             .iter()
             .zip(items)
-            .map(|(k, (_, v))| (&**k, *v))
+            .map(|(k, (_, v))| (k.as_str(), *v))
             .collect();
-        let items = &items[..];
+        let items = if scoped.is_empty() {
+            items
+        } else {
+            &with_tenant[..]
+        };
         let t0 = Instant::now();
         // Every pass is this one operation to the master (see `PutStart::op`).
         let op = rand::random::<u64>() | 1;

@@ -38,8 +38,9 @@ impl Client {
     }
 
     async fn sizes(&self, keys: &[&str]) -> Vec<KvResult<u64>> {
-        let scoped = self.scoped_all(keys);
-        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
+        let scoped = self.tenant_keys(keys);
+        let refs: Vec<&str> = scoped.iter().map(String::as_str).collect();
+        let keys = if scoped.is_empty() { keys } else { &refs[..] };
         // One bad key fails the batch before the master sees it.
         if let Some(e) = keys.iter().find_map(|k| validate_key(k).err()) {
             return keys

@@ -62,9 +62,10 @@ impl Client {
     /// remove right after is refused while the lease lasts). `None` for a
     /// missing key.
     pub async fn batch_exist_leased(&self, keys: &[&str]) -> Vec<KvResult<Option<u64>>> {
-        let scoped = self.scoped_all(keys);
-        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
-        self.locate_keys(&keys)
+        let scoped = self.tenant_keys(keys);
+        let refs: Vec<&str> = scoped.iter().map(String::as_str).collect();
+        let keys = if scoped.is_empty() { keys } else { &refs[..] };
+        self.locate_keys(keys)
             .await
             .into_iter()
             .map(|f| match f {
@@ -88,9 +89,10 @@ impl Client {
     /// The replicas of each of `keys` (taking a read lease, as a read
     /// does); `OBJECT_NOT_FOUND` for a missing key.
     pub async fn replica_descs(&self, keys: &[&str]) -> Vec<KvResult<Vec<ReplicaDesc>>> {
-        let scoped = self.scoped_all(keys);
-        let keys: Vec<&str> = scoped.iter().map(|k| &**k).collect();
-        let found = self.locate_keys(&keys).await;
+        let scoped = self.tenant_keys(keys);
+        let refs: Vec<&str> = scoped.iter().map(String::as_str).collect();
+        let keys = if scoped.is_empty() { keys } else { &refs[..] };
+        let found = self.locate_keys(keys).await;
         if found.iter().all(|f| f.is_err()) {
             return found.into_iter().map(|f| f.map(|_| Vec::new())).collect();
         }
