@@ -156,7 +156,7 @@ impl Ledger {
     /// (what its put reserved, or an object a rebuild found).
     pub(crate) fn tenant_charge(&self, key: &str, bytes: u64) {
         if let Some(name) = tenants::owner(key) {
-            self.book.lock().tenants.charge(name, 1, bytes);
+            self.book.lock().tenants.charge(name, bytes);
         }
     }
 

@@ -165,15 +165,15 @@ impl Book {
         if u.bytes.saturating_add(bytes) > quota.bytes {
             return Err(Over::Bytes(quota.bytes));
         }
-        self.charge(name, 1, bytes);
+        self.charge(name, bytes);
         Ok(())
     }
 
-    /// Adds `objects` objects of `bytes` in all to `name`, whatever its quota
-    /// (a commit of what was reserved, or a rebuild).
-    pub(crate) fn charge(&mut self, name: &str, objects: u64, bytes: u64) {
-        let u = self.per.entry(name.into()).or_default();
-        u.objects += objects;
+    /// Adds one object of `bytes` to `name`, whatever its quota (a commit of
+    /// what was reserved, or a rebuild).
+    pub(crate) fn charge(&mut self, name: &str, bytes: u64) {
+        let u = self.usage_mut(name);
+        u.objects += 1;
         u.bytes += bytes;
     }
 
@@ -187,7 +187,7 @@ impl Book {
 
     /// Counts one more client id of `name`, within `quota`.
     pub(crate) fn add_client(&mut self, name: &str, quota: Quota) -> Result<(), Over> {
-        let u = self.per.entry(name.into()).or_default();
+        let u = self.usage_mut(name);
         if u.clients >= quota.clients {
             return Err(Over::Clients(quota.clients));
         }
@@ -210,6 +210,14 @@ impl Book {
         let mut v: Vec<_> = self.per.iter().map(|(k, u)| (k.to_string(), *u)).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// `name`'s entry, made empty if it has none (the name is copied only then).
+    fn usage_mut(&mut self, name: &str) -> &mut Usage {
+        if !self.per.contains_key(name) {
+            self.per.insert(name.into(), Usage::default());
+        }
+        self.per.get_mut(name).expect("just inserted")
     }
 
     fn update(&mut self, name: &str, f: impl FnOnce(&mut Usage)) {
