@@ -18,9 +18,9 @@ use kvpool_client::ReplicateConfig;
 use kvpool_format::ObjectHeader;
 use kvpool_net::auth::{Credentials, Role, Security};
 use kvpool_net::conn::{HANDSHAKE_TIMEOUT, MAX_HELLO, PROGRESS_TIMEOUT};
-use kvpool_net::{CallPolicy, FramedConn, MasterLink};
+use kvpool_net::{FramedConn, MasterLink};
 use kvpool_proto::frame::{FrameHeader, Limits, Opcode, MIN_PROTOCOL_VERSION};
-use kvpool_proto::msg::{self, ClientId, Hello, SegmentId, SegmentInfo};
+use kvpool_proto::msg::{self, Hello, SegmentId, SegmentInfo};
 use kvpool_proto::{Code, PROTOCOL_VERSION};
 use kvpool_transfer::data::{read_regions, write_regions, ReadOp, WriteOp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -209,15 +209,7 @@ async fn all_there(cluster: &Cluster, kept: &[(String, Vec<u8>)]) {
 
 /// A raw link to the master proving `key` (or nothing).
 fn link_as(cluster: &Cluster, key: Option<Credentials>) -> std::sync::Arc<MasterLink> {
-    MasterLink::new(
-        &cluster.master_addr,
-        ClientId(rand::random()),
-        "attacker",
-        "attacker",
-        CallPolicy::default(),
-        Security::with_key(key),
-    )
-    .expect("link")
+    common::master_link_as(&cluster.master_addr, "attacker", key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,10 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{eventually, free_port, http_get, Cluster};
+use common::{eventually, free_port, http_get, spawn_store_with, Cluster};
 use kvpool_client::ReplicateConfig;
 use kvpool_net::FramedConn;
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode, MIN_PROTOCOL_VERSION};
@@ -870,6 +871,20 @@ async fn a_flood_of_unauthenticated_connections_locks_nobody_out() {
     assert_eq!(refusals(&cluster, "connections_per_ip").await, 0);
 }
 
+/// Opens `n` idle connections from 127.0.0.2 to the HTTP port `addr` and
+/// checks that 64 stay open and that `/health` and `/metrics` still answer
+/// others; returns the metrics page.
+async fn flood_keeps_64_open(addr: &str, n: usize) -> String {
+    // Idle connections: they would be held until the header timeout (10 s).
+    let mut flood = silent_flood("127.0.0.2", addr, n).await;
+    let open = n - closed_of(&mut flood, Duration::from_millis(500)).await;
+    assert_eq!(open, 64, "connections from 127.0.0.2 left open");
+    assert_eq!(http_get(addr, "/health").await.0, 200);
+    let (code, body) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    body
+}
+
 /// Attack 6, HTTP: the cap was per listener only, so one address could
 /// hold all 1,024 connections and keep `/metrics` and `/health`
 /// unreachable. Each address now gets 64 of them.
@@ -878,15 +893,7 @@ async fn one_address_cannot_keep_http_health_unreachable() {
     const FLOOD: usize = 1100;
     let cluster = Cluster::builder().start().await;
     let addr = cluster.metrics_addr.clone();
-    // Idle connections from 127.0.0.2: they would be held until the header
-    // timeout (10 s).
-    let mut flood = silent_flood("127.0.0.2", &addr, FLOOD).await;
-    let open = FLOOD - closed_of(&mut flood, Duration::from_millis(500)).await;
-    assert_eq!(open, 64, "connections from 127.0.0.2 left open");
-    // Everyone else is served meanwhile.
-    assert_eq!(http_get(&addr, "/health").await.0, 200);
-    let (code, body) = http_get(&addr, "/metrics").await;
-    assert_eq!(code, 200);
+    let body = flood_keeps_64_open(&addr, FLOOD).await;
     assert!(body.contains("kvpool_refusals_total"), "{body}");
     let mut third = connect_from("127.0.0.3", &addr).await;
     third
@@ -911,26 +918,13 @@ async fn one_address_cannot_keep_a_stores_metrics_port_unreachable() {
     const FLOOD: usize = 200;
     let cluster = Cluster::builder().start().await;
     let port = free_port().to_string();
+    let extra = ["--metrics-port".to_string(), port.clone()];
     let data = cluster.dir().join("metrics-store");
-    let data = data.to_string_lossy();
-    let args = [
-        "store",
-        "--master",
-        &cluster.master_addr,
-        "--segment-size",
-        "16MiB",
-        "--data-dir",
-        &data,
-        "--address",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--name",
-        "metrics-store",
-        "--metrics-port",
-        &port,
-    ];
-    let _store = cluster.spawn("store-metrics", args);
+    let logs = cluster.dir().join("logs");
+    let bin = Path::new(common::BIN);
+    let name = "metrics-store";
+    let master = &cluster.master_addr;
+    let _store = spawn_store_with(bin, name, name, master, "16MiB", &data, &logs, &extra);
     let addr = format!("127.0.0.1:{port}");
     eventually(
         "the store's metrics port",
@@ -938,12 +932,7 @@ async fn one_address_cannot_keep_a_stores_metrics_port_unreachable() {
         async || TcpStream::connect(&addr).await.ok().map(|_| ()),
     )
     .await;
-    let mut flood = silent_flood("127.0.0.2", &addr, FLOOD).await;
-    let open = FLOOD - closed_of(&mut flood, Duration::from_millis(500)).await;
-    assert_eq!(open, 64, "connections from 127.0.0.2 left open");
-    assert_eq!(http_get(&addr, "/health").await.0, 200);
-    let (code, body) = http_get(&addr, "/metrics").await;
-    assert_eq!(code, 200);
+    let body = flood_keeps_64_open(&addr, FLOOD).await;
     let line = format!(
         "kvpool_store_connections_refused{{reason=\"http_per_ip\"}} {}",
         FLOOD - 64

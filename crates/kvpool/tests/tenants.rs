@@ -9,11 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, run_kvpool, Cluster};
+use common::{http_get, master_link_as, run_kvpool, Cluster};
 use kvpool_client::{Client, ReplicateConfig};
 use kvpool_net::auth::{Credentials, Role, Security};
-use kvpool_net::{CallPolicy, FramedConn, MasterLink};
-use kvpool_proto::msg::{self, ClientId};
+use kvpool_net::{FramedConn, MasterLink};
+use kvpool_proto::msg;
 use kvpool_proto::tenant::scoped;
 use kvpool_proto::Code;
 
@@ -26,15 +26,7 @@ async fn client_as(cluster: &Cluster, key: Credentials) -> Client {
 
 /// A raw link to the master proving `key`, registered.
 async fn link_as(cluster: &Cluster, key: Credentials) -> std::sync::Arc<MasterLink> {
-    let link = MasterLink::new(
-        &cluster.master_addr,
-        ClientId(rand::random()),
-        "tenant",
-        "tenant",
-        CallPolicy::default(),
-        Security::with_key(Some(key)),
-    )
-    .expect("link");
+    let link = master_link_as(&cluster.master_addr, "tenant", Some(key));
     link.register().await.expect("register");
     link
 }
@@ -239,15 +231,7 @@ async fn a_tenant_is_held_to_its_quota() {
     let key = admin.for_tenant("acme").expect("key");
     let _a = link_as(&cluster, key.clone()).await;
     let _b = link_as(&cluster, key.clone()).await;
-    let link = MasterLink::new(
-        &cluster.master_addr,
-        ClientId(rand::random()),
-        "tenant",
-        "tenant",
-        CallPolicy::default(),
-        Security::with_key(Some(key)),
-    )
-    .expect("link");
+    let link = master_link_as(&cluster.master_addr, "tenant", Some(key));
     let e = link.register().await.expect_err("a fourth client id");
     assert_eq!(e.code, Code::QuotaExceeded, "{e}");
 

@@ -515,13 +515,18 @@ pub fn black_hole_mount(client_id: ClientId) -> msg::MountSegment {
 
 /// A master link for protocol-level tests, under its own random client id (not registered).
 pub fn master_link(master: &str, hostname: &str) -> Arc<MasterLink> {
+    master_link_as(master, hostname, None)
+}
+
+/// [`master_link`] proving `key` (or nothing) when the master asks.
+pub fn master_link_as(master: &str, hostname: &str, key: Option<Credentials>) -> Arc<MasterLink> {
     MasterLink::new(
         master,
         ClientId(rand::random()),
         hostname,
         "test",
         CallPolicy::default(),
-        Security::default(),
+        Security::with_key(key),
     )
     .expect("a valid master address")
 }
