@@ -7,12 +7,12 @@
 
 use std::collections::HashMap;
 
-use kvpool_format::{header_len, value_checksum, ObjectHeader};
+use kvpool_format::{header_len, ObjectHeader};
 use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, Tier, WriteReq};
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use tokio::time::Instant;
 
-use crate::fanout::{cores, SPREAD_BYTES};
+use crate::fanout::SPREAD_BYTES;
 use crate::retry::KeyRetry;
 use crate::rpc::one;
 use crate::transport::{Dir, Job, Kind, Write, WriteOp};
@@ -165,14 +165,15 @@ impl Client {
         }
         // Object headers must outlive the writes that borrow them.
         let mut headers: Vec<(usize, u64, Vec<u8>, Vec<Replica>)> = Vec::new();
-        let sums = checksums(granted.iter().map(|g| items[g.0].1).collect());
-        for ((i, generation, replicas), checksum) in granted.into_iter().zip(sums) {
+        for (i, generation, replicas) in granted {
             let (key, parts) = items[i];
+            // The value's checksum is sealed in where the bytes land (see
+            // `kvpool_format::seal`): from the bytes stored, in one pass.
             let h = ObjectHeader {
                 key: key.to_string(),
                 value_len: value_len(parts),
                 generation,
-                checksum,
+                checksum: 0,
             };
             headers.push((i, generation, h.encode(), replicas));
         }
@@ -276,27 +277,6 @@ impl Client {
     }
 }
 
-/// Value checksums of objects (each the concatenation of its parts),
-/// computed on every core when there are enough bytes to pay for threads.
-fn checksums(values: Vec<&[&[u8]]>) -> Vec<u64> {
-    let bytes: usize = values.iter().flat_map(|v| v.iter()).map(|p| p.len()).sum();
-    let threads = cores();
-    if bytes < 4 * SPREAD_BYTES as usize || threads < 2 || values.len() < 2 {
-        return values.iter().map(|v| value_checksum(v)).collect();
-    }
-    let per = values.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let parts: Vec<_> = values
-            .chunks(per)
-            .map(|c| s.spawn(move || c.iter().map(|v| value_checksum(v)).collect::<Vec<_>>()))
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,15 +302,5 @@ mod tests {
         assert!(e.code.is_transient());
         let e = commit_error(KvError::from(Code::NoAvailableHandle));
         assert_eq!(e.code, Code::NoAvailableHandle);
-    }
-
-    #[test]
-    fn checksums_match_the_format_whether_threaded_or_not() {
-        let big = vec![7u8; 3 << 20];
-        let small: &[u8] = b"hello";
-        let (one, two, three) = ([&big[..]], [small, small], [&big[..], small]);
-        let values: Vec<&[&[u8]]> = vec![&one, &two, &three];
-        let want: Vec<u64> = values.iter().map(|v| value_checksum(v)).collect();
-        assert_eq!(checksums(values), want);
     }
 }

@@ -264,7 +264,10 @@ async fn answer(
     // into it runs under a pin the fenced read takes, so nothing lands once
     // an unregister is under way.
     let dst = unsafe { local.bytes_mut(t.local, t.len) };
-    if conn.read_payload_fenced(dst, || local.try_pin()).await? {
+    if conn
+        .read_payload_fenced(dst, || local.try_pin(), |_| {})
+        .await?
+    {
         Ok(Ok(()))
     } else {
         Ok(Err(unregistered(t)))

@@ -188,7 +188,9 @@ async fn write(
     // under a pin (the fenced read below takes one per read), so nothing
     // lands once an unregister is under way.
     let dst = unsafe { region.bytes_mut(req.addr, req.len) };
-    let landed = conn.read_payload_fenced(dst, || region.try_pin()).await?;
+    let landed = conn
+        .read_payload_fenced(dst, || region.try_pin(), |_| {})
+        .await?;
     if landed {
         conn.send_response(h, &[], &[]).await
     } else {

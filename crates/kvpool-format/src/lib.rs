@@ -13,7 +13,8 @@ pub mod scan;
 pub mod superblock;
 
 pub use header::{
-    header_len, value_checksum, ObjectHeader, FIXED_LEN, OBJECT_FORMAT, OBJECT_MAGIC,
+    copy_sealed, header_len, seal, sealed_header, value_checksum, value_start, ObjectHeader,
+    ValueHasher, FIXED_LEN, OBJECT_FORMAT, OBJECT_MAGIC,
 };
 pub use scan::{Found, ScanStats, REGION_ALIGN};
 pub use superblock::{

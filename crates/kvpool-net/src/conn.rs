@@ -541,11 +541,13 @@ impl FramedConn {
     /// [`Self::read_payload`] into memory that may stop being ours midway:
     /// each read into `dst` runs inside the guard `enter` gives, and once it
     /// gives none, nothing more lands in `dst`: the rest of the payload is
-    /// read and thrown away, and the answer is `Ok(false)`.
+    /// read and thrown away, and the answer is `Ok(false)`. `seen` is given
+    /// each piece of `dst` as it lands, while it is still in cache.
     pub async fn read_payload_fenced<G>(
         &mut self,
         dst: &mut [u8],
         enter: impl Fn() -> Option<G>,
+        mut seen: impl FnMut(&[u8]),
     ) -> KvResult<bool> {
         let mut at = 0;
         let mut window = (0, tokio::time::Instant::now());
@@ -573,7 +575,10 @@ impl FramedConn {
                 Ok(Ok(Some(0))) => {
                     return Err(KvError::new(Code::RpcFail, "connection closed mid-payload"))
                 }
-                Ok(Ok(Some(n))) => at += n,
+                Ok(Ok(Some(n))) => {
+                    seen(&dst[at..at + n]);
+                    at += n;
+                }
                 Ok(Ok(None)) => {
                     self.discard_payload((dst.len() - at) as u64).await?;
                     return Ok(false);

@@ -30,8 +30,12 @@ use crate::code::{Code, KvError, KvResult};
 /// Newest version spoken by this build; bumped with every wire change
 /// (6: a [`crate::msg::RequestTrailer`] after each request; 7: stores check
 /// key-bound grants, [`crate::msg::Capability::KEY`]; 8: tenant keys,
-/// [`crate::msg::AuthTenant`]).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// [`crate::msg::AuthTenant`]; 9: [`STORES_SEAL`]).
+pub const PROTOCOL_VERSION: u32 = 9;
+/// From this version a store seals the header of every object written to
+/// it with the checksum of the value bytes it received, so a writer need
+/// not compute one; an older store keeps the writer's.
+pub const STORES_SEAL: u32 = 9;
 /// Oldest peer version this build still talks to: the previous release's
 /// (N-1), so builds can be upgraded one process at a time.
 pub const MIN_PROTOCOL_VERSION: u32 = 5;

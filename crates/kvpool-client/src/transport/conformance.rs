@@ -115,11 +115,16 @@ fn object(i: usize, len: usize) -> (String, Vec<u8>) {
 
 /// Header then value of `key` at generation 1.
 fn encoded(key: &str, value: &[u8]) -> Vec<u8> {
+    encoded_with(key, value, value_checksum(&[value]))
+}
+
+/// [`encoded`] with the header naming `checksum` as the value's.
+fn encoded_with(key: &str, value: &[u8], checksum: u64) -> Vec<u8> {
     let mut o = ObjectHeader {
         key: key.into(),
         value_len: value.len() as u64,
         generation: 1,
-        checksum: value_checksum(&[value]),
+        checksum,
     }
     .encode();
     o.extend_from_slice(value);
@@ -194,15 +199,20 @@ fn verify(_: usize, dst: &[&mut [u8]]) -> KvResult<usize> {
 }
 
 /// Writes objects of `lens` (one per slot), then reads each back into two
-/// buffers (header and value split at a third), for every transport.
-async fn round_trip(lens: &[usize]) {
+/// buffers (header and value split at a third), for every transport. The
+/// writer's header names `sent(value)` as the value's checksum; what is
+/// stored names the true one.
+async fn round_trip(lens: &[usize], sent: fn(&[u8]) -> u64) {
     let f = fixture().await;
     for (t, transport) in transports(&f).iter().enumerate() {
         let objects: Vec<_> = (0..lens.len())
             .map(|i| object(i + 1000 * t, lens[i]))
             .collect();
         let bytes: Vec<Vec<u8>> = objects.iter().map(|(k, v)| encoded(k, v)).collect();
-        let ops = (bytes.iter().enumerate())
+        let sending: Vec<Vec<u8>> = (objects.iter())
+            .map(|(k, v)| encoded_with(k, v, sent(v)))
+            .collect();
+        let ops = (sending.iter().enumerate())
             .map(|(i, b)| write(&f, i, i as u64, f.fence, b))
             .collect();
         let written = run(transport.write(ops, spread())).await;
@@ -229,7 +239,15 @@ async fn round_trip(lens: &[usize]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_batches_round_trip() {
-    round_trip(&[0, 1, 100, 4096, 5000]).await;
+    round_trip(&[0, 1, 100, 4096, 5000], |v| value_checksum(&[v])).await;
+}
+
+/// What a put sends (no checksum: it is sealed where the bytes land), and
+/// a writer's wrong checksum, both store the checksum of the bytes stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stored_checksum_is_of_the_bytes_stored() {
+    round_trip(&[1, 100, 70_000, 130_000], |_| 0).await;
+    round_trip(&[5, 5000], |v| !value_checksum(&[v])).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,7 +255,7 @@ async fn big_batches_spread_and_round_trip() {
     // 40 objects of up to 100 KiB: well past the size that spreads a
     // batch over lanes.
     let lens: Vec<usize> = (0..40).map(|i| 60_000 + i * 1000).collect();
-    round_trip(&lens).await;
+    round_trip(&lens, |v| value_checksum(&[v])).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

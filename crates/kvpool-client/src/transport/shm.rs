@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use kvpool_format::copy_sealed;
 use kvpool_proto::msg::{Grant, SegmentId, SegmentInfo};
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::fence::{SharedFence, ShmWriter};
@@ -77,12 +78,10 @@ impl ShmMap {
         // SAFETY: in bounds (checked); the master gave this region to this
         // put alone, and the copy runs only under its grant's fence.
         let dst = unsafe { self.region.slice_mut(offset, len) };
+        // Sealed with the checksum of the bytes as copied, as a store does
+        // with what it receives: a source changed meanwhile still reads back.
         let copy = || {
-            let mut at = 0;
-            for p in parts {
-                dst[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
-            }
+            copy_sealed(dst, parts);
         };
         (writer.write(&fence, grant.fence, (offset, len), copy))
             .map_err(|r| KvError::new(Code::TransferFail, r.0))

@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpool_format::sealed_header;
 use kvpool_net::auth::Security;
 use kvpool_net::{ConnPool, FramedConn};
+use kvpool_proto::compat::STORES_SEAL;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::SegmentId;
 use kvpool_proto::{Code, KvError, KvResult};
@@ -206,7 +208,25 @@ fn write_job<'a>(
     Box::pin(async move {
         let (idx, ops): (Vec<usize>, Vec<WriteOp>) = chunk.into_iter().unzip();
         let r = with_conn(&pool, timeout, |mut c| async move {
-            let r = write_regions(&mut c, &ops).await;
+            // A store before protocol 9 keeps the checksum a writer sends.
+            let heads: Vec<Option<Vec<u8>>> = match c.version() < STORES_SEAL {
+                true => ops.iter().map(|op| sealed_header(&op.parts)).collect(),
+                false => Vec::new(),
+            };
+            let sealed: Vec<WriteOp> = (ops.iter().zip(&heads))
+                .map(|(op, head)| WriteOp {
+                    req: op.req,
+                    parts: match head {
+                        Some(h) => [&h[..], &op.parts[0][h.len()..]]
+                            .into_iter()
+                            .chain(op.parts[1..].iter().copied())
+                            .collect(),
+                        None => op.parts.clone(),
+                    },
+                })
+                .collect();
+            let ops = if heads.is_empty() { &ops } else { &sealed };
+            let r = write_regions(&mut c, ops).await;
             (r.is_ok().then_some(c), r)
         })
         .await

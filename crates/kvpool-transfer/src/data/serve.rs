@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvpool_format::FIXED_LEN;
+use kvpool_format::{seal, value_start, ValueHasher, FIXED_LEN};
 use kvpool_net::auth::{Role, Security};
 use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::FramedConn;
@@ -519,11 +519,25 @@ async fn write_object(
     if landed.is_none() {
         conn.discard_payload(len - head_len as u64).await?;
     }
-    let rest = &mut dst[head_len..];
+    // The header is sealed with the checksum of the value bytes as they
+    // landed here, not the writer's: a source changed mid-write (or a
+    // writer's wrong sum) still leaves an object that reads back. The key
+    // bytes not read above come first in the rest.
+    let mut sum = ValueHasher::new();
+    let mut key_left = value_start(&head).map_or(0, |v| v.saturating_sub(head_len));
+    let mut hash = |b: &[u8]| {
+        let k = key_left.min(b.len());
+        key_left -= k;
+        sum.update(&b[k..]);
+    };
     if landed.is_none()
         || !conn
-            .read_payload_fenced(rest, || s.fence.enter(g.fence))
+            .read_payload_fenced(&mut dst[head_len..], || s.fence.enter(g.fence), &mut hash)
             .await?
+        || s.fence
+            .enter(g.fence)
+            .map(|_inside| seal(dst, sum.digest()))
+            .is_none()
     {
         return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g)));
     }
