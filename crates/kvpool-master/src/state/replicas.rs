@@ -414,11 +414,25 @@ impl MasterState {
                 "a move goes from one segment to another ({source:?} -> {targets:?})"
             )));
         }
-        if !self.shard(key).lock().objects.contains(key) {
-            return Err(KvError::new(
-                Code::ObjectNotFound,
-                format!("{key:?} not found"),
-            ));
+        let holders: Vec<SegNo> = {
+            let shard = self.shard(key).lock();
+            let Some(i) = shard.objects.find(key) else {
+                return Err(KvError::new(
+                    Code::ObjectNotFound,
+                    format!("{key:?} not found"),
+                ));
+            };
+            shard.objects.replicas(i).map(|(s, _)| s).collect()
+        };
+        // A move from a segment that holds no replica could only fail
+        // later, as a task: refuse it now, as Mooncake does.
+        if kind == task_kind::MOVE {
+            let from = self
+                .segment_named(source)
+                .and_then(|id| self.numbers.read().get(id));
+            if from.is_some_and(|no| !holders.contains(&no)) {
+                return Err(bad(format!("{source:?} holds no replica of {key:?}")));
+            }
         }
         let names = targets
             .iter()
