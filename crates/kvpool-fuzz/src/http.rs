@@ -15,7 +15,7 @@ use axum::http::{Method, Request, StatusCode, Uri};
 use axum::Router;
 use kvpool_master::http::{admin_router, metadata_router, HttpLimits};
 use kvpool_master::{Master, StateConfig};
-use kvpool_proto::MAX_KEY_LEN;
+use kvpool_proto::MAX_METADATA_KEY_LEN;
 use tower::ServiceExt;
 
 thread_local! {
@@ -136,7 +136,7 @@ fn check_metadata(
             let after = bytes - held.map_or(0, |v| key.len() + v.len()) + key.len() + body.len();
             let expected = if body.len() > limits.metadata_max_value {
                 StatusCode::PAYLOAD_TOO_LARGE
-            } else if key.len() > MAX_KEY_LEN {
+            } else if key.len() > MAX_METADATA_KEY_LEN {
                 StatusCode::URI_TOO_LONG
             } else if (held.is_none() && model.len() >= limits.metadata_max_keys)
                 || after as u64 > limits.metadata_max_bytes

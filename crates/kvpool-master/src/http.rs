@@ -21,7 +21,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use kvpool_net::http::{HttpConnLimits, HttpRefusal};
 use kvpool_net::tls::TlsAcceptor;
-use kvpool_proto::MAX_KEY_LEN;
+use kvpool_proto::MAX_METADATA_KEY_LEN;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -185,9 +185,9 @@ async fn meta_put(
         }
         Err(e) => return e.into_response(),
     };
-    if q.key.len() > MAX_KEY_LEN {
+    if q.key.len() > MAX_METADATA_KEY_LEN {
         let why = format!(
-            "metadata key of {} bytes (at most {MAX_KEY_LEN})",
+            "metadata key of {} bytes (at most {MAX_METADATA_KEY_LEN})",
             q.key.len()
         );
         return s.refuse(Refusal::KeyLength, StatusCode::URI_TOO_LONG, why);

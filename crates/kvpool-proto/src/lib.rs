@@ -20,6 +20,6 @@ pub mod units;
 
 pub use code::{Code, KvError, KvResult};
 pub use frame::{FrameHeader, FrameKind, Opcode, HEADER_LEN, PROTOCOL_VERSION};
-pub use limits::{validate_key, MAX_BATCH_KEYS, MAX_KEY_LEN};
+pub use limits::{validate_key, MAX_BATCH_KEYS, MAX_KEY_LEN, MAX_METADATA_KEY_LEN};
 pub use policy::{Plane, Role};
 pub use requests::{Request, Rpc};

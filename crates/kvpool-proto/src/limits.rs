@@ -7,7 +7,8 @@
 //! |---|---|---|
 //! | message after the handshake | [`MAX_MESSAGE`] (16 MiB) | `BUFFER_OVERFLOW`, connection closed |
 //! | keys per batch request, inventory part or invalidation | [`MAX_BATCH_KEYS`] (16,384) | `INVALID_PARAMS`, whole request |
-//! | key length | [`MAX_KEY_LEN`] (4,096 B) | `INVALID_KEY`, per key |
+//! | key length | [`MAX_KEY_LEN`] (65,535 B) | `INVALID_KEY`, per key |
+//! | metadata-service key length | [`MAX_METADATA_KEY_LEN`] (4,096 B) | HTTP 414 |
 //! | hostnames, segment names, endpoints | [`MAX_NAME_LEN`] (255 B) | `INVALID_PARAMS` |
 //! | segment file path | [`MAX_PATH_LEN`] (4,096 B) | `INVALID_PARAMS` |
 //! | `preferred_segments` of one put | [`MAX_PREFERRED_SEGMENTS`] names | `INVALID_PARAMS` |
@@ -17,8 +18,14 @@ use std::ops::Range;
 
 use crate::code::{Code, KvError, KvResult};
 
-/// Longest key accepted anywhere (bytes of UTF-8). Longer keys get [`Code::InvalidKey`].
-pub const MAX_KEY_LEN: usize = 4096;
+/// Longest key accepted anywhere (bytes of UTF-8): what the object
+/// header's 16-bit key length holds. Engines' keys carry model names,
+/// ranks and hashes, and Mooncake takes keys of 16 KiB and more. Longer
+/// keys get [`Code::InvalidKey`].
+pub const MAX_KEY_LEN: usize = u16::MAX as usize;
+
+/// Longest key of the HTTP metadata service (it travels in the URL).
+pub const MAX_METADATA_KEY_LEN: usize = 4096;
 
 /// Most keys (or items, or regions) one batch request may carry: `PutStart`,
 /// `PutEnd`, `PutRevoke`, `GetReplicaList`, `Exist`, `Remove`, `Touch`, an
