@@ -5,10 +5,12 @@ module ``mooncake.store`` and every public method of its
 
 The names come from the real Mooncake when it is importable (the
 ``mooncake-transfer-engine-non-cuda`` wheel; it needs ``libibverbs1``), else
-from the list recorded below from Mooncake 0.3.13. Prints one line per
-family and every missing or differing name; exits 1 if anything is missing.
+from the lists recorded below from Mooncake 0.3.13 and 0.3.14 (each is
+checked; kvpool offers their union: 0.3.14 dropped names 0.3.13 users call).
+Prints the counts per version and every missing or differing name; exits 1
+if anything is missing.
 
-Usage: python scripts/mooncake-surface.py [--recorded] [--quiet]
+Usage: python scripts/mooncake-surface.py [--recorded] [--version V] [--quiet]
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import inspect
 import re
 import sys
 from typing import Dict, List, Optional, Tuple
+
+#: The Mooncake versions whose names are recorded here.
+VERSIONS = ("0.3.13", "0.3.14")
 
 # Public names of mooncake.store 0.3.13 (dir() without leading underscores).
 MODULE_NAMES = """
@@ -132,6 +137,33 @@ METHODS: Dict[str, List[str]] = {
     "upsert_tensor_with_parallelism_from": ["key", "buffer_ptr", "size", "parallelism", "config", "writer_partition"],
 }
 
+# Mooncake 0.3.14 (recorded from the pybind11 signatures of the
+# mooncake-transfer-engine-cuda13 0.3.14 wheel, whose ``mooncake.store`` is a
+# package with ``__all__``): 0.3.13's names without these, plus those below.
+REMOVED_IN_0314 = ("EngramStoreConfig", "ParallelAxis", "ReadTarget", "TensorParallelism")
+MODULE_NAMES_0314 = sorted(
+    [n for n in MODULE_NAMES if n not in REMOVED_IN_0314] + ["ExistOptions", "RangedReadSnapshot"]
+)
+# 0.3.14's methods: 0.3.13's without the twelve *_with_parallelism ones, with
+# these added or changed (every other method's parameters are the same).
+METHODS_0314: Dict[str, List[str]] = {
+    **{m: p for m, p in METHODS.items() if "_with_parallelism" not in m},
+    "batch_is_exist": ["keys", "options"],
+    "batch_probe_key": ["keys", "policy", "candidate_size"],
+    "begin_weight_snapshot": ["snapshot", "adapter"],
+    "get_into_ranges_from_snapshot": [
+        "snapshot", "buffer_ptrs", "all_keys", "all_dst_offsets", "all_src_offsets", "all_sizes",
+    ],
+    "is_exist": ["key", "options"],
+    "prepare_get_into_ranges_snapshot": ["keys"],
+    "probe_key": ["key"],
+}
+
+RECORDED: Dict[str, Tuple[List[str], Dict[str, List[str]]]] = {
+    "0.3.13": (MODULE_NAMES, METHODS),
+    "0.3.14": (MODULE_NAMES_0314, METHODS_0314),
+}
+
 
 def _params_from_doc(doc: Optional[str]) -> Optional[List[str]]:
     """Parameter names of a pybind11 signature line ``name(self: X, a: T = d, *args, b: T) -> R``."""
@@ -160,25 +192,36 @@ def _params_from_doc(doc: Optional[str]) -> Optional[List[str]]:
     return out
 
 
-def reference(recorded: bool) -> Tuple[List[str], Dict[str, List[str]], str]:
-    """Mooncake's module names and methods (with parameters), and where they came from."""
-    if not recorded:
-        try:
-            import mooncake.store as ms  # type: ignore[import-not-found]
-        except Exception as e:  # noqa: BLE001 - any import failure means "use the record"
-            print(f"(mooncake.store not importable: {e}; using the names recorded from 0.3.13)")
-        else:
-            cls = ms.MooncakeDistributedStore
-            methods = {}
-            for n in dir(cls):
-                if n.startswith("_"):
-                    continue
-                params = _params_from_doc(getattr(cls, n).__doc__)
-                if n == "setup" or params is None:
-                    params = METHODS.get(n, ["*"])
-                methods[n] = params
-            return [n for n in dir(ms) if not n.startswith("_")], methods, "mooncake.store (installed)"
-    return list(MODULE_NAMES), dict(METHODS), "recorded from Mooncake 0.3.13"
+def installed() -> Optional[Tuple[str, List[str], Dict[str, List[str]]]]:
+    """The importable Mooncake's label, module names and methods (with
+    parameters), or None (printing why) when it does not import."""
+    try:
+        import mooncake.store as ms  # type: ignore[import-not-found]
+    except Exception as e:  # noqa: BLE001 - any import failure means "use the record"
+        print(f"(mooncake.store not importable: {e}; using the names recorded from {', '.join(VERSIONS)})")
+        return None
+    cls = ms.MooncakeDistributedStore
+    version = "installed"
+    try:
+        from importlib import metadata
+
+        dists = metadata.packages_distributions().get("mooncake") or []
+        if dists:
+            version = f"installed {metadata.version(dists[0])}"
+    except Exception:  # noqa: BLE001 - the version is only a label
+        pass
+    methods = {}
+    for n in dir(cls):
+        if n.startswith("_"):
+            continue
+        params = _params_from_doc(getattr(cls, n).__doc__)
+        if n == "setup" or params is None:
+            params = METHODS_0314.get(n) or METHODS.get(n, ["*"])
+        methods[n] = params
+    # 0.3.14's mooncake.store is a package whose dir() also lists its own
+    # imports (os, importlib, ...); its __all__ is the public names.
+    names = list(getattr(ms, "__all__", None) or [n for n in dir(ms) if not n.startswith("_")])
+    return version, names, methods
 
 
 def check_params(fn: object, want: List[str]) -> Optional[str]:
@@ -209,14 +252,10 @@ def check_params(fn: object, want: List[str]) -> Optional[str]:
     return None
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recorded", action="store_true", help="use the recorded names even if mooncake is installed")
-    ap.add_argument("--quiet", action="store_true", help="print only the summary lines")
-    a = ap.parse_args()
+def check(label: str, names: List[str], methods: Dict[str, List[str]], quiet: bool) -> bool:
+    """Prints how much of one version's surface kvpool.mooncake offers; whether all of it."""
     import kvpool.mooncake as km
 
-    names, methods, source = reference(a.recorded)
     cls = km.MooncakeDistributedStore
     missing_names = [n for n in names if not hasattr(km, n)]
     missing_methods = [m for m in methods if not callable(getattr(cls, m, None))]
@@ -227,18 +266,38 @@ def main() -> int:
         why = check_params(getattr(cls, m), want)
         if why:
             differing[m] = why
-    print(f"reference: {source}")
-    print(f"module names: {len(names) - len(missing_names)}/{len(names)}")
-    print(f"MooncakeDistributedStore methods: {len(methods) - len(missing_methods)}/{len(methods)}")
-    print(f"methods callable with Mooncake's parameter names: {len(methods) - len(missing_methods) - len(differing)}/{len(methods)}")
-    if not a.quiet:
+    ok_params = len(methods) - len(missing_methods) - len(differing)
+    print(f"[{label}] module names: {len(names) - len(missing_names)}/{len(names)}")
+    print(f"[{label}] MooncakeDistributedStore methods: {len(methods) - len(missing_methods)}/{len(methods)}")
+    print(f"[{label}] methods callable with Mooncake's parameter names: {ok_params}/{len(methods)}")
+    if not quiet:
         for n in missing_names:
             print(f"  missing module name: {n}")
         for m in missing_methods:
             print(f"  missing method: {m}")
         for m, why in sorted(differing.items()):
             print(f"  parameters of {m}: {why}")
-    return 1 if missing_names or missing_methods or differing else 0
+    return not (missing_names or missing_methods or differing)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recorded", action="store_true", help="use the recorded names even if mooncake is installed")
+    ap.add_argument("--version", choices=VERSIONS, action="append",
+                    help="check only this recorded version (repeatable; default: all of them)")
+    ap.add_argument("--quiet", action="store_true", help="print only the summary lines")
+    a = ap.parse_args()
+    real = None if a.recorded else installed()
+    if real is not None:
+        label, names, methods = real
+        print(f"reference: mooncake.store ({label})")
+        return 0 if check(label, names, methods, a.quiet) else 1
+    ok = True
+    for v in a.version or VERSIONS:
+        names, methods = RECORDED[v]
+        print(f"reference: recorded from Mooncake {v}")
+        ok = check(v, names, methods, a.quiet) and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

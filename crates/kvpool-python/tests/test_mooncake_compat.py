@@ -11,6 +11,7 @@ behaviour instead."""
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import Any, Callable, Dict, List
 
@@ -223,6 +224,53 @@ def unmapped_source_pointer(S: System) -> Any:
     return out
 
 
+@scenario
+def long_keys(S: System) -> Any:
+    """Engines' keys carry model names, ranks and hashes: keys of many KiB
+    are stored, read, found, sized and removed like short ones."""
+    s = S.store()
+    a = np.arange(64, dtype=np.uint8)
+    out = []
+    for n in (4097, 16 << 10, 40_000):
+        k = S.key("long-") + "k" * n
+        out.append((n, s.put(k, b"value"), s.get(k), s.is_exist(k), s.get_size(k), s.put_from(k + "2", ptr(a), 64),
+                    s.batch_is_exist([k, k + "2"]), s.get_into(k + "2", ptr(buf(64)), 64), s.remove(k + "2", True)))
+    return out
+
+
+@scenario
+def source_changed_while_put(S: System) -> Any:
+    """The caller writes into its source buffer while the put of it is in
+    flight: the put is acknowledged and reads back whole (some mix of the
+    bytes before and after), never a present object that fails every read."""
+    s = S.store()
+    n = 12 << 20  # a get's bytes must fit Mooncake's 16 MiB local buffer
+    a = buf(n, 1)
+    stop = threading.Event()
+
+    def scribble() -> None:
+        v = 2
+        while not stop.is_set():
+            a[::4096] = v
+            v = 5 - v
+
+    t = threading.Thread(target=scribble)
+    t.start()
+    try:
+        k = S.key("scribbled")
+        rcs = [s.put_from(k + str(i), ptr(a), n) for i in range(3)]
+        many = s.batch_put_from([k + "b0", k + "b1"], [ptr(a), ptr(a)], [n // 2, n // 2])
+    finally:
+        stop.set()
+        t.join()
+    out = []
+    for name in [k + str(i) for i in range(3)] + [k + "b0", k + "b1"]:
+        v = s.get(name)
+        pages = set(np.frombuffer(v, dtype=np.uint8)[::4096].tolist())
+        out.append((s.is_exist(name), len(v), pages <= {1, 2, 3}, set(np.frombuffer(v, dtype=np.uint8)[1::4096].tolist())))
+    return rcs, many, out
+
+
 # ---------------------------------------------------------------- ranged reads
 
 
@@ -415,6 +463,63 @@ def tensor_parallelism_requests(S: System) -> Any:
     return out
 
 
+@scenario
+def writer_partitions_put_back_together(S: System) -> Any:
+    """Several writers each store their partition of one tensor
+    (`writer_partition`), or their TP shard (`parallelism`), or it is stored
+    whole; readers ask for it whole or for one shard of several layouts,
+    also while some shards are missing."""
+    s = S.store()
+    m = S.module
+
+    def ax(rank: int, size: int, split_dim: int = 0, kind: str = "tp") -> Any:
+        a = m.ParallelAxis()
+        a.kind, a.rank, a.size, a.split_dim = kind, rank, size, split_dim
+        return a
+
+    def par(*axes: Any) -> Any:
+        p = m.TensorParallelism()
+        p.axes = list(axes)
+        return p
+
+    def target(mode: str, p: Any = None) -> Any:
+        r = m.ReadTarget()
+        r.mode = mode
+        if p is not None:
+            r.parallelism = p
+        return r
+
+    def reads(k: str, split: int = 0) -> Any:
+        asks = [target("full"), target("full", par(ax(0, 2, split))), target("full", par(ax(0, 1, split))),
+                target("shard", par(ax(1, 2, split))), target("shard", par(ax(3, 4, split))),
+                target("shard", par(ax(0, 1, split))), target("as_stored"), None]
+        return [None if t is None else t.tolist() for t in (s.get_tensor_with_parallelism(k, a) for a in asks)]
+
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    out = []
+    for split in (0, 1):
+        k = S.key(f"wp{split}")
+        out.append((f"writers along {split}", [s.put_tensor_with_parallelism(k, t, writer_partition=ax(r, 2, split)) for r in (0, 1)],
+                    reads(k, split)))
+        k = S.key(f"tp{split}")
+        out.append((f"TP shards along {split}", [s.put_tensor_with_parallelism(k, t, par(ax(r, 2, split))) for r in (0, 1)],
+                    reads(k, split)))
+    k = S.key("half")
+    out.append(("one of two writers", s.put_tensor_with_parallelism(k, t, writer_partition=ax(1, 2)), reads(k)))
+    k = S.key("tphalf")
+    out.append(("one of two TP shards", s.put_tensor_with_parallelism(k, t, par(ax(1, 2))), reads(k)))
+    k = S.key("whole")
+    out.append(("stored whole", s.put_tensor(k, t), reads(k)))
+
+    class Partition:
+        rank, size, split_dim = 0, 2, 0
+
+    out.append(("partition kinds", [s.put_tensor_with_parallelism(S.key(f"k{i}"), t, writer_partition=w) for i, w in enumerate(
+        [Partition(), {"rank": 0, "size": 2, "split_dim": 0}, ax(0, 2, 0, "pp"), ax(3, 2), ax(0, 5, 1)])],
+        s.put_tensor_with_parallelism(S.key("both"), t, par(ax(0, 2)), writer_partition=ax(0, 2))))
+    return out
+
+
 # ---------------------------------------------------------------- sessions
 
 
@@ -510,6 +615,10 @@ def replicas_and_tasks(S: System) -> Any:
     tid, rc = s.create_move_task(k2, S.storage, other)
     q = wait_task(s, tid)
     out.append(("move", rc, str(q.status), descs(s.get_replica_desc(k2)), s.get(k2) == b"y" * 64))
+    k3 = S.key("nowhere")
+    s.put(k3, b"z" * 64, cfg(S, preferred_segment=S.storage))
+    tid, rc = s.create_move_task(k3, other, S.storage)
+    out.append(("move from a segment without a replica", tid, rc, descs(s.get_replica_desc(k3))))
     return out
 
 
@@ -638,15 +747,15 @@ def save_tensor_failures(S: System, tmp: str = "/dev/shm") -> Any:
 
 @scenario
 def buffer_handles_as_memory(S: System) -> Any:
-    """What a BufferHandle's memoryview shows, but its item format (Mooncake
-    ``'b'``, kvpool ``'B'``: see docs/python.md, Differences from Mooncake)."""
+    """What a BufferHandle's memoryview shows: signed bytes, shape, the
+    bytes themselves, and what numpy and torch make of it."""
     s = S.store()
     k = S.key("b")
     s.put(k, b"\x01\xff\x80abc")
     out = []
     for h in (s.get_buffer(k), s.batch_get_buffer([k])[0]):
         mv = memoryview(h)
-        out.append((mv.itemsize, mv.shape, mv.strides, mv.ndim, mv.nbytes, mv.readonly, mv.c_contiguous, bytes(mv),
+        out.append((mv.format, mv.tolist(), np.asarray(h).dtype.str, mv.itemsize, mv.shape, mv.strides, mv.ndim, mv.nbytes, mv.readonly, mv.c_contiguous, bytes(mv),
                     np.frombuffer(h, dtype=np.uint8).tolist(), torch.frombuffer(h, dtype=torch.uint8).tolist(),
                     len(h), h.size(), h.ptr() != 0, mv.cast("B").tolist()))
     return out

@@ -52,12 +52,20 @@ def short_lease():
 
 
 def test_every_public_name_of_mooncake_is_here():
+    """Mooncake 0.3.13's names and 0.3.14's (which dropped the
+    *_with_parallelism calls and their types, and added probes, snapshot
+    ranged reads and ExistOptions): kvpool offers both."""
     script = REPO / "scripts" / "mooncake-surface.py"
     r = subprocess.run([sys.executable, str(script), "--recorded"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "module names: 49/49" in r.stdout
-    assert "MooncakeDistributedStore methods: 97/97" in r.stdout
-    assert "parameter names: 97/97" in r.stdout
+    for version, names, methods in (("0.3.13", 49, 97), ("0.3.14", 47, 90)):
+        assert f"[{version}] module names: {names}/{names}" in r.stdout, r.stdout
+        assert f"[{version}] MooncakeDistributedStore methods: {methods}/{methods}" in r.stdout, r.stdout
+        assert f"[{version}] methods callable with Mooncake's parameter names: {methods}/{methods}" in r.stdout
+    for version in ("0.3.13", "0.3.14"):
+        r = subprocess.run([sys.executable, str(script), "--recorded", "--version", version],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.count("reference:") == 1, r.stdout + r.stderr
     # Against the installed Mooncake too, when it imports here.
     env = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
@@ -201,10 +209,8 @@ def test_copies_and_moves_really_move_the_bytes(short_lease, prefix):
     assert replica_names(s, k) == [storage]
     out[:] = 0
     assert s.get_into(k, out.ctypes.data, out.nbytes) == v.nbytes and (out == v).all()
-    # A move from a segment holding no replica fails, and says why.
-    tid, rc = s.create_move_task(k, other, storage)
-    q = wait_task(s, tid)
-    assert rc == 0 and q.status == km.FAILED and "no replica" in q.message
+    # A move from a segment holding no replica is refused at once, as in Mooncake.
+    assert s.create_move_task(k, other, storage) == ((0, 0), INVALID_PARAMS)
     time.sleep(1.2)
     assert s.batch_replica_clear([k, prefix + "nope"], "") == [k]
     assert s.is_exist(k) == 0
@@ -311,6 +317,41 @@ def test_numpy_values_are_stored_whole_where_mooncake_is_wrong(store, prefix):
     assert store.get(prefix + "nc") == np.ascontiguousarray(nc).tobytes()
 
 
+def test_a_source_changed_mid_put_reads_back_over_shared_memory(master, prefix):
+    """test_mooncake_compat's `source_changed_while_put` runs over TCP (the
+    store seals what it receives); here the copy into mapped segment
+    memory, which the client seals itself."""
+    import threading
+
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "shm", "", master) == 0
+    n = 24 << 20
+    a = np.full(n, 1, dtype=np.uint8)
+    stop = threading.Event()
+
+    def scribble() -> None:
+        v = 2
+        while not stop.is_set():
+            a[::4096] = v
+            v = 5 - v
+
+    t = threading.Thread(target=scribble)
+    t.start()
+    try:
+        rcs = [s.put_from(f"{prefix}{i}", a.ctypes.data, n) for i in range(4)]
+    finally:
+        stop.set()
+        t.join()
+    try:
+        assert rcs == [0] * 4
+        for i in range(4):
+            v = s.get(f"{prefix}{i}")
+            assert len(v) == n and set(np.frombuffer(v, dtype=np.uint8)[::4096].tolist()) <= {1, 2, 3}
+    finally:
+        s.remove_all(True)
+        s.close()
+
+
 def test_tensor_dtypes_shapes_and_scalars_round_trip(store, prefix):
     torch = pytest.importorskip("torch")
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
@@ -349,13 +390,19 @@ def test_tensor_parallel_round_trips(store, prefix):
         n = 4 if split == 0 else 3
         shard = km.ReadTarget("shard", km.TensorParallelism([km.ParallelAxis("tp", n - 1, n, split)]))
         assert torch.equal(store.get_tensor_with_parallelism(k, shard), t.chunk(n, dim=split)[n - 1])
-    # A writer that owns the whole tensor stores its own partition.
+    # Writers that each own the whole tensor store their own partitions;
+    # the whole is there once every partition is.
     k = prefix + "wp"
-    assert store.put_tensor_with_parallelism(k, t, writer_partition={"rank": 1, "size": 2, "split_dim": 0}) == 0
-    assert torch.equal(store.get_tensor_with_tp(k, 1, 2), t[4:])
-    assert store.put_tensor_with_parallelism(k, t, writer_partition={"rank": 1}) == INVALID_PARAMS
+    whole = km.ReadTarget("full")
+    assert store.put_tensor_with_parallelism(k, t, writer_partition=km.ParallelAxis("tp", 1, 2, 0)) == 0
+    shard = km.ReadTarget("shard", km.TensorParallelism([km.ParallelAxis("tp", 1, 2, 0)]))
+    assert torch.equal(store.get_tensor_with_parallelism(k, shard), t[4:])
+    assert store.get_tensor_with_parallelism(k, whole) is None
+    assert store.put_tensor_with_parallelism(k, t, writer_partition=km.ParallelAxis("tp", 0, 2, 0)) == 0
+    assert torch.equal(store.get_tensor_with_parallelism(k, whole), t)
+    assert store.put_tensor_with_parallelism(k, t, writer_partition={"rank": 1, "size": 2, "split_dim": 0}) == INVALID_PARAMS
     assert store.put_tensor_with_parallelism(
-        k, t, km.TensorParallelism([km.ParallelAxis("tp", 0, 2)]), writer_partition={"rank": 1, "size": 2, "split_dim": 0}
+        k, t, km.TensorParallelism([km.ParallelAxis("tp", 0, 2)]), writer_partition=km.ParallelAxis("tp", 1, 2, 0)
     ) == INVALID_PARAMS
 
 

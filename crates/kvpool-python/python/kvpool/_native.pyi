@@ -62,6 +62,8 @@ class Buffer:
         """Address of the first byte (valid while this object lives)."""
     def size(self) -> int:
         """Number of bytes."""
+    def _signed(self) -> "Buffer":
+        """This buffer, exported from now on as signed bytes (item format ``'b'``, Mooncake's)."""
     def __len__(self) -> int: ...
     if sys.version_info >= (3, 12):
         def __buffer__(self, flags: int, /) -> memoryview: ...

@@ -201,6 +201,34 @@ def split(t: Any, size: int, split_dim: int) -> List[Tuple[Any, Tuple[int, int, 
     return [(contiguous(s), (r, size, split_dim, r * per)) for r, s in enumerate(t.split(per, dim=split_dim))]
 
 
+#: Magic of the manifest Mooncake writes beside a tensor's writer partitions.
+MANIFEST_MAGIC = 0x574D414E
+#: Bytes of that manifest: a 32-byte header, then the whole tensor's shape.
+MANIFEST = 96
+
+
+def writer_manifest(t: Any, size: int, split_dim: int) -> bytes:
+    """Mooncake's record of a tensor stored as ``size`` writer partitions
+    split along ``split_dim``: dtype, the whole shape, the split."""
+    shape = tuple(t.shape)
+    head = struct.pack("<IHHiiiiii", MANIFEST_MAGIC, 1, MANIFEST, dtype_code(t), len(shape), split_dim, size, 0, 0)
+    return head + struct.pack("<8q", *_dims(shape))
+
+
+def parse_writer_manifest(buf: Any) -> Tuple[int, Tuple[int, ...], int, int]:
+    """(dtype, whole shape, split dim, partitions) of a writer manifest."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) != MANIFEST:
+        raise BadTensor("not a writer manifest")
+    magic, version, hlen, dtype, ndim, split_dim, size, _, _ = struct.unpack_from("<IHHiiiiii", mv, 0)
+    if magic != MANIFEST_MAGIC or version != 1 or hlen != MANIFEST or not 0 <= split_dim < ndim <= MAX_DIMS or size <= 0:
+        raise BadTensor("not a writer manifest")
+    shape = struct.unpack_from("<8q", mv, 32)[:ndim]
+    if any(d < 0 for d in shape):
+        raise BadTensor("negative dimension in writer manifest")
+    return dtype, tuple(shape), split_dim, size
+
+
 def shard_shape(full: Tuple[int, ...], size: int, split_dim: int) -> Tuple[int, ...]:
     """The shape of one shard of ``full`` split ``size`` ways along ``split_dim``."""
     s = list(full)

@@ -87,13 +87,45 @@ def _flag(name: str, value: Any) -> bool:
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
+def _strs(name: str, value: Any, nested: bool = False) -> Optional[List[Any]]:
+    """``value`` as a list of str (of lists of str when ``nested``), as
+    Mooncake's ``list[str]`` fields take it: None stays None, any iterable
+    but a bare str is listed, bytes are decoded (as pybind11 does), and
+    anything else raises TypeError."""
+    if value is None:
+        return None
+    what = f"{name} must be a list of {'lists of str' if nested else 'str'} or None"
+
+    def items(v: Any) -> List[Any]:
+        if isinstance(v, (str, bytes)):
+            raise TypeError(f"{what}, got {type(v).__name__}")
+        try:
+            return list(v)
+        except TypeError:
+            raise TypeError(f"{what}, got {type(v).__name__}") from None
+
+    def text(x: Any) -> str:
+        if isinstance(x, bytes):
+            x = x.decode()
+        if not isinstance(x, str):
+            raise TypeError(f"{what}, got an item of type {type(x).__name__}")
+        return x
+
+    if nested:
+        return [[text(x) for x in items(row)] for row in items(value)]
+    return [text(x) for x in items(value)]
+
+
 class ReplicateConfig:
     """Replication and pinning for a put. Fields as in Mooncake:
     ``replica_num`` copies on distinct segments; ``with_soft_pin`` /
     ``soft_pin_action`` (evict last, for ``soft_pin_ttl_ms`` or the master's
     default); ``with_hard_pin`` (never evict); ``preferred_segments`` /
     ``preferred_segment`` (segment names to place on first);
-    ``prefer_alloc_in_same_node`` (prefer the segment this process lends)."""
+    ``prefer_alloc_in_same_node`` (prefer the segment this process lends).
+    ``group_ids`` and Mooncake 0.3.14's ``session_ids``,
+    ``residency_affinity_ids``, ``preferred_hca_names`` and
+    ``per_key_preferred_hca_names`` are hints kvpool checks and does not use."""
 
     __slots__ = (
         "_replica_num",
@@ -109,6 +141,10 @@ class ReplicateConfig:
         "_dfs_replica_num",
         "_preferred_nof_segments",
         "_group_ids",
+        "_session_ids",
+        "_residency_affinity_ids",
+        "_preferred_hca_names",
+        "_per_key_preferred_hca_names",
     )
 
     def __init__(
@@ -126,6 +162,10 @@ class ReplicateConfig:
         dfs_replica_num: int = 0,
         preferred_nof_segments: Optional[Iterable[str]] = None,
         group_ids: Optional[Iterable[str]] = None,
+        session_ids: Optional[Iterable[str]] = None,
+        residency_affinity_ids: Optional[Iterable[str]] = None,
+        preferred_hca_names: Optional[Iterable[str]] = None,
+        per_key_preferred_hca_names: Optional[Iterable[Iterable[str]]] = None,
     ) -> None:
         self.replica_num = replica_num
         self.with_soft_pin = with_soft_pin
@@ -140,6 +180,10 @@ class ReplicateConfig:
         self.dfs_replica_num = dfs_replica_num
         self.preferred_nof_segments = list(preferred_nof_segments or [])
         self.group_ids = group_ids
+        self.session_ids = session_ids
+        self.residency_affinity_ids = residency_affinity_ids
+        self.preferred_hca_names = preferred_hca_names
+        self.per_key_preferred_hca_names = per_key_preferred_hca_names
 
     @property
     def replica_num(self) -> int:
@@ -269,6 +313,46 @@ class ReplicateConfig:
             raise TypeError("group_ids must be a list of str or None")
         self._group_ids = None if v is None else list(v)
 
+    # Mooncake 0.3.14's placement hints: kvpool accepts them (a write checks
+    # the per-key ones name one entry per key, as Mooncake does) and does
+    # not use them; it has no sessions, residency groups or RDMA HCAs.
+
+    @property
+    def session_ids(self) -> Optional[List[str]]:
+        """One session id per key of a write (Mooncake 0.3.14): a hint kvpool accepts and does not use."""
+        return self._session_ids
+
+    @session_ids.setter
+    def session_ids(self, v: Optional[Iterable[str]]) -> None:
+        self._session_ids = _strs("session_ids", v)
+
+    @property
+    def residency_affinity_ids(self) -> Optional[List[str]]:
+        """One residency affinity id per key of a write (Mooncake 0.3.14): a hint kvpool accepts and does not use."""
+        return self._residency_affinity_ids
+
+    @residency_affinity_ids.setter
+    def residency_affinity_ids(self, v: Optional[Iterable[str]]) -> None:
+        self._residency_affinity_ids = _strs("residency_affinity_ids", v)
+
+    @property
+    def preferred_hca_names(self) -> Optional[List[str]]:
+        """RDMA NICs to move a write's bytes through (Mooncake 0.3.14); kvpool has no RDMA and does not use it."""
+        return self._preferred_hca_names
+
+    @preferred_hca_names.setter
+    def preferred_hca_names(self, v: Optional[Iterable[str]]) -> None:
+        self._preferred_hca_names = _strs("preferred_hca_names", v)
+
+    @property
+    def per_key_preferred_hca_names(self) -> Optional[List[List[str]]]:
+        """``preferred_hca_names`` per key of a write (Mooncake 0.3.14); accepted and not used."""
+        return self._per_key_preferred_hca_names
+
+    @per_key_preferred_hca_names.setter
+    def per_key_preferred_hca_names(self, v: Optional[Iterable[Iterable[str]]]) -> None:
+        self._per_key_preferred_hca_names = _strs("per_key_preferred_hca_names", v, nested=True)
+
     def _fields(self) -> Tuple[Any, ...]:
         return (
             self.replica_num,
@@ -284,6 +368,10 @@ class ReplicateConfig:
             self.dfs_replica_num,
             tuple(self.preferred_nof_segments),
             None if self.group_ids is None else tuple(self.group_ids),
+            None if self.session_ids is None else tuple(self.session_ids),
+            None if self.residency_affinity_ids is None else tuple(self.residency_affinity_ids),
+            None if self.preferred_hca_names is None else tuple(self.preferred_hca_names),
+            None if self.per_key_preferred_hca_names is None else tuple(map(tuple, self.per_key_preferred_hca_names)),
         )
 
     def __eq__(self, other: object) -> bool:

@@ -1,8 +1,8 @@
 """The public types of ``mooncake.store`` besides the store class: enums and
-their module-level members, replica and task descriptors, tensor-parallel
-request types, host memory, buffer pools, the Engram embedding store, and
-the names kvpool cannot give a meaning (which raise
-:class:`kvpool.errors.NotSupported`).
+their module-level members, replica and task descriptors, the options of
+existence queries (Mooncake 0.3.14), tensor-parallel request types, host
+memory, buffer pools, the Engram embedding store, and the names kvpool
+cannot give a meaning (which raise :class:`kvpool.errors.NotSupported`).
 
 Enum members compare equal to Mooncake's integers and print as Mooncake's do
 (``TaskStatus.SUCCESS``)."""
@@ -14,7 +14,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
-from .config import ObjectDataType, SoftPinAction, _Enum
+from .config import ObjectDataType, SoftPinAction, _Enum, _flag
 from .errors import InvalidArgument, NotSupported
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "MemoryDescriptor",
     "ReplicaDescriptor",
     "QueryTaskResponse",
+    "ExistOptions",
     "ParallelAxis",
     "TensorParallelism",
     "ReadTarget",
@@ -199,6 +200,33 @@ class QueryTaskResponse:
             f"created_at={self.created_at_ms_epoch}, last_updated_at={self.last_updated_at_ms_epoch}, "
             f"assigned_client={self.assigned_client[0]}-{self.assigned_client[1]}, message={self.message!r})"
         )
+
+
+# ---------------------------------------------------------------- existence options
+
+
+class ExistOptions:
+    """Options of ``is_exist``/``batch_is_exist`` (Mooncake 0.3.14):
+    ``prefetch_to_memory`` asks Mooncake to promote SSD-only objects to
+    memory. kvpool accepts it and does nothing with it: it has no client
+    SSD tier, and a store's disk tier promotes what is read by itself."""
+
+    __slots__ = ("_prefetch_to_memory",)
+
+    def __init__(self, prefetch_to_memory: bool = False) -> None:
+        self.prefetch_to_memory = prefetch_to_memory
+
+    @property
+    def prefetch_to_memory(self) -> bool:
+        """Promote SSD-only objects to memory (default False; no effect in kvpool)."""
+        return self._prefetch_to_memory
+
+    @prefetch_to_memory.setter
+    def prefetch_to_memory(self, v: bool) -> None:
+        self._prefetch_to_memory = _flag("prefetch_to_memory", v)
+
+    def __str__(self) -> str:
+        return f"ExistOptions: {{ prefetch_to_memory: {int(self.prefetch_to_memory)} }}"
 
 
 # ---------------------------------------------------------------- tensor-parallel requests

@@ -4,6 +4,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
@@ -254,6 +255,9 @@ fn hold_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, size: Option<u64>) -> PyR
 #[pyclass(module = "kvpool._native", name = "Buffer", frozen)]
 pub struct Buffer {
     data: UnsafeCell<Box<[u8]>>,
+    /// Exported as signed bytes (item format `'b'`, Mooncake's
+    /// `BufferHandle`) rather than unsigned (`'B'`, a `bytearray`'s).
+    signed: AtomicBool,
 }
 
 // SAFETY: the bytes are only reached through raw pointers handed to Python
@@ -266,6 +270,7 @@ impl Buffer {
     pub fn new(v: Vec<u8>) -> Buffer {
         Buffer {
             data: UnsafeCell::new(v.into_boxed_slice()),
+            signed: AtomicBool::new(false),
         }
     }
 
@@ -293,6 +298,13 @@ impl Buffer {
         self.raw().1
     }
 
+    /// This buffer, from now on exported as signed bytes (item format
+    /// `'b'`), as Mooncake's `BufferHandle` is; the bytes are the same.
+    fn _signed(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf.get().signed.store(true, Ordering::Relaxed);
+        slf
+    }
+
     fn __repr__(&self) -> String {
         format!("<kvpool.Buffer of {} bytes>", self.raw().1)
     }
@@ -313,6 +325,10 @@ impl Buffer {
         };
         if rc != 0 {
             return Err(PyErr::fetch(slf.py()));
+        }
+        if slf.get().signed.load(Ordering::Relaxed) && flags & ffi::PyBUF_FORMAT != 0 {
+            // SAFETY: `view` was just filled; the format is a static string.
+            unsafe { (*view).format = c"b".as_ptr().cast_mut() };
         }
         Ok(())
     }

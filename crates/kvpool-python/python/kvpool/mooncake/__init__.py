@@ -1,7 +1,8 @@
 """Drop-in for ``mooncake.store``: :class:`MooncakeDistributedStore` with every
-method of Mooncake 0.3.13's class, and every public name of the module
-(enums, descriptors, tensor-parallel requests, host memory, buffer pools,
-the Engram store; see :mod:`kvpool.mooncake_types`).
+method of Mooncake 0.3.13's class and of 0.3.14's (lease-free probes,
+snapshot ranged reads, weight snapshots), and every public name of either
+module (enums, descriptors, existence options, tensor-parallel requests,
+host memory, buffer pools, the Engram store; see :mod:`kvpool.mooncake_types`).
 
 Same method names, argument order and return conventions as Mooncake:
 integers (0 = OK, negative = Mooncake's error code), ``b""`` from a failed
@@ -21,8 +22,10 @@ from __future__ import annotations
 #   _setup            setup/init_all/setup_dummy, the client port, close, health
 #   _helpers          config checks, codes from native calls, dedupe; assembly
 #   _objects          copying puts and gets, queries, removal
+#   _probes           lease-free existence probes (0.3.14)
 #   _buffers          registered-buffer bookkeeping, the setup_dummy memory pool
 #   _zero_copy        puts and gets by address, ranged reads
+#   _snapshots        ranged reads from a snapshot, weight snapshots (0.3.14)
 #   _sessions         put and get sessions
 #   _replicas         replica descriptors, copy and move tasks
 #   _segments         mounting and unmounting segments
@@ -52,6 +55,7 @@ from ..mooncake_types import (
     DiskDescriptor,
     EngramStore,
     EngramStoreConfig,
+    ExistOptions,
     MemoryDescriptor,
     MooncakeDistributedNoFRegister,
     MooncakeHostMemAllocator,
@@ -80,10 +84,12 @@ from . import (
     _buffers,
     _helpers,
     _objects,
+    _probes,
     _replicas,
     _segments,
     _sessions,
     _setup,
+    _snapshots,
     _tensor_parallel,
     _tensors,
     _zero_copy,
@@ -103,6 +109,7 @@ from ._codes import (
 from ._helpers import _Preferring
 from ._objects import BufferHandle, _nbytes
 from ._sessions import _PutSession
+from ._snapshots import RangedReadSnapshot
 from ._setup import CLIENT_PORTS, _SETUP_EXTRA, _SETUP_NAMES, _free_ports, _has_port, _port_range
 
 # Module-level enum members, as ``mooncake.store`` exports them.
@@ -119,13 +126,14 @@ REPLICA_COPY, REPLICA_MOVE = TaskType.REPLICA_COPY, TaskType.REPLICA_MOVE
 
 __all__ = [
     "ACTIVATION", "BufferHandle", "BufferLease", "BufferLeaseView", "BufferPool", "COMPLETE", "Descriptor",
-    "DiskDescriptor", "EngramStore", "EngramStoreConfig", "FAILED", "GENERAL", "GRADIENT", "INITIALIZED",
-    "KVCACHE", "METADATA", "MemoryDescriptor", "MooncakeDistributedNoFRegister", "MooncakeDistributedStore",
-    "MooncakeHostMemAllocator", "OPTIMIZER_STATE", "ObjectDataType", "PENDING", "PROCESSING", "ParallelAxis",
-    "QueryTaskResponse", "REMOVED", "REPLICA_COPY", "REPLICA_MOVE", "ReadTarget", "RegisteredBufferLease",
-    "RegisteredBufferLeaseView", "RegisteredBufferPool", "ReplicaDescriptor", "ReplicaStatus", "ReplicateConfig",
-    "SAMPLE", "SUCCESS", "SoftPinAction", "TENSOR", "TaskStatus", "TaskType", "TensorParallelism", "UNDEFINED",
-    "UNKNOWN", "WEIGHT", "bind_to_numa_node", "get_alloc_func_addr", "get_free_func_addr",
+    "DiskDescriptor", "EngramStore", "EngramStoreConfig", "ExistOptions", "FAILED", "GENERAL", "GRADIENT",
+    "INITIALIZED", "KVCACHE", "METADATA", "MemoryDescriptor", "MooncakeDistributedNoFRegister",
+    "MooncakeDistributedStore", "MooncakeHostMemAllocator", "OPTIMIZER_STATE", "ObjectDataType", "PENDING",
+    "PROCESSING", "ParallelAxis", "QueryTaskResponse", "REMOVED", "REPLICA_COPY", "REPLICA_MOVE",
+    "RangedReadSnapshot", "ReadTarget", "RegisteredBufferLease", "RegisteredBufferLeaseView",
+    "RegisteredBufferPool", "ReplicaDescriptor", "ReplicaStatus", "ReplicateConfig", "SAMPLE", "SUCCESS",
+    "SoftPinAction", "TENSOR", "TaskStatus", "TaskType", "TensorParallelism", "UNDEFINED", "UNKNOWN", "WEIGHT",
+    "bind_to_numa_node", "get_alloc_func_addr", "get_free_func_addr",
 ]
 
 
@@ -133,8 +141,10 @@ class MooncakeDistributedStore(
     _setup._SetupMixin,
     _helpers._HelpersMixin,
     _objects._ObjectsMixin,
+    _probes._ProbesMixin,
     _buffers._BuffersMixin,
     _zero_copy._ZeroCopyMixin,
+    _snapshots._SnapshotsMixin,
     _sessions._SessionsMixin,
     _replicas._ReplicasMixin,
     _segments._SegmentsMixin,

@@ -1,8 +1,9 @@
 """What the calls of :class:`~kvpool.mooncake.MooncakeDistributedStore`
 share: the check of a write's ReplicateConfig (soft pin, same-node
-placement, group ids, preferred segments), Mooncake's codes from native
-calls and errors, which client a copying call uses, and the dedupe of batches
-that name a key twice; and how the class is assembled from its mixins."""
+placement, group ids and the other per-key hints, preferred segments),
+Mooncake's codes from native calls and errors, which client a copying call
+uses, and the dedupe of batches that name a key twice; and how the class is
+assembled from its mixins."""
 
 from __future__ import annotations
 
@@ -37,15 +38,20 @@ class _HelpersMixin:
         c = self._client
         return c is not None and (c.lent_bytes > 0 or bool(c.lent_segments()))
 
-    def _config(self, config: Any, keys: int = 1) -> Tuple[Optional[int], Any]:
-        """Checks the ReplicateConfig of a write of ``keys`` keys as Mooncake
-        does: a soft-pin TTL needs ``soft_pin_action=ENABLE`` (or kvpool's
-        ``with_soft_pin``) and at most a day; ``prefer_alloc_in_same_node``
-        needs lent memory; ``group_ids``, a placement hint not used here,
-        names one group per key; NVMe-oF and DFS replicas do not exist here.
-        Returns (code or None, the config to use)."""
+    def _config(self, config: Any, keys: Optional[int] = None) -> Tuple[Optional[int], Any]:
+        """Checks the ReplicateConfig of a write as Mooncake does: of one
+        key (``keys`` None: ``put``, ``put_from``, ...) or a batch of
+        ``keys`` keys. A soft-pin TTL needs ``soft_pin_action=ENABLE`` (or
+        kvpool's ``with_soft_pin``) and at most a day;
+        ``prefer_alloc_in_same_node`` needs lent memory; ``group_ids``,
+        ``session_ids`` and ``residency_affinity_ids`` (placement hints not
+        used here) name one entry per key, and so does
+        ``per_key_preferred_hca_names`` in a batch (a one-key write does not
+        check it, as Mooncake 0.3.14 does not); NVMe-oF and DFS replicas do
+        not exist here. Returns (code or None, the config to use)."""
         if config is None:
             return None, (_Preferring(None, self._prefer) if self._prefer else None)
+        n = 1 if keys is None else keys
         ttl = getattr(config, "soft_pin_ttl_ms", None)
         if ttl is not None:
             action = int(getattr(config, "soft_pin_action", SoftPinAction.PRESERVE) or 0)
@@ -57,7 +63,13 @@ class _HelpersMixin:
         if getattr(config, "prefer_alloc_in_same_node", False) and not self._lends():
             return INVALID_PARAMS, None
         groups = getattr(config, "group_ids", None)
-        if groups and len(groups) != keys:
+        if groups and len(groups) != n:
+            return INVALID_PARAMS, None
+        # Mooncake 0.3.14's per-key hints: set (even to []) means one per key.
+        per_key = ["session_ids", "residency_affinity_ids"]
+        if keys is not None:
+            per_key.append("per_key_preferred_hca_names")
+        if any(getattr(config, f, None) is not None and len(getattr(config, f)) != n for f in per_key):
             return INVALID_PARAMS, None
         if int(getattr(config, "nof_replica_num", 0) or 0) > 0 or int(getattr(config, "dfs_replica_num", 0) or 0) > 0:
             return NOT_SUPPORTED, None

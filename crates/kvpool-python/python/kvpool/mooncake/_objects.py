@@ -10,10 +10,18 @@ from typing import Any, List, Optional, Sequence
 from .. import _native
 from ..config import ReplicateConfig
 from ..errors import KvpoolError
+from ..mooncake_types import ExistOptions
 from ._codes import INVALID_PARAMS, OBJECT_NOT_FOUND, OK
 
 BufferHandle = _native.Buffer
 """What ``get_buffer`` returns: buffer protocol, ``ptr()``, ``size()``."""
+
+
+def _exist_options(options: Any) -> None:
+    """Checks ``options`` of an existence call: None or an ExistOptions
+    (kvpool's or Mooncake's), else TypeError as Mooncake's binding raises."""
+    if options is not None and not hasattr(options, "prefetch_to_memory"):
+        raise TypeError(f"options must be an ExistOptions, got {type(options).__name__}")
 
 
 def _nbytes(value: Any) -> int:
@@ -133,7 +141,7 @@ class _ObjectsMixin:
         if c is None or not key:
             return None
         try:
-            return c.get_buffer(key)
+            return c.get_buffer(key)._signed()
         except KvpoolError:
             return None
 
@@ -145,26 +153,35 @@ class _ObjectsMixin:
         if not keys:
             return []
         try:
-            return [None if isinstance(v, int) else v for v in c.batch_get_buffer(list(keys))]
+            return [None if isinstance(v, int) else v._signed() for v in c.batch_get_buffer(list(keys))]
         except KvpoolError:
             return [None] * len(keys)
 
     # ------------------------------------------------------------ queries and removal
 
-    def is_exist(self, key: str) -> int:
+    def is_exist(self, key: str, options: Optional[ExistOptions] = None) -> int:
         """1 if ``key`` exists, 0 if not, negative on error. Takes a read
-        lease, as Mooncake does: a ``remove`` right after is refused (−706)."""
+        lease, as Mooncake does: a ``remove`` right after is refused (−706).
+        ``options`` (Mooncake 0.3.14's :class:`ExistOptions`) is accepted and
+        has no effect: kvpool has no client SSD tier to prefetch from."""
+        _exist_options(options)
         if not key:
             return 0 if self._client is not None else INVALID_PARAMS
         return self._int(lambda c: 1 if c.exists(key, True) else 0)
 
-    def batch_is_exist(self, keys: List[str]) -> List[int]:
-        """Per key: 1, 0, or a negative code (leases as for :meth:`is_exist`)."""
+    def batch_is_exist(self, keys: List[str], options: Optional[ExistOptions] = None) -> List[int]:
+        """Per key: 1, 0, or a negative code (leases and ``options`` as for :meth:`is_exist`)."""
+        _exist_options(options)
+        return self._exists(keys, True)
+
+    def _exists(self, keys: Sequence[str], lease: bool) -> List[int]:
+        """Per key 1, 0 or a negative code, an empty key being 0 (a miss, as
+        Mooncake answers); ``lease`` takes read leases on the keys found."""
         if self._client is not None and any(not k for k in keys):
             ask = [k for k in keys if k]
-            got = dict(zip(ask, self._ints(len(ask), lambda c: c.batch_exists(ask, True)))) if ask else {}
+            got = dict(zip(ask, self._ints(len(ask), lambda c: c.batch_exists(ask, lease)))) if ask else {}
             return [got.get(k, 0) if k else 0 for k in keys]
-        return self._ints(len(keys), lambda c: c.batch_exists(list(keys), True))
+        return self._ints(len(keys), lambda c: c.batch_exists(list(keys), lease))
 
     def get_size(self, key: str) -> int:
         """Value size in bytes, or a negative code (−704 if missing); takes a read lease."""

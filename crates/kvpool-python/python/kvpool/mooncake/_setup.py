@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import _native
 from ..client import _connect
 from ..errors import KvpoolError
-from ._codes import _CODES, INVALID_PARAMS, NO_AVAILABLE_HANDLE, OK, logger
+from ..config import _flag
+from ._codes import _CODES, INVALID_PARAMS, NO_AVAILABLE_HANDLE, NOT_SUPPORTED, OK, logger
 
 #: Ports Mooncake picks its own from when ``local_hostname`` has none.
 CLIENT_PORTS = (12300, 14300)
@@ -34,6 +35,7 @@ _SETUP_EXTRA = (
     "tenant_id",
     "enable_client_http_server",
     "client_http_port",
+    "enable_embedded_master",
 )
 
 
@@ -90,9 +92,16 @@ class _SetupMixin:
         ...)`` or ``setup(config: dict)`` (sizes may be ``"16MB"``/``"4gb"``).
         Missing values come from ``KVPOOL_*``, then ``MOONCAKE_*``/``MC_*`` env
         vars, then the file in ``KVPOOL_CONFIG_PATH``/``MOONCAKE_CONFIG_PATH``.
-        Returns 0 or a negative code."""
+        Mooncake 0.3.14's ``enable_embedded_master=True`` is −1012: kvpool
+        starts no master inside a client (one that dies with whichever
+        process set it up first is not one a pool should depend on); run
+        ``kvpool master``. Returns 0 or a negative code."""
         if len(args) == 1 and not kwargs and isinstance(args[0], dict):
             explicit = dict(args[0])
+            embedded = explicit.get("enable_embedded_master")
+            if isinstance(embedded, str):
+                # As config files write yes/no values.
+                explicit["enable_embedded_master"] = embedded.strip().lower() in ("1", "true", "yes", "on")
         else:
             if "rdma_devices" in kwargs:
                 kwargs.setdefault("device_name", kwargs.pop("rdma_devices"))
@@ -112,6 +121,13 @@ class _SetupMixin:
         if explicit.get("engine") is not None:
             logger.info("kvpool ignores the transfer engine passed to setup(); it uses its own transport")
         explicit.pop("engine", None)
+        if _flag("enable_embedded_master", explicit.pop("enable_embedded_master", False)):
+            logger.error(
+                "kvpool setup: enable_embedded_master is not supported: kvpool starts no master inside the "
+                "client. Start one with `kvpool master` (it comes with the kvpool wheel) and pass its address "
+                "as master_server_addr"
+            )
+            return NOT_SUPPORTED
         return self._setup(explicit)
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:

@@ -23,6 +23,15 @@ class _TensorParallelMixin:
     def _tp_key(key: str, rank: int) -> str:
         return f"{key}_tp_{rank}"
 
+    @staticmethod
+    def _writer_key(key: str, rank: int, size: int, split: int) -> str:
+        """Where Mooncake keeps writer partition ``rank`` of ``size`` along ``split``."""
+        return f"{key}__writer_{rank}of{size}_sd{split}"
+
+    @staticmethod
+    def _manifest_key(key: str) -> str:
+        return f"{key}__writer_manifest"
+
     def _tp_shards(self, tp_size: int, split_dim: int) -> Callable[[Any], List[Tuple[str, bytes, Any]]]:
         def shard(kt: Any) -> List[Tuple[str, bytes, Any]]:
             key, t = kt
@@ -119,9 +128,10 @@ class _TensorParallelMixin:
 
     @staticmethod
     def _partition(p: Any) -> Tuple[int, int, int]:
-        """(rank, size, split_dim) of a writer partition (dict or object)."""
-        get = (lambda n: p.get(n)) if isinstance(p, dict) else (lambda n: getattr(p, n, None))
-        rank, size, split = get("rank"), get("size"), get("split_dim")
+        """(rank, size, split_dim) of a writer partition: any object with
+        those attributes (a ``ParallelAxis`` does); a dict is not one, as
+        in Mooncake."""
+        rank, size, split = (getattr(p, n, None) for n in ("rank", "size", "split_dim"))
         if rank is None or size is None or split is None:
             raise _tensor.BadTensor("writer_partition must provide rank, size, and split_dim")
         return int(rank), int(size), int(split)
@@ -146,12 +156,16 @@ class _TensorParallelMixin:
                 full[split] *= size
                 ax = (rank, size, split, rank * t.shape[split])
                 return [(self._tp_key(key, rank), _tensor.header(t, tuple(full), ax), t)]
-            # The tensor is whole: this writer stores its partition's shard.
+            # The tensor is whole: this writer stores its partition, and
+            # the manifest readers put the whole back together from, where
+            # Mooncake keeps them.
             rank, size, split = self._partition(writer_partition)
             if not 0 <= rank < size:
                 raise _tensor.BadTensor(f"rank {rank} of {size}")
             s, ax = _tensor.split(t, size, split)[rank]
-            return [(self._tp_key(key, rank), _tensor.header(s, tuple(t.shape), ax), s)]
+            manifest = _tensor.writer_manifest(t, size, split)
+            return [(self._writer_key(key, rank, size, split), _tensor.header(s, tuple(t.shape), ax), s),
+                    (self._manifest_key(key), manifest, t.new_empty(0))]
 
         return shard
 
@@ -240,8 +254,13 @@ class _TensorParallelMixin:
         return out
 
     def _read_parallel(self, key: str, target: Any) -> Any:
-        """The tensor a :class:`ReadTarget` asks for, or None."""
-        torch = _tensor.torch_module()
+        """The tensor a :class:`ReadTarget` asks for, or None, as Mooncake
+        answers: ``full`` without a layout puts writer partitions back
+        together (or reads a tensor stored whole); ``full`` with one puts
+        ``{key}_tp_{r}`` shards together; ``shard`` reads the stored shard
+        of exactly that layout (a writer partition or a TP shard, whichever
+        others are missing), else cuts it from the whole TP shards make,
+        else (one rank) the tensor stored whole."""
         mode = str(getattr(target, "mode", "as_stored") if target is not None else "as_stored").lower()
         par = getattr(target, "parallelism", None) if target is not None else None
         if mode == "as_stored":
@@ -249,18 +268,22 @@ class _TensorParallelMixin:
         if mode not in ("full", "shard"):
             return None
         if mode == "full" and par is None:
-            return self._get_tensor(key)
+            whole = self._gather_writers(key)
+            return whole if whole is not None else self._get_tensor(key)
         try:
             rank, size, split = self._tp_axis(par)
         except _tensor.BadTensor:
             return None
+        if mode == "full":
+            return self._gather(key)
+        direct = self._get_tensor(self._writer_key(key, rank, size, split))
+        if direct is None:
+            direct = self._stored_shard(key, rank, size, split)
+        if direct is not None:
+            return direct
         whole = self._gather(key)
         if whole is None:
-            if mode == "shard":
-                return None
-            return self._get_tensor(key)
-        if mode == "full":
-            return whole
+            return self._get_tensor(key) if size == 1 else None
         if not 0 <= split < whole.dim() or whole.shape[split] % size:
             return None
         return whole.split(whole.shape[split] // size, dim=split)[rank].contiguous()
@@ -291,6 +314,41 @@ class _TensorParallelMixin:
             shards.append(_tensor.from_buffer(b, m))
         whole = torch.cat(shards, dim=split) if shards[0].dim() else shards[0]
         return whole if tuple(whole.shape) == tuple(meta.full) else None
+
+    def _stored_shard(self, key: str, rank: int, size: int, split: int) -> Any:
+        """The TP shard ``{key}_tp_{rank}`` if it was stored for exactly
+        this layout (its peers need not be there), else None."""
+        c = self._client
+        if c is None:
+            return None
+        try:
+            b = c.get_buffer(self._tp_key(key, rank))
+            m = _tensor.parse(b, len(b))
+        except (KvpoolError, _tensor.BadTensor):
+            return None
+        if m.axis is None or m.axis[:3] != (rank, size, split):
+            return None
+        return _tensor.from_buffer(b, m)
+
+    def _gather_writers(self, key: str) -> Any:
+        """The whole tensor put together from its writer partitions (as its
+        manifest records them), or None while any is missing."""
+        torch = _tensor.torch_module()
+        c = self._client
+        if c is None:
+            return None
+        try:
+            dtype, full, split, size = _tensor.parse_writer_manifest(c.get(self._manifest_key(key)))
+        except (KvpoolError, _tensor.BadTensor):
+            return None
+        parts = []
+        for r in range(size):
+            p = self._get_tensor(self._writer_key(key, r, size, split))
+            if p is None or _tensor.dtype_code(p) != dtype:
+                return None
+            parts.append(p)
+        whole = torch.cat(parts, dim=split)
+        return whole if tuple(whole.shape) == full else None
 
     def get_tensor_with_parallelism(self, key: str, target: Any = None) -> Any:
         """The tensor ``target`` asks for: ``as_stored`` (default) the object
