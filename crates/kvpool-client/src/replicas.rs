@@ -65,15 +65,38 @@ impl Client {
         let scoped = self.tenant_keys(keys);
         let refs: Vec<&str> = scoped.iter().map(String::as_str).collect();
         let keys = if scoped.is_empty() { keys } else { &refs[..] };
-        self.locate_keys(keys)
-            .await
-            .into_iter()
-            .map(|f| match f {
-                Ok(f) => Ok(Some(f.location.value_len)),
-                Err(e) if e.code == Code::ObjectNotFound => Ok(None),
-                Err(e) => Err(e),
-            })
-            .collect()
+        let found = |r: KvResult<u64>| match r {
+            Ok(len) => Ok(Some(len)),
+            Err(e) if e.code == Code::ObjectNotFound => Ok(None),
+            Err(e) => Err(e),
+        };
+        let mut out: Vec<KvResult<Option<u64>>> = keys
+            .iter()
+            .map(|k| validate_key(k).map(|()| None))
+            .collect();
+        let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_ok()).collect();
+        if ask.is_empty() {
+            return out;
+        }
+        let asked: Vec<String> = ask.iter().map(|&i| keys[i].to_string()).collect();
+        let leased = |keys| msg::ExistLeased { keys };
+        let got = self.call_split(asked, String::as_str, leased).await;
+        if got
+            .iter()
+            .any(|r| matches!(r, Err(e) if e.code == Code::NotSupported))
+        {
+            // A master before protocol 9: locating takes the same leases,
+            // at the cost of describing every replica.
+            let located = self.locate_keys(keys).await;
+            return located
+                .into_iter()
+                .map(|f| found(f.map(|f| f.location.value_len)))
+                .collect();
+        }
+        for (&i, r) in ask.iter().zip(got) {
+            out[i] = found(r);
+        }
+        out
     }
 
     /// Names of mounted segments by id, from one `Status` call.

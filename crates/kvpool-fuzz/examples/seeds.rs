@@ -294,6 +294,7 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             ],
         ),
         Opcode::Exist => both(Exist { keys: keys() }, vec![Ok(4096), Err(code)]),
+        Opcode::ExistLeased => both(ExistLeased { keys: keys() }, vec![Ok(4096), Err(code)]),
         Opcode::Remove => both(
             Remove {
                 keys: keys(),

@@ -79,6 +79,7 @@ pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<
         Request::PutRevoke(m) => reply(cx, m),
         Request::GetReplicaList(m) => reply(cx, m),
         Request::Exist(m) => reply(cx, m),
+        Request::ExistLeased(m) => reply(cx, m),
         Request::Touch(m) => reply(cx, m),
         Request::Remove(m) => reply(cx, m),
         Request::RemoveByRegex(m) => reply(cx, m),
@@ -120,6 +121,7 @@ fn named_keys(req: &Request) -> Option<(bool, Box<dyn Iterator<Item = &str> + '_
     Some(match req {
         Request::GetReplicaList(m) => (true, all(&m.keys)),
         Request::Exist(m) => (true, all(&m.keys)),
+        Request::ExistLeased(m) => (true, all(&m.keys)),
         Request::Touch(m) => (true, Box::new(m.items.iter().map(|i| i.key.as_str()))),
         Request::PutStart(m) => (false, Box::new(m.items.iter().map(|i| i.key.as_str()))),
         Request::PutEnd(m) => (false, Box::new(m.items.iter().map(|i| i.key.as_str()))),
@@ -453,6 +455,15 @@ impl Handle for msg::Exist {
         cx.count_bad_keys("Exist", self.keys.iter().map(String::as_str));
         let v = cx.master.state.exist(&self.keys);
         // A missing key is an answer, not a failure.
+        cx.master.metrics.record(Self::OPCODE, v.len(), 0);
+        Ok(v.into_iter().map(to_wire).collect())
+    }
+}
+
+impl Handle for msg::ExistLeased {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<u64>>> {
+        cx.count_bad_keys("ExistLeased", self.keys.iter().map(String::as_str));
+        let v = cx.master.state.exist_leased(&self.keys, cx.now);
         cx.master.metrics.record(Self::OPCODE, v.len(), 0);
         Ok(v.into_iter().map(to_wire).collect())
     }

@@ -335,6 +335,7 @@ fn serving(op: Opcode) -> (Serves, Work) {
         O::PutEnd | O::PutRevoke => (Serves::Writes, Work::Short),
         O::GetReplicaList
         | O::Exist
+        | O::ExistLeased
         | O::Touch
         | O::Remove
         | O::DrainSegment

@@ -587,6 +587,22 @@ fn touches_extend_leases_of_the_version_read() {
     assert_eq!(touch(g, 0, p.at(1600)), vec![false], "gone");
 }
 
+/// A leased existence check (Mooncake's `is_exist`) holds the object as a
+/// read does, and answers the size; a plain one holds nothing.
+#[test]
+fn a_leased_existence_check_leases_as_a_read_does() {
+    let (p, c) = Pool::with_segment(config(), MIB);
+    p.commit(c, "k", OBJ, p.at(0));
+    assert_eq!(p.exist("k").unwrap(), OBJ - HEADER);
+    assert!(p.st.key_info("k", p.at(0)).unwrap().lease_remaining_ms == 0);
+    let keys = [String::from("k"), String::from("missing")];
+    let got = p.st.exist_leased(&keys, p.at(300));
+    assert_eq!(got[0].as_ref().ok(), Some(&(OBJ - HEADER)));
+    assert_eq!(code(got[1].clone()), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.remove("k", false, p.at(1200))), OBJECT_HAS_LEASE);
+    p.remove("k", false, p.at(1301)).unwrap();
+}
+
 #[test]
 fn remove_waits_for_read_leases_unless_forced() {
     let (p, c) = Pool::with_segment(config(), MIB);

@@ -250,6 +250,10 @@ requests! {
     /// Transfer engine: read bytes at an absolute address in the peer's
     /// registered memory into the response payload.
     EngineRead = 61 since 6 => Data, Client, EngineReadReq -> ();
+    /// Control: existence and size, taking read leases on what is found
+    /// (as `GetReplicaList`, without the replicas).
+    ExistLeased = 39 since 9 => Control, Client, ExistLeased -> Vec<WireResult<u64>>,
+        batch () => keys;
 }
 
 impl Opcode {

@@ -619,6 +619,26 @@ impl MasterState {
             .collect()
     }
 
+    /// [`Self::exist`] taking a read lease on each object found, and
+    /// counting as a use of it, as [`Self::get_replica_list`] does.
+    pub fn exist_leased(&self, keys: &[String], now: Instant) -> Vec<KvResult<u64>> {
+        let (until, at) = (self.tick(now + self.cfg.lease_ttl), self.tick(now));
+        keys.iter()
+            .map(|k| {
+                validate_key(k)?;
+                let mut shard = self.shard(k).lock();
+                let objects = &mut shard.objects;
+                let i = objects.find(k).ok_or_else(|| {
+                    KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
+                })?;
+                let v = objects.at_mut(i);
+                v.lease_until = v.lease_until.max(until);
+                v.last_access = at;
+                Ok(v.value_len)
+            })
+            .collect()
+    }
+
     pub(super) fn remove_in(
         &self,
         shard: &mut Shard,

@@ -172,6 +172,14 @@ pub struct Exist {
     pub keys: Vec<String>,
 }
 
+/// Existence and value size, taking a read lease on each object found as
+/// a read does (Mooncake's `is_exist`), without locating its replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExistLeased {
+    /// Keys to check.
+    pub keys: Vec<String>,
+}
+
 /// Objects a client read through its location cache, without asking the
 /// master: each read counts as a `GetReplicaList` would (recency, and the
 /// read lease runs from the read), reported late and in batches.
