@@ -623,6 +623,21 @@ def replicas_and_tasks(S: System) -> Any:
 
 
 @scenario
+def same_node_multi_buffer_puts(S: System) -> Any:
+    """`prefer_alloc_in_same_node` on `batch_put_from_multi_buffers`, from a
+    client that lends nothing: taken (one replica), placed on this host."""
+    s = S.store()
+    a = buf(64, 7)
+    k = S.key("near")
+    near = cfg(S, prefer_alloc_in_same_node=True)
+    out = [("one replica", s.batch_put_from_multi_buffers([k + "1", k + "2"], [[ptr(a), ptr(a, 8)], [ptr(a)]], [[8, 8], [16]], near),
+            [s.get(k + n) for n in "12"], [descs(s.get_replica_desc(k + n)) for n in "12"])]
+    out.append(("two replicas", s.batch_put_from_multi_buffers([k + "3"], [[ptr(a)]], [[16]], cfg(S, prefer_alloc_in_same_node=True, replica_num=2)),
+                s.is_exist(k + "3")))
+    return out
+
+
+@scenario
 def replica_clear_after_leases(S: System) -> Any:
     s = S.store()
     lender = S.the_lender()

@@ -163,6 +163,7 @@ class MooncakeDistributedStore(
         self._put_sessions: Dict[str, _PutSession] = {}
         self._get_sessions: Set[str] = set()
         self._prefer: List[str] = []
+        self._node_segments: Tuple[float, List[str]] = (float("-inf"), [])
         self._pool: Tuple[int, int, int] = (0, 0, 0)  # address, size, used
 
 

@@ -7,6 +7,7 @@ assembled from its mixins."""
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -14,6 +15,9 @@ from .. import _native
 from ..config import ReplicateConfig, SoftPinAction
 from ..errors import KvpoolError
 from ._codes import INVALID_PARAMS, MAX_SOFT_PIN_MS, NOT_SUPPORTED, OK
+
+#: How long the segments lent from this host are taken as known (seconds).
+NODE_SEGMENTS_S = 5.0
 
 
 
@@ -38,12 +42,14 @@ class _HelpersMixin:
         c = self._client
         return c is not None and (c.lent_bytes > 0 or bool(c.lent_segments()))
 
-    def _config(self, config: Any, keys: Optional[int] = None) -> Tuple[Optional[int], Any]:
+    def _config(self, config: Any, keys: Optional[int] = None, same_node: bool = False) -> Tuple[Optional[int], Any]:
         """Checks the ReplicateConfig of a write as Mooncake does: of one
         key (``keys`` None: ``put``, ``put_from``, ...) or a batch of
         ``keys`` keys. A soft-pin TTL needs ``soft_pin_action=ENABLE`` (or
         kvpool's ``with_soft_pin``) and at most a day;
-        ``prefer_alloc_in_same_node`` needs lent memory; ``group_ids``,
+        ``prefer_alloc_in_same_node`` needs lent memory, except on a
+        ``same_node`` write (``batch_put_from_multi_buffers``: one replica,
+        placed on a segment of this host); ``group_ids``,
         ``session_ids`` and ``residency_affinity_ids`` (placement hints not
         used here) name one entry per key, and so does
         ``per_key_preferred_hca_names`` in a batch (a one-key write does not
@@ -60,7 +66,12 @@ class _HelpersMixin:
             )
             if not pinned or int(ttl) > MAX_SOFT_PIN_MS:
                 return INVALID_PARAMS, None
-        if getattr(config, "prefer_alloc_in_same_node", False) and not self._lends():
+        near = bool(getattr(config, "prefer_alloc_in_same_node", False))
+        if near and same_node:
+            # Mooncake takes it on batch_put_from_multi_buffers, for one replica.
+            if int(getattr(config, "replica_num", 1) or 1) != 1:
+                return INVALID_PARAMS, None
+        elif near and not self._lends():
             return INVALID_PARAMS, None
         groups = getattr(config, "group_ids", None)
         if groups and len(groups) != n:
@@ -73,9 +84,29 @@ class _HelpersMixin:
             return INVALID_PARAMS, None
         if int(getattr(config, "nof_replica_num", 0) or 0) > 0 or int(getattr(config, "dfs_replica_num", 0) or 0) > 0:
             return NOT_SUPPORTED, None
-        if self._prefer and not list(getattr(config, "preferred_segments", []) or []) and not getattr(config, "preferred_segment", ""):
+        named = list(getattr(config, "preferred_segments", []) or []) or getattr(config, "preferred_segment", "")
+        if self._prefer and not named:
             return None, _Preferring(config, self._prefer)
+        if near and same_node and not named and not self._lends():
+            return None, _Preferring(config, self._same_node())
         return None, config
+
+    def _same_node(self) -> List[str]:
+        """Segments lent from this client's host (Mooncake's "same node"),
+        looked up at most every :data:`NODE_SEGMENTS_S` seconds."""
+        c = self._client
+        at, names = self._node_segments
+        now = time.monotonic()
+        if c is None or now - at < NODE_SEGMENTS_S:
+            return names
+        host = self._hostname.rpartition(":")[0] or self._hostname
+        try:
+            segments = c.status()["segments"]
+        except KvpoolError:
+            return names
+        names = [s["name"] for s in segments if str(s["endpoint"]).rpartition(":")[0] == host]
+        self._node_segments = (now, names)
+        return names
 
     def _copying(self) -> Optional[_native.Client]:
         """The client for put/get calls that use the local buffer (None when refused)."""

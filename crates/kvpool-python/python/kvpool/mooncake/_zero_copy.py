@@ -92,18 +92,20 @@ class _ZeroCopyMixin:
         if len(all_buffer_ptrs) != len(keys) or len(all_sizes) != len(keys):
             return [INVALID_PARAMS] * len(keys)
         return self._batch_put_from(
-            keys, [list(p) for p in all_buffer_ptrs], [list(s) for s in all_sizes], config, False, keep_last=False
+            keys, [list(p) for p in all_buffer_ptrs], [list(s) for s in all_sizes], config, False, keep_last=False,
+            same_node=True,
         )
 
     def _batch_put_from(
-        self, keys: Sequence[str], ptrs: Sequence[Any], sizes: Sequence[Any], config: Any, upsert: bool, keep_last: bool
+        self, keys: Sequence[str], ptrs: Sequence[Any], sizes: Sequence[Any], config: Any, upsert: bool, keep_last: bool,
+        same_node: bool = False,
     ) -> List[int]:
         c = self._client
         if c is None:
             return [INVALID_PARAMS] * len(keys)
         if len(ptrs) != len(keys) or len(sizes) != len(keys):
             return [INVALID_PARAMS] * len(keys)
-        bad, cfg = self._config(config, len(keys))
+        bad, cfg = self._config(config, len(keys), same_node)
         if bad is not None:
             return [bad] * len(keys)
         out = [INVALID_PARAMS] * len(keys)
