@@ -85,7 +85,7 @@ pub fn value_start(region: &[u8]) -> Option<usize> {
 /// whether the header was sealed (see [`seal`]).
 pub fn copy_sealed(dst: &mut [u8], parts: &[&[u8]]) -> bool {
     let start = parts.first().and_then(|h| value_start(h));
-    let mut h = Xxh3::new();
+    let mut h = ValueHasher::new();
     let mut at = 0;
     for p in parts {
         for piece in p.chunks(SEAL_CHUNK) {

@@ -209,9 +209,10 @@ fn write_job<'a>(
         let (idx, ops): (Vec<usize>, Vec<WriteOp>) = chunk.into_iter().unzip();
         let r = with_conn(&pool, timeout, |mut c| async move {
             // A store before protocol 9 keeps the checksum a writer sends.
-            let heads: Vec<Option<Vec<u8>>> = match c.version() < STORES_SEAL {
-                true => ops.iter().map(|op| sealed_header(&op.parts)).collect(),
-                false => Vec::new(),
+            let heads: Vec<Option<Vec<u8>>> = if c.version() < STORES_SEAL {
+                ops.iter().map(|op| sealed_header(&op.parts)).collect()
+            } else {
+                Vec::new()
             };
             let sealed: Vec<WriteOp> = (ops.iter().zip(&heads))
                 .map(|(op, head)| WriteOp {
