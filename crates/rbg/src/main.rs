@@ -41,7 +41,7 @@ enum Command {
     },
     /// Stop a running group.
     Down(GroupArg),
-    /// Check a spec file: errors, unknown or unimplemented fields (each
+    /// Check a spec file: errors, unknown and unsupported fields (each
     /// with its path), levels, revisions.
     Validate(ValidateArgs),
     /// Print a v1alpha1 file in v1alpha2 (groups plus CoordinatedPolicies).
@@ -63,8 +63,9 @@ struct OperatorArgs {
 struct ValidateArgs {
     #[command(flatten)]
     file: FileArg,
-    /// Fail on any field rbg does not implement (a misspelt one, or one
-    /// upstream has and rbg ignores), as `kubectl --validate=strict` does.
+    /// Fail on unknown fields (in neither rbg's nor upstream's schema, a
+    /// misspelt one for example), as `kubectl --validate=strict` does;
+    /// fields rbg does not support stay warnings.
     #[arg(long)]
     strict: bool,
 }
@@ -649,14 +650,23 @@ fn validate(path: &Path, strict: bool) -> Result<()> {
     for n in &bundle.notes {
         println!("note: {n}");
     }
+    for f in &bundle.fields {
+        println!("warning: {f}");
+    }
     for loaded in &bundle.groups {
         validate_one(loaded);
     }
-    let ignored: usize = bundle.groups.iter().map(|l| l.unimplemented.len()).sum();
-    if strict && ignored > 0 {
+    let unknown: Vec<&str> = bundle
+        .all_fields()
+        .filter(|f| f.is_unknown())
+        .map(|f| f.path.as_str())
+        .collect();
+    if strict && !unknown.is_empty() {
         bail!(
-            "{}: {ignored} field(s) are not implemented and would be ignored (--strict)",
-            path.display()
+            "{}: {} unknown field(s) (--strict): {}",
+            path.display(),
+            unknown.len(),
+            unknown.join(", ")
         );
     }
     Ok(())

@@ -27,7 +27,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client, CustomResourceExt};
 
-pub use reconcile::reconcile;
+pub use reconcile::{ignored_reports, reconcile};
 
 use crate::spec::v2::{CoordinatedPolicy, RoleBasedGroupResource, RoleBasedGroupScalingAdapter};
 use crate::spec::RoleBasedGroupV1Resource;
@@ -70,6 +70,10 @@ pub struct Context {
     pub failures: Mutex<BTreeMap<&'static str, u64>>,
     /// Consecutive failures per group (`ns/name`), for the backoff.
     pub streaks: Mutex<BTreeMap<String, u32>>,
+    /// The generation of each group (`ns/name`) whose ignored fields were
+    /// last logged: reconciles repeat every few seconds, the warnings only
+    /// when the object changes.
+    pub warned: Mutex<BTreeMap<String, i64>>,
 }
 
 impl Context {
@@ -84,6 +88,7 @@ impl Context {
             client,
             failures: Mutex::new(BTreeMap::new()),
             streaks: Mutex::new(BTreeMap::new()),
+            warned: Mutex::new(BTreeMap::new()),
         })
     }
 

@@ -178,9 +178,43 @@ async fn load(g: &RoleBasedGroupResource, ctx: &Context, ns: &str) -> Result<Gro
         status: None,
         extra: Default::default(),
     };
+    warn_ignored(g, ctx, &raw);
     spec::validate_v2(&raw, &sctx)
         .map(|(group, _)| group)
         .map_err(|e| Error::Invalid(e.to_string()))
+}
+
+/// Logs, once per generation, each field of the group rbg ignores: unknown
+/// fields never fail a reconcile (the API server kept them, so the object
+/// is valid to Kubernetes). Pod template fields Kubernetes knows are passed
+/// to the cluster whole, so only the local runtime ignores those.
+fn warn_ignored(g: &RoleBasedGroupResource, ctx: &Context, raw: &RoleBasedGroupV2) {
+    let generation = g.metadata.generation.unwrap_or(0);
+    let key = format!(
+        "{}/{}",
+        g.namespace().unwrap_or_else(|| "default".into()),
+        g.name_any()
+    );
+    let fresh = ctx
+        .warned
+        .lock()
+        .map(|mut m| m.insert(key.clone(), generation) != Some(generation))
+        .unwrap_or(true);
+    if !fresh {
+        return;
+    }
+    for f in ignored_reports(raw) {
+        tracing::warn!(group = %key, generation, "{f}");
+    }
+}
+
+/// The reports [`warn_ignored`] logs: every ignored field but those only
+/// the local runtime ignores.
+pub fn ignored_reports(raw: &RoleBasedGroupV2) -> Vec<spec::FieldReport> {
+    spec::ignored_fields_v2(raw, spec::SpecAt::Group)
+        .into_iter()
+        .filter(|f| !f.local_only)
+        .collect()
 }
 
 /// The Pods of instance `index` of `role` among `pods`.

@@ -9,6 +9,7 @@
 //!   `leaderWorkerPattern` with `patchLeaderTemplate`/`patchWorkerTemplate`;
 //! - `components` -> `customComponentsPattern`;
 //! - `workload` -> the `rbg.workloads.x-k8s.io/role-workload-type` annotation;
+//! - `rollingUpdate.type: Recreate` -> `RecreatePod`;
 //! - `restartPolicy` -> the pattern's `restartPolicy` (kept on the role for
 //!   standalone roles, an rbg extension);
 //! - `spec.coordination` -> a CoordinatedPolicy named after the group, with
@@ -16,7 +17,8 @@
 
 use super::amount::IntOrString;
 use super::types::{
-    Coordination, ObjectMeta, RoleBasedGroup, RoleSpec, ANNOTATION_WORKLOAD, API_V1ALPHA2,
+    Coordination, ObjectMeta, RoleBasedGroup, RoleSpec, RolloutStrategy, UpdateType,
+    ANNOTATION_WORKLOAD, API_V1ALPHA2,
 };
 use super::v2::{
     CustomComponentsPattern, GroupSpecV2, LeaderWorkerPattern, RoleBasedGroupV2, RoleSpecV2,
@@ -111,7 +113,7 @@ pub fn role_to_v2(r: &RoleSpec) -> RoleSpecV2 {
         engine_runtimes: r.engine_runtimes.clone(),
         service_ports: r.service_ports.clone(),
         min_ready_seconds: r.min_ready_seconds,
-        rollout_strategy: r.rollout_strategy.clone(),
+        rollout_strategy: r.rollout_strategy.clone().map(rollout_to_v2),
         scaling_adapter: r.scaling_adapter.clone(),
         extra,
         ..RoleSpecV2::default()
@@ -156,10 +158,23 @@ pub fn role_to_v2(r: &RoleSpec) -> RoleSpecV2 {
     out
 }
 
+/// v1alpha1's `rollingUpdate.type: Recreate` written as v1alpha2's
+/// `RecreatePod`: upstream's conversion copies the string, but its v1alpha2
+/// controllers recreate only on `RecreatePod` and update anything else in
+/// place, so the copy would change what the role does.
+fn rollout_to_v2(mut s: RolloutStrategy) -> RolloutStrategy {
+    if let Some(u) = s.rolling_update.as_mut() {
+        if u.kind.as_deref() == Some("Recreate") {
+            u.kind = Some(UpdateType::Recreate.as_str().to_string());
+        }
+    }
+    s
+}
+
 /// Keys that mark a role inside a v1alpha2 object as written the
 /// v1alpha1 way (upstream keeps unknown role fields, so such objects exist
 /// on clusters that were upgraded without a conversion webhook).
-const V1_ROLE_KEYS: [&str; 5] = [
+pub(super) const V1_ROLE_KEYS: [&str; 5] = [
     "template",
     "templateRef",
     "templatePatch",

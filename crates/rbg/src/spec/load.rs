@@ -20,7 +20,7 @@ use super::pod::{Container, Volume};
 use super::types::{Coordination, RoleBasedGroup, API_GROUP, KIND, LABEL_GROUP, LABEL_ROLE};
 use super::v2::{RoleBasedGroupSetDoc, RoleBasedGroupV2};
 use super::validate::{validate_v2, Context, EngineProfile};
-use super::walk;
+use super::walk::{self, FieldReport, SpecAt};
 
 /// One group of a file, validated, with what the file said about it.
 #[derive(Clone, Debug)]
@@ -29,8 +29,11 @@ pub struct Loaded {
     pub group: Group,
     /// The API version the group was written in.
     pub api_version: String,
-    /// One line per field present but not implemented, and per note on
-    /// what other documents did to the group; callers print these.
+    /// The fields of the group's document that rbg ignores, in whole or in
+    /// part (for `load`, those of the file's other documents too).
+    pub fields: Vec<FieldReport>,
+    /// Every line to show the user: `fields` as text, then one note per
+    /// thing other documents did to the group; callers print these.
     pub unimplemented: Vec<String>,
 }
 
@@ -41,9 +44,21 @@ pub struct Bundle {
     pub groups: Vec<Loaded>,
     /// Objects ignored or not bound to any group, one line each.
     pub notes: Vec<String>,
+    /// The fields rbg ignores in documents other than groups
+    /// (CoordinatedPolicies, scaling adapters, profiles, sets), each path
+    /// led by its document when the file has several.
+    pub fields: Vec<FieldReport>,
 }
 
 impl Bundle {
+    /// Every field report of the file: its groups' and its other documents'.
+    pub fn all_fields(&self) -> impl Iterator<Item = &FieldReport> {
+        self.groups
+            .iter()
+            .flat_map(|l| l.fields.iter())
+            .chain(self.fields.iter())
+    }
+
     /// The group called `name`.
     pub fn take(mut self, name: &str) -> Option<Loaded> {
         let i = self.groups.iter().position(|l| l.group.name == name)?;
@@ -92,7 +107,10 @@ pub fn load(text: &str) -> Result<Loaded, SpecError> {
     match bundle.groups.len() {
         1 => {
             let mut l = bundle.groups.into_iter().next().ok_or_else(no_group)?;
+            l.unimplemented
+                .extend(bundle.fields.iter().map(ToString::to_string));
             l.unimplemented.extend(bundle.notes);
+            l.fields.extend(bundle.fields);
             Ok(l)
         }
         0 => Err(no_group()),
@@ -120,21 +138,25 @@ pub fn load_all(text: &str) -> Result<Bundle, SpecError> {
     let many = docs.len() > 1;
     let mut errs: Vec<SpecError> = Vec::new();
     let mut notes = Vec::new();
-    let mut groups: Vec<(usize, RoleBasedGroupV2, Vec<String>, String)> = Vec::new();
+    let mut groups: Vec<GroupDoc> = Vec::new();
     let mut rules: Vec<(Option<String>, String, String, Vec<Coordination>)> = Vec::new();
     let mut adapters = Vec::new();
     let mut ctx = Context::default();
+    let mut fields = Vec::new();
     for d in &docs {
         let at = d.label(many);
-        let r = classify(
-            d,
-            &at,
-            &mut ctx,
-            &mut groups,
-            &mut rules,
-            &mut adapters,
-            &mut notes,
-        );
+        let mut found = Found {
+            groups: &mut groups,
+            rules: &mut rules,
+            adapters: &mut adapters,
+            notes: &mut notes,
+            fields: Vec::new(),
+        };
+        let r = classify(d, &at, &mut ctx, &mut found);
+        fields.extend(found.fields.into_iter().map(|mut f| {
+            f.path = format!("{at}{}", f.path);
+            f
+        }));
         if let Err(e) = r {
             errs.push(prefixed(&at, e));
         }
@@ -145,10 +167,11 @@ pub fn load_all(text: &str) -> Result<Bundle, SpecError> {
     let mut out = Bundle {
         groups: Vec::new(),
         notes,
+        fields,
     };
     let mut used_rules = vec![false; rules.len()];
     let mut used_adapters = vec![false; adapters.len()];
-    for (index, raw, unimplemented, api_version) in &groups {
+    for (index, raw, fields, api_version) in &groups {
         let at = docs
             .iter()
             .find(|d| d.index == *index)
@@ -178,11 +201,13 @@ pub fn load_all(text: &str) -> Result<Bundle, SpecError> {
         }
         match validate_v2(raw, &gctx) {
             Ok((group, more)) => {
-                let mut unimplemented = unimplemented.clone();
+                let mut unimplemented: Vec<String> =
+                    fields.iter().map(ToString::to_string).collect();
                 unimplemented.extend(more);
                 out.groups.push(Loaded {
                     group,
                     api_version: api_version.clone(),
+                    fields: fields.clone(),
                     unimplemented,
                 });
             }
@@ -216,16 +241,29 @@ const UPSTREAM_KINDS: [&str; 4] = ["Instance", "InstanceSet", "RoleInstance", "R
 
 type Rules = Vec<(Option<String>, String, String, Vec<Coordination>)>;
 
+/// A group of the file: its document's index, the group in v1alpha2, the
+/// fields its document sets that rbg ignores, its API version.
+type GroupDoc = (usize, RoleBasedGroupV2, Vec<FieldReport>, String);
+
+/// What the documents of a file contribute, filed by [`classify`].
+struct Found<'a> {
+    groups: &'a mut Vec<GroupDoc>,
+    rules: &'a mut Rules,
+    adapters: &'a mut Vec<(String, String, String, Option<u32>)>,
+    notes: &'a mut Vec<String>,
+    /// The ignored fields of the current document if it is not a group.
+    fields: Vec<FieldReport>,
+}
+
 /// Files one document under what it is; errors are the document's.
-fn classify(
-    d: &Doc,
-    at: &str,
-    ctx: &mut Context,
-    groups: &mut Vec<(usize, RoleBasedGroupV2, Vec<String>, String)>,
-    rules: &mut Rules,
-    adapters: &mut Vec<(String, String, String, Option<u32>)>,
-    notes: &mut Vec<String>,
-) -> Result<(), SpecError> {
+fn classify(d: &Doc, at: &str, ctx: &mut Context, found: &mut Found) -> Result<(), SpecError> {
+    let Found {
+        groups,
+        rules,
+        adapters,
+        notes,
+        fields,
+    } = found;
     if d.kind.is_empty() || d.api_version.is_empty() {
         return Err(SpecError::Invalid(vec![
             "apiVersion and kind are required in every document".into(),
@@ -242,8 +280,9 @@ fn classify(
     match (ours, d.kind.as_str()) {
         (true, KIND) => {
             let (raw, unimplemented) = if version == "v1alpha1" {
-                let v1: RoleBasedGroup = typed(d)?;
-                let u = walk::unimplemented(&v1);
+                let (v1, skipped): (RoleBasedGroup, _) = typed(d)?;
+                let mut u = dropped("v1alpha1", &skipped, d);
+                u.extend(walk::ignored_fields(&v1, SpecAt::Group));
                 let (v2, list) = convert::to_v1alpha2(&v1);
                 if !list.is_empty() {
                     let meta = convert::policy_meta(&v1.metadata);
@@ -256,14 +295,17 @@ fn classify(
                 }
                 (v2, u)
             } else {
-                let v2: RoleBasedGroupV2 = typed(d)?;
-                let u = walk::unimplemented_v2(&v2);
+                let (v2, skipped): (RoleBasedGroupV2, _) = typed(d)?;
+                let mut u = dropped("v1alpha2", &skipped, d);
+                u.extend(walk::ignored_fields_v2(&v2, SpecAt::Group));
                 (v2, u)
             };
             groups.push((d.index, raw, unimplemented, d.api_version.clone()));
         }
         (true, "RoleBasedGroupSet") => {
-            let set: RoleBasedGroupSetDoc = typed(d)?;
+            let (set, skipped): (RoleBasedGroupSetDoc, _) = typed(d)?;
+            fields.extend(dropped(version_key(version), &skipped, d));
+            fields.extend(walk::metadata_fields(&set.metadata.extra));
             for (raw, u) in expand_set(&set, version)? {
                 groups.push((d.index, raw, u, d.api_version.clone()));
             }
@@ -274,7 +316,10 @@ fn classify(
                 metadata: super::types::ObjectMeta,
                 spec: super::v2::CoordinatedPolicySpec,
             }
-            let p: Doc = typed(d)?;
+            let (p, skipped): (Doc, _) = typed(d)?;
+            fields.extend(dropped("v1alpha2", &skipped, d));
+            fields.extend(walk::metadata_fields(&p.metadata.extra));
+            fields.extend(walk::policy_fields(&p.spec.policies));
             let group = p
                 .metadata
                 .labels
@@ -299,7 +344,9 @@ fn classify(
                 metadata: super::types::ObjectMeta,
                 spec: super::v2::ScalingAdapterSpec,
             }
-            let a: Doc = typed(d)?;
+            let (a, skipped): (Doc, _) = typed(d)?;
+            fields.extend(dropped("v1alpha2", &skipped, d));
+            fields.extend(walk::metadata_fields(&a.metadata.extra));
             adapters.push((
                 a.spec.scale_target_ref.name.clone(),
                 format!("{at}RoleBasedGroupScalingAdapter {:?}", a.metadata.name),
@@ -320,7 +367,10 @@ fn classify(
                 metadata: super::types::ObjectMeta,
                 spec: Spec,
             }
-            let p: Doc = typed(d)?;
+            let (p, skipped): (Doc, _) = typed(d)?;
+            fields.extend(dropped(walk::PROFILE, &skipped, d));
+            fields.extend(walk::metadata_fields(&p.metadata.extra));
+            fields.extend(walk::profile_fields(&p.spec.containers, &p.spec.volumes));
             ctx.profiles.insert(
                 p.metadata.name,
                 EngineProfile {
@@ -374,7 +424,7 @@ fn classify(
 fn expand_set(
     set: &RoleBasedGroupSetDoc,
     version: &str,
-) -> Result<Vec<(RoleBasedGroupV2, Vec<String>)>, SpecError> {
+) -> Result<Vec<(RoleBasedGroupV2, Vec<FieldReport>)>, SpecError> {
     let mut out = Vec::new();
     for i in 0..set.spec.replicas.unwrap_or(1) {
         let mut meta = set.metadata.clone();
@@ -397,13 +447,16 @@ fn expand_set(
                 &e.into_inner().to_string(),
             )
         };
+        let at = SpecAt::SetTemplate;
         if version == "v1alpha1" {
-            let v1: RoleBasedGroup = serde_path_to_error::deserialize(doc).map_err(path)?;
-            let u = walk::unimplemented(&v1);
+            let (v1, skipped): (RoleBasedGroup, _) = walk::read(doc.clone()).map_err(path)?;
+            let mut u = walk::dropped_fields("v1alpha1", at, &skipped, &doc);
+            u.extend(walk::ignored_fields(&v1, at));
             out.push((convert::to_v1alpha2(&v1).0, u));
         } else {
-            let v2: RoleBasedGroupV2 = serde_path_to_error::deserialize(doc).map_err(path)?;
-            let u = walk::unimplemented_v2(&v2);
+            let (v2, skipped): (RoleBasedGroupV2, _) = walk::read(doc.clone()).map_err(path)?;
+            let mut u = walk::dropped_fields("v1alpha2", at, &skipped, &doc);
+            u.extend(walk::ignored_fields_v2(&v2, at));
             out.push((v2, u));
         }
     }
@@ -450,11 +503,26 @@ fn scalar(v: &Value) -> Option<String> {
     }
 }
 
+/// The keys a typed read of document `d` dropped, as reports.
+fn dropped(version: &'static str, skipped: &walk::Skipped, d: &Doc) -> Vec<FieldReport> {
+    walk::dropped_fields(version, SpecAt::Group, skipped, &d.value)
+}
+
+/// The [`walk::NOT_SUPPORTED`] key of a RoleBasedGroupSet of `version`.
+fn version_key(version: &str) -> &'static str {
+    if version == "v1alpha1" {
+        "v1alpha1"
+    } else {
+        "v1alpha2"
+    }
+}
+
 /// Parses a document as `T` from its own text, so errors carry the field
-/// path and a line number (made relative to the whole file).
-fn typed<T: DeserializeOwned>(d: &Doc) -> Result<T, SpecError> {
+/// path and a line number (made relative to the whole file); also returns
+/// the keys `T` dropped (see [`walk::read`]).
+fn typed<T: DeserializeOwned>(d: &Doc) -> Result<(T, walk::Skipped), SpecError> {
     let de = serde_yaml::Deserializer::from_str(&d.text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    walk::read(de).map_err(|e| {
         let path = e.path().to_string();
         SpecError::Parse {
             path,

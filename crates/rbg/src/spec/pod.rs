@@ -259,6 +259,9 @@ pub struct HttpHeader {
     pub name: String,
     /// Header value.
     pub value: String,
+    /// Unmodelled keys.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: Extra,
 }
 
 /// `exec` probe.
@@ -426,4 +429,7 @@ pub struct KeyToPath {
     /// Not applied locally.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<u32>,
+    /// Unmodelled keys.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: Extra,
 }

@@ -22,9 +22,9 @@ pub fn preserve_unknown(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// `rollingUpdate.type`: a string, as upstream declares it, so the values
-/// its defaulting webhook rewrites (`""`, `Recreate`) can be stored; `rbg`
-/// checks the value when it loads the group.
+/// `rollingUpdate.type`: a string, as upstream declares it, so that every
+/// value upstream stores (v1alpha1's `Recreate` and `""` too) can be stored
+/// here; `rbg` checks the value when it loads the group.
 pub fn update_type(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string"

@@ -187,19 +187,41 @@ fn unknown_fields_are_reported_by_path() {
             "spec:\n  roles:\n",
             "spec:\n  podGroupPolicy: {kubeScheduling: {}}\n  roles:\n",
         )
+        .replace("replicas: 3", "replicas: 3\n    replcias: 4")
         .replace(
             "command: [kvpool, store]}",
-            "command: [kvpool, store], resources: {limits: {cpu: 1}}}",
+            "command: [kvpool, store], resources: {limits: {cpu: 1}}, imagePullPolicyy: Always}",
         );
     let l = load(&text).expect("loads");
-    assert!(l
-        .unimplemented
+    let got: Vec<(&str, &FieldIssue, bool)> = l
+        .fields
         .iter()
-        .any(|u| u.starts_with("spec.podGroupPolicy")));
-    assert!(l
-        .unimplemented
-        .iter()
-        .any(|u| u.starts_with("spec.roles[store].template.spec.containers[s].resources")));
+        .map(|f| (f.path.as_str(), &f.issue, f.local_only))
+        .collect();
+    let gang = FieldIssue::NotSupported("gang scheduling plugins are not supported".into());
+    let pod = FieldIssue::NotSupported(String::new());
+    assert_eq!(
+        got,
+        vec![
+            ("spec.podGroupPolicy", &gang, false),
+            ("spec.roles[store].replcias", &FieldIssue::Unknown, false),
+            (
+                "spec.roles[store].template.spec.containers[s].imagePullPolicyy",
+                &FieldIssue::Unknown,
+                false
+            ),
+            (
+                "spec.roles[store].template.spec.containers[s].resources",
+                &pod,
+                true
+            ),
+        ]
+    );
+    // Callers print these lines.
+    assert_eq!(
+        l.unimplemented[1],
+        "spec.roles[store].replcias: unknown field, ignored"
+    );
 }
 
 #[test]

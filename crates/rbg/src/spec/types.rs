@@ -1,6 +1,6 @@
 //! The serde types of the object as users write it (RBG.md §1, the
 //! Kubernetes Pod template). Every level keeps the keys it does not know in
-//! an `extra` map so existing files parse; [`super::unimplemented`] reports them.
+//! an `extra` map so existing files parse; [`super::ignored_fields`] reports them.
 
 use std::collections::BTreeMap;
 
@@ -217,16 +217,21 @@ pub struct RolloutStrategy {
     pub extra: Extra,
 }
 
-/// How one instance moves to a new revision: upstream's values, and the two
-/// its defaulting webhook rewrites (`""` to `InPlaceIfPossible`, v1alpha1's
-/// `Recreate` to `RecreatePod`).
+/// How one instance moves to a new revision (`rollingUpdate.type`).
+///
+/// Upstream's v1alpha2 API names `InPlaceIfPossible`, `RecreatePod` and
+/// `InPlaceOnly`; its v1alpha1 API names `InPlaceIfPossible` and
+/// `Recreate`, which its conversion copies into v1alpha2 unchanged. Its CRDs
+/// declare the field a plain string and its reconciler reads `""` as
+/// `InPlaceIfPossible`. [`UpdateType::parse`] accepts all five.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum UpdateType {
     /// Restart containers inside the instance when only images changed.
     #[default]
     #[serde(alias = "")]
     InPlaceIfPossible,
-    /// Always delete and recreate the instance.
+    /// Always delete and recreate the instance (`RecreatePod`, v1alpha1's
+    /// `Recreate`).
     #[serde(rename = "RecreatePod", alias = "Recreate")]
     Recreate,
     /// Only image changes are rolled out (in place); any other change is
@@ -234,14 +239,44 @@ pub enum UpdateType {
     InPlaceOnly,
 }
 
+impl UpdateType {
+    /// The values `rollingUpdate.type` may take, as messages list them.
+    pub const ACCEPTED: &'static str =
+        "InPlaceIfPossible (the default, also \"\"), RecreatePod (v1alpha1: Recreate) or InPlaceOnly";
+
+    /// Reads a written `rollingUpdate.type`; `None` for a value upstream
+    /// does not define.
+    pub fn parse(s: &str) -> Option<UpdateType> {
+        match s {
+            "" | "InPlaceIfPossible" => Some(UpdateType::InPlaceIfPossible),
+            "RecreatePod" | "Recreate" => Some(UpdateType::Recreate),
+            "InPlaceOnly" => Some(UpdateType::InPlaceOnly),
+            _ => None,
+        }
+    }
+
+    /// The name upstream's v1alpha2 API writes for this type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateType::InPlaceIfPossible => "InPlaceIfPossible",
+            UpdateType::Recreate => "RecreatePod",
+            UpdateType::InPlaceOnly => "InPlaceOnly",
+        }
+    }
+}
+
 /// `rolloutStrategy.rollingUpdate`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RollingUpdate {
     /// In place when possible, or recreate.
+    // Kept as written (a string, as upstream declares it) so that an
+    // object holding a value rbg does not know still deserializes: the
+    // operator's watcher would otherwise fail on the whole list, and
+    // validation names the value instead (see `UpdateType::parse`).
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "update_type")]
-    pub kind: Option<UpdateType>,
+    pub kind: Option<String>,
     /// Instances that may be unready during the update (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = 1))]
@@ -404,6 +439,10 @@ pub struct InPlaceUpdateStrategy {
     /// Seconds between marking the instance unready and swapping images.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period_seconds: Option<u32>,
+    /// Unmodelled keys.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// v1alpha1 `leaderWorkerSet` of a role.

@@ -192,6 +192,10 @@ pub struct RestartPolicyConfig {
     /// Largest delay (default 600 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_delay_seconds: Option<u32>,
+    /// Unmodelled keys.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// `leaderWorkerPattern`: a leader and `size - 1` workers per instance,

@@ -16,7 +16,8 @@ use super::pod::{Container, PodTemplateSpec, Volume};
 use super::template::{patch_template, resolve_template, validate_template};
 use super::types::{
     CoordinatedRollingUpdate, CoordinatedScaling, Coordination, RestartPolicy, RoleBasedGroup,
-    RoleTemplate, RolloutStrategy, ServicePort, ANNOTATION_WORKLOAD, API_V1ALPHA2, KIND,
+    RoleTemplate, RolloutStrategy, ServicePort, UpdateType, ANNOTATION_WORKLOAD, API_V1ALPHA2,
+    KIND,
 };
 use super::v2::{
     GroupSpecV2, PodManagementPolicy, RestartPolicyConfig, RoleBasedGroupV2, RoleSpecV2,
@@ -502,8 +503,20 @@ fn update_policy(at: &str, strategy: Option<&RolloutStrategy>, errs: &mut Errors
     }
     let field = |f: &str| format!("{at}: rolloutStrategy.rollingUpdate.{f}");
     let d = UpdatePolicy::default();
+    let kind = match ru.kind.as_deref().map(|k| (k, UpdateType::parse(k))) {
+        None => UpdateType::default(),
+        Some((_, Some(kind))) => kind,
+        Some((k, None)) => {
+            errs.push(format!(
+                "{}: {k:?} is not an update type: {}",
+                field("type"),
+                UpdateType::ACCEPTED
+            ));
+            UpdateType::default()
+        }
+    };
     let update = UpdatePolicy {
-        kind: ru.kind.unwrap_or_default(),
+        kind,
         paused: ru.paused.unwrap_or(false),
         max_unavailable: amount(
             errs,

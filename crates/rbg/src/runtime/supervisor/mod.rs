@@ -268,10 +268,14 @@ pub(super) fn load_group(text: &str, name: Option<&str>) -> Result<spec::Loaded,
     };
     let bundle = spec::load_all(text).map_err(spec_err)?;
     let notes = bundle.notes.clone();
+    let fields = bundle.fields.clone();
     let mut l = bundle
         .take(name)
         .ok_or_else(|| RuntimeError::Spec(format!("the file holds no group {name:?}")))?;
+    l.unimplemented
+        .extend(fields.iter().map(ToString::to_string));
     l.unimplemented.extend(notes);
+    l.fields.extend(fields);
     Ok(l)
 }
 
