@@ -48,8 +48,9 @@ pub fn value_checksum(parts: &[&[u8]]) -> u64 {
 pub use xxhash_rust::xxh3::Xxh3 as ValueHasher;
 
 /// Bytes hashed at a time by [`copy_sealed`]: small enough that a chunk
-/// is still in the L1/L2 cache when it is hashed right after its copy.
-const SEAL_CHUNK: usize = 64 << 10;
+/// is still in the L2 cache when it is hashed right after its copy (64 KiB
+/// and 256 KiB measured alike on 4 MiB puts).
+const SEAL_CHUNK: usize = 256 << 10;
 
 /// Rewrites the value checksum of the encoded header at the start of
 /// `region` (and the header's own checksum) to `checksum`. The header must
