@@ -1,8 +1,9 @@
-//! Metadata-only calls: existence, sizes, removal and cluster status. Each
-//! is one master round trip; removals also drop the keys' cached
+//! Metadata-only calls: existence, sizes, removal, key listing and cluster
+//! status. Each is one master round trip; removals also drop the keys' cached
 //! locations, so this client never reads a removed object through them.
 
-use kvpool_proto::msg::{self, ClusterStatus};
+use kvpool_proto::msg::{self, ClusterStatus, KeyPage};
+use kvpool_proto::tenant;
 use kvpool_proto::{validate_key, Code, KvResult};
 use tokio::time::Instant;
 
@@ -82,6 +83,32 @@ impl Client {
     pub async fn remove_all(&self, force: bool) -> KvResult<u64> {
         self.inner.cache.clear();
         self.call(&msg::RemoveAll { force }).await
+    }
+
+    /// One page of the keys starting with `prefix`, with their value sizes,
+    /// from `cursor` (empty to start; a page's `cursor` after, empty once
+    /// done). A page holds at most `limit` keys (capped at 10,000) and may
+    /// hold fewer, or none, before the end: the master bounds each call's
+    /// work. A tenant's client lists its own namespace, without its prefix.
+    pub async fn list_keys(&self, prefix: &str, cursor: &[u8], limit: u32) -> KvResult<KeyPage> {
+        let ns = self.tenant().map(tenant::prefix).unwrap_or_default();
+        let prefix = format!("{ns}{prefix}");
+        let cursor = cursor.to_vec();
+        let mut page: KeyPage = self
+            .call(&msg::ListKeys {
+                prefix,
+                cursor,
+                limit,
+            })
+            .await?;
+        if !ns.is_empty() {
+            for (k, _) in &mut page.keys {
+                if let Some(own) = k.strip_prefix(&ns) {
+                    *k = own.to_string();
+                }
+            }
+        }
+        Ok(page)
     }
 
     /// The cluster as the master sees it.

@@ -295,6 +295,17 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
         ),
         Opcode::Exist => both(Exist { keys: keys() }, vec![Ok(4096), Err(code)]),
         Opcode::ExistLeased => both(ExistLeased { keys: keys() }, vec![Ok(4096), Err(code)]),
+        Opcode::ListKeys => both(
+            ListKeys {
+                prefix: "prefix/".into(),
+                cursor: 7u64.to_le_bytes().to_vec(),
+                limit: 500,
+            },
+            KeyPage {
+                keys: keys().into_iter().map(|k| (k, 4096)).collect(),
+                cursor: (1u64 << 32 | 9).to_le_bytes().to_vec(),
+            },
+        ),
         Opcode::Remove => both(
             Remove {
                 keys: keys(),

@@ -8,8 +8,8 @@ use std::time::Duration;
 use kvpool_net::capability::unix_ms;
 use kvpool_net::request_id;
 use kvpool_proto::limits::{
-    check_batch, validate_endpoint, validate_name, MAX_PATH_LEN, MAX_PATTERN_LEN,
-    MAX_PREFERRED_SEGMENTS,
+    check_batch, validate_endpoint, validate_name, LIST_PAGE_BYTES, MAX_LIST_KEYS, MAX_PATH_LEN,
+    MAX_PATTERN_LEN, MAX_PREFERRED_SEGMENTS,
 };
 use kvpool_proto::msg::{self, to_wire, WireResult};
 use kvpool_proto::tenant::{self, Scope};
@@ -84,6 +84,7 @@ pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<
         Request::Remove(m) => reply(cx, m),
         Request::RemoveByRegex(m) => reply(cx, m),
         Request::RemoveAll(m) => reply(cx, m),
+        Request::ListKeys(m) => reply(cx, m),
         Request::Status(m) => reply(cx, m),
         Request::ReplicaAdd(m) => reply(cx, m),
         Request::ReplicaCommit(m) => reply(cx, m),
@@ -466,6 +467,37 @@ impl Handle for msg::ExistLeased {
         let v = cx.master.state.exist_leased(&self.keys, cx.now);
         cx.master.metrics.record(Self::OPCODE, v.len(), 0);
         Ok(v.into_iter().map(to_wire).collect())
+    }
+}
+
+impl Handle for msg::ListKeys {
+    /// Lists the caller's own namespace only (not namespaces shared with
+    /// it): the prefix filters, the scope decides what may be seen.
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<msg::KeyPage> {
+        if self.limit == 0 {
+            return Err(KvError::new(Code::InvalidParams, "ListKeys limit of 0"));
+        }
+        let from = match self.cursor[..] {
+            [] => (0, 0),
+            ref c => <[u8; 8]>::try_from(c)
+                .map(|b| {
+                    let n = u64::from_le_bytes(b);
+                    ((n >> 32) as u32, n as u32)
+                })
+                .map_err(|_| KvError::new(Code::InvalidParams, "malformed ListKeys cursor"))?,
+        };
+        let limit = (self.limit as usize).min(MAX_LIST_KEYS);
+        let scope = cx.scope();
+        let keep = |k: &str| k.starts_with(&self.prefix) && scope.may_write(k);
+        let s = &cx.master.state;
+        let (keys, next) = s.list_keys(keep, from, limit, LIST_PAGE_BYTES);
+        cx.master.metrics.record(Self::OPCODE, keys.len(), 0);
+        let cursor = next.map_or_else(Vec::new, |(shard, slot)| {
+            (u64::from(shard) << 32 | u64::from(slot))
+                .to_le_bytes()
+                .to_vec()
+        });
+        Ok(msg::KeyPage { keys, cursor })
     }
 }
 

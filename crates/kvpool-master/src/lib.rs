@@ -346,7 +346,8 @@ fn serving(op: Opcode) -> (Serves, Work) {
         | O::TaskCreate
         | O::TaskUpdate
         | O::TaskQuery => (Serves::Objects, Work::Short),
-        O::RemoveByRegex | O::RemoveAll => (Serves::Objects, Work::Long),
+        // ListKeys walks up to 64k slots: off the runtime's workers.
+        O::RemoveByRegex | O::RemoveAll | O::ListKeys => (Serves::Objects, Work::Long),
         // Refused by `Opcode::admit` (another plane) before they get here.
         O::Hello
         | O::Auth

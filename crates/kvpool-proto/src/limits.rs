@@ -13,6 +13,7 @@
 //! | segment file path | [`MAX_PATH_LEN`] (4,096 B) | `INVALID_PARAMS` |
 //! | `preferred_segments` of one put | [`MAX_PREFERRED_SEGMENTS`] names | `INVALID_PARAMS` |
 //! | remove-by-regex pattern | [`MAX_PATTERN_LEN`] (4 KiB) | `INVALID_PARAMS` |
+//! | keys per `ListKeys` page | [`MAX_LIST_KEYS`] (10,000), [`LIST_PAGE_BYTES`] of keys | capped, not refused |
 
 use std::ops::Range;
 
@@ -59,6 +60,13 @@ pub const MAX_PREFERRED_SEGMENTS: usize = 64;
 
 /// Longest remove-by-regex pattern (bytes).
 pub const MAX_PATTERN_LEN: usize = 4 << 10;
+
+/// Most keys one `ListKeys` page answers; a bigger `limit` is capped.
+pub const MAX_LIST_KEYS: usize = 10_000;
+
+/// Key bytes one `ListKeys` page carries at most (a page ends early past
+/// it): [`BATCH_BYTES`], so a page of the longest keys fits a message.
+pub const LIST_PAGE_BYTES: usize = BATCH_BYTES;
 
 /// Checks a key against the limits every component enforces.
 pub fn validate_key(key: &str) -> KvResult<()> {

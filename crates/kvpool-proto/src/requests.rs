@@ -254,6 +254,9 @@ requests! {
     /// (as `GetReplicaList`, without the replicas).
     ExistLeased = 39 since 9 => Control, Client, ExistLeased -> Vec<WireResult<u64>>,
         batch () => keys;
+    /// Control: one bounded page of the keys in the caller's namespace
+    /// under a prefix, with a cursor to resume from.
+    ListKeys = 41 since 9 => Control, Client, ListKeys -> KeyPage;
 }
 
 impl Opcode {

@@ -32,6 +32,7 @@ from lmcache.v1.distributed.api import ObjectKey  # noqa: E402
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter  # noqa: E402
 from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config  # noqa: E402
 from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj  # noqa: E402
+from lmcache.v1.mp_observability.event import EventType  # noqa: E402
 
 import kvpool  # noqa: E402
 from kvpool.lmcache import KvpoolL2Adapter, KvpoolL2AdapterConfig  # noqa: E402
@@ -247,6 +248,104 @@ def test_usage_and_status_come_from_the_pool(master: str, ours: str) -> None:
         a.delete(keys("usage", 2, salt="alice"))
         assert "alice" not in a.get_usage().bytes_by_cache_salt
         assert lookup(a, keys("usage", 2, salt="alice")) == [False, False]
+    finally:
+        a.close()
+
+
+class Listener:
+    """Records what an L2AdapterListener hears."""
+
+    def __init__(self) -> None:
+        self.stored: List[Any] = []
+        self.accessed: List[Any] = []
+        self.deleted: List[Any] = []
+
+    def on_l2_keys_stored(self, keys: List[ObjectKey], sizes: List[int]) -> None:
+        self.stored.append((list(keys), list(sizes)))
+
+    def on_l2_keys_accessed(self, keys: List[ObjectKey]) -> None:
+        self.accessed.append(list(keys))
+
+    def on_l2_keys_deleted(self, keys: List[ObjectKey]) -> None:
+        self.deleted.append(list(keys))
+
+
+class Bus:
+    """Stands in for LMCache's process-wide event bus: records what is published."""
+
+    def __init__(self) -> None:
+        self.events: List[Any] = []
+
+    def publish(self, event: Any) -> None:
+        self.events.append(event)
+
+
+def test_listeners_and_events_hear_stores_loads_and_deletes(master: str, ours: str) -> None:
+    a = make_adapter(master, key_prefix=ours)
+    try:
+        with pytest.raises(ValueError):
+            a.set_backend_identity("")
+        a.set_backend_identity("kvpool", shared=True)
+        heard, bus = Listener(), Bus()
+        a.register_listener(heard)
+        a._event_bus = bus
+        ks = keys("listen", 3)
+        assert store(a, ks, [obj(1.0), obj(2.0), obj(3.0)]).is_successful()
+        assert heard.stored == [(ks, [OBJ_BYTES] * 3)]
+        assert load(a, ks[2:], [obj(0.0)]) == [True]
+        assert heard.accessed == [ks[2:]]
+        # A missing key is not reported deleted; the others with the sizes the pool held.
+        a.delete(ks[:2] + keys("listen-missing", 1))
+        assert heard.deleted == [ks[:2]]
+        assert a.get_usage().bytes_by_cache_salt[""] == OBJ_BYTES
+        kinds = [e.event_type for e in bus.events]
+        assert kinds == [EventType.L2_KEYS_STORED, EventType.L2_KEYS_ACCESSED, EventType.L2_KEYS_DELETED]
+        assert all(e.metadata["backend"] == "kvpool" and e.metadata["shared"] for e in bus.events)
+        assert bus.events[0].metadata["sizes"] == [OBJ_BYTES] * 3
+        # The pool manages its own capacity: no LMCache-side global eviction.
+        assert not a.supports_global_eviction
+        assert a.get_usage().usage_fraction > 0  # the pool's numbers, not the base's -1 sentinel
+    finally:
+        a.close()
+
+
+def test_list_l2_keys_pages_by_model(master: str, ours: str) -> None:
+    a = make_adapter(master, key_prefix=ours)
+    try:
+        mine = [ObjectKey(chunk_hash=f"list-{i}".encode(), model_name=MODEL, kv_rank=3, object_group_id=i % 2,
+                          cache_salt="bob" if i % 3 == 0 else "") for i in range(12)]
+        other = [ObjectKey(chunk_hash=f"other-{i}".encode(), model_name="org/other", kv_rank=0) for i in range(4)]
+        n = 16  # float32 elements per object
+        assert store(a, mine + other, [obj(float(i), n) for i in range(16)]).is_successful()
+        with kvpool.Client(master) as c:
+            c.put(ours + "not-an-lmcache-key", b"x")
+
+        def walk(**kw: Any) -> Any:
+            seen: List[Any] = []
+            token, pages = None, 0
+            while True:
+                page = a.list_l2_keys(cursor=token, **kw)
+                assert len(page.entries) <= kw.get("page_size", 500)
+                seen += page.entries
+                pages += 1
+                token = page.next_page_token
+                if token is None:
+                    return seen, pages
+                assert isinstance(token, str) and pages < 10_000
+
+        seen, pages = walk(model_name=MODEL, page_size=5)
+        assert pages >= 3
+        assert len(seen) == 12 and {e.key.to_object_key() for e in seen} == set(mine)
+        assert all(e.size_bytes == n * 4 for e in seen)
+        seen, _ = walk()
+        assert len(seen) == 16 and {e.key.to_object_key() for e in seen} == set(mine + other)
+        assert walk(model_name="org/none", page_size=1)[0] == []
+        for bad in (0, -1):
+            with pytest.raises(ValueError):
+                a.list_l2_keys(page_size=bad)
+        for bad_cursor in ("bogus", "kvpool1:zz", "kvpool1:00"):
+            with pytest.raises(ValueError):
+                a.list_l2_keys(cursor=bad_cursor)
     finally:
         a.close()
 

@@ -75,6 +75,35 @@ async fn a_tenant_reaches_only_its_own_namespace() {
         assert_eq!(e.code, Code::ObjectNotFound, "{e}");
     }
 
+    // A listing sees the caller's own namespace only, without its prefix;
+    // a prefix naming another namespace finds nothing.
+    let listed = |c: &Client, prefix: &str| {
+        let (c, prefix) = (c.clone(), prefix.to_string());
+        async move {
+            let (mut all, mut cursor) = (Vec::new(), Vec::new());
+            loop {
+                let page = c.list_keys(&prefix, &cursor, 5).await.expect("list");
+                assert!(page.keys.len() <= 5);
+                all.extend(page.keys.into_iter().map(|(k, _)| k));
+                if page.cursor.is_empty() {
+                    all.sort();
+                    return all;
+                }
+                cursor = page.cursor;
+            }
+        }
+    };
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(listed(&acme, "page-").await, sorted);
+    assert_eq!(listed(&plain, "page-").await, sorted);
+    assert!(listed(&plain, "")
+        .await
+        .iter()
+        .all(|k| !k.contains('\u{1}')));
+    assert!(listed(&evil, "").await.is_empty());
+    assert!(listed(&evil, &scoped(Some("acme"), "")).await.is_empty());
+
     // Naming another namespace outright: refused, for every call that
     // names keys, from another tenant and from the untenanted client key.
     let victim = scoped(Some("acme"), "page-3");

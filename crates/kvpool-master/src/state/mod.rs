@@ -55,6 +55,7 @@ pub use evict::Evicted;
 use invalidation::InvalidationQueue;
 pub use invalidation::{FenceWait, Invalidations, FENCE_WAIT};
 use ledger::Ledger;
+pub use objects::ListPos;
 use objects::{Shard, Tick, Version};
 pub use segments::MountSpec;
 use segments::SegmentSlot;

@@ -73,6 +73,13 @@ pub(super) struct Pending {
     pub(super) version: Version,
 }
 
+/// Where a key listing goes on from: a shard, and a slot number in it.
+pub type ListPos = (u32, u32);
+
+/// Slots one [`MasterState::list_keys`] call looks at, at most (an empty
+/// shard counts one): a page costs about a millisecond whatever matches.
+const LIST_SCAN: usize = 1 << 16;
+
 /// One lock's worth of the object map: each key's committed version, and
 /// apart from it (so the many committed objects carry no room for one) the
 /// put of a new version in flight, at most one per key.
@@ -637,6 +644,54 @@ impl MasterState {
                 Ok(v.value_len)
             })
             .collect()
+    }
+
+    /// Up to `limit` (one at least) committed keys that `keep` accepts,
+    /// with their value sizes, in table order from `from` (shard, slot;
+    /// `(0, 0)` to start), and where to go on from (`None`: every shard
+    /// done). A page ends once it holds `max_bytes` of keys (one key at
+    /// least), or after [`LIST_SCAN`] slots, so one
+    /// call holds each shard lock briefly and does bounded work however
+    /// few keys match. Slot numbers never move and the position only grows:
+    /// a key put or removed meanwhile may be missed or (put again in a
+    /// later slot) listed twice, and the listing always ends.
+    pub fn list_keys(
+        &self,
+        keep: impl Fn(&str) -> bool,
+        from: ListPos,
+        limit: usize,
+        max_bytes: usize,
+    ) -> (Vec<(String, u64)>, Option<ListPos>) {
+        let (mut shard, mut slot) = from;
+        let (mut out, mut bytes, mut scanned) = (Vec::new(), 0, 0);
+        while (shard as usize) < self.shards.len() {
+            let sh = self.shards[shard as usize].lock();
+            let table = &sh.objects;
+            while slot < table.filled() {
+                // A page holds one key at least, so every call moves on.
+                let full = !out.is_empty() && (out.len() >= limit || bytes >= max_bytes);
+                if full || scanned >= LIST_SCAN {
+                    return (out, Some((shard, slot)));
+                }
+                scanned += 1;
+                if let Some(s) = table.occupied(slot) {
+                    let k = table.key(slot);
+                    if keep(k) {
+                        bytes += k.len();
+                        out.push((k.to_string(), s.value_len));
+                    }
+                }
+                slot += 1;
+            }
+            drop(sh);
+            (shard, slot) = (shard + 1, 0);
+            // An empty shard costs a lock: counted as a slot looked at.
+            scanned += 1;
+            if scanned >= LIST_SCAN && (shard as usize) < self.shards.len() {
+                return (out, Some((shard, 0)));
+            }
+        }
+        (out, None)
     }
 
     pub(super) fn remove_in(

@@ -206,6 +206,12 @@ impl ObjectTable {
         self.find(key).map(|i| self.at(i))
     }
 
+    /// Slots ever used: every occupied slot is below it, and slot numbers
+    /// never move, so a listing can resume at a slot number.
+    pub(super) fn filled(&self) -> u32 {
+        self.filled
+    }
+
     /// Slot `i`, if it holds an object.
     pub(super) fn occupied(&self, i: u32) -> Option<&Slot> {
         (i < self.filled)

@@ -180,6 +180,31 @@ pub struct ExistLeased {
     pub keys: Vec<String>,
 }
 
+/// One page of the committed keys starting with `prefix`, in the master's
+/// table order (not sorted). Each call does bounded work: a page may come
+/// back short, or empty, with a cursor to go on from. Keys put or removed
+/// while a listing runs may be missed or listed twice; every key held
+/// throughout is listed once, and a listing always ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListKeys {
+    /// Only keys starting with this (a tenant's client sends its namespace
+    /// in front).
+    pub prefix: String,
+    /// Where to go on from: empty to start, else a page's `cursor`.
+    pub cursor: Vec<u8>,
+    /// Most keys to answer (capped at [`crate::limits::MAX_LIST_KEYS`]).
+    pub limit: u32,
+}
+
+/// A page of [`ListKeys`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPage {
+    /// Keys with their value sizes.
+    pub keys: Vec<(String, u64)>,
+    /// Opaque position to ask from next; empty when the listing is done.
+    pub cursor: Vec<u8>,
+}
+
 /// Objects a client read through its location cache, without asking the
 /// master: each read counts as a `GetReplicaList` would (recency, and the
 /// read lease runs from the read), reported late and in batches.

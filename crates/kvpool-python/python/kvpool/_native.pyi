@@ -158,6 +158,8 @@ class Client:
         """Removes matching keys; returns how many."""
     def remove_all(self, force: bool = False) -> int:
         """Removes every object; returns how many."""
+    def list_keys(self, prefix: str = "", cursor: bytes = b"", limit: int = 1000) -> Tuple[List[Tuple[str, int]], bytes]:
+        """One page of (key, value size) under ``prefix`` and the cursor to pass next (``b""`` once done)."""
     def status(self) -> Dict[str, Any]:
         """The cluster as the master sees it."""
     def get_metrics(self) -> Dict[str, float]:

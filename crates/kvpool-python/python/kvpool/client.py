@@ -12,7 +12,7 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 from .config import ReplicateConfig
@@ -310,4 +310,12 @@ class Client:
     def remove_all(self, *, force: bool = False) -> int:
         """Removes every object; returns how many."""
         return self._native.remove_all(force)
+
+    def list_keys(self, prefix: str = "", cursor: bytes = b"", limit: int = 1000) -> Tuple[List[Tuple[str, int]], bytes]:
+        """One page of ``(key, value size)`` under ``prefix``, and the cursor
+        to pass next (``b""`` to start; ``b""`` back once done). A page holds
+        at most ``limit`` keys (capped at 10,000), maybe fewer, or none,
+        before the end. Keys put or removed meanwhile may be missed or
+        listed twice; the others come once each, in no particular order."""
+        return self._native.list_keys(prefix, cursor, limit)
 

@@ -10,7 +10,10 @@ Stores and loads move bytes straight between LMCache's memory objects (host
 memory, by address) and the pool: no copy in Python. A lookup *locks* the
 keys it finds by holding the pool's read lease on them, renewed in the
 background until :meth:`KvpoolL2Adapter.submit_unlock`: the master never
-evicts an object under a live lease. See ``docs/lmcache.md``.
+evicts an object under a live lease. Listeners hear of stores, loads and
+deletes made through the adapter, not of the pool's own evictions;
+:meth:`KvpoolL2Adapter.list_l2_keys` pages through the pool's keys in
+bounded master calls. See ``docs/lmcache.md``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Optional
 
 from lmcache.lmcache_native import Bitmap  # type: ignore[import-untyped]
+from lmcache.v1.distributed.api import KeyEntry, KeyListPage, ObjectKey  # type: ignore[import-untyped]
 from lmcache.v1.distributed.internal_api import L2StoreResult  # type: ignore[import-untyped]
 from lmcache.v1.distributed.l2_adapters.base import (  # type: ignore[import-untyped]
     AdapterUsage,
@@ -54,6 +58,26 @@ _CLIENT_OPTIONS = (
     "tls_cert",
     "tls_key",
 )
+
+
+# Most entries one list_l2_keys page asks for: the master's cap per ListKeys.
+_MAX_PAGE = 10_000
+
+# list_l2_keys tokens: this tag, then the master's cursor bytes in hex.
+_CURSOR_TAG = "kvpool1:"
+
+
+def _decode_cursor(token: str) -> bytes:
+    """The master's cursor in a ``next_page_token``; ``ValueError`` if it is none."""
+    if not isinstance(token, str) or not token.startswith(_CURSOR_TAG):
+        raise ValueError(f"malformed list_l2_keys cursor {token!r}")
+    try:
+        raw = bytes.fromhex(token[len(_CURSOR_TAG):])
+    except ValueError:
+        raise ValueError(f"malformed list_l2_keys cursor {token!r}") from None
+    if len(raw) != 8:  # the master's (shard, slot) position
+        raise ValueError(f"malformed list_l2_keys cursor {token!r}")
+    return raw
 
 
 class KvpoolL2AdapterConfig(L2AdapterConfigBase):  # type: ignore[misc]
@@ -122,8 +146,11 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         # and writes any host address without registering it first.
         if not isinstance(config, KvpoolL2AdapterConfig):
             config = KvpoolL2AdapterConfig.from_dict(dict(config or {}))
-        # No aggregate capacity: the pool evicts on its own (sparing leased,
-        # i.e. locked, objects), so LMCache must not evict from it by usage.
+        # No aggregate capacity, so supports_global_eviction is False: the
+        # pool evicts on its own (sparing leased, i.e. locked, objects) and is
+        # shared, so LMCache must not evict from it by the bytes it counted.
+        # The base also keeps the listeners, the backend identity events are
+        # tagged with, and the per-salt byte counts.
         super().__init__(max_capacity_bytes=0)
         self._config = config
         self._client = Client(config.master, **config.client_options)
@@ -245,7 +272,9 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
 
     def delete(self, keys: List[Any]) -> None:
         """Removes keys from the pool; a key under a read lease (locked, or
-        being read by anyone) stays."""
+        being read by anyone) stays. Listeners hear of the keys removed, with
+        the sizes the pool held (objects the pool evicts by itself are not
+        reported: the master has no event stream of them)."""
         names = [self._name(k) for k in keys]
         sizes: Dict[str, int] = {}
         for name in names:
@@ -261,6 +290,29 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         done = [(k, sizes[n]) for k, n in zip(keys, names) if n in removed]
         if done:
             self._notify_keys_deleted([k for k, _ in done], [s for _, s in done])
+
+    def list_l2_keys(self, model_name: Optional[str] = None, page_size: int = 500,
+                     cursor: Optional[str] = None) -> KeyListPage:
+        """One page of the keys this adapter's ``key_prefix`` holds in the pool
+        (``model_name``: that model's only), with their sizes.
+
+        One bounded master call per page (``ListKeys``): a page holds at most
+        ``page_size`` entries (capped at 10,000), and may hold fewer, or none,
+        with a ``next_page_token`` to go on; ``None`` once every key was seen.
+        Keys stored or removed while paging may be missed or listed twice.
+        Pool keys under the prefix that are no LMCache key are skipped.
+        """
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+            raise ValueError(f"page_size must be a positive integer (got {page_size!r})")
+        raw = b"" if cursor is None else _decode_cursor(cursor)
+        prefix = self._config.key_prefix + (f"{model_name}@" if model_name is not None else "")
+        names, nxt = self._native.list_keys(prefix, raw, min(page_size, _MAX_PAGE))
+        entries = []
+        for name, size in names:
+            key = self._key(name)
+            if key is not None:
+                entries.append(KeyEntry(key=key.to_encoded_object_key(), size_bytes=size))
+        return KeyListPage(entries=tuple(entries), next_page_token=_CURSOR_TAG + nxt.hex() if nxt else None)
 
     def get_usage(self) -> AdapterUsage:
         """The pool's used and total bytes (all tenants), with LMCache's
@@ -316,6 +368,18 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         fields LMCache's native connectors use, ``@``-separated."""
         name = f"{self._config.key_prefix}{key.model_name}@{key.kv_rank:08x}@{key.object_group_id:x}@{key.chunk_hash.hex()}"
         return f"{name}@{key.cache_salt}" if key.cache_salt else name
+
+    def _key(self, name: str) -> Optional[Any]:
+        """The ``ObjectKey`` :meth:`_name` made ``name`` from, or ``None`` for
+        another pool key under the prefix."""
+        fields = name[len(self._config.key_prefix):].split("@")
+        if not name.startswith(self._config.key_prefix) or len(fields) not in (4, 5):
+            return None
+        try:
+            return ObjectKey(chunk_hash=bytes.fromhex(fields[3]), model_name=fields[0], kv_rank=int(fields[1], 16),
+                             object_group_id=int(fields[2], 16), cache_salt=fields[4] if len(fields) == 5 else "")
+        except ValueError:
+            return None
 
     def _regions(self, keys: List[Any], objects: List[Any]) -> tuple:
         """Pool keys, host addresses and byte sizes of memory objects: the

@@ -216,6 +216,9 @@ impl Drop for Client {
     }
 }
 
+/// A page of `list_keys`: `(key, value size)` pairs and the cursor bytes.
+type KeyPage<'py> = (Vec<(String, u64)>, Bound<'py, PyBytes>);
+
 #[pymethods]
 impl Client {
     /// Connects with resolved settings: the dict `resolve_settings` returns
@@ -777,6 +780,24 @@ impl Client {
     fn remove_all(&self, py: Python<'_>, force: bool) -> PyResult<u64> {
         let c = self.client(py)?;
         wait(py, async { c.remove_all(force).await })?.map_err(|e| raise(py, e))
+    }
+
+    /// One page of the keys starting with `prefix` as `(keys, cursor)`:
+    /// `keys` a list of `(key, value size)`, at most `limit` (capped at
+    /// 10,000) and maybe fewer before the end; `cursor` the bytes to pass
+    /// next (`b""` to start), empty once the listing is done.
+    #[pyo3(signature = (prefix = "", cursor = b"".to_vec(), limit = 1000))]
+    fn list_keys<'py>(
+        &self,
+        py: Python<'py>,
+        prefix: &str,
+        cursor: Vec<u8>,
+        limit: u32,
+    ) -> PyResult<KeyPage<'py>> {
+        let c = self.client(py)?;
+        let page = wait(py, async { c.list_keys(prefix, &cursor, limit).await })?
+            .map_err(|e| raise(py, e))?;
+        Ok((page.keys, PyBytes::new(py, &page.cursor)))
     }
 
     /// This client's counters (keys per op and result, errors by code,
