@@ -179,6 +179,19 @@ async fn a_paused_store_costs_one_silence_not_one_timeout_per_call() {
         client.put(k, &value, &rc).await.expect(k);
         assert_eq!(client.get(k).await.expect(k), value);
     }
+    // Preferred segments are a hint: say so if placement did not take it,
+    // rather than fail below for the wrong reason.
+    let held = client
+        .replica_descs(&["only-paused"])
+        .await
+        .remove(0)
+        .expect("descs");
+    let held: Vec<&str> = held.iter().map(|d| d.segment.as_str()).collect();
+    assert_eq!(
+        held,
+        [paused.as_str()],
+        "only-paused was not placed on the store to pause"
+    );
 
     cluster.store(0).freeze(true);
     // The first call meets the silent store and waits out its silence:

@@ -279,14 +279,38 @@ impl Process {
     /// cluster at a moment of the test's choosing.
     pub fn freeze(&self, frozen: bool) {
         let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        let pid = self.child.id();
         // SAFETY: plain syscall on the pid of a child we have not reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        unsafe { libc::kill(pid as libc::pid_t, sig) };
+        // A stop reaches each thread on its own: under load a thread can
+        // still answer a request sent just after the signal. Return once
+        // every thread is stopped, as a caller means.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while frozen && !all_threads_stopped(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Whether this harness killed the process (as opposed to it exiting).
     pub fn was_killed(&self) -> bool {
         self.killed
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in
+/// `/proc/<pid>/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        matches!(state, None | Some('T' | 't'))
+    })
 }
 
 impl Drop for Process {
