@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use kvpool_proto::msg::{self, ObjectLocation};
-use kvpool_proto::{validate_key, Code, KvError, KvResult};
+use kvpool_proto::{Code, KvError, KvResult};
 use tokio::time::Instant;
 
 use crate::retry::KeyRetry;
@@ -466,39 +466,19 @@ impl Client {
     pub(crate) async fn locate_keys(&self, keys: &[&str]) -> Vec<KvResult<Found>> {
         // The lease runs from when the master was asked, not from its answer.
         let t0 = Instant::now();
-        let mut out: Vec<KvResult<Found>> = keys
-            .iter()
-            .map(|k| {
-                validate_key(k).map(|_| Found {
-                    location: ObjectLocation {
-                        value_len: 0,
-                        generation: 0,
-                        lease_ms: 0,
-                        replicas: Vec::new(),
-                    },
-                    lease_from: t0,
-                    via: Via::Master,
+        let located = self.call_keys(keys, |keys| msg::GetReplicaList { keys });
+        (keys.iter().zip(located.await))
+            .map(|(k, l)| {
+                l.map(|location| {
+                    self.inner.cache.insert(k, location.clone(), Some(t0));
+                    Found {
+                        location,
+                        lease_from: t0,
+                        via: Via::Master,
+                    }
                 })
             })
-            .collect();
-        let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_ok()).collect();
-        if ask.is_empty() {
-            return out;
-        }
-        let asked: Vec<String> = ask.iter().map(|&i| keys[i].to_string()).collect();
-        let list = |keys| msg::GetReplicaList { keys };
-        let located = self.call_split(asked, String::as_str, list).await;
-        for (&i, l) in ask.iter().zip(located) {
-            out[i] = l.map(|location| {
-                self.inner.cache.insert(keys[i], location.clone(), Some(t0));
-                Found {
-                    location,
-                    lease_from: t0,
-                    via: Via::Master,
-                }
-            });
-        }
-        out
+            .collect()
     }
 }
 

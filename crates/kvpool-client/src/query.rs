@@ -91,17 +91,14 @@ impl Client {
     /// hold fewer, or none, before the end: the master bounds each call's
     /// work. A tenant's client lists its own namespace, without its prefix.
     pub async fn list_keys(&self, prefix: &str, cursor: &[u8], limit: u32) -> KvResult<KeyPage> {
-        let ns = self.tenant().map(tenant::prefix).unwrap_or_default();
-        let prefix = format!("{ns}{prefix}");
-        let cursor = cursor.to_vec();
         let mut page: KeyPage = self
             .call(&msg::ListKeys {
-                prefix,
-                cursor,
+                prefix: self.scoped(prefix).into_owned(),
+                cursor: cursor.to_vec(),
                 limit,
             })
             .await?;
-        if !ns.is_empty() {
+        if let Some(ns) = self.tenant().map(tenant::prefix) {
             for (k, _) in &mut page.keys {
                 if let Some(own) = k.strip_prefix(&ns) {
                     *k = own.to_string();

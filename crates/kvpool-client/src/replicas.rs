@@ -70,17 +70,7 @@ impl Client {
             Err(e) if e.code == Code::ObjectNotFound => Ok(None),
             Err(e) => Err(e),
         };
-        let mut out: Vec<KvResult<Option<u64>>> = keys
-            .iter()
-            .map(|k| validate_key(k).map(|()| None))
-            .collect();
-        let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_ok()).collect();
-        if ask.is_empty() {
-            return out;
-        }
-        let asked: Vec<String> = ask.iter().map(|&i| keys[i].to_string()).collect();
-        let leased = |keys| msg::ExistLeased { keys };
-        let got = self.call_split(asked, String::as_str, leased).await;
+        let got = self.call_keys(keys, |keys| msg::ExistLeased { keys }).await;
         if got
             .iter()
             .any(|r| matches!(r, Err(e) if e.code == Code::NotSupported))
@@ -93,10 +83,7 @@ impl Client {
                 .map(|f| found(f.map(|f| f.location.value_len)))
                 .collect();
         }
-        for (&i, r) in ask.iter().zip(got) {
-            out[i] = found(r);
-        }
-        out
+        got.into_iter().map(found).collect()
     }
 
     /// Names of mounted segments by id, from one `Status` call.

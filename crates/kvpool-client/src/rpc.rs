@@ -8,7 +8,7 @@ use kvpool_net::request_id;
 use kvpool_proto::limits::{batch_chunks, ITEM_OVERHEAD};
 use kvpool_proto::msg::{self, ClientId, WireResult};
 use kvpool_proto::Rpc;
-use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use tracing::Instrument;
 
 use crate::Client;
@@ -79,6 +79,38 @@ impl Client {
             .flat_map(futures::stream::iter)
             .collect()
             .await
+    }
+
+    /// [`Self::call_split`] over `keys`, each checked first: an invalid key
+    /// answers its own error and is not sent, the others are asked.
+    pub(crate) async fn call_keys<R, T>(
+        &self,
+        keys: &[&str],
+        make: impl Fn(Vec<String>) -> R,
+    ) -> Vec<KvResult<T>>
+    where
+        R: Rpc<Response = Vec<WireResult<T>>>,
+    {
+        let mut out: Vec<Option<KvResult<T>>> = keys
+            .iter()
+            .map(|k| validate_key(k).err().map(Err))
+            .collect();
+        let asked: Vec<String> = (keys.iter().zip(&out))
+            .filter(|(_, o)| o.is_none())
+            .map(|(k, _)| k.to_string())
+            .collect();
+        if !asked.is_empty() {
+            let mut got = self
+                .call_split(asked, String::as_str, make)
+                .await
+                .into_iter();
+            for o in out.iter_mut().filter(|o| o.is_none()) {
+                *o = got.next();
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
+            .collect()
     }
 
     /// The id this client registered under (puts are owned by it).

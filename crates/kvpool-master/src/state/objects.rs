@@ -544,24 +544,41 @@ impl MasterState {
             .collect()
     }
 
+    /// Finds committed `key` and takes its read lease as a read does (the
+    /// lease extended, a use counted); `then` runs under its shard's lock.
+    fn leased<T>(
+        &self,
+        key: &str,
+        now: Instant,
+        then: impl FnOnce(&mut ObjectTable, u32) -> T,
+    ) -> KvResult<T> {
+        validate_key(key)?;
+        let mut shard = self.shard(key).lock();
+        let objects = &mut shard.objects;
+        let i = objects
+            .find(key)
+            .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{key:?} not found")))?;
+        let v = objects.at_mut(i);
+        v.lease_until = v.lease_until.max(self.tick(now + self.cfg.lease_ttl));
+        v.last_access = self.tick(now);
+        Ok(then(objects, i))
+    }
+
     /// Locates committed objects and grants each a read lease.
     pub fn get_replica_list(&self, keys: &[String], now: Instant) -> Vec<KvResult<ObjectLocation>> {
         let suspect = self.suspect_segments();
         keys.iter()
             .map(|k| {
-                validate_key(k)?;
-                let mut shard = self.shard(k).lock();
-                let objects = &mut shard.objects;
-                let i = objects.find(k).ok_or_else(|| {
-                    KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
+                let (value_len, generation, mut replicas) = self.leased(k, now, |objects, i| {
+                    let v = objects.at(i);
+                    let (value_len, generation) = (v.value_len, v.generation);
+                    self.read_on_disk(objects, i);
+                    (
+                        value_len,
+                        generation,
+                        self.describe_numbered(objects.replicas(i)),
+                    )
                 })?;
-                let v = objects.at_mut(i);
-                v.lease_until = v.lease_until.max(self.tick(now + self.cfg.lease_ttl));
-                v.last_access = self.tick(now);
-                let (value_len, generation) = (v.value_len, v.generation);
-                self.read_on_disk(objects, i);
-                let mut replicas = self.describe_numbered(objects.replicas(i));
-                drop(shard);
                 if !suspect.is_empty() {
                     // Readers try replicas in order: live stores first.
                     replicas.sort_by_key(|r| suspect.contains(&r.segment));
@@ -629,20 +646,8 @@ impl MasterState {
     /// [`Self::exist`] taking a read lease on each object found, and
     /// counting as a use of it, as [`Self::get_replica_list`] does.
     pub fn exist_leased(&self, keys: &[String], now: Instant) -> Vec<KvResult<u64>> {
-        let (until, at) = (self.tick(now + self.cfg.lease_ttl), self.tick(now));
         keys.iter()
-            .map(|k| {
-                validate_key(k)?;
-                let mut shard = self.shard(k).lock();
-                let objects = &mut shard.objects;
-                let i = objects.find(k).ok_or_else(|| {
-                    KvError::new(Code::ObjectNotFound, format!("{k:?} not found"))
-                })?;
-                let v = objects.at_mut(i);
-                v.lease_until = v.lease_until.max(until);
-                v.last_access = at;
-                Ok(v.value_len)
-            })
+            .map(|k| self.leased(k, now, |objects, i| objects.at(i).value_len))
             .collect()
     }
 
