@@ -10,12 +10,14 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -203,9 +205,11 @@ class Cluster:
         return "\n".join(out)
 
 
-def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = False, tls: bool = False) -> Cluster:
-    """Starts a master and ``stores`` storage nodes (with a cluster secret
-    when ``secured``, serving TLS only with ``tls``); waits until they mount."""
+def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = False, tls: bool = False,
+                master_args: Sequence[str] = ()) -> Cluster:
+    """Starts a master (with ``master_args``) and ``stores`` storage nodes
+    (with a cluster secret when ``secured``, serving TLS only with ``tls``);
+    waits until they mount."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     c = Cluster(
         bin=kvpool_bin(),
@@ -218,7 +222,7 @@ def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = Fal
             c.secure()
         if tls:
             c.use_tls()
-        c.start_master()
+        c.start_master(*master_args)
         for _ in range(stores):
             c.start_store(store_size)
         c.wait_segments(stores)
@@ -232,6 +236,15 @@ def new_cluster(stores: int = 1, store_size: str = "256MiB", secured: bool = Fal
 def cluster() -> Iterator[Cluster]:
     """One master and one 256 MiB storage node for the whole session."""
     c = new_cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def short_lease() -> Iterator[Cluster]:
+    """A master whose read lease is 1 s and a 64 MiB storage node (lease
+    expiry and renewal, clearing replicas)."""
+    c = new_cluster(store_size="64MiB", master_args=("--default_kv_lease_ttl", "1000"))
     yield c
     c.stop()
 
@@ -294,13 +307,40 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:12]}/"
 
 
+def setup7(s: Any, master: str, segment: int = 0) -> int:
+    """Mooncake's 7-argument ``setup`` of ``s`` over TCP, lending ``segment`` bytes."""
+    return s.setup("127.0.0.1", "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", master)
+
+
+@contextmanager
+def scribbling(a: Any) -> Iterator[None]:
+    """A thread writing into one byte of every page of the numpy array
+    ``a`` (2 and 3 in turn) until the block ends: a caller changing its
+    buffer while a put of it is in flight."""
+    stop = threading.Event()
+
+    def scribble() -> None:
+        v = 2
+        while not stop.is_set():
+            a[::4096] = v
+            v = 5 - v
+
+    t = threading.Thread(target=scribble)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
 @pytest.fixture
 def store(master: str):
     """A set-up MooncakeDistributedStore (pure client), closed afterwards."""
     from kvpool.mooncake import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master) == 0
+    assert setup7(s, master) == 0
     yield s
     s.remove_all(True)
     s.close()

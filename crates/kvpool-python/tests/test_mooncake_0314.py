@@ -15,38 +15,17 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
-import tempfile
 import time
 import types
 
 import pytest
 
-from conftest import Cluster, free_port, kvpool_bin
+from conftest import setup7
 from kvpool.mooncake import ExistOptions, MooncakeDistributedStore, RangedReadSnapshot, ReplicateConfig
 
 INVALID_PARAMS, OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, NOT_SUPPORTED = -600, -704, -706, -1012
 A, B = b"A" * 64, b"B" * 64
-
-
-def setup7(s: MooncakeDistributedStore, master: str) -> int:
-    return s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master)
-
-
-@pytest.fixture(scope="module")
-def short_lease():
-    """A private cluster whose read lease is 1 s (for lease expiry and renewal)."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    c = Cluster(bin=kvpool_bin(), master=f"127.0.0.1:{free_port()}", metrics_port=free_port(),
-                workdir=tempfile.mkdtemp(prefix="kvpool-pytest-", dir=base))
-    try:
-        c.start_master("--default_kv_lease_ttl", "1000")
-        c.start_store("64MiB")
-        c.wait_segments(1)
-        yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ behaviour instead."""
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
 from typing import Any, Callable, Dict, List
 
 import numpy as np
 import pytest
 
+from conftest import scribbling
 from mooncake_ref import LEASE_MS, System, both, systems  # noqa: F401  (fixture)
 
 torch = pytest.importorskip("torch")
@@ -246,23 +246,10 @@ def source_changed_while_put(S: System) -> Any:
     s = S.store()
     n = 12 << 20  # a get's bytes must fit Mooncake's 16 MiB local buffer
     a = buf(n, 1)
-    stop = threading.Event()
-
-    def scribble() -> None:
-        v = 2
-        while not stop.is_set():
-            a[::4096] = v
-            v = 5 - v
-
-    t = threading.Thread(target=scribble)
-    t.start()
-    try:
-        k = S.key("scribbled")
+    k = S.key("scribbled")
+    with scribbling(a):
         rcs = [s.put_from(k + str(i), ptr(a), n) for i in range(3)]
         many = s.batch_put_from([k + "b0", k + "b1"], [ptr(a), ptr(a)], [n // 2, n // 2])
-    finally:
-        stop.set()
-        t.join()
     out = []
     for name in [k + str(i) for i in range(3)] + [k + "b0", k + "b1"]:
         v = s.get(name)
@@ -415,51 +402,57 @@ def tensor_parallel_shards(S: System) -> Any:
     return out
 
 
+def axis(S: System, rank: int, size: int, split_dim: int = 0, kind: str = "tp") -> Any:
+    """A ``ParallelAxis`` of ``S``."""
+    a = S.module.ParallelAxis()
+    a.kind, a.rank, a.size, a.split_dim = kind, rank, size, split_dim
+    return a
+
+
+def layout(S: System, *axes: Any) -> Any:
+    """A ``TensorParallelism`` of ``S`` over ``axes``."""
+    p = S.module.TensorParallelism()
+    p.axes = list(axes)
+    return p
+
+
+def read_target(S: System, mode: str, p: Any = None) -> Any:
+    """A ``ReadTarget`` of ``S``: ``mode``, and a layout if given."""
+    r = S.module.ReadTarget()
+    r.mode = mode
+    if p is not None:
+        r.parallelism = p
+    return r
+
+
+def as_list(t: Any) -> Any:
+    """A tensor as nested lists (None stays None), to compare."""
+    return None if t is None else t.tolist()
+
+
 @scenario
 def tensor_parallelism_requests(S: System) -> Any:
     s = S.store()
-    m = S.module
-
-    def ax(kind: str, rank: int, size: int, split_dim: int = 0) -> Any:
-        a = m.ParallelAxis()
-        a.kind, a.rank, a.size, a.split_dim = kind, rank, size, split_dim
-        return a
-
-    def par(*axes: Any) -> Any:
-        p = m.TensorParallelism()
-        p.axes = list(axes)
-        return p
-
-    def target(mode: str, p: Any = None) -> Any:
-        r = m.ReadTarget()
-        r.mode = mode
-        if p is not None:
-            r.parallelism = p
-        return r
-
-    def lst(t: Any) -> Any:
-        return None if t is None else t.tolist()
-
     t0 = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     out = []
-    out.append(("kinds", [s.put_tensor_with_parallelism(S.key(kind), t0, par(ax(kind, 1, 2))) for kind in ("tp", "TP", "pp", "ep", "bogus")]))
+    out.append(("kinds", [s.put_tensor_with_parallelism(S.key(kind), t0, layout(S, axis(S, 1, 2, kind=kind))) for kind in ("tp", "TP", "pp", "ep", "bogus")]))
     k = S.key("p")
-    out.append(("shards", s.put_tensor_with_parallelism(k, t0, par(ax("tp", 0, 2))),
-                s.put_tensor_with_parallelism(k, t0 + 100, par(ax("tp", 1, 2))), s.get(k + "_tp_1").hex(), s.get_size(k)))
-    out.append(("reads", lst(s.get_tensor_with_parallelism(k)), lst(s.get_tensor_with_parallelism(k, target("full"))),
-                lst(s.get_tensor_with_parallelism(k, target("full", par(ax("tp", 0, 2))))),
-                lst(s.get_tensor_with_parallelism(k, target("shard", par(ax("tp", 1, 4))))),
-                lst(s.get_tensor_with_parallelism(k, target("shard", par(ax("tp", 0, 1))))),
-                lst(s.get_tensor_with_tp(k, 1, 2))))
+    out.append(("shards", s.put_tensor_with_parallelism(k, t0, layout(S, axis(S, 0, 2))),
+                s.put_tensor_with_parallelism(k, t0 + 100, layout(S, axis(S, 1, 2))), s.get(k + "_tp_1").hex(), s.get_size(k)))
+    out.append(("reads", as_list(s.get_tensor_with_parallelism(k)), as_list(s.get_tensor_with_parallelism(k, read_target(S, "full"))),
+                as_list(s.get_tensor_with_parallelism(k, read_target(S, "full", layout(S, axis(S, 0, 2))))),
+                as_list(s.get_tensor_with_parallelism(k, read_target(S, "shard", layout(S, axis(S, 1, 4))))),
+                as_list(s.get_tensor_with_parallelism(k, read_target(S, "shard", layout(S, axis(S, 0, 1))))),
+                as_list(s.get_tensor_with_tp(k, 1, 2))))
     plain = S.key("plain")
     s.put_tensor(plain, t0)
-    out.append(("plain", lst(s.get_tensor_with_parallelism(plain)), lst(s.get_tensor_with_parallelism(plain, target("full"))),
-                lst(s.get_tensor_with_parallelism(plain, target("shard", par(ax("tp", 1, 2)))))))
+    out.append(("plain", as_list(s.get_tensor_with_parallelism(plain)), as_list(s.get_tensor_with_parallelism(plain, read_target(S, "full"))),
+                as_list(s.get_tensor_with_parallelism(plain, read_target(S, "shard", layout(S, axis(S, 1, 2)))))))
     out.append(("no layout", s.put_tensor_with_parallelism(S.key("none"), t0), "empty axes",
-                s.put_tensor_with_parallelism(S.key("none2"), t0, par())))
+                s.put_tensor_with_parallelism(S.key("none2"), t0, layout(S))))
     ks = [S.key("bp1"), S.key("bp2")]
-    out.append(("batch", s.batch_put_tensor_with_parallelism(ks, [t0, t0], [par(ax("tp", 0, 2)), par(ax("tp", 1, 2))]),
-                [lst(x) for x in s.batch_get_tensor_with_parallelism([ks[0], S.key("plain")])]))
+    out.append(("batch", s.batch_put_tensor_with_parallelism(ks, [t0, t0], [layout(S, axis(S, 0, 2)), layout(S, axis(S, 1, 2))]),
+                [as_list(x) for x in s.batch_get_tensor_with_parallelism([ks[0], S.key("plain")])]))
     return out
 
 
@@ -470,44 +463,25 @@ def writer_partitions_put_back_together(S: System) -> Any:
     whole; readers ask for it whole or for one shard of several layouts,
     also while some shards are missing."""
     s = S.store()
-    m = S.module
-
-    def ax(rank: int, size: int, split_dim: int = 0, kind: str = "tp") -> Any:
-        a = m.ParallelAxis()
-        a.kind, a.rank, a.size, a.split_dim = kind, rank, size, split_dim
-        return a
-
-    def par(*axes: Any) -> Any:
-        p = m.TensorParallelism()
-        p.axes = list(axes)
-        return p
-
-    def target(mode: str, p: Any = None) -> Any:
-        r = m.ReadTarget()
-        r.mode = mode
-        if p is not None:
-            r.parallelism = p
-        return r
-
     def reads(k: str, split: int = 0) -> Any:
-        asks = [target("full"), target("full", par(ax(0, 2, split))), target("full", par(ax(0, 1, split))),
-                target("shard", par(ax(1, 2, split))), target("shard", par(ax(3, 4, split))),
-                target("shard", par(ax(0, 1, split))), target("as_stored"), None]
-        return [None if t is None else t.tolist() for t in (s.get_tensor_with_parallelism(k, a) for a in asks)]
+        asks = [read_target(S, "full"), read_target(S, "full", layout(S, axis(S, 0, 2, split))), read_target(S, "full", layout(S, axis(S, 0, 1, split))),
+                read_target(S, "shard", layout(S, axis(S, 1, 2, split))), read_target(S, "shard", layout(S, axis(S, 3, 4, split))),
+                read_target(S, "shard", layout(S, axis(S, 0, 1, split))), read_target(S, "as_stored"), None]
+        return [as_list(s.get_tensor_with_parallelism(k, a)) for a in asks]
 
     t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     out = []
     for split in (0, 1):
         k = S.key(f"wp{split}")
-        out.append((f"writers along {split}", [s.put_tensor_with_parallelism(k, t, writer_partition=ax(r, 2, split)) for r in (0, 1)],
+        out.append((f"writers along {split}", [s.put_tensor_with_parallelism(k, t, writer_partition=axis(S, r, 2, split)) for r in (0, 1)],
                     reads(k, split)))
         k = S.key(f"tp{split}")
-        out.append((f"TP shards along {split}", [s.put_tensor_with_parallelism(k, t, par(ax(r, 2, split))) for r in (0, 1)],
+        out.append((f"TP shards along {split}", [s.put_tensor_with_parallelism(k, t, layout(S, axis(S, r, 2, split))) for r in (0, 1)],
                     reads(k, split)))
     k = S.key("half")
-    out.append(("one of two writers", s.put_tensor_with_parallelism(k, t, writer_partition=ax(1, 2)), reads(k)))
+    out.append(("one of two writers", s.put_tensor_with_parallelism(k, t, writer_partition=axis(S, 1, 2)), reads(k)))
     k = S.key("tphalf")
-    out.append(("one of two TP shards", s.put_tensor_with_parallelism(k, t, par(ax(1, 2))), reads(k)))
+    out.append(("one of two TP shards", s.put_tensor_with_parallelism(k, t, layout(S, axis(S, 1, 2))), reads(k)))
     k = S.key("whole")
     out.append(("stored whole", s.put_tensor(k, t), reads(k)))
 
@@ -515,8 +489,8 @@ def writer_partitions_put_back_together(S: System) -> Any:
         rank, size, split_dim = 0, 2, 0
 
     out.append(("partition kinds", [s.put_tensor_with_parallelism(S.key(f"k{i}"), t, writer_partition=w) for i, w in enumerate(
-        [Partition(), {"rank": 0, "size": 2, "split_dim": 0}, ax(0, 2, 0, "pp"), ax(3, 2), ax(0, 5, 1)])],
-        s.put_tensor_with_parallelism(S.key("both"), t, par(ax(0, 2)), writer_partition=ax(0, 2))))
+        [Partition(), {"rank": 0, "size": 2, "split_dim": 0}, axis(S, 0, 2, 0, "pp"), axis(S, 3, 2), axis(S, 0, 5, 1)])],
+        s.put_tensor_with_parallelism(S.key("both"), t, layout(S, axis(S, 0, 2)), writer_partition=axis(S, 0, 2))))
     return out
 
 

@@ -20,32 +20,11 @@ import pytest
 import kvpool
 import kvpool.mooncake as km
 import kvpool.mooncake_types
-from conftest import Cluster, clean_env, free_port, kvpool_bin
+from conftest import free_port, scribbling, setup7
 from kvpool.mooncake import MooncakeDistributedStore, ReplicateConfig
 
 REPO = Path(__file__).resolve().parents[3]
 INVALID_PARAMS, NOT_SUPPORTED = -600, -1012
-
-
-def setup7(s: MooncakeDistributedStore, master: str, segment: int = 0) -> int:
-    return s.setup("127.0.0.1", "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", master)
-
-
-@pytest.fixture(scope="module")
-def short_lease():
-    """A private cluster with a 1 s read lease (for clearing replicas)."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    import tempfile
-
-    c = Cluster(bin=kvpool_bin(), master=f"127.0.0.1:{free_port()}", metrics_port=free_port(),
-                workdir=tempfile.mkdtemp(prefix="kvpool-pytest-", dir=base))
-    try:
-        c.start_master("--default_kv_lease_ttl", "1000")
-        c.start_store("64MiB")
-        c.wait_segments(1)
-        yield c
-    finally:
-        c.stop()
 
 
 # ---------------------------------------------------------------- names
@@ -321,27 +300,12 @@ def test_a_source_changed_mid_put_reads_back_over_shared_memory(master, prefix):
     """test_mooncake_compat's `source_changed_while_put` runs over TCP (the
     store seals what it receives); here the copy into mapped segment
     memory, which the client seals itself."""
-    import threading
-
     s = MooncakeDistributedStore()
     assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "shm", "", master) == 0
     n = 24 << 20
     a = np.full(n, 1, dtype=np.uint8)
-    stop = threading.Event()
-
-    def scribble() -> None:
-        v = 2
-        while not stop.is_set():
-            a[::4096] = v
-            v = 5 - v
-
-    t = threading.Thread(target=scribble)
-    t.start()
-    try:
+    with scribbling(a):
         rcs = [s.put_from(f"{prefix}{i}", a.ctypes.data, n) for i in range(4)]
-    finally:
-        stop.set()
-        t.join()
     try:
         assert rcs == [0] * 4
         for i in range(4):
