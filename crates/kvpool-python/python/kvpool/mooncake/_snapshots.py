@@ -34,23 +34,22 @@ class RangedReadSnapshot:
     """Reusable set of keys for repeated ranged reads (Mooncake 0.3.14), made
     by ``prepare_get_into_ranges_snapshot`` only; opaque."""
 
-    __slots__ = ("_store", "_keys", "_missing", "_leased_at", "__weakref__")
+    __slots__ = ("_store", "_keys", "_leased_at", "__weakref__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # As a pybind11 class without a bound constructor.
         raise TypeError(f"{type(self).__module__}.{type(self).__qualname__}: No constructor defined!")
 
     @classmethod
-    def _new(cls, store: Any, keys: FrozenSet[str], missing: FrozenSet[str], leased_at: float) -> "RangedReadSnapshot":
+    def _new(cls, store: Any, keys: FrozenSet[str], leased_at: float) -> "RangedReadSnapshot":
         s = object.__new__(cls)
         s._store = weakref.ref(store)  # the snapshot does not keep its store alive
         s._keys = keys
-        s._missing = missing
         s._leased_at = leased_at
         return s
 
     def __repr__(self) -> str:
-        return f"<RangedReadSnapshot: {len(self._keys)} keys, {len(self._missing)} missing when prepared>"
+        return f"<RangedReadSnapshot: {len(self._keys)} keys>"
 
 
 RangedReadSnapshot.__module__ = "kvpool.mooncake"
@@ -72,8 +71,8 @@ class _SnapshotsMixin:
     def prepare_get_into_ranges_snapshot(self, keys: List[str]) -> RangedReadSnapshot:
         """A snapshot of ``keys`` for :meth:`get_into_ranges_from_snapshot`:
         takes each key's read lease, as ``is_exist`` does (so a ``remove``
-        right after is −706); missing keys are kept as missing, repeated and
-        empty keys are accepted. RuntimeError before setup or after close."""
+        right after is −706); missing, repeated and empty keys are accepted
+        (every read locates its keys again). RuntimeError before setup or after close."""
         asked = _key_list(keys)
         if self._client is None:
             raise RuntimeError("Client is not initialized")
@@ -87,8 +86,7 @@ class _SnapshotsMixin:
             logger.warning("prepare_get_into_ranges_snapshot: %d keys not leased (first: %r: %d)",
                            len(failed), *failed[0])
             t0 = 0.0
-        missing = frozenset(k for k, rc in zip(uniq, found) if rc != 1)
-        return RangedReadSnapshot._new(self, frozenset(uniq), missing, t0)
+        return RangedReadSnapshot._new(self, frozenset(uniq), t0)
 
     def get_into_ranges_from_snapshot(
         self,
