@@ -57,13 +57,10 @@ const SEAL_CHUNK: usize = 256 << 10;
 /// be whole and intact; otherwise nothing is written and `false` returned,
 /// so a damaged header stays damaged and every reader refuses it.
 pub fn seal(region: &mut [u8], checksum: u64) -> bool {
-    let Some(fixed) = region.get(..FIXED_LEN) else {
+    let Ok(key) = checked(region) else {
         return false;
     };
-    let key_len = u16::from_le_bytes([fixed[6], fixed[7]]) as usize;
-    if ObjectHeader::decode(&region[..region.len().min(FIXED_LEN + key_len)]).is_err() {
-        return false;
-    }
+    let key_len = key.len();
     region[24..32].copy_from_slice(&checksum.to_le_bytes());
     let hc = header_checksum(&region[..32], &region[FIXED_LEN..FIXED_LEN + key_len]);
     region[32..40].copy_from_slice(&hc.to_le_bytes());
@@ -147,36 +144,12 @@ impl ObjectHeader {
 
     /// Decodes and checks a header; never panics on any input.
     pub fn decode(b: &[u8]) -> KvResult<ObjectHeader> {
-        let bad = |why: &str| KvError::new(Code::ChecksumMismatch, format!("object header: {why}"));
-        if b.len() < FIXED_LEN {
-            return Err(bad("truncated"));
-        }
-        if b[0..4] != OBJECT_MAGIC {
-            return Err(bad("bad magic"));
-        }
-        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
-        let u64_at = |i: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(a)
-        };
-        let version = u16_at(4);
-        if version != OBJECT_FORMAT {
-            return Err(bad(&format!("unknown format version {version}")));
-        }
-        let key_len = u16_at(6) as usize;
-        let key = b
-            .get(FIXED_LEN..FIXED_LEN + key_len)
-            .ok_or_else(|| bad("truncated key"))?;
-        if header_checksum(&b[..32], key) != u64_at(32) {
-            return Err(bad("header checksum mismatch"));
-        }
-        let key = std::str::from_utf8(key).map_err(|_| bad("key is not UTF-8"))?;
+        let key = checked(b)?;
         Ok(ObjectHeader {
             key: key.to_string(),
-            value_len: u64_at(8),
-            generation: u64_at(16),
-            checksum: u64_at(24),
+            value_len: u64_at(b, 8),
+            generation: u64_at(b, 16),
+            checksum: u64_at(b, 24),
         })
     }
 
@@ -193,6 +166,39 @@ impl ObjectHeader {
         }
         Ok(())
     }
+}
+
+/// The key of the encoded header `b` starts with, once its magic, version,
+/// length and own checksum are checked; copies nothing, so a store can
+/// check every header it seals. Never panics on any input.
+fn checked(b: &[u8]) -> KvResult<&str> {
+    let bad = |why: &str| KvError::new(Code::ChecksumMismatch, format!("object header: {why}"));
+    if b.len() < FIXED_LEN {
+        return Err(bad("truncated"));
+    }
+    if b[0..4] != OBJECT_MAGIC {
+        return Err(bad("bad magic"));
+    }
+    let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let version = u16_at(4);
+    if version != OBJECT_FORMAT {
+        return Err(bad(&format!("unknown format version {version}")));
+    }
+    let key_len = u16_at(6) as usize;
+    let key = b
+        .get(FIXED_LEN..FIXED_LEN + key_len)
+        .ok_or_else(|| bad("truncated key"))?;
+    if header_checksum(&b[..32], key) != u64_at(b, 32) {
+        return Err(bad("header checksum mismatch"));
+    }
+    std::str::from_utf8(key).map_err(|_| bad("key is not UTF-8"))
+}
+
+/// The little-endian u64 at `i` of `b` (which holds it).
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(a)
 }
 
 fn header_checksum(fixed: &[u8], key: &[u8]) -> u64 {
