@@ -101,7 +101,8 @@ impl Context {
     }
 }
 
-fn key(g: &RoleBasedGroupResource) -> String {
+/// A group's `ns/name`, the key of the per-group maps in [`Context`].
+pub(crate) fn key(g: &RoleBasedGroupResource) -> String {
     format!(
         "{}/{}",
         g.metadata.namespace.as_deref().unwrap_or("default"),

@@ -190,11 +190,7 @@ async fn load(g: &RoleBasedGroupResource, ctx: &Context, ns: &str) -> Result<Gro
 /// to the cluster whole, so only the local runtime ignores those.
 fn warn_ignored(g: &RoleBasedGroupResource, ctx: &Context, raw: &RoleBasedGroupV2) {
     let generation = g.metadata.generation.unwrap_or(0);
-    let key = format!(
-        "{}/{}",
-        g.namespace().unwrap_or_else(|| "default".into()),
-        g.name_any()
-    );
+    let key = super::key(g);
     let fresh = ctx
         .warned
         .lock()
