@@ -291,44 +291,30 @@ class _TensorParallelMixin:
     def _gather(self, key: str) -> Any:
         """The whole tensor put together from its stored TP shards, or None."""
         torch = _tensor.torch_module()
-        c = self._client
-        if c is None:
+        first = self._read_tensor(self._tp_key(key, 0))
+        if first is None or first[1].axis is None:
             return None
-        try:
-            first = c.get_buffer(self._tp_key(key, 0))
-            meta = _tensor.parse(first, len(first))
-        except (KvpoolError, _tensor.BadTensor):
-            return None
-        if meta.axis is None:
-            return None
+        meta = first[1]
         _, size, split, _ = meta.axis
-        shards = [_tensor.from_buffer(first, meta)]
+        shards = [first[0]]
         for r in range(1, size):
-            try:
-                b = c.get_buffer(self._tp_key(key, r))
-                m = _tensor.parse(b, len(b))
-            except (KvpoolError, _tensor.BadTensor):
+            got = self._read_tensor(self._tp_key(key, r))
+            if got is None:
                 return None
+            t, m = got
             if m.axis is None or m.axis[1:3] != (size, split) or m.dtype != meta.dtype or m.full != meta.full:
                 return None
-            shards.append(_tensor.from_buffer(b, m))
+            shards.append(t)
         whole = torch.cat(shards, dim=split) if shards[0].dim() else shards[0]
         return whole if tuple(whole.shape) == tuple(meta.full) else None
 
     def _stored_shard(self, key: str, rank: int, size: int, split: int) -> Any:
         """The TP shard ``{key}_tp_{rank}`` if it was stored for exactly
         this layout (its peers need not be there), else None."""
-        c = self._client
-        if c is None:
+        got = self._read_tensor(self._tp_key(key, rank))
+        if got is None or got[1].axis is None or got[1].axis[:3] != (rank, size, split):
             return None
-        try:
-            b = c.get_buffer(self._tp_key(key, rank))
-            m = _tensor.parse(b, len(b))
-        except (KvpoolError, _tensor.BadTensor):
-            return None
-        if m.axis is None or m.axis[:3] != (rank, size, split):
-            return None
-        return _tensor.from_buffer(b, m)
+        return got[0]
 
     def _gather_writers(self, key: str) -> Any:
         """The whole tensor put together from its writer partitions (as its

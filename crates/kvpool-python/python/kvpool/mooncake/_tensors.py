@@ -58,13 +58,18 @@ class _TensorsMixin:
     def _get_tensor(self, key: str) -> Any:
         """The tensor stored under ``key`` (read straight into a buffer the
         tensor then views), or None."""
+        got = self._read_tensor(key)
+        return None if got is None else got[0]
+
+    def _read_tensor(self, key: str) -> Optional[Tuple[Any, _tensor.Meta]]:
+        """:meth:`_get_tensor` with the header it was read with, or None."""
         c = self._client
         if c is None or not key:
             return None
         try:
             buf = c.get_buffer(key)
             meta = _tensor.parse(buf, len(buf))
-            return _tensor.from_buffer(buf, meta)
+            return _tensor.from_buffer(buf, meta), meta
         except (KvpoolError, _tensor.BadTensor):
             return None
 
