@@ -30,7 +30,7 @@ use crate::code::{Code, KvError, KvResult};
 /// Newest version spoken by this build; bumped with every wire change
 /// (6: a [`crate::msg::RequestTrailer`] after each request; 7: stores check
 /// key-bound grants, [`crate::msg::Capability::KEY`]; 8: tenant keys,
-/// [`crate::msg::AuthTenant`]; 9: [`STORES_SEAL`]).
+/// [`crate::msg::AuthTenant`]; 9: [`STORES_SEAL`], `ExistLeased`, `ListKeys`).
 pub const PROTOCOL_VERSION: u32 = 9;
 /// From this version a store seals the header of every object written to
 /// it with the checksum of the value bytes it received, so a writer need
