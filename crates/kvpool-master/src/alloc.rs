@@ -7,7 +7,13 @@
 //! their size (first level = power of two, second level = 8 linear steps), two bitmaps find the
 //! smallest non-empty bin that is guaranteed to fit a request in O(1), and a freed block is merged
 //! with its free physical neighbours at once, so a fully freed segment is a single block again.
+//!
+//! Only free blocks have bookkeeping: a node in the bins and an entry in an ordered map by offset,
+//! through which a freed region finds its free neighbours. A live region costs the allocator
+//! nothing, since its holder keeps its offset and length anyway; at tens of millions of objects
+//! that is what a node per region (40 bytes each) used to cost the master.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// Alignment of every region handed out; lengths are rounded up to it.
@@ -39,10 +45,6 @@ pub struct Region {
     pub offset: u64,
     /// The rounded-up length actually reserved.
     pub len: u64,
-    /// The allocator's block for it, so freeing it needs no lookup (a map
-    /// from offsets to blocks cost 26 bytes per region, and growing it
-    /// stalled the segment for milliseconds at millions of regions).
-    pub node: u32,
 }
 
 /// Error for [`OffsetAllocator::with_used`].
@@ -93,42 +95,28 @@ impl fmt::Display for AllocError {
 
 impl std::error::Error for AllocError {}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Free,
-    Used,
-    /// Slab slot not describing any block; chained through `bin_next` for reuse.
-    Vacant,
-}
-
-/// One block of the segment (40 bytes). Free blocks sit in their bin's list; every non-vacant
-/// block is linked to its physical neighbours so that `free` can coalesce in O(1).
+/// One free block (24 bytes), in its bin's list. A slab slot with `size == 0` describes no
+/// block; vacant slots are chained through `bin_next` for reuse.
 #[derive(Debug, Clone, Copy)]
 struct Node {
     offset: u64,
     size: u64,
     bin_prev: u32,
     bin_next: u32,
-    phys_prev: u32,
-    phys_next: u32,
-    state: State,
 }
 
 impl Node {
-    fn new(offset: u64, size: u64, phys_prev: u32, phys_next: u32, state: State) -> Self {
+    fn new(offset: u64, size: u64) -> Self {
         Self {
             offset,
             size,
             bin_prev: NONE,
             bin_next: NONE,
-            phys_prev,
-            phys_next,
-            state,
         }
     }
 }
 
-/// Nodes per chunk of the [`NodeSlab`] (160 KiB).
+/// Nodes per chunk of the [`NodeSlab`] (96 KiB).
 const SLAB_CHUNK: usize = 4096;
 
 /// The node slab in fixed-size chunks: growing it never moves the nodes it
@@ -152,11 +140,6 @@ impl NodeSlab {
         let i = self.len;
         self.len += 1;
         self[i] = node;
-    }
-
-    fn reserve(&mut self, additional: usize) {
-        let want = (self.len + additional).div_ceil(SLAB_CHUNK);
-        self.chunks.reserve(want.saturating_sub(self.chunks.len()));
     }
 
     #[cfg(test)]
@@ -189,7 +172,8 @@ fn is_aligned(v: u64) -> bool {
 }
 
 /// Rounds a request up to [`ALIGN`]; zero still takes one unit so every region has an identity.
-fn normalize_len(len: u64) -> Option<u64> {
+/// A region rebuilt from a reported length has this length.
+pub(crate) fn normalize_len(len: u64) -> Option<u64> {
     if len == 0 {
         return Some(ALIGN);
     }
@@ -234,9 +218,11 @@ pub struct OffsetAllocator {
     base: u64,
     size: u64,
     used_bytes: u64,
-    /// Slab of blocks; it never shrinks, vacant slots are recycled through `vacant_head`.
+    /// Slab of free blocks; it never shrinks, vacant slots are recycled through `vacant_head`.
     nodes: NodeSlab,
     vacant_head: u32,
+    /// The free blocks by offset: where a freed region finds its neighbours.
+    by_offset: BTreeMap<u64, u32>,
     /// Live regions.
     live: usize,
     top_bitmap: u64,
@@ -246,12 +232,13 @@ pub struct OffsetAllocator {
 
 impl fmt::Debug for OffsetAllocator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The slab can hold millions of nodes; a summary is what a log line wants.
+        // The maps can hold millions of blocks; a summary is what a log line wants.
         f.debug_struct("OffsetAllocator")
             .field("base", &self.base)
             .field("capacity", &self.size)
             .field("used", &self.used_bytes)
             .field("live_regions", &self.live)
+            .field("free_blocks", &self.by_offset.len())
             .finish_non_exhaustive()
     }
 }
@@ -261,10 +248,7 @@ impl OffsetAllocator {
     pub fn new(base: u64, size: u64) -> Self {
         let mut this = Self::empty(base, size);
         if this.size > 0 {
-            let node = Node::new(this.base, this.size, NONE, NONE, State::Free);
-            if let Some(idx) = this.push_node(node) {
-                this.link_into_bin(idx);
-            }
+            this.add_free(this.base, this.size);
         }
         this
     }
@@ -306,28 +290,18 @@ impl OffsetAllocator {
             }
         }
 
-        this.nodes.reserve(2 * regions.len() + 1);
         let mut cursor = base;
-        let mut prev = NONE;
-        for &(offset, len, given) in &regions {
-            let too_many = AllocError::OutOfRange { offset, len: given };
+        for &(offset, len, _) in &regions {
             if offset > cursor {
-                prev = this
-                    .append_block(prev, cursor, offset - cursor, State::Free)
-                    .ok_or_else(|| too_many.clone())?;
+                this.add_free(cursor, offset - cursor);
             }
-            prev = this
-                .append_block(prev, offset, len, State::Used)
-                .ok_or(too_many)?;
             cursor = offset + len;
         }
         if end > cursor {
-            this.append_block(prev, cursor, end - cursor, State::Free)
-                .ok_or(AllocError::OutOfRange {
-                    offset: cursor,
-                    len: end - cursor,
-                })?;
+            this.add_free(cursor, end - cursor);
         }
+        this.live = regions.len();
+        this.used_bytes = regions.iter().map(|r| r.1).sum();
         Ok(this)
     }
 
@@ -353,54 +327,58 @@ impl OffsetAllocator {
         } else {
             self.scan_bin(own, size)?
         };
-        self.take(idx, size)
+        Some(self.take(idx, size))
     }
 
     /// Returns a live region from `alloc`/`with_used`, merging it with free neighbours.
     ///
-    /// An unknown offset or a length that does not match the live region is a caller bug: it
-    /// trips a debug assertion and is otherwise ignored, leaving the allocator untouched.
+    /// The allocator keeps no record of live regions, so it can only refuse a region that is
+    /// out of range, misaligned, or overlaps free space (a double free): that trips a debug
+    /// assertion and is otherwise ignored, leaving the allocator untouched. Freeing with a length
+    /// other than the one reserved is a caller bug it cannot see.
     pub fn free(&mut self, region: Region) {
-        let idx = region.node;
-        let live = (idx as usize) < self.nodes.len() && {
-            let n = &self.nodes[idx as usize];
-            n.state == State::Used
-                && n.offset == region.offset
-                && normalize_len(region.len) == Some(n.size)
-        };
+        let offset = region.offset;
+        let fits = normalize_len(region.len)
+            .and_then(|size| Some((size, offset.checked_add(size)?)))
+            .filter(|&(size, end)| {
+                is_aligned(offset)
+                    && offset >= self.base
+                    && end <= self.base + self.size
+                    && size <= self.used_bytes
+                    && self.live > 0
+            });
+        let before = self.by_offset.range(..=offset).next_back();
+        let after = self.by_offset.range(offset..).next();
+        let live = fits.is_some_and(|(_, end)| {
+            before.is_none_or(|(_, &i)| {
+                let n = &self.nodes[i as usize];
+                n.offset + n.size <= offset
+            }) && after.is_none_or(|(&o, _)| o >= end)
+        });
         debug_assert!(live, "free of {region:?}, which is not live");
-        if !live {
+        let Some((size, end)) = fits.filter(|_| live) else {
             return;
-        }
-        let mut node = self.nodes[idx as usize];
+        };
+        let before = before
+            .map(|(_, &i)| i)
+            .filter(|&i| self.nodes[i as usize].offset + self.nodes[i as usize].size == offset);
+        let after = after.filter(|(&o, _)| o == end).map(|(_, &i)| i);
         self.live -= 1;
-        self.used_bytes -= node.size;
-
-        let prev = node.phys_prev;
-        if prev != NONE && self.nodes[prev as usize].state == State::Free {
-            self.unlink_from_bin(prev);
-            let p = self.nodes[prev as usize];
-            node.offset = p.offset;
-            node.size += p.size;
-            node.phys_prev = p.phys_prev;
-            if p.phys_prev != NONE {
-                self.nodes[p.phys_prev as usize].phys_next = idx;
+        self.used_bytes -= size;
+        match (before, after) {
+            (Some(b), Some(a)) => {
+                let extra = self.nodes[a as usize].size;
+                self.remove_free(a);
+                self.resize_free(b, self.nodes[b as usize].size + size + extra);
             }
-            self.release_node(prev);
-        }
-        let next = node.phys_next;
-        if next != NONE && self.nodes[next as usize].state == State::Free {
-            self.unlink_from_bin(next);
-            let n = self.nodes[next as usize];
-            node.size += n.size;
-            node.phys_next = n.phys_next;
-            if n.phys_next != NONE {
-                self.nodes[n.phys_next as usize].phys_prev = idx;
+            (Some(b), None) => self.resize_free(b, self.nodes[b as usize].size + size),
+            (None, Some(a)) => {
+                let extra = self.nodes[a as usize].size;
+                self.remove_free(a);
+                self.add_free(offset, size + extra);
             }
-            self.release_node(next);
+            (None, None) => self.add_free(offset, size),
         }
-        self.nodes[idx as usize] = node;
-        self.link_into_bin(idx);
     }
 
     /// Total managed bytes.
@@ -453,29 +431,6 @@ impl OffsetAllocator {
         self.live
     }
 
-    /// The live regions in offset order (as [`Self::with_used`] was given
-    /// them, once rebuilt), with the blocks that free them.
-    pub fn live_list(&self) -> Vec<Region> {
-        let mut out = Vec::with_capacity(self.live);
-        let first = (0..self.nodes.len()).find(|&i| {
-            let n = &self.nodes[i];
-            n.state != State::Vacant && n.phys_prev == NONE
-        });
-        let mut idx = first.map_or(NONE, |i| i as u32);
-        while idx != NONE {
-            let n = &self.nodes[idx as usize];
-            if n.state == State::Used {
-                out.push(Region {
-                    offset: n.offset,
-                    len: n.size,
-                    node: idx,
-                });
-            }
-            idx = n.phys_next;
-        }
-        out
-    }
-
     fn empty(base: u64, size: u64) -> Self {
         let end = base.saturating_add(size) & !(ALIGN - 1);
         // A base that cannot be rounded up lies in the last partial unit: the range is empty.
@@ -488,27 +443,12 @@ impl OffsetAllocator {
             used_bytes: 0,
             nodes: NodeSlab::default(),
             vacant_head: NONE,
+            by_offset: BTreeMap::new(),
             live: 0,
             top_bitmap: 0,
             leaf_bitmaps: [0; TOP_BINS],
             bin_heads: [NONE; NUM_BINS],
         }
-    }
-
-    /// Appends a block after `prev` in physical order while rebuilding in `with_used`.
-    fn append_block(&mut self, prev: u32, offset: u64, size: u64, state: State) -> Option<u32> {
-        let idx = self.push_node(Node::new(offset, size, prev, NONE, state))?;
-        if prev != NONE {
-            self.nodes[prev as usize].phys_next = idx;
-        }
-        match state {
-            State::Free => self.link_into_bin(idx),
-            _ => {
-                self.live += 1;
-                self.used_bytes += size;
-            }
-        }
-        Some(idx)
     }
 
     /// Lowest non-empty bin at or above `bin`.
@@ -549,55 +489,61 @@ impl OffsetAllocator {
         None
     }
 
-    /// Marks the first `size` bytes of free block `idx` used, returning the tail to its bin.
-    fn take(&mut self, idx: u32, size: u64) -> Option<Region> {
-        let node = self.nodes[idx as usize];
-        let rest = node.size - size;
-        // Get the tail's node before touching anything, so running out of node indices is a
-        // clean `None` rather than a half-done split.
-        let tail = if rest > 0 {
-            let tail = Node::new(node.offset + size, rest, idx, node.phys_next, State::Free);
-            Some(self.push_node(tail)?)
+    /// Reserves the first `size` bytes of free block `idx`; the rest stays free.
+    fn take(&mut self, idx: u32, size: u64) -> Region {
+        let Node {
+            offset, size: had, ..
+        } = self.nodes[idx as usize];
+        if had == size {
+            self.remove_free(idx);
         } else {
-            None
-        };
-        self.unlink_from_bin(idx);
-        if let Some(tail) = tail {
-            if node.phys_next != NONE {
-                self.nodes[node.phys_next as usize].phys_prev = tail;
-            }
-            let n = &mut self.nodes[idx as usize];
-            n.phys_next = tail;
-            n.size = size;
-            self.link_into_bin(tail);
+            self.unlink_from_bin(idx);
+            self.by_offset.remove(&offset);
+            self.nodes[idx as usize].offset = offset + size;
+            self.nodes[idx as usize].size = had - size;
+            self.by_offset.insert(offset + size, idx);
+            self.link_into_bin(idx);
         }
-        self.nodes[idx as usize].state = State::Used;
         self.live += 1;
         self.used_bytes += size;
-        Some(Region {
-            offset: node.offset,
-            len: size,
-            node: idx,
-        })
+        Region { offset, len: size }
     }
 
-    fn push_node(&mut self, node: Node) -> Option<u32> {
-        if self.vacant_head != NONE {
+    /// Records `[offset, offset + size)` as one free block.
+    fn add_free(&mut self, offset: u64, size: u64) {
+        let node = Node::new(offset, size);
+        let idx = if self.vacant_head != NONE {
             let idx = self.vacant_head;
             self.vacant_head = self.nodes[idx as usize].bin_next;
             self.nodes[idx as usize] = node;
-            return Some(idx);
-        }
-        let idx = u32::try_from(self.nodes.len())
-            .ok()
-            .filter(|&i| i != NONE)?;
-        self.nodes.push(node);
-        Some(idx)
+            idx
+        } else {
+            // Free blocks are at most half the segment's 64-byte units plus one: a
+            // segment would need 256 GiB per 4 billion blocks to run out of indices.
+            let idx = u32::try_from(self.nodes.len())
+                .ok()
+                .filter(|&i| i != NONE)
+                .expect("free block indices exhausted");
+            self.nodes.push(node);
+            idx
+        };
+        self.by_offset.insert(offset, idx);
+        self.link_into_bin(idx);
     }
 
-    fn release_node(&mut self, idx: u32) {
+    /// Grows or shrinks free block `idx` in place (its offset stays).
+    fn resize_free(&mut self, idx: u32, size: u64) {
+        self.unlink_from_bin(idx);
+        self.nodes[idx as usize].size = size;
+        self.link_into_bin(idx);
+    }
+
+    /// Forgets free block `idx` (it was merged or taken whole).
+    fn remove_free(&mut self, idx: u32) {
+        self.unlink_from_bin(idx);
+        self.by_offset.remove(&self.nodes[idx as usize].offset);
         let node = &mut self.nodes[idx as usize];
-        node.state = State::Vacant;
+        node.size = 0;
         node.bin_next = self.vacant_head;
         self.vacant_head = idx;
     }
@@ -608,7 +554,6 @@ impl OffsetAllocator {
         let bin = bin_floor(self.nodes[idx as usize].size / ALIGN);
         let head = self.bin_heads[bin];
         let node = &mut self.nodes[idx as usize];
-        node.state = State::Free;
         node.bin_prev = NONE;
         node.bin_next = head;
         if head != NONE {

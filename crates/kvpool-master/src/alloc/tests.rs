@@ -8,14 +8,6 @@ fn span(r: Option<Region>) -> Option<(u64, u64)> {
     r.map(|r| (r.offset, r.len))
 }
 
-/// The live region at `offset`.
-fn live_at(a: &OffsetAllocator, offset: u64) -> Region {
-    a.live_list()
-        .into_iter()
-        .find(|r| r.offset == offset)
-        .expect("live region")
-}
-
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 const TIB: u64 = 1024 * 1024 * MIB;
@@ -23,50 +15,25 @@ const TIB: u64 = 1024 * 1024 * MIB;
 impl OffsetAllocator {
     /// Walks every structure and panics on the first inconsistency.
     fn check_invariants(&self) {
-        let live: Vec<u32> = (0..self.nodes.len() as u32)
-            .filter(|&i| self.nodes[i as usize].state != State::Vacant)
-            .collect();
-        let firsts: Vec<u32> = live
-            .iter()
-            .copied()
-            .filter(|&i| self.nodes[i as usize].phys_prev == NONE)
-            .collect();
-        if self.size == 0 {
-            assert!(live.is_empty());
-        } else {
-            assert_eq!(firsts.len(), 1, "exactly one first block");
-        }
-
-        let (mut cursor, mut prev, mut walked) = (self.base, NONE, 0usize);
-        let (mut used, mut used_count, mut free_count) = (0u64, 0usize, 0usize);
-        let mut idx = firsts.first().copied().unwrap_or(NONE);
-        while idx != NONE {
+        // The free blocks, by offset: in range, apart, and merged with their neighbours.
+        let mut free = 0u64;
+        let mut last_end = None;
+        for (&offset, &idx) in &self.by_offset {
             let n = self.nodes[idx as usize];
-            assert_eq!(n.offset, cursor, "blocks are contiguous");
-            assert_eq!(n.phys_prev, prev);
-            assert!(n.size > 0 && is_aligned(n.size));
-            match n.state {
-                State::Used => {
-                    used += n.size;
-                    used_count += 1;
-                }
-                State::Free => {
-                    free_count += 1;
-                    if prev != NONE {
-                        assert_ne!(self.nodes[prev as usize].state, State::Free, "coalesced");
-                    }
-                }
-                State::Vacant => panic!("vacant node in physical chain"),
+            assert_eq!(n.offset, offset);
+            assert!(n.size > 0 && is_aligned(n.size) && is_aligned(offset));
+            assert!(offset >= self.base && offset + n.size <= self.base + self.size);
+            if let Some(end) = last_end {
+                assert!(end < offset, "free blocks apart and coalesced");
             }
-            cursor += n.size;
-            prev = idx;
-            idx = n.phys_next;
-            walked += 1;
+            last_end = Some(offset + n.size);
+            free += n.size;
         }
-        assert_eq!(walked, live.len());
-        assert_eq!(cursor, self.base + self.size, "blocks cover the range");
-        assert_eq!(used, self.used_bytes);
-        assert_eq!(used_count, self.live);
+        assert_eq!(free, self.free_bytes());
+        assert!(self.used_bytes <= self.size);
+        if self.live == 0 {
+            assert_eq!(self.used_bytes, 0);
+        }
 
         let mut binned = 0;
         for bin in 0..NUM_BINS {
@@ -76,7 +43,7 @@ impl OffsetAllocator {
             let (mut idx, mut prev) = (head, NONE);
             while idx != NONE {
                 let n = self.nodes[idx as usize];
-                assert_eq!(n.state, State::Free);
+                assert_eq!(self.by_offset.get(&n.offset), Some(&idx));
                 assert_eq!(bin_floor(n.size / ALIGN), bin);
                 assert_eq!(n.bin_prev, prev);
                 binned += 1;
@@ -90,25 +57,20 @@ impl OffsetAllocator {
                 self.leaf_bitmaps[top] != 0
             );
         }
-        assert_eq!(binned, free_count);
+        assert_eq!(binned, self.by_offset.len());
 
         let mut vacant = 0;
         let mut idx = self.vacant_head;
         while idx != NONE {
-            assert_eq!(self.nodes[idx as usize].state, State::Vacant);
+            assert_eq!(self.nodes[idx as usize].size, 0);
             vacant += 1;
             idx = self.nodes[idx as usize].bin_next;
         }
-        assert_eq!(vacant + live.len(), self.nodes.len());
+        assert_eq!(vacant + self.by_offset.len(), self.nodes.len());
     }
 
     fn exact_largest_free(&self) -> u64 {
-        self.nodes
-            .iter()
-            .filter(|n| n.state == State::Free)
-            .map(|n| n.size)
-            .max()
-            .unwrap_or(0)
+        self.nodes.iter().map(|n| n.size).max().unwrap_or(0)
     }
 
     fn bin_len(&self, bin: usize) -> usize {
@@ -135,7 +97,25 @@ fn assert_disjoint(regions: &[Region]) {
 
 #[test]
 fn node_is_small() {
-    assert!(std::mem::size_of::<Node>() <= 40);
+    assert_eq!(std::mem::size_of::<Node>(), 24);
+}
+
+/// A segment full of live regions keeps no bookkeeping for them.
+#[test]
+fn live_regions_cost_nothing() {
+    let mut a = OffsetAllocator::new(0, 64 * KIB);
+    let regions: Vec<Region> = (0..1024).map(|_| a.alloc(64).unwrap()).collect();
+    assert_eq!((a.live_regions(), a.by_offset.len()), (1024, 0));
+    for r in regions.iter().step_by(2) {
+        a.free(*r);
+    }
+    // Each freed region is a hole between two live ones.
+    assert_eq!(a.by_offset.len(), 512);
+    for r in regions.iter().skip(1).step_by(2) {
+        a.free(*r);
+    }
+    assert_eq!(a.by_offset.len(), 1);
+    a.check_invariants();
 }
 
 #[test]
@@ -197,9 +177,8 @@ fn alloc_until_full_then_none_then_full_reuse() {
     assert_eq!(a.alloc(1), None);
 }
 
-/// Many more regions than one slab chunk holds or one offset-map part
-/// is sized for: nodes across chunk boundaries stay linked and every
-/// region is found again by its offset.
+/// Many more free blocks than one slab chunk holds: nodes across chunk
+/// boundaries stay linked and merge again.
 #[test]
 fn many_regions_across_slab_chunks() {
     let n = 3 * SLAB_CHUNK + 17;
@@ -360,13 +339,13 @@ fn with_used_regions_are_not_handed_out_until_freed() {
     a.check_invariants();
     assert_eq!(a.used(), 128 + 64 + 4096 + 64);
     assert_eq!(a.live_regions(), 4);
-    let held_regions: Vec<Region> = held.iter().map(|&(o, _)| live_at(&a, o)).collect();
-    assert_eq!(
-        held_regions.iter().map(|r| r.len).collect::<Vec<_>>(),
-        held.iter()
-            .map(|&(_, l)| normalize_len(l).unwrap())
-            .collect::<Vec<_>>()
-    );
+    let held_regions: Vec<Region> = held
+        .iter()
+        .map(|&(offset, l)| Region {
+            offset,
+            len: normalize_len(l).unwrap(),
+        })
+        .collect();
     let mut got = Vec::new();
     while let Some(r) = a.alloc(64) {
         got.push(r);
@@ -388,7 +367,10 @@ fn with_used_regions_are_not_handed_out_until_freed() {
     for r in &held_regions[1..] {
         a.free(*r);
     }
-    a.free(live_at(&a, 4096));
+    a.free(Region {
+        offset: 4096,
+        len: 128,
+    });
     a.check_invariants();
     assert_eq!(span(a.alloc(cap)), Some((0, cap)));
 }
@@ -426,7 +408,6 @@ fn same_size_churn_reuses_holes() {
             live[i] = Region {
                 offset: u64::MAX,
                 len: 0,
-                node: NONE,
             };
         }
         for r in live.iter_mut().filter(|r| r.offset == u64::MAX) {
@@ -459,24 +440,32 @@ fn largest_free_is_an_upper_bound() {
 
 #[test]
 #[cfg_attr(debug_assertions, should_panic(expected = "which is not live"))]
-fn free_of_unknown_region_is_ignored() {
+fn a_double_free_is_ignored() {
     let mut a = OffsetAllocator::new(0, MIB);
     let r = a.alloc(4096).unwrap();
-    a.free(Region {
-        offset: r.offset + 64,
-        len: 64,
-        node: r.node,
-    });
+    let _kept = a.alloc(4096).unwrap();
+    a.free(r);
+    a.free(r);
     a.check_invariants();
-    assert_eq!(a.live_regions(), 1);
+    assert_eq!((a.live_regions(), a.used()), (1, 4096));
 }
 
 #[test]
 #[cfg_attr(debug_assertions, should_panic(expected = "which is not live"))]
-fn free_with_wrong_len_is_ignored() {
+fn free_reaching_into_free_space_is_ignored() {
     let mut a = OffsetAllocator::new(0, MIB);
     let r = a.alloc(4096).unwrap();
-    a.free(Region { len: 64, ..r });
+    a.free(Region { len: 8192, ..r });
+    a.check_invariants();
+    assert_eq!(a.used(), 4096);
+}
+
+#[test]
+#[cfg_attr(debug_assertions, should_panic(expected = "which is not live"))]
+fn free_outside_the_segment_is_ignored() {
+    let mut a = OffsetAllocator::new(4096, MIB);
+    let _r = a.alloc(4096).unwrap();
+    a.free(Region { offset: 0, len: 64 });
     a.check_invariants();
     assert_eq!(a.used(), 4096);
 }
@@ -561,19 +550,10 @@ proptest! {
         check_against_model(&rebuilt, &live);
         prop_assert_eq!(rebuilt.free_bytes(), a.free_bytes());
 
-        // The rebuilt allocator has blocks of its own, in offset order.
-        let mut by_offset = live.clone();
-        by_offset.sort_unstable_by_key(|r| r.offset);
-        let rebuilt_live = rebuilt.live_list();
-        prop_assert_eq!(
-            rebuilt_live.iter().map(|r| (r.offset, r.len)).collect::<Vec<_>>(),
-            by_offset.iter().map(|r| (r.offset, r.len)).collect::<Vec<_>>()
-        );
+        // Both free the same regions back to one whole segment.
         for r in &live {
             a.free(*r);
-        }
-        for r in rebuilt_live {
-            rebuilt.free(r);
+            rebuilt.free(*r);
         }
         for alloc in [&mut a, &mut rebuilt] {
             alloc.check_invariants();

@@ -13,7 +13,7 @@ use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::alloc::{OffsetAllocator, Region, ALIGN};
+use crate::alloc::{normalize_len, OffsetAllocator, Region, ALIGN};
 use crate::placement::{self, SegmentView};
 use crate::refusals::Refusal;
 
@@ -548,9 +548,17 @@ pub(super) fn rebuild(
     let used = items.iter().map(|i| (i.offset, i.region_len));
     let alloc = OffsetAllocator::with_used(info.base, info.size, used.chain(held.iter().copied()))
         .map_err(|e| e.to_string())?;
-    let held: HashSet<u64> = held.iter().map(|&(o, _)| o).collect();
-    let (held, items) = (alloc.live_list().into_iter()).partition(|r| held.contains(&r.offset));
-    Ok((alloc, items, held))
+    // `with_used` checked every length: none overflows when rounded.
+    let region = |(offset, len): (u64, u64)| Region {
+        offset,
+        len: normalize_len(len).unwrap_or(len),
+    };
+    let items = items.iter().map(|i| region((i.offset, i.region_len)));
+    Ok((
+        alloc,
+        items.collect(),
+        held.iter().copied().map(region).collect(),
+    ))
 }
 
 /// Compares two secrets in time that does not depend on where they differ.

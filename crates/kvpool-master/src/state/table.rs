@@ -1,5 +1,5 @@
 //! The committed objects of one shard, laid out for tens of millions of
-//! keys: a hash index of 8-byte slot numbers and hashes, dense 72-byte slots, and the
+//! keys: a hash index of 8-byte slot numbers and hashes, dense 64-byte slots, and the
 //! key bytes packed in one arena. A `HashMap<Box<str>, Version>` paid for a
 //! 16-byte key pointer, a key allocation, a replica `Vec` and its
 //! allocation, and the table's spare room on all of that (about 260 bytes
@@ -80,7 +80,7 @@ const DISK_READ: u8 = 16;
 const CHUNK: usize = 64;
 const NONE: u32 = u32::MAX;
 
-/// One committed object, in 72 bytes.
+/// One committed object, in 64 bytes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Slot {
     key_at: u32,
@@ -103,7 +103,7 @@ pub(super) struct Slot {
     pub(super) last_access: Tick,
 }
 
-const _: () = assert!(std::mem::size_of::<Slot>() == 72);
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
 
 impl Slot {
     /// Never evicted.
@@ -524,11 +524,7 @@ fn placeholder() -> Slot {
         flags: 0,
         segment: SegNo(0),
         committed_s: 0,
-        region: Region {
-            offset: 0,
-            len: 0,
-            node: NONE,
-        },
+        region: Region { offset: 0, len: 0 },
         value_len: 0,
         generation: 0,
         lease_until: Tick(0),
@@ -541,11 +537,7 @@ mod tests {
     use super::*;
 
     fn region(offset: u64) -> Region {
-        Region {
-            offset,
-            len: 64,
-            node: 0,
-        }
+        Region { offset, len: 64 }
     }
 
     fn version(generation: u64, replicas: &[(u32, u64)]) -> Version<SegNo> {
