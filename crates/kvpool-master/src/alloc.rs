@@ -19,6 +19,10 @@ use std::fmt;
 /// Alignment of every region handed out; lengths are rounded up to it.
 pub const ALIGN: u64 = 64;
 
+/// The longest region handed out or rebuilt (256 GiB): its length in [`ALIGN`] units fits the
+/// 32 bits an object slot keeps it in.
+pub const MAX_REGION: u64 = u32::MAX as u64 * ALIGN;
+
 /// 8 linear steps per power of two: a bin spans at most 1/8 of its lower bound, so the round-up
 /// search only ever skips blocks less than 12.5 % larger than the request.
 const MANTISSA_BITS: u32 = 3;
@@ -271,7 +275,7 @@ impl OffsetAllocator {
             if !is_aligned(offset) {
                 return Err(AllocError::Misaligned { offset });
             }
-            let rounded = normalize_len(len);
+            let rounded = normalize_len(len).filter(|&r| r <= MAX_REGION);
             match rounded.and_then(|r| offset.checked_add(r)) {
                 Some(region_end) if offset >= base && region_end <= end => {
                     regions.push((offset, region_end - offset, len));
@@ -305,7 +309,8 @@ impl OffsetAllocator {
         Ok(this)
     }
 
-    /// Reserves `len` bytes (rounded up to [`ALIGN`], 0 counts as `ALIGN`); `None` if nothing fits.
+    /// Reserves `len` bytes (rounded up to [`ALIGN`], 0 counts as `ALIGN`); `None` if nothing fits
+    /// or `len` is over [`MAX_REGION`].
     ///
     /// Order of preference: the head of the request's own bin when it fits (same-size holes are
     /// reused before larger blocks are split), then the smallest bin guaranteed to fit, then a
@@ -313,7 +318,7 @@ impl OffsetAllocator {
     /// `None` can be returned while a fitting block exists only when every fitting block sits in
     /// the request's own bin behind more than that many too-small ones.
     pub fn alloc(&mut self, len: u64) -> Option<Region> {
-        let size = normalize_len(len)?;
+        let size = normalize_len(len).filter(|&s| s <= MAX_REGION)?;
         if size > self.free_bytes() {
             return None;
         }

@@ -270,7 +270,11 @@ fn huge_segment() {
     for r in &regions {
         a.free(*r);
     }
-    assert_eq!(a.alloc(4 * TIB).map(|r| r.len), Some(4 * TIB));
+    // One region is at most `MAX_REGION` long, however large the segment.
+    assert_eq!(a.alloc(MAX_REGION + 1), None);
+    assert_eq!(a.alloc(MAX_REGION).map(|r| r.len), Some(MAX_REGION));
+    let too_long = OffsetAllocator::with_used(0, 4 * TIB, [(0, MAX_REGION + 1)]);
+    assert!(matches!(too_long, Err(AllocError::OutOfRange { .. })));
     let whole = OffsetAllocator::new(0, u64::MAX);
     assert_eq!(whole.largest_free(), u64::MAX - 63);
     whole.check_invariants();
@@ -530,7 +534,7 @@ proptest! {
                         let want = normalize_len(len).unwrap_or(u64::MAX);
                         let crowded = want <= a.capacity()
                             && a.bin_len(bin_floor(want / ALIGN)) > FALLBACK_SCAN + 1;
-                        prop_assert!(crowded || a.exact_largest_free() < want);
+                        prop_assert!(crowded || a.exact_largest_free() < want || want > MAX_REGION);
                     }
                 },
                 Op::Free(i) if !live.is_empty() => {
@@ -560,7 +564,7 @@ proptest! {
             prop_assert_eq!(alloc.used(), 0);
             prop_assert_eq!(alloc.largest_free(), alloc.capacity());
             let cap = alloc.capacity();
-            if cap > 0 {
+            if cap > 0 && cap <= MAX_REGION {
                 let whole = alloc.alloc(cap);
                 prop_assert_eq!(span(whole), Some((alloc.base, cap)));
             }

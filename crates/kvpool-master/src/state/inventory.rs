@@ -298,7 +298,7 @@ impl MasterState {
                     if logged < LOST_LOGGED && s == no && gone.contains(&(r.offset, v.generation)) {
                         logged += 1;
                         let key = sh.objects.key(i);
-                        tracing::warn!(segment = %id, key, offset = r.offset, generation = v.generation,
+                        tracing::warn!(segment = %id, key = &*key, offset = r.offset, generation = v.generation,
                             "replica lost: missing from its remounted store's inventory");
                     }
                 }

@@ -39,6 +39,7 @@ mod clients;
 mod evict;
 mod invalidation;
 mod inventory;
+mod keys;
 mod ledger;
 mod membership;
 mod objects;

@@ -278,6 +278,15 @@ impl MasterState {
                 "region length smaller than the value",
             ));
         }
+        if item.region_len > crate::alloc::MAX_REGION {
+            return Err(KvError::new(
+                Code::InvalidParams,
+                format!(
+                    "an object of {} bytes is over the largest one (256 GiB)",
+                    item.region_len
+                ),
+            ));
+        }
         if config.replica_num == 0 {
             return Err(KvError::new(
                 Code::InvalidParams,
@@ -681,9 +690,9 @@ impl MasterState {
                 scanned += 1;
                 if let Some(s) = table.occupied(slot) {
                     let k = table.key(slot);
-                    if keep(k) {
+                    if keep(&k) {
                         bytes += k.len();
-                        out.push((k.to_string(), s.value_len));
+                        out.push((k.into_owned(), s.value_len));
                     }
                 }
                 slot += 1;

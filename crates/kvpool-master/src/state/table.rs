@@ -1,15 +1,16 @@
 //! The committed objects of one shard, laid out for tens of millions of
-//! keys: a hash index of 8-byte slot numbers and hashes, dense 64-byte slots, and the
-//! key bytes packed in one arena. A `HashMap<Box<str>, Version>` paid for a
+//! keys: a hash index of 4-byte slot numbers, dense 64-byte slots, and the
+//! keys packed in one arena (compact where they can be, see `keys.rs`). A `HashMap<Box<str>, Version>` paid for a
 //! 16-byte key pointer, a key allocation, a replica `Vec` and its
 //! allocation, and the table's spare room on all of that (about 260 bytes
-//! per object); here the spare room is on 8 bytes, the first replica lives
+//! per object); here the spare room is on 4 bytes, the first replica lives
 //! in the slot, and segments are named by a 4-byte number.
 //!
 //! Rare things live beside the slots, keyed by slot number: replicas after
 //! the first, soft pins, and who a hard pin is charged to (given back to
 //! the [`Ledger`] when the object leaves the table, however it leaves).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -18,9 +19,10 @@ use hashbrown::HashTable;
 use kvpool_proto::msg::{SegmentId, Tier};
 use kvpool_proto::tenant;
 
+use super::keys::Dict;
 use super::ledger::{Ledger, Pin};
 use super::objects::{KeyHasher, Tick, Version};
-use crate::alloc::Region;
+use crate::alloc::{Region, ALIGN};
 
 /// A segment as objects name it: 4 bytes where a [`SegmentId`] takes 16.
 /// The master numbers each segment id the first time it sees it, and a
@@ -92,7 +94,14 @@ pub(super) struct Slot {
     /// up: only compared with a store's scan start, where a later time errs
     /// on the side of keeping a replica the scan did not see.
     committed_s: u32,
-    region: Region,
+    /// The key's hash, as the index places it (growing the index rehashes
+    /// from these, without reading or decoding a key).
+    hash: u32,
+    /// The first replica's region: its offset, and its length in
+    /// [`ALIGN`] units (regions are at most
+    /// [`MAX_REGION`](crate::alloc::MAX_REGION) long).
+    offset: u64,
+    units: u32,
     /// Value bytes.
     pub(super) value_len: u64,
     /// Put generation.
@@ -119,21 +128,36 @@ impl Slot {
     fn vacant(&self) -> bool {
         self.flags & VACANT != 0
     }
+
+    /// Where the first replica lives in its segment.
+    fn region(&self) -> Region {
+        Region {
+            offset: self.offset,
+            len: u64::from(self.units) * ALIGN,
+        }
+    }
+
+    fn set_region(&mut self, r: Region) {
+        self.offset = r.offset;
+        // The allocator hands out and rebuilds nothing longer.
+        self.units = (r.len / ALIGN).min(u64::from(u32::MAX)) as u32;
+    }
 }
 
 /// The committed objects of one shard.
 #[derive(Default)]
 pub(super) struct ObjectTable {
-    /// Slot numbers with 32 bits of their key's hash: growing the index
-    /// rehashes from these alone, without reading a slot or a key per entry
-    /// (which cost milliseconds per shard at tens of millions of keys).
-    index: HashTable<(u32, u32)>,
+    /// Slot numbers, placed by the hash each slot keeps.
+    index: HashTable<u32>,
     slots: Vec<Vec<Slot>>,
     /// Slots ever used (the next new one is this number).
     filled: u32,
     /// First vacant slot, or `NONE`.
     vacant: Option<u32>,
+    /// Keys in their stored form (see `keys.rs`).
     keys: Vec<u8>,
+    /// The texts compact keys name.
+    dict: Dict,
     /// Bytes of `keys` no slot refers to any more.
     garbage: usize,
     more: HashMap<u32, Vec<(SegNo, Region)>, KeyHasher>,
@@ -145,12 +169,12 @@ pub(super) struct ObjectTable {
     hasher: KeyHasher,
 }
 
-/// The key bytes of `s`.
+/// The stored key of `s`.
 fn key_bytes<'a>(keys: &'a [u8], s: &Slot) -> &'a [u8] {
     &keys[s.key_at as usize..s.key_at as usize + usize::from(s.key_len)]
 }
 
-/// The table hash of a key's 32 stored bits: its low bits pick the bucket,
+/// The table hash of a key's 32 kept bits: its low bits pick the bucket,
 /// its top 7 the control byte.
 fn spread(h: u32) -> u64 {
     u64::from(h) << 32 | u64::from(h)
@@ -185,13 +209,14 @@ impl ObjectTable {
     pub(super) fn find(&self, key: &str) -> Option<u32> {
         let h = self.hash(key.as_bytes());
         self.index
-            .find(spread(h), |&(i, ih)| {
-                ih == h && key_bytes(&self.keys, at(&self.slots, i)) == key.as_bytes()
+            .find(spread(h), |&i| {
+                let s = at(&self.slots, i);
+                s.hash == h && self.dict.matches(key_bytes(&self.keys, s), key.as_bytes())
             })
-            .map(|&(i, _)| i)
+            .copied()
     }
 
-    /// The 32 bits of `key`'s hash the index keeps.
+    /// The 32 bits of `key`'s hash its slot keeps.
     fn hash(&self, key: &[u8]) -> u32 {
         (self.hasher.hash_one(key) >> 32) as u32
     }
@@ -229,10 +254,9 @@ impl ObjectTable {
         &mut self.slots[i as usize / CHUNK][i as usize % CHUNK]
     }
 
-    /// The key of slot `i`.
-    pub(super) fn key(&self, i: u32) -> &str {
-        // Stored from a `&str`, whole: valid UTF-8.
-        std::str::from_utf8(key_bytes(&self.keys, self.at(i))).unwrap_or_default()
+    /// The key of slot `i` (built when it is stored compact).
+    pub(super) fn key(&self, i: u32) -> Cow<'_, str> {
+        self.dict.decode(key_bytes(&self.keys, self.at(i)))
     }
 
     /// End of slot `i`'s soft pin (`Tick(0)`: none).
@@ -250,7 +274,7 @@ impl ObjectTable {
             0 => &[][..],
             _ => self.more.get(&i).map_or(&[][..], Vec::as_slice),
         };
-        std::iter::once((s.segment, s.region)).chain(more.iter().copied())
+        std::iter::once((s.segment, s.region())).chain(more.iter().copied())
     }
 
     /// Bytes slot `i` takes over all its replicas.
@@ -325,13 +349,13 @@ impl ObjectTable {
             let old = self.unpack(i);
             self.unpin(i);
             let s = *self.at(i);
-            self.write(i, s.key_at, s.key_len, &v);
+            self.write(i, (s.key_at, s.key_len, s.hash), &v);
             self.ledger.tenant_release(key, old.value_len);
             self.ledger.tenant_charge(key, v.value_len);
             return Some(old);
         }
         self.ledger.tenant_charge(key, v.value_len);
-        let key_at = self.store_key(key.as_bytes());
+        let (key_at, key_len) = self.store_key(key.as_bytes());
         let i = match self.vacant {
             Some(i) => {
                 let next = self.at(i).key_at;
@@ -348,11 +372,11 @@ impl ObjectTable {
                 self.filled - 1
             }
         };
-        // `validate_key` caps keys far below 64 KiB.
-        self.write(i, key_at, key.len() as u16, &v);
         let h = self.hash(key.as_bytes());
+        self.write(i, (key_at, key_len, h), &v);
+        let slots = &self.slots;
         self.index
-            .insert_unique(spread(h), (i, h), |&(_, h)| spread(h));
+            .insert_unique(spread(h), i, |&j| spread(at(slots, j).hash));
         None
     }
 
@@ -365,14 +389,13 @@ impl ObjectTable {
     pub(super) fn remove_at(&mut self, i: u32) -> Version<SegNo> {
         let v = self.unpack(i);
         let s = *self.at(i);
-        let key = key_bytes(&self.keys, &s);
-        if key.first() == Some(&(tenant::MARK as u8)) {
-            // Keys are stored from `&str`s, so this is never lossy.
-            self.ledger
-                .tenant_release(&String::from_utf8_lossy(key), v.value_len);
+        let key = self.key(i);
+        if key.starts_with(tenant::MARK) {
+            self.ledger.tenant_release(&key, v.value_len);
         }
-        let h = self.hash(key);
-        if let Ok(e) = self.index.find_entry(spread(h), |&(j, _)| j == i) {
+        drop(key);
+        self.dict.release(key_bytes(&self.keys, &s));
+        if let Ok(e) = self.index.find_entry(spread(s.hash), |&j| j == i) {
             e.remove();
         }
         self.more.remove(&i);
@@ -406,7 +429,7 @@ impl ObjectTable {
             let s = *self.at(i);
             if s.flags & MORE == 0 {
                 // The common case, without building lists.
-                if !keep(&s, s.segment, s.region) {
+                if !keep(&s, s.segment, s.region()) {
                     self.remove_at(i);
                     removed += 1;
                 }
@@ -433,7 +456,8 @@ impl ObjectTable {
 
     fn set_replicas(&mut self, i: u32, list: &[(SegNo, Region)]) {
         let s = self.at_mut(i);
-        (s.segment, s.region) = list[0];
+        s.segment = list[0].0;
+        s.set_region(list[0].1);
         if list.len() > 1 {
             s.flags |= MORE;
             self.more.insert(i, list[1..].to_vec());
@@ -443,7 +467,9 @@ impl ObjectTable {
         }
     }
 
-    fn write(&mut self, i: u32, key_at: u32, key_len: u16, v: &Version<SegNo>) {
+    /// Fills slot `i` with `v`, under the key stored at `key_at` (`key_len`
+    /// bytes) whose hash is `hash`.
+    fn write(&mut self, i: u32, (key_at, key_len, hash): (u32, u16, u32), v: &Version<SegNo>) {
         let mut flags = 0;
         if let Some(pin) = v.hard_pin {
             flags |= HARD_PIN;
@@ -465,7 +491,9 @@ impl ObjectTable {
                 .0
                 .div_ceil(1_000_000_000)
                 .min(u64::from(u32::MAX)) as u32,
-            region: v.replicas[0].1,
+            hash,
+            offset: 0,
+            units: 0,
             value_len: v.value_len,
             generation: v.generation,
             lease_until: v.lease_until,
@@ -488,16 +516,19 @@ impl ObjectTable {
         }
     }
 
-    /// Appends key bytes to the arena; returns where they start.
-    fn store_key(&mut self, key: &[u8]) -> u32 {
+    /// Appends `key`'s stored form to the arena; returns where it starts
+    /// and its length.
+    fn store_key(&mut self, key: &[u8]) -> (u32, u16) {
         if self.keys.capacity() - self.keys.len() < key.len() {
             // Grow by a quarter, not double: the spare room is resident.
             self.keys.reserve_exact(key.len().max(self.keys.len() / 4));
         }
         let at = self.keys.len();
-        self.keys.extend_from_slice(key);
+        self.dict.encode(key, &mut self.keys);
         // 4 GiB of keys in one of thousands of shards: terabytes in all.
-        u32::try_from(at).expect("key arena of one shard over 4 GiB")
+        let at = u32::try_from(at).expect("key arena of one shard over 4 GiB");
+        // `validate_key` caps keys at 64 KiB - 1, and a stored form is never longer.
+        (at, (self.keys.len() - at as usize) as u16)
     }
 
     /// Rewrites the arena with only the keys still referred to.
@@ -524,7 +555,9 @@ fn placeholder() -> Slot {
         flags: 0,
         segment: SegNo(0),
         committed_s: 0,
-        region: Region { offset: 0, len: 0 },
+        hash: 0,
+        offset: 0,
+        units: 0,
         value_len: 0,
         generation: 0,
         lease_until: Tick(0),
@@ -535,6 +568,12 @@ fn placeholder() -> Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl ObjectTable {
+        fn dict_held(&self) -> usize {
+            self.dict.held().0
+        }
+    }
 
     fn region(offset: u64) -> Region {
         Region { offset, len: 64 }
@@ -646,27 +685,39 @@ mod tests {
 
     #[test]
     fn many_keys_survive_churn_and_arena_compaction() {
-        let mut t = ObjectTable::default();
-        for n in 0..20_000u64 {
-            t.insert(&format!("key-{n}"), version(n, &[(0, n * 64)]));
+        // Plain keys, and engine keys stored compact (odd digit runs too).
+        let plain = |n: u64| format!("key-{n}");
+        let engine = |n: u64| format!("model_{:064x}_0_{}", n * 7919, ["k", "v"][n as usize % 2]);
+        let odd = |n: u64| format!("{:017x}@{}", n, n % 5);
+        for key in [&plain as &dyn Fn(u64) -> String, &engine, &odd] {
+            let mut t = ObjectTable::default();
+            for n in 0..20_000u64 {
+                t.insert(&key(n), version(n, &[(0, n * 64)]));
+            }
+            for n in (0..20_000u64).filter(|n| n % 3 != 0) {
+                assert_eq!(t.remove(&key(n)).unwrap().generation, n);
+            }
+            for n in 20_000..25_000u64 {
+                t.insert(&key(n), version(n, &[(0, n * 64)]));
+            }
+            assert!(t.garbage * 2 <= t.keys.len() || t.garbage <= 4096);
+            let want: Vec<u64> = (0..20_000)
+                .filter(|n| n % 3 == 0)
+                .chain(20_000..25_000)
+                .collect();
+            assert_eq!(t.len(), want.len());
+            for &n in &want {
+                let i = t.find(&key(n)).expect("kept");
+                assert_eq!(t.key(i), key(n));
+                assert_eq!(t.at(i).generation, n);
+                assert!(t.find(&key(n + 1_000_000)).is_none());
+            }
+            assert_eq!(t.iter().count(), t.len());
+            for n in want {
+                t.remove(&key(n)).expect("kept");
+            }
+            // The last key of a prefix takes its text along.
+            assert_eq!(t.dict_held(), 0);
         }
-        for n in (0..20_000u64).filter(|n| n % 3 != 0) {
-            assert_eq!(t.remove(&format!("key-{n}")).unwrap().generation, n);
-        }
-        for n in 20_000..25_000u64 {
-            t.insert(&format!("key-{n}"), version(n, &[(0, n * 64)]));
-        }
-        assert!(t.garbage * 2 <= t.keys.len() || t.garbage <= 4096);
-        let want: Vec<u64> = (0..20_000)
-            .filter(|n| n % 3 == 0)
-            .chain(20_000..25_000)
-            .collect();
-        assert_eq!(t.len(), want.len());
-        for n in want {
-            let i = t.find(&format!("key-{n}")).expect("kept");
-            assert_eq!(t.key(i), format!("key-{n}"));
-            assert_eq!(t.at(i).generation, n);
-        }
-        assert_eq!(t.iter().count(), t.len());
     }
 }

@@ -269,7 +269,7 @@ impl MasterState {
                     continue;
                 }
                 let key = sh.objects.key(i);
-                if moving.contains(key) {
+                if moving.contains(&*key) {
                     continue;
                 }
                 if rank == boundary.rank {
@@ -349,8 +349,8 @@ impl MasterState {
         }
         let mut tier = self.tier.lock();
         let key = objects.key(i);
-        if tier.queued.len() < PROMOTE_QUEUE && !tier.queued.contains(key) {
-            tier.queued.insert(Box::from(key));
+        if tier.queued.len() < PROMOTE_QUEUE && !tier.queued.contains(&*key) {
+            tier.queued.insert(Box::from(&*key));
             tier.promote.push_back(Box::from(key));
         }
     }
