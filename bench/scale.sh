@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Scale run: the same fill of N small objects (put_batch of 64-byte values,
-# 13-byte keys, through the MooncakeDistributedStore API) into kvpool and
+# Scale run: the same fill of N small objects (put_batch of 64-byte values
+# under engine-shaped keys, see engine_keys.py, through the
+# MooncakeDistributedStore API) into kvpool and
 # into Mooncake 0.3.13, one after the other in the same run, each as master +
 # storage node + filler processes on loopback. Prints, per checkpoint, the
 # master's RSS per key, the fill rate and single get/put latency; for kvpool
@@ -14,7 +15,10 @@
 #        PYTHON (interpreter where `import kvpool` works; default the test venv),
 #        MOONCAKE_VENV (default /tmp/kvpool-bench/mooncake-venv; created if
 #        missing), SKIP_MOONCAKE=1 to run kvpool alone, MC_STORES (Mooncake
-#        storage processes; default one per million keys).
+#        storage processes; default one per million keys), KEY_SHAPE (plain,
+#        the default: 13-byte keys; sglang; vllm and lmcache, which import
+#        those engines and run kvpool alone; vLLM is looked for in
+#        KVPOOL_VLLM_SITE, default ~/.cache/kvpool/vllm-site).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -24,6 +28,12 @@ CHECKPOINTS="${CHECKPOINTS:-10000,100000,$KEYS}"
 KVPOOL="${KVPOOL:-$REPO/target/release/kvpool}"
 PYTHON="${PYTHON:-$HOME/.cache/kvpool/venv/bin/python}"
 MOONCAKE_VENV="${MOONCAKE_VENV:-/tmp/kvpool-bench/mooncake-venv}"
+KEY_SHAPE="${KEY_SHAPE:-plain}"
+case "$KEY_SHAPE" in
+  vllm|lmcache)
+    SKIP_MOONCAKE=1
+    export PYTHONPATH="${KVPOOL_VLLM_SITE:-$HOME/.cache/kvpool/vllm-site}${PYTHONPATH:+:$PYTHONPATH}" ;;
+esac
 # Room for every object with its header, twice over.
 SEGMENT=$(( KEYS * 512 + (256 << 20) ))
 mkdir -p "$OUT"
@@ -55,7 +65,7 @@ done
   done ) >"$OUT/kvpool-longest.txt" 2>/dev/null &
 POLLER=$!; PIDS+=("$POLLER")
 "$PYTHON" "$HERE/scale_fill.py" --module kvpool.mooncake --system kvpool --master 127.0.0.1:$RPC \
-  --master-pid "$MASTER" --keys "$KEYS" --checkpoints "$CHECKPOINTS" | tee "$OUT/kvpool.jsonl"
+  --master-pid "$MASTER" --keys "$KEYS" --checkpoints "$CHECKPOINTS" --key-shape "$KEY_SHAPE" | tee "$OUT/kvpool.jsonl"
 sleep 1.5; kill "$POLLER" 2>/dev/null
 want=$("$KVPOOL" status --master 127.0.0.1:$RPC | awk '/^keys:/{print $2}')
 # kill -9 the store and time until the master serves all its objects again.
@@ -72,13 +82,15 @@ until [ "$("$KVPOOL" status --master 127.0.0.1:$RPC | awk '/^keys:/{print $2}')"
   sleep 0.05
 done
 t1=$(date +%s.%N)
-"$PYTHON" - "127.0.0.1:$RPC" "$KEYS" <<'EOF' || exit 1
+"$PYTHON" - "127.0.0.1:$RPC" "$KEYS" "$KEY_SHAPE" "$HERE" <<'EOF' || exit 1
 import random, sys
+sys.path.insert(0, sys.argv[4])
+from engine_keys import key_fn
 from kvpool.mooncake import MooncakeDistributedStore
 s = MooncakeDistributedStore()
 assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", sys.argv[1]) == 0
-n = int(sys.argv[2])
-keys = [f"k{random.randrange(n):012d}" for _ in range(2000)]
+n, key = int(sys.argv[2]), key_fn(sys.argv[3])
+keys = [key(random.randrange(n)) for _ in range(2000)]
 missing = [k for k, v in zip(keys, s.get_batch(keys)) if len(v) != 64]
 sys.exit(f"{len(missing)} of 2000 sampled keys unreadable after the restart" if missing else 0)
 EOF
@@ -123,5 +135,5 @@ if [ "${SKIP_MOONCAKE:-0}" != 1 ]; then
   done
   "$MOONCAKE_VENV/bin/python" "$HERE/scale_fill.py" --module mooncake.store --system mooncake \
     --master 127.0.0.1:$MRPC --metadata "http://127.0.0.1:$META/metadata" \
-    --master-pid "$MASTER" --keys "$KEYS" --checkpoints "$CHECKPOINTS" | tee "$OUT/mooncake.jsonl"
+    --master-pid "$MASTER" --keys "$KEYS" --checkpoints "$CHECKPOINTS" --key-shape "$KEY_SHAPE" | tee "$OUT/mooncake.jsonl"
 fi

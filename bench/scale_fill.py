@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Fills a pool with N small objects through the MooncakeDistributedStore API
-(put_batch of 64-byte values under 13-byte keys, as an engine's small pages
-would), and at each checkpoint prints one JSON line: the master's resident
-memory per key, the fill rate since the previous checkpoint, and single
+(put_batch of 64-byte values under keys an engine would use: `--key-shape`,
+see engine_keys.py; 13-byte keys by default), and at each checkpoint prints
+one JSON line: the master's resident memory per key, the fill rate since the
+previous checkpoint (put calls only: generating engine keys is not timed), and single
 get/put latency (p50/p99 µs), and the rate of a burst of batched puts.
 Gets read a hot set of `--hot` keys spread evenly over all the keys so far
 (read once before timing) through a reader client of their own, so what its
@@ -22,6 +23,8 @@ import random
 import sys
 import time
 
+from engine_keys import SHAPES, key_fn
+
 p = argparse.ArgumentParser()
 p.add_argument("--module", default="kvpool.mooncake")
 p.add_argument("--system", default="kvpool")
@@ -39,6 +42,7 @@ p.add_argument("--rounds", type=int, default=5,
 p.add_argument("--settle", type=float, default=3.0,
                help="seconds between the end of a fill and its samples, for both systems alike")
 p.add_argument("--burst", type=int, default=320, help="put_batch calls timed per checkpoint")
+p.add_argument("--key-shape", default="plain", choices=SHAPES)
 p.add_argument("--hot", type=int, default=1000,
                help="keys the timed gets read, spread evenly over the keys so far")
 a = p.parse_args()
@@ -52,8 +56,7 @@ def rss(pid):
     return 0
 
 
-def key(i):
-    return f"k{i:012d}"  # 13 bytes
+key = key_fn(a.key_shape)
 
 
 def pct(v, q):
@@ -95,15 +98,17 @@ base = rss(a.master_pid)
 marks = sorted({int(c) for c in a.checkpoints.split(",") if int(c) < a.keys} | {a.keys})
 filled, extra, added = 0, 10**11, 0
 for mark in marks:
-    t = time.time()
+    spent = 0.0
     while filled < mark:
         n = min(a.batch, mark - filled)
         ks = [key(i) for i in range(filled, filled + n)]
+        t = time.perf_counter()
         r = s.put_batch(ks, [value] * n)
+        spent += time.perf_counter() - t
         if r != 0:
             sys.exit(f"put_batch at {filled} returned {r}")
         filled += n
-    rate = (mark - (marks[marks.index(mark) - 1] if marks.index(mark) else 0)) / (time.time() - t)
+    rate = (mark - (marks[marks.index(mark) - 1] if marks.index(mark) else 0)) / spent
     time.sleep(a.settle)
     per = max(1, a.samples // a.rounds)
     calls = max(1, a.burst // a.rounds)
@@ -113,27 +118,28 @@ for mark in marks:
         if client.get(k) != value:
             sys.exit(f"wrong or missing value for {k}{what}")
 
-    def put_one():
-        global extra
-        if s.put(key(extra), value) != 0:
+    def put_one(k):
+        if s.put(k, value) != 0:
             sys.exit("put failed")
-        extra += 1
 
     hot = [key(j * mark // min(a.hot, mark)) for j in range(min(a.hot, mark))]
+    uncached = [key(random.randrange(mark)) for _ in range(per * a.rounds)]
     for k in hot:
         check_get(reader, k, " (hot set)")
     for _ in range(a.rounds):
         gets.append(timed(per, lambda: check_get(reader, random.choice(hot), "")))
         if cold:
-            cold_gets.append(timed(per, lambda: check_get(cold, key(random.randrange(mark)), " (uncached)")))
+            cold_gets.append(timed(per, lambda: check_get(cold, uncached.pop(), " (uncached)")))
+        batches = [[key(extra + c * a.batch + i) for i in range(a.batch)] for c in range(calls)]
+        extra += calls * a.batch
         t0 = time.perf_counter()
-        for _ in range(calls):
-            ks = [key(extra + i) for i in range(a.batch)]
-            extra += a.batch
+        for ks in batches:
             if s.put_batch(ks, [value] * a.batch) != 0:
                 sys.exit("burst put_batch failed")
         bursts.append(calls * a.batch / (time.perf_counter() - t0))
-        puts.append(timed(per, put_one))
+        singles = [key(extra + i) for i in range(per)]
+        extra += per
+        puts.append(timed(per, lambda: put_one(singles.pop())))
         added += calls * a.batch + per
         time.sleep(0.5)
     burst_rate = median(bursts)
@@ -143,7 +149,7 @@ for mark in marks:
 
     mem = rss(a.master_pid) - base
     print(json.dumps({
-        "system": a.system, "keys": mark, "master_rss_mib": round(rss(a.master_pid) / 2**20, 1),
+        "system": a.system, "key_shape": a.key_shape, "keys": mark, "master_rss_mib": round(rss(a.master_pid) / 2**20, 1),
         "bytes_per_key": round(mem / (mark + added), 1),
         "fill_keys_per_s": round(rate), "burst_put_keys_per_s": round(burst_rate),
         "get_p50_us": fig(gets, 0.5), "get_p99_us": fig(gets, 0.99),

@@ -24,9 +24,13 @@ pub struct BenchMetaArgs {
     /// Key counts at which to measure (default: 10k, then every power of ten, and the end).
     #[arg(long, value_delimiter = ',', value_parser = parse_count)]
     pub checkpoints: Vec<u64>,
-    /// Bytes per key (keys are zero-padded numbers with a prefix).
+    /// Bytes per key of the `plain` shape (zero-padded numbers with a prefix).
     #[arg(long, default_value_t = 32)]
     pub key_len: usize,
+    /// How keys are named: `plain`, or as an engine names its objects
+    /// (bench/engine_keys.py), over a SHA-256 digest of the key's number.
+    #[arg(long, value_enum, default_value_t = KeyShape::Plain)]
+    pub key_shape: KeyShape,
     /// Replicas per object (one segment each).
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
@@ -39,6 +43,31 @@ pub struct BenchMetaArgs {
     /// Single gets and single puts timed at each checkpoint.
     #[arg(long, default_value_t = 20_000)]
     pub samples: usize,
+}
+
+/// Names of the keys a fill puts.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyShape {
+    /// `k-000…N`, `--key-len` bytes.
+    Plain,
+    /// SGLang's HiCache Mooncake backend: `{model}_{sha256 hex}_0_k` and `_v` (101 bytes).
+    Sglang,
+    /// vLLM's Mooncake store connector: `{model}@tp_rank:0@…@group:0@{sha256 hex}` (135 bytes).
+    Vllm,
+    /// kvpool's LMCache adapter: `lmcache/{model}@00000000@0@{sha256 hex}` (116 bytes).
+    Lmcache,
+}
+
+/// The model name in engine-shaped keys.
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// Lowercase hex of SHA-256 over `i`'s little-endian bytes.
+fn digest(i: u64) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(i.to_le_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Counts with an optional k/M/G suffix (powers of ten).
@@ -82,6 +111,7 @@ struct Filler {
     st: MasterState,
     client: ClientId,
     key_len: usize,
+    key_shape: KeyShape,
     value_len: u64,
     region_len: u64,
     rc: ReplicateConfig,
@@ -89,8 +119,24 @@ struct Filler {
 
 impl Filler {
     fn key(&self, i: u64) -> String {
-        let digits = self.key_len.saturating_sub(2).max(1);
-        format!("k-{i:0digits$}")
+        match self.key_shape {
+            KeyShape::Plain => {
+                let digits = self.key_len.saturating_sub(2).max(1);
+                format!("k-{i:0digits$}")
+            }
+            // Two objects (K and V) per page.
+            KeyShape::Sglang => format!(
+                "{}_{}_0_{}",
+                MODEL.replace('/', "-"),
+                digest(i / 2),
+                if i % 2 == 0 { 'k' } else { 'v' }
+            ),
+            KeyShape::Vllm => format!(
+                "{MODEL}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{}",
+                digest(i)
+            ),
+            KeyShape::Lmcache => format!("lmcache/{MODEL}@00000000@0@{}", digest(i)),
+        }
     }
 
     fn now(&self) -> tokio::time::Instant {
@@ -170,8 +216,22 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     let client = ClientId(1);
     let now = tokio::time::Instant::now();
     st.register_client(client, "bench-meta", now)?;
+    let mut f = Filler {
+        st,
+        client,
+        key_len: a.key_len,
+        key_shape: a.key_shape,
+        value_len: a.value_size,
+        region_len: 0,
+        rc: ReplicateConfig {
+            replica_num: a.replicas,
+            ..Default::default()
+        },
+    };
+    let key_len = f.key(0).len();
     // Room for every region many times over; the master never touches it.
-    let region_len = (a.value_size + 64 + a.key_len as u64).div_ceil(64) * 64;
+    let region_len = (a.value_size + 64 + key_len as u64).div_ceil(64) * 64;
+    f.region_len = region_len;
     let size = (a.keys + a.samples as u64 * (checkpoints.len() as u64 + 1)) * region_len * 2;
     for s in 0..a.replicas {
         let info = SegmentInfo {
@@ -183,23 +243,12 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
             path: None,
             tier: Default::default(),
         };
-        st.mount(client, info, 0, now)
+        f.st.mount(client, info, 0, now)
             .map_err(|e| anyhow::anyhow!("mount: {e}"))?;
     }
-    let f = Filler {
-        st,
-        client,
-        key_len: a.key_len,
-        value_len: a.value_size,
-        region_len,
-        rc: ReplicateConfig {
-            replica_num: a.replicas,
-            ..Default::default()
-        },
-    };
     println!(
-        "bench-meta: {} keys of {} B, {} replica(s), {} B values, batches of {}",
-        a.keys, a.key_len, a.replicas, a.value_size, a.batch
+        "bench-meta: {} keys of {} B ({:?}), {} replica(s), {} B values, batches of {}",
+        a.keys, key_len, a.key_shape, a.replicas, a.value_size, a.batch
     );
     println!(
         "{:>12} {:>10} {:>9} {:>11} {:>11} {:>11} {:>11} {:>13} {:>12}",
