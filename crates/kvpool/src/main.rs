@@ -96,6 +96,7 @@ fn shutdown_on_signal() -> CancellationToken {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Master(m) => {
+            kvpool_master::map_large_allocations();
             let cfg = m.to_config()?;
             kvpool_master::run(cfg, shutdown_on_signal()).await?;
         }
@@ -191,7 +192,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::BenchMeta(b) => tokio::task::block_in_place(|| bench_meta::run(b))?,
+        Command::BenchMeta(b) => {
+            // Measured as `kvpool master` holds it.
+            kvpool_master::map_large_allocations();
+            tokio::task::block_in_place(|| bench_meta::run(b))?
+        }
         Command::BenchReuse(b) => {
             if !bench_reuse::run(b).await? {
                 return Ok(ExitCode::FAILURE);
