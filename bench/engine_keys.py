@@ -34,9 +34,11 @@ SHAPES = ("plain", "sglang", "vllm", "lmcache")
 
 
 def tokens(request, page, n):
-    """Token ids of page `page` of request `request`: distinct per request."""
+    """Token ids (of a 128,256-token vocabulary) of page `page` of request
+    `request`: the top bits of a 64-bit odd multiple of the token's
+    position, so no two pages of a fill are alike."""
     start = (request * PAGES + page) * n
-    return [(start + t) * 2654435761 % 128256 for t in range(n)]
+    return [(((start + t) * 0x9E3779B97F4A7C15 & (1 << 64) - 1) >> 40) % 128256 for t in range(n)]
 
 
 def chained(step):
@@ -113,6 +115,8 @@ if __name__ == "__main__":
         k = key_fn(shape)
         t = time.perf_counter()
         n = 20000
-        lens = [len(k(i)) for i in range(n)]
+        keys = [k(i) for i in range(n)]
+        lens = [len(x) for x in keys]
+        assert len(set(keys)) == n, f"{shape}: {n - len(set(keys))} repeated keys"
         us = (time.perf_counter() - t) / n * 1e6
         print(shape, max(lens), f"{us:.1f} us/key", k(0), k(PAGES * 2 + 1), sep="\t")

@@ -68,6 +68,9 @@ POLLER=$!; PIDS+=("$POLLER")
   --master-pid "$MASTER" --keys "$KEYS" --checkpoints "$CHECKPOINTS" --key-shape "$KEY_SHAPE" | tee "$OUT/kvpool.jsonl"
 sleep 1.5; kill "$POLLER" 2>/dev/null
 want=$("$KVPOOL" status --master 127.0.0.1:$RPC | awk '/^keys:/{print $2}')
+# Every key of the fill is a distinct object (a key function repeating
+# itself would fill nothing and measure an empty master).
+[ "${want:-0}" -ge "$KEYS" ] || { echo "the master holds ${want:-no} objects after filling $KEYS" >&2; exit 1; }
 # kill -9 the store and time until the master serves all its objects again.
 kill -9 "$STORE"; wait "$STORE" 2>/dev/null
 t0=$(date +%s.%N)
