@@ -6,9 +6,11 @@
 //! per object); here the spare room is on 4 bytes, the first replica lives
 //! in the slot, and segments are named by a 4-byte number.
 //!
-//! Rare things live beside the slots, keyed by slot number: replicas after
-//! the first, soft pins, and who a hard pin is charged to (given back to
-//! the [`Ledger`] when the object leaves the table, however it leaves).
+//! Second replicas live in chunks beside the slots' (16 bytes each, a chunk
+//! made when one of its objects first has one). Rare things live in maps
+//! keyed by slot number: replicas after the second, soft pins, and who a
+//! hard pin is charged to (given back to the [`Ledger`] when the object
+//! leaves the table, however it leaves).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -71,12 +73,14 @@ impl SegNumbers {
 
 const HARD_PIN: u8 = 1;
 const SOFT_PIN: u8 = 2;
-/// It has replicas after the first, in `more`.
+/// It has replicas after the second, in `more`.
 const MORE: u8 = 4;
 /// Not an object: a free slot, chained through `key_at`.
 const VACANT: u8 = 8;
 /// Read once while only on disk: the next read promotes it.
 const DISK_READ: u8 = 16;
+/// It has a second replica, in `second`.
+const SECOND: u8 = 32;
 
 /// Slots per chunk (4 KiB): growing never moves the slots a shard has.
 const CHUNK: usize = 64;
@@ -139,8 +143,7 @@ impl Slot {
 
     fn set_region(&mut self, r: Region) {
         self.offset = r.offset;
-        // The allocator hands out and rebuilds nothing longer.
-        self.units = (r.len / ALIGN).min(u64::from(u32::MAX)) as u32;
+        self.units = units(r.len);
     }
 }
 
@@ -160,6 +163,8 @@ pub(super) struct ObjectTable {
     dict: Dict,
     /// Bytes of `keys` no slot refers to any more.
     garbage: usize,
+    /// Second replicas, a chunk per chunk of slots that has one.
+    second: Vec<Option<Box<[Extra; CHUNK]>>>,
     more: HashMap<u32, Vec<(SegNo, Region)>, KeyHasher>,
     soft_pins: HashMap<u32, Tick, KeyHasher>,
     /// Whose limit each hard-pinned object counts against.
@@ -270,11 +275,17 @@ impl ObjectTable {
     /// Where slot `i`'s replicas live.
     pub(super) fn replicas(&self, i: u32) -> impl Iterator<Item = (SegNo, Region)> + '_ {
         let s = self.at(i);
+        let second = (s.flags & SECOND != 0)
+            .then(|| self.second.get(i as usize / CHUNK)?.as_ref())
+            .flatten()
+            .map(|c| c[i as usize % CHUNK].replica());
         let more = match s.flags & MORE {
             0 => &[][..],
             _ => self.more.get(&i).map_or(&[][..], Vec::as_slice),
         };
-        std::iter::once((s.segment, s.region())).chain(more.iter().copied())
+        std::iter::once((s.segment, s.region()))
+            .chain(second)
+            .chain(more.iter().copied())
     }
 
     /// Bytes slot `i` takes over all its replicas.
@@ -312,11 +323,12 @@ impl ObjectTable {
 
     /// Adds a replica to slot `i`, unless it has one on `no` already.
     pub(super) fn add_replica(&mut self, i: u32, no: SegNo, region: Region) {
-        if self.replicas(i).any(|(s, _)| s == no) {
+        let mut list: Vec<(SegNo, Region)> = self.replicas(i).collect();
+        if list.iter().any(|&(s, _)| s == no) {
             return;
         }
-        self.more.entry(i).or_default().push((no, region));
-        self.at_mut(i).flags |= MORE;
+        list.push((no, region));
+        self.set_replicas(i, &list);
     }
 
     /// Takes slot `i`'s replica on `no` away, unless it is the only one;
@@ -427,7 +439,7 @@ impl ObjectTable {
                 continue;
             }
             let s = *self.at(i);
-            if s.flags & MORE == 0 {
+            if s.flags & (SECOND | MORE) == 0 {
                 // The common case, without building lists.
                 if !keep(&s, s.segment, s.region()) {
                     self.remove_at(i);
@@ -458,11 +470,21 @@ impl ObjectTable {
         let s = self.at_mut(i);
         s.segment = list[0].0;
         s.set_region(list[0].1);
-        if list.len() > 1 {
-            s.flags |= MORE;
-            self.more.insert(i, list[1..].to_vec());
+        s.flags &= !(SECOND | MORE);
+        if let Some(&second) = list.get(1) {
+            s.flags |= SECOND;
+            let chunk = i as usize / CHUNK;
+            if self.second.len() <= chunk {
+                self.second.resize_with(chunk + 1, || None);
+            }
+            let extras =
+                self.second[chunk].get_or_insert_with(|| Box::new([Extra::default(); CHUNK]));
+            extras[i as usize % CHUNK] = Extra::new(second);
+        }
+        if list.len() > 2 {
+            self.at_mut(i).flags |= MORE;
+            self.more.insert(i, list[2..].to_vec());
         } else {
-            s.flags &= !MORE;
             self.more.remove(&i);
         }
     }
@@ -544,6 +566,39 @@ impl ObjectTable {
         }
         self.keys = keys;
         self.garbage = 0;
+    }
+}
+
+/// A region's length in [`ALIGN`] units, as slots keep it.
+fn units(len: u64) -> u32 {
+    // The allocator hands out and rebuilds nothing longer.
+    (len / ALIGN).min(u64::from(u32::MAX)) as u32
+}
+
+/// A second replica, in 16 bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Extra {
+    segment: u32,
+    /// Length in [`ALIGN`] units.
+    units: u32,
+    offset: u64,
+}
+
+impl Extra {
+    fn new((no, r): (SegNo, Region)) -> Self {
+        Extra {
+            segment: no.0,
+            units: units(r.len),
+            offset: r.offset,
+        }
+    }
+
+    fn replica(&self) -> (SegNo, Region) {
+        let region = Region {
+            offset: self.offset,
+            len: u64::from(self.units) * ALIGN,
+        };
+        (SegNo(self.segment), region)
     }
 }
 
@@ -652,6 +707,18 @@ mod tests {
         assert_eq!(
             t.replicas(i).collect::<Vec<_>>(),
             vec![(SegNo(2), region(128))]
+        );
+        // A second replica beside the slot, a third in the map; dropping the
+        // second moves the third into its place.
+        t.add_replica(i, SegNo(3), region(192));
+        t.add_replica(i, SegNo(4), region(256));
+        assert!(t.more.contains_key(&i));
+        assert_eq!(t.bytes(i), 3 * 64);
+        assert_eq!(t.remove_replica(i, SegNo(3)), Some(region(192)));
+        assert!(t.more.is_empty());
+        assert_eq!(
+            t.replicas(i).collect::<Vec<_>>(),
+            vec![(SegNo(2), region(128)), (SegNo(4), region(256))]
         );
         assert_eq!(t.retain_replicas(|_, _, _| false), 1);
         assert_eq!(t.len(), 0);
