@@ -129,7 +129,7 @@ impl Filler {
                 "{}_{}_0_{}",
                 MODEL.replace('/', "-"),
                 digest(i / 2),
-                if i % 2 == 0 { 'k' } else { 'v' }
+                if i.is_multiple_of(2) { 'k' } else { 'v' }
             ),
             KeyShape::Vllm => format!(
                 "{MODEL}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{}",

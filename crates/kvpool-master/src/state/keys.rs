@@ -186,10 +186,11 @@ impl Dict {
             if let Some(p) = self.intern(&key[..start]) {
                 if let Some(s) = self.intern(&key[end..]) {
                     let run = &key[start..end];
-                    out.push(if run.len() % 2 == 0 { EVEN } else { ODD });
+                    let odd = !run.len().is_multiple_of(2);
+                    out.push(if odd { ODD } else { EVEN });
                     out.extend([p, s]);
                     // An odd run is padded with a zero digit in front.
-                    let pad = (run.len() % 2 == 1).then_some(b'0');
+                    let pad = odd.then_some(b'0');
                     let mut digits = pad.into_iter().chain(run.iter().copied());
                     while let (Some(hi), Some(lo)) = (digits.next(), digits.next()) {
                         let n = |c| nibble(c).unwrap_or(0);

@@ -1,6 +1,7 @@
 //! The committed objects of one shard, laid out for tens of millions of
 //! keys: a hash index of 4-byte slot numbers, dense 64-byte slots, and the
-//! keys packed in one arena (compact where they can be, see `keys.rs`). A `HashMap<Box<str>, Version>` paid for a
+//! keys packed in one arena (compact where they can be, see `keys.rs`).
+//! A `HashMap<Box<str>, Version>` paid for a
 //! 16-byte key pointer, a key allocation, a replica `Vec` and its
 //! allocation, and the table's spare room on all of that (about 260 bytes
 //! per object); here the spare room is on 4 bytes, the first replica lives
@@ -135,10 +136,7 @@ impl Slot {
 
     /// Where the first replica lives in its segment.
     fn region(&self) -> Region {
-        Region {
-            offset: self.offset,
-            len: u64::from(self.units) * ALIGN,
-        }
+        region(self.offset, self.units)
     }
 
     fn set_region(&mut self, r: Region) {
@@ -575,6 +573,14 @@ fn units(len: u64) -> u32 {
     (len / ALIGN).min(u64::from(u32::MAX)) as u32
 }
 
+/// The region at `offset` of `units` [`ALIGN`] units.
+fn region(offset: u64, units: u32) -> Region {
+    Region {
+        offset,
+        len: u64::from(units) * ALIGN,
+    }
+}
+
 /// A second replica, in 16 bytes.
 #[derive(Debug, Clone, Copy, Default)]
 struct Extra {
@@ -594,11 +600,7 @@ impl Extra {
     }
 
     fn replica(&self) -> (SegNo, Region) {
-        let region = Region {
-            offset: self.offset,
-            len: u64::from(self.units) * ALIGN,
-        };
-        (SegNo(self.segment), region)
+        (SegNo(self.segment), region(self.offset, self.units))
     }
 }
 
