@@ -163,7 +163,7 @@ impl Dict {
 
     /// Drops one use of `id`; the last frees it.
     fn unref(&mut self, id: u8) {
-        let Some(e) = self.entries.get_mut(usize::from(id)) else {
+        let Some(e) = self.entries.get_mut(usize::from(id)).filter(|e| e.refs > 0) else {
             return;
         };
         e.refs -= 1;
