@@ -251,6 +251,39 @@ impl Dict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Keys made of hex runs, separators and other text, as engines and
+    /// hostile clients might send them.
+    fn any_key() -> impl Strategy<Value = String> {
+        let part = prop_oneof!["[0-9a-f]{0,70}", "[_@/:.-]{1,2}", "[A-Za-z0-9\u{1}é]{0,12}",];
+        prop::collection::vec(part, 0..6).prop_map(|p| p.concat())
+    }
+
+    proptest! {
+        #[test]
+        fn every_key_round_trips_and_matches_only_itself(
+            keys in prop::collection::vec(any_key(), 1..40),
+            other in any_key(),
+        ) {
+            let mut d = Dict::default();
+            let stored: Vec<Vec<u8>> = keys.iter().map(|k| {
+                let mut out = Vec::new();
+                d.encode(k.as_bytes(), &mut out);
+                out
+            }).collect();
+            for (k, s) in keys.iter().zip(&stored) {
+                prop_assert_eq!(d.decode(s), k.as_str());
+                prop_assert!(d.matches(s, k.as_bytes()));
+                prop_assert!(s.len() <= k.len());
+                prop_assert_eq!(d.matches(s, other.as_bytes()), *k == other);
+            }
+            for s in &stored {
+                d.release(s);
+            }
+            prop_assert_eq!(d.held(), (0, 0));
+        }
+    }
 
     fn stored(d: &mut Dict, key: &str) -> Vec<u8> {
         let mut out = Vec::new();
