@@ -553,9 +553,9 @@ impl MasterState {
             .collect()
     }
 
-    /// Finds committed `key` and takes its read lease as a read does (the
-    /// lease extended, a use counted); `then` runs under its shard's lock.
-    fn leased<T>(
+    /// Finds committed `key` and extends its read lease; `then` runs under
+    /// its shard's lock.
+    pub(super) fn with_lease<T>(
         &self,
         key: &str,
         now: Instant,
@@ -569,8 +569,20 @@ impl MasterState {
             .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{key:?} not found")))?;
         let v = objects.at_mut(i);
         v.lease_until = v.lease_until.max(self.tick(now + self.cfg.lease_ttl));
-        v.last_access = self.tick(now);
         Ok(then(objects, i))
+    }
+
+    /// [`Self::with_lease`] as a read takes it: a use counted too.
+    fn leased<T>(
+        &self,
+        key: &str,
+        now: Instant,
+        then: impl FnOnce(&mut ObjectTable, u32) -> T,
+    ) -> KvResult<T> {
+        self.with_lease(key, now, |objects, i| {
+            objects.at_mut(i).last_access = self.tick(now);
+            then(objects, i)
+        })
     }
 
     /// Locates committed objects and grants each a read lease.

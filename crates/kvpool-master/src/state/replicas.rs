@@ -69,18 +69,12 @@ impl MasterState {
         now: Instant,
     ) -> KvResult<ReplicaPlan> {
         self.require_client(client, now)?;
-        validate_key(key)?;
         let (location, region_len, on) = {
-            let mut shard = self.shard(key).lock();
-            let objects = &mut shard.objects;
-            let i = objects
-                .find(key)
-                .ok_or_else(|| KvError::new(Code::ObjectNotFound, format!("{key:?} not found")))?;
-            let v = objects.at_mut(i);
-            v.lease_until = v.lease_until.max(self.tick(now + self.cfg.lease_ttl));
-            let (value_len, generation) = (v.value_len, v.generation);
-            let list: Vec<(SegNo, Region)> = objects.replicas(i).collect();
-            drop(shard);
+            let (value_len, generation, list) = self.with_lease(key, now, |objects, i| {
+                let v = objects.at(i);
+                let list: Vec<(SegNo, Region)> = objects.replicas(i).collect();
+                (v.value_len, v.generation, list)
+            })?;
             let region_len = list.iter().map(|(_, r)| r.len).max().unwrap_or(0);
             let on: Vec<SegmentId> = {
                 let numbers = self.numbers.read();
