@@ -27,7 +27,7 @@ const EVEN: u8 = 0xFF;
 const ODD: u8 = 0xFE;
 /// Shortest run of hex digits worth packing: shorter runs (ranks, group
 /// numbers) are not the keys' digests.
-pub(super) const MIN_HEX: usize = 16;
+const MIN_HEX: usize = 16;
 /// The dictionary id of the empty text (nothing before or after the run).
 const EMPTY: u8 = u8::MAX;
 /// Texts one shard's dictionary holds at once: ids are one byte.
@@ -227,6 +227,16 @@ impl Dict {
             && unpack(packed, digits).eq(key[p.len()..p.len() + digits].iter().copied())
     }
 
+    /// The first byte of the key stored as `stored`, without building it.
+    pub(super) fn first_byte(&self, stored: &[u8]) -> Option<u8> {
+        match parts(stored) {
+            None => stored.first().copied(),
+            Some((p, _, packed, digits)) => {
+                (self.text(p).first().copied()).or_else(|| unpack(packed, digits).next())
+            }
+        }
+    }
+
     /// The key whose stored form is `stored`.
     pub(super) fn decode<'a>(&self, stored: &'a [u8]) -> Cow<'a, str> {
         let Some((p, s, packed, digits)) = parts(stored) else {
@@ -238,7 +248,11 @@ impl Dict {
         key.extend_from_slice(p);
         key.extend(unpack(packed, digits));
         key.extend_from_slice(s);
-        Cow::Owned(String::from_utf8_lossy(&key).into_owned())
+        // Texts cut from UTF-8 keys at ASCII digits, and the digits: valid.
+        Cow::Owned(
+            String::from_utf8(key)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        )
     }
 
     /// Texts held, and their bytes.
@@ -274,6 +288,7 @@ mod tests {
             }).collect();
             for (k, s) in keys.iter().zip(&stored) {
                 prop_assert_eq!(d.decode(s), k.as_str());
+                prop_assert_eq!(d.first_byte(s), k.bytes().next());
                 prop_assert!(d.matches(s, k.as_bytes()));
                 prop_assert!(s.len() <= k.len());
                 prop_assert_eq!(d.matches(s, other.as_bytes()), *k == other);
@@ -290,6 +305,7 @@ mod tests {
         d.encode(key.as_bytes(), &mut out);
         assert!(d.matches(&out, key.as_bytes()), "{key:?}");
         assert_eq!(d.decode(&out), key);
+        assert_eq!(d.first_byte(&out), key.bytes().next());
         out
     }
 

@@ -399,11 +399,10 @@ impl ObjectTable {
     pub(super) fn remove_at(&mut self, i: u32) -> Version<SegNo> {
         let v = self.unpack(i);
         let s = *self.at(i);
-        let key = self.key(i);
-        if key.starts_with(tenant::MARK) {
-            self.ledger.tenant_release(&key, v.value_len);
+        // Only a tenant's key (rare) is built: eviction removes millions.
+        if self.dict.first_byte(key_bytes(&self.keys, &s)) == Some(tenant::MARK as u8) {
+            self.ledger.tenant_release(&self.key(i), v.value_len);
         }
-        drop(key);
         self.dict.release(key_bytes(&self.keys, &s));
         if let Ok(e) = self.index.find_entry(spread(s.hash), |&j| j == i) {
             e.remove();
@@ -505,19 +504,18 @@ impl ObjectTable {
             key_at,
             key_len,
             flags,
-            segment: v.replicas[0].0,
             committed_s: v
                 .committed_at
                 .0
                 .div_ceil(1_000_000_000)
                 .min(u64::from(u32::MAX)) as u32,
             hash,
-            offset: 0,
-            units: 0,
             value_len: v.value_len,
             generation: v.generation,
             lease_until: v.lease_until,
             last_access: v.last_access,
+            // Where the replicas live is set next.
+            ..placeholder()
         };
         self.set_replicas(i, &v.replicas);
     }
