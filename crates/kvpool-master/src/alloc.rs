@@ -343,46 +343,35 @@ impl OffsetAllocator {
     /// other than the one reserved is a caller bug it cannot see.
     pub fn free(&mut self, region: Region) {
         let offset = region.offset;
-        let fits = normalize_len(region.len)
-            .and_then(|size| Some((size, offset.checked_add(size)?)))
-            .filter(|&(size, end)| {
-                is_aligned(offset)
-                    && offset >= self.base
-                    && end <= self.base + self.size
-                    && size <= self.used_bytes
-                    && self.live > 0
-            });
-        let before = self.by_offset.range(..=offset).next_back();
-        let after = self.by_offset.range(offset..).next();
-        let live = fits.is_some_and(|(_, end)| {
-            before.is_none_or(|(_, &i)| {
-                let n = &self.nodes[i as usize];
-                n.offset + n.size <= offset
-            }) && after.is_none_or(|(&o, _)| o >= end)
-        });
+        // Overflowing lengths are out of range below.
+        let size = normalize_len(region.len).unwrap_or(u64::MAX);
+        let end = offset.saturating_add(size);
+        let before = self.by_offset.range(..=offset).next_back().map(|(_, &i)| i);
+        let before_end =
+            before.map(|i| self.nodes[i as usize].offset + self.nodes[i as usize].size);
+        let after = self.by_offset.range(offset..).next().map(|(&o, &i)| (o, i));
+        let live = is_aligned(offset)
+            && offset >= self.base
+            && end <= self.base + self.size
+            && size <= self.used_bytes
+            && self.live > 0
+            && before_end.is_none_or(|e| e <= offset)
+            && after.is_none_or(|(o, _)| o >= end);
         debug_assert!(live, "free of {region:?}, which is not live");
-        let Some((size, end)) = fits.filter(|_| live) else {
+        if !live {
             return;
-        };
-        let before = before
-            .map(|(_, &i)| i)
-            .filter(|&i| self.nodes[i as usize].offset + self.nodes[i as usize].size == offset);
-        let after = after.filter(|(&o, _)| o == end).map(|(_, &i)| i);
+        }
         self.live -= 1;
         self.used_bytes -= size;
-        match (before, after) {
-            (Some(b), Some(a)) => {
-                let extra = self.nodes[a as usize].size;
-                self.remove_free(a);
-                self.resize_free(b, self.nodes[b as usize].size + size + extra);
-            }
-            (Some(b), None) => self.resize_free(b, self.nodes[b as usize].size + size),
-            (None, Some(a)) => {
-                let extra = self.nodes[a as usize].size;
-                self.remove_free(a);
-                self.add_free(offset, size + extra);
-            }
-            (None, None) => self.add_free(offset, size),
+        // Merge with the free neighbours it touches.
+        let extra = after.filter(|&(o, _)| o == end).map_or(0, |(_, a)| {
+            let n = self.nodes[a as usize].size;
+            self.remove_free(a);
+            n
+        });
+        match before.filter(|_| before_end == Some(offset)) {
+            Some(b) => self.resize_free(b, self.nodes[b as usize].size + size + extra),
+            None => self.add_free(offset, size + extra),
         }
     }
 
