@@ -123,7 +123,7 @@ for mark in marks:
             sys.exit("put failed")
 
     hot = [key(j * mark // min(a.hot, mark)) for j in range(min(a.hot, mark))]
-    uncached = [key(random.randrange(mark)) for _ in range(per * a.rounds)]
+    uncached = [key(random.randrange(mark)) for _ in range(per * a.rounds)] if cold else []
     for k in hot:
         check_get(reader, k, " (hot set)")
     for _ in range(a.rounds):

@@ -107,6 +107,47 @@ fn rss() -> u64 {
     pages * 4096
 }
 
+/// Key number `i` of a fill in `shape` (`plain` keys are `key_len` bytes).
+fn key(shape: KeyShape, key_len: usize, i: u64) -> String {
+    match shape {
+        KeyShape::Plain => {
+            let digits = key_len.saturating_sub(2).max(1);
+            format!("k-{i:0digits$}")
+        }
+        // Two objects (K and V) per page.
+        KeyShape::Sglang => format!(
+            "{}_{}_0_{}",
+            MODEL.replace('/', "-"),
+            digest(i / 2),
+            if i.is_multiple_of(2) { 'k' } else { 'v' }
+        ),
+        KeyShape::Vllm => format!(
+            "{MODEL}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{}",
+            digest(i)
+        ),
+        KeyShape::Lmcache => format!("lmcache/{MODEL}@00000000@0@{}", digest(i)),
+    }
+}
+
+/// What puts cost in the master's calls alone (making keys not counted).
+struct Spent {
+    /// Wall time in `put_start` and `put_end`.
+    wall: Duration,
+    /// The most CPU time of this thread one of those calls took.
+    longest: Duration,
+}
+
+impl Spent {
+    /// Runs one master call, counting it.
+    fn time<T>(&mut self, call: impl FnOnce() -> T) -> T {
+        let (w, c) = (Instant::now(), thread_cpu());
+        let out = call();
+        self.longest = self.longest.max(thread_cpu() - c);
+        self.wall += w.elapsed();
+        out
+    }
+}
+
 struct Filler {
     st: MasterState,
     client: ClientId,
@@ -119,34 +160,19 @@ struct Filler {
 
 impl Filler {
     fn key(&self, i: u64) -> String {
-        match self.key_shape {
-            KeyShape::Plain => {
-                let digits = self.key_len.saturating_sub(2).max(1);
-                format!("k-{i:0digits$}")
-            }
-            // Two objects (K and V) per page.
-            KeyShape::Sglang => format!(
-                "{}_{}_0_{}",
-                MODEL.replace('/', "-"),
-                digest(i / 2),
-                if i.is_multiple_of(2) { 'k' } else { 'v' }
-            ),
-            KeyShape::Vllm => format!(
-                "{MODEL}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{}",
-                digest(i)
-            ),
-            KeyShape::Lmcache => format!("lmcache/{MODEL}@00000000@0@{}", digest(i)),
-        }
+        key(self.key_shape, self.key_len, i)
     }
 
     fn now(&self) -> tokio::time::Instant {
         tokio::time::Instant::from_std(Instant::now())
     }
 
-    /// Puts keys `from..to` in batches; returns the longest single call,
-    /// in CPU time of this thread.
-    fn put_range(&self, from: u64, to: u64, batch: usize) -> anyhow::Result<Duration> {
-        let mut longest = Duration::ZERO;
+    /// Puts keys `from..to` in batches.
+    fn put_range(&self, from: u64, to: u64, batch: usize) -> anyhow::Result<Spent> {
+        let mut spent = Spent {
+            wall: Duration::ZERO,
+            longest: Duration::ZERO,
+        };
         let mut i = from;
         while i < to {
             let n = (to - i).min(batch as u64);
@@ -157,11 +183,8 @@ impl Filler {
                     region_len: self.region_len,
                 })
                 .collect();
-            let t = thread_cpu();
-            let grants = self
-                .st
-                .put_start(self.client, &items, &self.rc, false, self.now());
-            longest = longest.max(thread_cpu() - t);
+            let grants = spent
+                .time(|| (self.st).put_start(self.client, &items, &self.rc, false, self.now()));
             let mut ends = Vec::with_capacity(items.len());
             for (item, g) in items.into_iter().zip(grants) {
                 match g {
@@ -173,14 +196,12 @@ impl Filler {
                     Err(e) => anyhow::bail!("put of {} refused: {e}", item.key),
                 }
             }
-            let t = thread_cpu();
-            for r in self.st.put_end(self.client, &ends, self.now()) {
+            for r in spent.time(|| self.st.put_end(self.client, &ends, self.now())) {
                 r?;
             }
-            longest = longest.max(thread_cpu() - t);
             i += n;
         }
-        Ok(longest)
+        Ok(spent)
     }
 }
 
@@ -216,22 +237,9 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     let client = ClientId(1);
     let now = tokio::time::Instant::now();
     st.register_client(client, "bench-meta", now)?;
-    let mut f = Filler {
-        st,
-        client,
-        key_len: a.key_len,
-        key_shape: a.key_shape,
-        value_len: a.value_size,
-        region_len: 0,
-        rc: ReplicateConfig {
-            replica_num: a.replicas,
-            ..Default::default()
-        },
-    };
-    let key_len = f.key(0).len();
+    let key_len = key(a.key_shape, a.key_len, 0).len();
     // Room for every region many times over; the master never touches it.
     let region_len = (a.value_size + 64 + key_len as u64).div_ceil(64) * 64;
-    f.region_len = region_len;
     let size = (a.keys + a.samples as u64 * (checkpoints.len() as u64 + 1)) * region_len * 2;
     for s in 0..a.replicas {
         let info = SegmentInfo {
@@ -243,9 +251,21 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
             path: None,
             tier: Default::default(),
         };
-        f.st.mount(client, info, 0, now)
+        st.mount(client, info, 0, now)
             .map_err(|e| anyhow::anyhow!("mount: {e}"))?;
     }
+    let f = Filler {
+        st,
+        client,
+        key_len: a.key_len,
+        key_shape: a.key_shape,
+        value_len: a.value_size,
+        region_len,
+        rc: ReplicateConfig {
+            replica_num: a.replicas,
+            ..Default::default()
+        },
+    };
     println!(
         "bench-meta: {} keys of {} B ({:?}), {} replica(s), {} B values, batches of {}",
         a.keys, key_len, a.key_shape, a.replicas, a.value_size, a.batch
@@ -265,9 +285,8 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     let mut filled = 0;
     let mut extra = 1u64 << 62;
     for &cp in &checkpoints {
-        let t = Instant::now();
-        let longest = f.put_range(filled, cp, a.batch)?;
-        let rate = (cp - filled) as f64 / t.elapsed().as_secs_f64();
+        let fill = f.put_range(filled, cp, a.batch)?;
+        let rate = (cp - filled) as f64 / fill.wall.as_secs_f64();
         filled = cp;
         let mem = rss().saturating_sub(before);
         // Single gets of random existing keys, single puts of new keys
@@ -287,9 +306,8 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
         }
         let mut fresh = Vec::with_capacity(a.samples);
         for _ in 0..a.samples {
-            let t = Instant::now();
-            f.put_range(extra, extra + 1, 1)?;
-            put.record(t.elapsed().as_nanos() as u64)?;
+            let one = f.put_range(extra, extra + 1, 1)?;
+            put.record(one.wall.as_nanos() as u64)?;
             fresh.push(f.key(extra));
             extra += 1;
         }
@@ -309,7 +327,7 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
             us(&put, 0.5),
             us(&put, 0.99),
             rate,
-            longest.as_secs_f64() * 1e3,
+            fill.longest.as_secs_f64() * 1e3,
         );
     }
     Ok(())
