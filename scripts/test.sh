@@ -13,37 +13,71 @@ if ! command -v cargo >/dev/null; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
+# Each `== stage` line starts a stage; at exit, failed or not, a table of how
+# long each one took (the whole wheel and Python run is one stage).
+stage_name=""; stage_start=$SECONDS; stage_rows=()
+stage() {
+  stage_done ""
+  echo "== $*"
+  stage_name="$*"; stage_start=$SECONDS
+}
+stage_done() {
+  [ -n "$stage_name" ] || return 0
+  stage_rows+=("$(printf '%6ss  %s%s' $((SECONDS - stage_start)) "$stage_name" "$1")")
+  stage_name=""
+}
+timing_summary() {
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then stage_done "  (FAILED, exit $rc)"; else stage_done ""; fi
+  if [ ${#stage_rows[@]} -gt 0 ]; then
+    echo "== timing per stage"
+    printf '%s\n' "${stage_rows[@]}"
+    printf '%6ss  total\n' "$SECONDS"
+  fi
+  exit "$rc"
+}
+trap timing_summary EXIT
+
 # The HA tests start a real etcd (Debian's etcd-server); the chaos campaign
 # builds its hosts with iproute2 (ip, tc); the status page test opens the
-# page in headless Chromium.
+# page in headless Chromium; the alert tests run promtool and a real
+# Prometheus (Debian's prometheus).
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
+{ command -v promtool >/dev/null && command -v prometheus >/dev/null; } || need+=(prometheus)
 { command -v ip >/dev/null && command -v tc >/dev/null; } || need+=(iproute2)
 command -v chromium >/dev/null || [ -n "${KVPOOL_CHROMIUM:-}" ] || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing ${need[*]}"
+  stage "installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  # Under systemd the package starts Prometheus on :9090 (and its node
+  # exporter on :9100); the tests start their own on free ports, so the
+  # daemons the install just started are stopped and left disabled.
+  if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ] \
+    && command -v systemctl >/dev/null; then
+    $SUDO systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  fi
 fi
 
 # A clean run gains nothing from incremental state, and it costs gigabytes.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo test"
+stage "cargo test"
 cargo test --workspace
 # The binding is behind the `python` feature, which the workspace-wide lint
 # run does not enable (needs only an interpreter, no linking).
-echo "== cargo clippy -p kvpool-python --features python"
+stage "cargo clippy -p kvpool-python --features python"
 PYO3_PYTHON="$(command -v python3.11 || command -v python3)" \
   cargo clippy -p kvpool-python --features python --all-targets -- -D warnings
 # The Python package as users install it: the manylinux wheel (bundling the
 # kvpool and rbg commands), installed with no Rust on PATH, and the Python
 # tests (SGLang's storage layer, LMCache's adapter check, the real Mooncake
 # side by side) against it.
-echo "== wheel and python tests"
+stage "wheel and python tests"
 ./scripts/test-wheel.sh
