@@ -49,14 +49,7 @@ enum Command {
     /// Print the CustomResourceDefinitions of the operator.
     Crd,
     /// Run the Kubernetes controller (in a cluster or with a kubeconfig).
-    Operator(OperatorArgs),
-}
-
-#[derive(Args, Debug)]
-struct OperatorArgs {
-    /// Only watch this namespace (default: all).
-    #[arg(long)]
-    namespace: Option<String>,
+    Operator(rbg::operator::Options),
 }
 
 #[derive(Args, Debug)]
@@ -216,7 +209,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
             print!("{}", rbg::operator::crd_yaml()?);
             Ok(())
         }
-        Command::Operator(a) => rbg::operator::run(a.namespace).await,
+        Command::Operator(a) => rbg::operator::run(a).await,
     }
 }
 

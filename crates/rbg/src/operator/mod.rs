@@ -11,15 +11,23 @@
 //!
 //! `build` holds the pure object builders and the observation of Pods;
 //! `reconcile` the I/O. CRDs come from the Rust types ([`crd_yaml`]).
+//! [`run`] adds what a cluster needs around the controller: leader
+//! election on a Lease ([`leader`]), so several replicas can run and one
+//! reconciles, and the `/metrics`, `/healthz`, `/readyz` port
+//! ([`metrics`]).
 
 pub mod build;
+pub mod leader;
+pub mod metrics;
 mod reconcile;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::controller::{Action, Controller};
@@ -27,6 +35,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client, CustomResourceExt};
 
+pub use metrics::Metrics;
 pub use reconcile::{ignored_reports, reconcile};
 
 use crate::spec::v2::{CoordinatedPolicy, RoleBasedGroupResource, RoleBasedGroupScalingAdapter};
@@ -66,8 +75,8 @@ pub struct Context {
     pub client: Client,
     /// Publishes Events on groups.
     pub recorder: Recorder,
-    /// Reconcile failures by error kind (what `/metrics` would export).
-    pub failures: Mutex<BTreeMap<&'static str, u64>>,
+    /// Reconciles, their durations and failures by kind (`/metrics`).
+    pub metrics: Arc<Metrics>,
     /// Consecutive failures per group (`ns/name`), for the backoff.
     pub streaks: Mutex<BTreeMap<String, u32>>,
     /// The generation of each group (`ns/name`) whose ignored fields were
@@ -77,8 +86,13 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context around `client`.
+    /// A context around `client`, with fresh metrics.
     pub fn new(client: Client) -> Arc<Context> {
+        Context::with_metrics(client, Arc::new(Metrics::new()))
+    }
+
+    /// A context around `client` counting into `metrics`.
+    pub fn with_metrics(client: Client, metrics: Arc<Metrics>) -> Arc<Context> {
         let reporter = Reporter {
             controller: MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -86,18 +100,15 @@ impl Context {
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            failures: Mutex::new(BTreeMap::new()),
+            metrics,
             streaks: Mutex::new(BTreeMap::new()),
             warned: Mutex::new(BTreeMap::new()),
         })
     }
 
     /// Failures counted so far of `kind`.
-    pub fn failures_of(&self, kind: &str) -> u64 {
-        self.failures
-            .lock()
-            .map(|m| m.get(kind).copied().unwrap_or(0))
-            .unwrap_or(0)
+    pub fn failures_of(&self, kind: &'static str) -> u64 {
+        self.metrics.failures_of(kind)
     }
 }
 
@@ -114,9 +125,7 @@ pub(crate) fn key(g: &RoleBasedGroupResource) -> String {
 /// to 5 minutes (an invalid group waits the longest: only an edit fixes
 /// it, and the edit triggers a reconcile anyway), counting the failure.
 pub fn error_policy(g: Arc<RoleBasedGroupResource>, e: &Error, ctx: Arc<Context>) -> Action {
-    if let Ok(mut m) = ctx.failures.lock() {
-        *m.entry(e.kind()).or_default() += 1;
-    }
+    ctx.metrics.failed(e.kind());
     let streak = ctx
         .streaks
         .lock()
@@ -213,8 +222,37 @@ fn upstream_shaped(crd: CustomResourceDefinition) -> CustomResourceDefinition {
     serde_json::from_value(v).unwrap_or(crd)
 }
 
-/// Runs the controller until SIGTERM/SIGINT.
-pub async fn run(namespace: Option<String>) -> anyhow::Result<()> {
+/// Flags of `rbg operator`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Options {
+    /// Only watch this namespace (default: all).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` listen.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Compete for the leader Lease and reconcile only while holding it
+    /// (`false`: reconcile at once; then run exactly one replica).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease (default: the client's namespace, in
+    /// a cluster the operator's own).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = leader::LEASE_NAME)]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: `$HOSTNAME-<pid>`).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+/// Runs the operator until SIGTERM/SIGINT: the HTTP port, the leader
+/// election and, while leading, the controller. Returns an error when the
+/// Lease is lost, so the process exits non-zero and its Deployment starts
+/// it afresh as a candidate (a deposed leader must not write, and
+/// restarting is the one way to drop every in-memory decision at once).
+pub async fn run(opts: Options) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -223,29 +261,216 @@ pub async fn run(namespace: Option<String>) -> anyhow::Result<()> {
     let client = Client::try_default().await.map_err(|e| {
         anyhow::anyhow!("no Kubernetes API to talk to (in-cluster config or a kubeconfig): {e}")
     })?;
-    let (groups, pods): (Api<RoleBasedGroupResource>, Api<Pod>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+    let groups: Api<RoleBasedGroupResource> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     };
     // Fail early with a clear message when the CRD is not installed.
     groups
         .list(&kube::api::ListParams::default().limit(1))
         .await
         .map_err(|e| anyhow::anyhow!("listing RoleBasedGroups (is the CRD installed? `rbg crd | kubectl apply -f -`): {e}"))?;
-    let ctx = Context::new(client);
+    let metrics = Arc::new(Metrics::new());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received: stopping");
+        let _ = stop_tx.send(true);
+    });
+    let listener = tokio::net::TcpListener::bind(opts.metrics_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics-addr {}: {e}", opts.metrics_addr))?;
+    tracing::info!(addr = %opts.metrics_addr, "serving /metrics, /healthz, /readyz");
+    let http = tokio::spawn(metrics::serve(
+        listener,
+        metrics.clone(),
+        stopped(stop_rx.clone()),
+    ));
     tracing::info!(
-        namespace = namespace.as_deref().unwrap_or("*"),
+        namespace = opts.namespace.as_deref().unwrap_or("*"),
+        leader_elect = opts.leader_elect,
         "rbg operator started"
     );
-    Controller::new(groups, watcher::Config::default().any_semantic())
-        .owns(
-            pods,
-            watcher::Config::default().labels(crate::spec::LABEL_GROUP),
-        )
-        .shutdown_on_signal()
+    let result = if opts.leader_elect {
+        let lease_ns = opts
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        let me = opts.identity.clone().unwrap_or_else(|| {
+            format!(
+                "{}-{}",
+                std::env::var("HOSTNAME").unwrap_or_else(|_| "rbg-operator".into()),
+                std::process::id()
+            )
+        });
+        let elector = Arc::new(leader::Elector::new(
+            Api::<Lease>::namespaced(client.clone(), &lease_ns),
+            &opts.lease_name,
+            &me,
+        ));
+        tracing::info!(lease = %format!("{lease_ns}/{}", opts.lease_name), identity = %me, "campaigning for the leader Lease");
+        lead(client, &opts, elector, metrics.clone(), stop_rx).await
+    } else {
+        metrics.set_leader(true);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut stop = stop_rx;
+        tokio::spawn(async move {
+            let _ = stop.wait_for(|s| *s).await;
+            let _ = tx.send(());
+        });
+        control(client, &opts, metrics.clone(), rx).await;
+        Ok(())
+    };
+    // The port stops with the stop signal; after a lost Lease it goes
+    // down with the process.
+    http.abort();
+    result
+}
+
+/// Resolves on SIGTERM (what the kubelet sends) or SIGINT.
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Resolves once `rx` says stop.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Campaigns until leading (or stopped), then runs the controller while a
+/// background task keeps renewing; returns an error once the Lease is lost.
+async fn lead(
+    client: Client,
+    opts: &Options,
+    elector: Arc<leader::Elector>,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    metrics.set_leader(false);
+    loop {
+        let round = tokio::time::timeout(leader::RENEW_EVERY, elector.round(leader::now_us()));
+        match round.await {
+            Ok(Ok(leader::Outcome::Leading)) => break,
+            Ok(Ok(leader::Outcome::Following { holder })) => {
+                // A standby is ready: it serves probes and waits its turn.
+                metrics.set_ready(true);
+                tracing::debug!(holder = holder.as_deref().unwrap_or("?"), "standing by");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "reading the leader Lease"),
+            Err(_) => tracing::warn!("reading the leader Lease timed out"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(leader::RENEW_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+    }
+    tracing::info!(identity = elector.identity(), "leading: reconciling");
+    metrics.set_leader(true);
+    metrics.set_ready(false);
+    let (lost_tx, mut lost_rx) = tokio::sync::watch::channel(false);
+    let renewer = {
+        let elector = elector.clone();
+        tokio::spawn(async move {
+            keep_renewing(&elector).await;
+            let _ = lost_tx.send(true);
+        })
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let why = {
+        let mut stop = stop.clone();
+        let mut lost = lost_rx.clone();
+        tokio::spawn(async move {
+            let lost_it = tokio::select! {
+                _ = stop.wait_for(|s| *s) => false,
+                _ = lost.wait_for(|l| *l) => true,
+            };
+            let _ = tx.send(());
+            lost_it
+        })
+    };
+    control(client, opts, metrics.clone(), rx).await;
+    renewer.abort();
+    metrics.set_leader(false);
+    let lost_it = why.await.unwrap_or(true) || *lost_rx.borrow_and_update();
+    if lost_it {
+        anyhow::bail!(
+            "lost the leader Lease; exiting so that this replica restarts as a candidate"
+        );
+    }
+    // Stopping on a signal: hand the Lease over at once.
+    if let Err(e) = elector.release().await {
+        tracing::warn!(error = %e, "releasing the leader Lease");
+    }
+    Ok(())
+}
+
+/// Renews every [`leader::RENEW_EVERY`]; returns once another replica holds
+/// the Lease or no renewal has succeeded for [`leader::RENEW_DEADLINE`].
+async fn keep_renewing(elector: &leader::Elector) {
+    let mut last_ok = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(leader::RENEW_EVERY).await;
+        let left = leader::RENEW_DEADLINE.saturating_sub(last_ok.elapsed());
+        match tokio::time::timeout(left, elector.round(leader::now_us())).await {
+            Ok(Ok(leader::Outcome::Leading)) => last_ok = tokio::time::Instant::now(),
+            Ok(Ok(leader::Outcome::Following { holder })) => {
+                tracing::warn!(
+                    holder = holder.as_deref().unwrap_or("?"),
+                    "the leader Lease was taken over"
+                );
+                return;
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "renewing the leader Lease"),
+            Err(_) => tracing::warn!("renewing the leader Lease timed out"),
+        }
+        if last_ok.elapsed() >= leader::RENEW_DEADLINE {
+            tracing::warn!("no renewal of the leader Lease within the deadline");
+            return;
+        }
+    }
+}
+
+/// Runs the controller until `stop` fires, marking `metrics` ready once
+/// its cache of groups has had its first full list.
+async fn control(
+    client: Client,
+    opts: &Options,
+    metrics: Arc<Metrics>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let (groups, pods): (Api<RoleBasedGroupResource>, Api<Pod>) = match &opts.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let ctx = Context::with_metrics(client, metrics.clone());
+    let controller = Controller::new(groups, watcher::Config::default().any_semantic()).owns(
+        pods,
+        watcher::Config::default().labels(crate::spec::LABEL_GROUP),
+    );
+    let store = controller.store();
+    let ready = tokio::spawn(async move {
+        if store.wait_until_ready().await.is_ok() {
+            metrics.set_ready(true);
+        }
+    });
+    controller
+        .graceful_shutdown_on(async move {
+            let _ = stop.await;
+        })
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             match r {
@@ -254,5 +479,5 @@ pub async fn run(namespace: Option<String>) -> anyhow::Result<()> {
             }
         })
         .await;
-    Ok(())
+    ready.abort();
 }

@@ -26,8 +26,20 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
-/// Reconciles one group (see the module docs).
+/// Reconciles one group (see the module docs), counting the reconcile and
+/// its duration in the context's metrics.
 pub async fn reconcile(g: Arc<RoleBasedGroupResource>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let start = std::time::Instant::now();
+    let r = reconcile_once(g, ctx.clone()).await;
+    ctx.metrics
+        .reconciled(start.elapsed(), r.as_ref().err().map(Error::kind));
+    r
+}
+
+async fn reconcile_once(
+    g: Arc<RoleBasedGroupResource>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     let name = g.name_any();
     let ns = g.namespace().unwrap_or_else(|| "default".into());
     let client = ctx.client.clone();
@@ -111,7 +123,7 @@ pub async fn reconcile(g: Arc<RoleBasedGroupResource>, ctx: Arc<Context>) -> Res
         .filter(|i| i.crash.is_some())
         .count();
     let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-    let st = status::compute(status::StatusInput {
+    let mut st = status::compute(status::StatusInput {
         roles: &desired,
         observed: &observed,
         generation: g.metadata.generation.unwrap_or(0),
@@ -120,6 +132,7 @@ pub async fn reconcile(g: Arc<RoleBasedGroupResource>, ctx: Arc<Context>) -> Res
         previous: g.status.as_ref(),
         now: &stamp,
     });
+    status::add_topology(&mut st, &group.placements, true, g.status.as_ref(), &stamp);
     write_status(&ctx, &name, &ns, &st).await?;
     if let Ok(mut m) = ctx.streaks.lock() {
         m.remove(&format!("{ns}/{name}"));
