@@ -47,3 +47,24 @@ pub fn dns_problem(what: &str, s: &str) -> Option<String> {
         ))
     }
 }
+
+/// True when `s` is a Kubernetes label key (`[prefix/]name`: the prefix a
+/// DNS subdomain of at most 253 characters, the name at most 63 of
+/// alphanumerics, `-`, `_` and `.`, starting and ending alphanumeric).
+pub fn is_label_key(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    let name_ok = {
+        let b = name.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+    };
+    let prefix_ok = prefix.is_none_or(|p| p.len() <= 253 && p.split('.').all(is_dns_label));
+    name_ok && prefix_ok
+}

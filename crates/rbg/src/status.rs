@@ -6,6 +6,7 @@
 //! is defined in `spec`, with the custom resources that carry it.
 
 use crate::planner::{self, DesiredRole, Observed};
+use crate::spec::Placement;
 
 // The shape is defined with the custom resources in `spec` (their CRD derive
 // needs it, and `spec` must not depend on this module); re-exported so
@@ -67,18 +68,12 @@ pub fn compute(input: StatusInput<'_>) -> RbgStatus {
     let ready = not_ready.is_empty();
     let mut conditions = Vec::new();
     let mut add = |kind: &str, on: bool, reason: &str, message: String| {
-        let status = if on { "True" } else { "False" }.to_string();
-        let last = previous
-            .and_then(|p| p.conditions.iter().find(|c| c.kind == kind))
-            .filter(|c| c.status == status)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or_else(|| now.to_string());
         conditions.push(Condition {
             kind: kind.to_string(),
-            status,
+            status: if on { "True" } else { "False" }.to_string(),
             reason: reason.to_string(),
             message,
-            last_transition_time: last,
+            last_transition_time: now.to_string(),
             observed_generation: Some(generation),
         });
     };
@@ -138,11 +133,78 @@ pub fn compute(input: StatusInput<'_>) -> RbgStatus {
         },
         format!("{restarting} instance(s) restarting"),
     );
-    RbgStatus {
+    let mut status = RbgStatus {
         observed_generation: Some(generation),
         conditions,
         role_statuses,
+    };
+    keep_transition_times(&mut status, previous);
+    status
+}
+
+/// A condition keeps its previous transition time while its status holds.
+fn keep_transition_times(status: &mut RbgStatus, previous: Option<&RbgStatus>) {
+    let Some(previous) = previous else { return };
+    for c in &mut status.conditions {
+        if let Some(p) = previous
+            .conditions
+            .iter()
+            .find(|p| p.kind == c.kind && p.status == c.status)
+        {
+            c.last_transition_time = p.last_transition_time.clone();
+        }
     }
+}
+
+/// Adds upstream's `TopologyTranslated` condition when the group has
+/// topology constraints (and only then, as upstream does): True where
+/// `translated` (the operator's Pod affinity), False with `NotApplicable`
+/// for the local runtime, whose processes all run on one host.
+pub fn add_topology(
+    status: &mut RbgStatus,
+    placements: &[Placement],
+    translated: bool,
+    previous: Option<&RbgStatus>,
+    now: &str,
+) {
+    if placements.is_empty() {
+        return;
+    }
+    let levels: Vec<String> = placements
+        .iter()
+        .map(|p| {
+            let mut l = Vec::new();
+            l.extend(p.required.iter().map(|r| format!("required {r}")));
+            l.extend(p.preferred.iter().map(|r| format!("preferred {r}")));
+            format!("{}: {}", p.name, l.join(", "))
+        })
+        .collect();
+    let (reason, message) = if translated {
+        (
+            "PodAffinity",
+            format!(
+                "{}; as Pod affinity on node-label keys for the default scheduler",
+                levels.join("; ")
+            ),
+        )
+    } else {
+        (
+            "NotApplicable",
+            format!(
+                "{}; the local runtime runs every Pod on this host",
+                levels.join("; ")
+            ),
+        )
+    };
+    status.conditions.push(Condition {
+        kind: "TopologyTranslated".into(),
+        status: if translated { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: now.to_string(),
+        observed_generation: status.observed_generation,
+    });
+    keep_transition_times(status, previous);
 }
 
 /// The condition of `kind`, if present.

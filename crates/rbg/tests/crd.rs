@@ -26,6 +26,21 @@ const EXTENSIONS: &[(&str, &str, &str)] = &[
         "v1alpha1's workload kept for converted roles (roles are open upstream)",
     ),
     (
+        "v1alpha2",
+        "spec.roles[].instanceTopologyConstraint",
+        "KEP-473's topology constraint, newer than the v0.8.0-alpha.5 CRDs",
+    ),
+    (
+        "v1alpha2",
+        "spec.policies[].strategy.scheduling",
+        "KEP-473's cross-role topology constraint, as above",
+    ),
+    (
+        "v1alpha1",
+        "spec.coordination[].strategy.scheduling",
+        "v1alpha2's cross-role topology constraint, accepted in v1alpha1 too (one struct)",
+    ),
+    (
         "v1alpha1",
         "spec.roles[].components[].labels",
         "v1alpha2's component labels, accepted in v1alpha1 too (one struct)",

@@ -727,16 +727,13 @@ fn cli_reports_bad_input_clearly() {
     let misspelt = dir.path().join("misspelt.yaml");
     std::fs::write(
         &misspelt,
-        "apiVersion: workloads.x-k8s.io/v1alpha2\nkind: RoleBasedGroup\nmetadata: {name: x}\nspec:\n  roles:\n  - name: a\n    replcias: 2\n    instanceTopologyConstraint: {topologyName: nvlink}\n    standalonePattern: {template: {spec: {containers: [{name: c, command: [x]}]}}}\n",
+        "apiVersion: workloads.x-k8s.io/v1alpha2\nkind: RoleBasedGroup\nmetadata: {name: x}\nspec:\n  roles:\n  - name: a\n    replcias: 2\n    gangPolicy: {minMember: 2}\n    standalonePattern: {template: {spec: {containers: [{name: c, command: [x]}]}}}\n",
     )
     .expect("write");
     let out = validate(&misspelt, &[]);
     assert!(out.status.success(), "warnings only without --strict");
     let text = String::from_utf8_lossy(&out.stdout);
-    for path in [
-        "spec.roles[a].replcias",
-        "spec.roles[a].instanceTopologyConstraint",
-    ] {
+    for path in ["spec.roles[a].replcias", "spec.roles[a].gangPolicy"] {
         assert!(text.contains(&format!("warning: {path}")), "{path}: {text}");
     }
     let out = validate(&misspelt, &["--strict"]);
@@ -748,7 +745,7 @@ fn cli_reports_bad_input_clearly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "2 unknown field(s) (--strict): spec.roles[a].instanceTopologyConstraint, spec.roles[a].replcias"
+            "2 unknown field(s) (--strict): spec.roles[a].gangPolicy, spec.roles[a].replcias"
         ),
         "{err}"
     );

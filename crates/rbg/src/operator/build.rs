@@ -13,10 +13,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, EnvVar, Pod, PodSpec, Service, ServicePort, ServiceSpec,
-    Volume, VolumeMount,
+    Affinity, ConfigMap, ConfigMapVolumeSource, EnvVar, Pod, PodAffinity, PodAffinityTerm, PodSpec,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString as KIntOrString;
 
 use crate::discovery;
@@ -147,6 +149,7 @@ pub fn pod(
                 ..VolumeMount::default()
             });
     }
+    add_topology_affinity(g, &role.name, index, &mut spec);
     spec.volumes.get_or_insert_with(Vec::new).push(Volume {
         name: "rbg-config".into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -165,6 +168,71 @@ pub fn pod(
         spec: Some(spec),
         status: None,
     })
+}
+
+/// The group's topology constraints covering `role` as Pod affinity for
+/// Kubernetes' default scheduler, a level being a node-label key: every
+/// Pod of a placement group (one instance, or every Pod of a rule's roles)
+/// must (`required`) or should (`preferred`, weight 100) share that label's
+/// value with the group's other Pods. The first Pod of a group goes
+/// anywhere (the scheduler lets a Pod that matches its own term start a
+/// group) and the rest follow it: the placement is Pod by Pod, not atomic,
+/// so a domain too small for the group leaves its last Pods pending. The
+/// user's own affinity terms are kept.
+fn add_topology_affinity(g: &Group, role: &str, index: u32, spec: &mut PodSpec) {
+    let mut required = Vec::new();
+    let mut preferred = Vec::new();
+    for p in g
+        .placements
+        .iter()
+        .filter(|p| p.roles.iter().any(|r| r == role))
+    {
+        let mut labels = BTreeMap::from([(LABEL_GROUP.to_string(), g.name.clone())]);
+        let mut expressions = None;
+        if p.per_instance {
+            labels.insert(LABEL_ROLE.into(), role.to_string());
+            labels.insert(LABEL_INDEX.into(), index.to_string());
+        } else {
+            expressions = Some(vec![LabelSelectorRequirement {
+                key: LABEL_ROLE.into(),
+                operator: "In".into(),
+                values: Some(p.roles.clone()),
+            }]);
+        }
+        let term = |level: &String| PodAffinityTerm {
+            label_selector: Some(LabelSelector {
+                match_labels: Some(labels.clone()),
+                match_expressions: expressions.clone(),
+            }),
+            topology_key: level.clone(),
+            ..PodAffinityTerm::default()
+        };
+        required.extend(p.required.iter().map(term));
+        preferred.extend(p.preferred.iter().map(|l| WeightedPodAffinityTerm {
+            weight: 100,
+            pod_affinity_term: term(l),
+        }));
+    }
+    if required.is_empty() && preferred.is_empty() {
+        return;
+    }
+    let affinity = spec
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .pod_affinity
+        .get_or_insert_with(PodAffinity::default);
+    if !required.is_empty() {
+        affinity
+            .required_during_scheduling_ignored_during_execution
+            .get_or_insert_with(Vec::new)
+            .extend(required);
+    }
+    if !preferred.is_empty() {
+        affinity
+            .preferred_during_scheduling_ignored_during_execution
+            .get_or_insert_with(Vec::new)
+            .extend(preferred);
+    }
 }
 
 /// The headless Service `s-g-r` of a role.

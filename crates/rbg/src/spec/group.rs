@@ -43,6 +43,9 @@ pub struct Group {
     /// Validated coordination entries (v1alpha1 `spec.coordination` and
     /// the rules of CoordinatedPolicy documents bound to the group).
     pub coordination: Vec<CoordinationPolicy>,
+    /// Topology constraints: roles' `instanceTopologyConstraint` and the
+    /// `scheduling.topologyConstraint` of coordination rules.
+    pub placements: Vec<Placement>,
     /// ConfigMaps, Secrets and Services of the same file, for env, volumes
     /// and host names.
     pub objects: Objects,
@@ -183,6 +186,28 @@ pub struct CoordinationPolicy {
     pub rolling_update: Option<RolloutCoordination>,
     /// Coordinated scaling, if any.
     pub scaling: Option<ScalingCoordination>,
+}
+
+/// One validated topology constraint (KEP-473): the Pods it covers land in
+/// one domain of a level. Levels are the scheduler's own names; with
+/// Kubernetes' default scheduler they are node-label keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Who declared it: `r-<role>` for a role's instance constraint,
+    /// `p-<rule>` for a coordination rule's.
+    pub name: String,
+    /// The roles whose Pods it covers.
+    pub roles: Vec<String>,
+    /// Each instance of the roles is its own group (a role's
+    /// `instanceTopologyConstraint`); otherwise every Pod of the roles is
+    /// one group.
+    pub per_instance: bool,
+    /// The level whose one domain the group must share.
+    pub required: Option<String>,
+    /// The level whose one domain the group shares when capacity allows.
+    pub preferred: Option<String>,
+    /// The scheduler's topology resource, where it has one (KAI).
+    pub topology_name: Option<String>,
 }
 
 /// Validated `strategy.rollingUpdate` of a coordination.

@@ -36,7 +36,7 @@ mod tests;
 
 pub use amount::{Amount, IntOrString};
 pub use group::{
-    CoordinationPolicy, Group, Objects, Pattern, PodSlot, Role, RolloutCoordination,
+    CoordinationPolicy, Group, Objects, Pattern, Placement, PodSlot, Role, RolloutCoordination,
     ScalingCoordination, SpecError, UpdatePolicy,
 };
 pub use load::{load, load_all, Bundle, Loaded};

@@ -381,6 +381,56 @@ pub struct CoordinationStrategy {
     /// Roles grow together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling: Option<CoordinatedScaling>,
+    /// Roles are placed together (KEP-473).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<CoordinatedScheduling>,
+    /// Unmodelled keys.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `coordination[].strategy.scheduling`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatedScheduling {
+    /// Every Pod of the rule's roles lands in one topology domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_constraint: Option<TopologyConstraint>,
+    /// Unmodelled keys.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// Upstream's `TopologyConstraint` (KEP-473): gather a set of Pods into one
+/// domain of the cluster's network topology. Levels are written in the
+/// scheduler's own vocabulary and passed through as written.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyConstraint {
+    /// The scheduler's topology resource, on schedulers that have one (KAI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_name: Option<String>,
+    /// The levels to pack into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<TopologyPack>,
+    /// Unmodelled keys.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `topologyConstraint.pack`: a hard and a soft level.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyPack {
+    /// The Pods must share a domain of this level, or stay pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<String>,
+    /// The Pods share a domain of this level when capacity allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred: Option<String>,
     /// Unmodelled keys.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(skip)]

@@ -21,7 +21,7 @@ use super::schema::{pod_template, preserve_unknown};
 use super::status::RbgStatus;
 use super::types::{
     ComponentSpec, Coordination, EngineRuntime, Extra, ObjectMeta, RestartPolicy, RoleTemplate,
-    RolloutStrategy, ScalingAdapterSwitch, ServicePort, Workload,
+    RolloutStrategy, ScalingAdapterSwitch, ServicePort, TopologyConstraint, Workload,
 };
 
 /// A v1alpha2 RoleBasedGroup document as written in a file.
@@ -121,6 +121,9 @@ pub struct RoleSpecV2 {
     /// Whether a RoleBasedGroupScalingAdapter owns the replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling_adapter: Option<ScalingAdapterSwitch>,
+    /// Each instance's Pods land in one topology domain (KEP-473).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_topology_constraint: Option<TopologyConstraint>,
     /// rbg extension kept from v1alpha1 (roles are open upstream): what a
     /// Pod restart of a standalone role triggers.
     #[serde(default, skip_serializing_if = "Option::is_none")]

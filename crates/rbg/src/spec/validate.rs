@@ -9,20 +9,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::amount::{Amount, IntOrString};
 use super::convert;
 use super::group::{
-    CoordinationPolicy, Group, Objects, Pattern, PodSlot, Role, RolloutCoordination,
+    CoordinationPolicy, Group, Objects, Pattern, Placement, PodSlot, Role, RolloutCoordination,
     ScalingCoordination, SpecError, UpdatePolicy,
 };
 use super::pod::{Container, PodTemplateSpec, Volume};
 use super::template::{patch_template, resolve_template, validate_template};
 use super::types::{
     CoordinatedRollingUpdate, CoordinatedScaling, Coordination, RestartPolicy, RoleBasedGroup,
-    RoleTemplate, RolloutStrategy, ServicePort, UpdateType, ANNOTATION_WORKLOAD, API_V1ALPHA2,
-    KIND,
+    RoleTemplate, RolloutStrategy, ServicePort, TopologyConstraint, UpdateType,
+    ANNOTATION_WORKLOAD, API_V1ALPHA2, KIND,
 };
 use super::v2::{
     GroupSpecV2, PodManagementPolicy, RestartPolicyConfig, RoleBasedGroupV2, RoleSpecV2,
 };
-use crate::naming::dns_problem;
+use crate::naming::{dns_problem, is_label_key};
 
 /// Problems found so far, in the order they were found.
 type Errors = Vec<String>;
@@ -142,6 +142,7 @@ pub fn validate_v2(
         }
     }
     let coordination = coordination(&ctx.rules, &roles, &mut errs);
+    let placements = placements(&spec, &ctx.rules, &mut errs);
     if !errs.is_empty() {
         return Err(SpecError::Invalid(errs));
     }
@@ -155,6 +156,7 @@ pub fn validate_v2(
                 .unwrap_or_else(|| "default".to_string()),
             roles,
             coordination,
+            placements,
             objects: ctx.objects.clone(),
         },
         notes,
@@ -614,6 +616,94 @@ fn coordination(
         });
     }
     out
+}
+
+/// The topology constraints of the roles and of the coordination rules. A
+/// role is in at most one rule's: a Pod belongs to one placement group, and
+/// a second rule over it could only be honoured by dropping one of them.
+fn placements(
+    spec: &GroupSpecV2,
+    rules: &[(String, Coordination)],
+    errs: &mut Errors,
+) -> Vec<Placement> {
+    let mut out = Vec::new();
+    for r in &spec.roles {
+        if let Some(t) = &r.instance_topology_constraint {
+            let at = format!("role {:?}: instanceTopologyConstraint", r.name);
+            out.extend(placement(
+                &at,
+                format!("r-{}", r.name),
+                &[&r.name],
+                true,
+                t,
+                errs,
+            ));
+        }
+    }
+    let mut placed = BTreeMap::new();
+    for (i, (at, c)) in rules.iter().enumerate() {
+        let Some(t) = c
+            .strategy
+            .scheduling
+            .as_ref()
+            .and_then(|s| s.topology_constraint.as_ref())
+        else {
+            continue;
+        };
+        for r in &c.roles {
+            if let Some(prev) = placed.insert(r.as_str(), at.as_str()) {
+                errs.push(format!(
+                    "{at}: role {r:?} is already in the topology constraint of {prev}"
+                ));
+            }
+        }
+        let name = if c.name.is_empty() {
+            format!("p-coordination-{i}")
+        } else {
+            format!("p-{}", c.name)
+        };
+        let at = format!("{at}: strategy.scheduling.topologyConstraint");
+        let roles: Vec<&String> = c.roles.iter().collect();
+        out.extend(placement(&at, name, &roles, false, t, errs));
+    }
+    out
+}
+
+/// One topology constraint: at least one level, each a label key (what
+/// every scheduler's level names fit: Volcano tier names, Koordinator
+/// layers, node-label keys).
+fn placement(
+    at: &str,
+    name: String,
+    roles: &[&String],
+    per_instance: bool,
+    t: &TopologyConstraint,
+    errs: &mut Errors,
+) -> Option<Placement> {
+    let pack = t.pack.as_ref();
+    let required = pack.and_then(|p| p.required.clone());
+    let preferred = pack.and_then(|p| p.preferred.clone());
+    if required.is_none() && preferred.is_none() {
+        errs.push(format!("{at}: pack.required or pack.preferred must be set"));
+        return None;
+    }
+    let mut ok = true;
+    for (field, level) in [("required", &required), ("preferred", &preferred)] {
+        if let Some(l) = level.as_deref().filter(|l| !is_label_key(l)) {
+            errs.push(format!(
+                "{at}: pack.{field}: {l:?} is not a topology level (a label key such as \"rack\" or \"topology.kubernetes.io/zone\")"
+            ));
+            ok = false;
+        }
+    }
+    ok.then(|| Placement {
+        name,
+        roles: roles.iter().map(|r| (*r).clone()).collect(),
+        per_instance,
+        required,
+        preferred,
+        topology_name: t.topology_name.clone(),
+    })
 }
 
 /// A coordination lists known roles, each once.

@@ -21,7 +21,7 @@ use serde_yaml::Value;
 use super::pod::{Container, KeyToPath, PodTemplateSpec, Volume};
 use super::types::{
     Coordination, EngineRuntime, Extra, RoleBasedGroup, RoleSpec, RolloutStrategy,
-    ScalingAdapterSwitch, ServicePort, Workload,
+    ScalingAdapterSwitch, ServicePort, TopologyConstraint, Workload,
 };
 use super::v2::{RoleBasedGroupV2, RoleSpecV2};
 
@@ -368,6 +368,23 @@ impl Walk {
         if let Some(s) = &c.strategy.scaling {
             self.rbg(&sat.key("scaling"), &s.extra);
         }
+        if let Some(s) = &c.strategy.scheduling {
+            let at = sat.key("scheduling");
+            self.rbg(&at, &s.extra);
+            if let Some(t) = &s.topology_constraint {
+                self.topology(&at.key("topologyConstraint"), t);
+            }
+        }
+    }
+
+    /// A topology constraint: the cluster scheduler's business, so the
+    /// local runtime, which runs every process on this host, reports it.
+    fn topology(&mut self, at: &At, t: &TopologyConstraint) {
+        self.push(at, FieldIssue::NotSupported(String::new()), true);
+        self.rbg(at, &t.extra);
+        if let Some(p) = &t.pack {
+            self.rbg(&at.key("pack"), &p.extra);
+        }
     }
 
     fn workload(&mut self, at: &At, w: Option<&Workload>) {
@@ -532,6 +549,9 @@ impl Walk {
             }
         }
         self.workload(at, r.workload.as_ref());
+        if let Some(t) = &r.instance_topology_constraint {
+            self.topology(&at.key("instanceTopologyConstraint"), t);
+        }
         self.role_common(
             at,
             r.rollout_strategy.as_ref(),

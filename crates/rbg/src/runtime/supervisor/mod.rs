@@ -447,7 +447,7 @@ impl Supervisor {
             .filter(|i| i.crash.is_some() || matches!(i.pending, Some(instance::Pending::Recreate)))
             .count();
         let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-        self.rbg_status = crate::status::compute(crate::status::StatusInput {
+        let mut status = crate::status::compute(crate::status::StatusInput {
             roles: &self.desired,
             observed: &observed,
             generation: i64::try_from(self.history.last().map_or(0, |h| h.number)).unwrap_or(0),
@@ -456,6 +456,14 @@ impl Supervisor {
             previous: Some(&self.rbg_status),
             now: &now,
         });
+        crate::status::add_topology(
+            &mut status,
+            &self.group.placements,
+            false,
+            Some(&self.rbg_status),
+            &now,
+        );
+        self.rbg_status = status;
         let ready = planner::group_ready(&self.desired, &observed);
         if ready && !self.was_ready {
             let name = self.group.name.clone();
