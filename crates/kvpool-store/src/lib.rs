@@ -188,9 +188,13 @@ async fn spawn_metrics(
     (cfg.security)
         .check_listen(local.ip(), "the store's metrics port")
         .map_err(|e| StoreError::Config(e.message))?;
-    info!(%local, "metrics serving");
+    // With a certificate the port serves https only, as the data port
+    // speaks TLS only: a scraper needs the cluster's CA.
+    let tls = (cfg.security.tls.as_ref()).and_then(|t| t.acceptor().cloned());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    info!(%local, scheme, "metrics serving");
     // Up until the data plane stops: a drain is watched through it.
-    let serve = metrics::serve_metrics(listener, metrics.clone(), data_plane);
+    let serve = metrics::serve_metrics(listener, metrics.clone(), tls, data_plane);
     tasks.spawn(async move {
         // The graceful stop waits for open requests: a scraper stuck mid-request
         // must not keep the store from exiting, so `stop_now` cuts it off.

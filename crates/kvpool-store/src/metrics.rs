@@ -19,6 +19,7 @@ use axum::routing::get;
 use axum::Router;
 use kvpool_format::scan::ScanStats;
 use kvpool_net::http::{HttpConnLimits, HttpRefusal};
+use kvpool_net::tls::TlsAcceptor;
 use kvpool_proto::msg::Tier;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -221,10 +222,12 @@ impl StoreMetrics {
 /// `shutdown`, within the default HTTP limits
 /// ([`kvpool_net::http::HttpConnLimits`]: 64 connections per address,
 /// 1,024 in all, a 10 s header timeout), so no peer keeps the store's
-/// probes from its orchestrator.
+/// probes from its orchestrator; over https when `tls` is set (the store's
+/// own certificate, as the master's HTTP ports use theirs).
 pub async fn serve_metrics(
     listener: TcpListener,
     metrics: Arc<StoreMetrics>,
+    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let router = Router::new()
@@ -256,5 +259,5 @@ pub async fn serve_metrics(
         }
     };
     let limits = HttpConnLimits::default();
-    kvpool_net::http::serve(listener, router, limits, None, refused, shutdown).await
+    kvpool_net::http::serve(listener, router, limits, tls, refused, shutdown).await
 }

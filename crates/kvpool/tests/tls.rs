@@ -407,3 +407,71 @@ async fn round_trip_one(client: &Client) {
         .expect("put");
     assert_eq!(client.get("etcds/one").await.expect("get"), v);
 }
+
+/// A store with a certificate serves its `/metrics` over https only, with
+/// the certificate of its data port: a scraper trusting the cluster's CA
+/// reads it; plain HTTP gets no HTTP answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_with_tls_serves_its_metrics_over_https_only() {
+    let dir = scratch_dir();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let pki = Pki::create(&dir.path().join("pki"), &["master", "store"]).await;
+    let master_tls = pki.flags(Some("master"));
+    let mut master = spawn_master("master", &logs, |rpc, metrics| {
+        let ports = ["--rpc-port", &rpc.to_string()].map(String::from);
+        let metrics = ["--metrics-port", &metrics.to_string()].map(String::from);
+        let mut args = vec!["master".to_string()];
+        args.extend(ports.into_iter().chain(metrics).chain(master_tls.clone()));
+        args
+    })
+    .await;
+    let port = free_port();
+    let mut extra = pki.flags(Some("store"));
+    extra.extend(["--metrics-port".to_string(), port.to_string()]);
+    let mut store = spawn_store_with(
+        Path::new(BIN),
+        "store",
+        "store",
+        &master.rpc,
+        "32MiB",
+        &dir.path().join("store"),
+        &logs,
+        &extra,
+    );
+    let status_flags = pki.flags(None);
+    let mut watch = [&mut store, &mut master.process];
+    wait_for_segments_as(&master.rpc, 1, &mut watch, &status_flags).await;
+    let addr = format!("127.0.0.1:{port}");
+
+    let agent = https_agent(&pki.ca());
+    let url = format!("https://{addr}/metrics");
+    let metrics = tokio::task::spawn_blocking(move || {
+        let r = agent.get(&url).call().expect("https /metrics");
+        assert_eq!(r.status(), 200);
+        r.into_string().expect("a text body")
+    })
+    .await
+    .expect("join");
+    assert!(
+        metrics.contains("kvpool_store_segments{tier=\"memory\"} 1"),
+        "{metrics}"
+    );
+
+    // Plain HTTP on the https port gets no HTTP answer.
+    let mut plain = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    plain
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut answer)).await;
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "plain HTTP answered on the store's https metrics port: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(store.try_exit().is_none(), "{}", store.logs());
+}
