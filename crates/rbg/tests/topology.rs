@@ -2,12 +2,18 @@
 //! `instanceTopologyConstraint` and a CoordinatedPolicy rule's
 //! `scheduling.topologyConstraint` are validated, reported as not
 //! applicable by the local runtime, and become Pod affinity in the Pods
-//! the operator builds. The operator's reconcile against the mocked API is
-//! in `tests/operator.rs`.
+//! the operator builds and creates (through kube-rs's mocked API service,
+//! `support::Fake`).
+
+mod support;
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm};
 use rbg::operator::build::{self, Owner};
+use rbg::spec::v2::{GroupSpecV2, RoleBasedGroupResource};
 use rbg::spec::{self, Group, Placement};
+use serde_json::json;
 
 /// KEP-473's own example: prefill instances packed in a rack, prefill and
 /// decode together in one block (one rack when capacity allows), the
@@ -314,4 +320,64 @@ fn status_reports_topology_translated() {
     let mut none = spec::RbgStatus::default();
     rbg::status::add_topology(&mut none, &[], true, None, "now");
     assert!(rbg::status::condition(&none, "TopologyTranslated").is_none());
+}
+
+/// The operator's reconcile creates the Pods with the affinity (the
+/// CoordinatedPolicy read from the API) and writes TopologyTranslated.
+#[tokio::test]
+async fn operator_creates_pods_with_the_affinity() {
+    let (client, fake) = support::fake_client();
+    let ctx = rbg::operator::Context::new(client);
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(PD.split("---").next().expect("group")).expect("yaml");
+    let spec: GroupSpecV2 = serde_yaml::from_value(doc["spec"].clone()).expect("spec");
+    let mut g = RoleBasedGroupResource::new("infer", spec);
+    g.metadata.namespace = Some("default".into());
+    g.metadata.uid = Some("rbg-uid".into());
+    g.metadata.generation = Some(1);
+    fake.lock().expect("fake").policy = Some(json!({
+        "apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "CoordinatedPolicy",
+        "metadata": {"name": "infer", "namespace": "default"},
+        "spec": {"policies": [{"name": "pd-colocation", "roles": ["prefill", "decode"],
+                               "strategy": {"scheduling": {"topologyConstraint":
+                                   {"pack": {"required": "block", "preferred": "rack"}}}}}]}}));
+    rbg::operator::reconcile(Arc::new(g), ctx)
+        .await
+        .expect("reconcile");
+    let f = fake.lock().expect("fake");
+    assert!(f.unexpected.is_empty(), "{:?}", f.unexpected);
+    let affinity = |pod: &str| f.pods[pod]["spec"]["affinity"]["podAffinity"].clone();
+    let worker = affinity("infer-prefill-1-1");
+    let required = &worker["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(required[0]["topologyKey"], "rack");
+    assert_eq!(
+        required[0]["labelSelector"]["matchLabels"]["rolebasedgroup.workloads.x-k8s.io/index"],
+        "1"
+    );
+    assert_eq!(required[1]["topologyKey"], "block");
+    assert_eq!(
+        required[1]["labelSelector"]["matchExpressions"][0]["values"],
+        json!(["prefill", "decode"])
+    );
+    assert_eq!(
+        worker["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+            ["topologyKey"],
+        "rack"
+    );
+    let decode = affinity("infer-decode-0");
+    assert_eq!(
+        decode["requiredDuringSchedulingIgnoredDuringExecution"][1]["topologyKey"],
+        "block"
+    );
+    assert!(f.pods["infer-router-0"]["spec"]["affinity"].is_null());
+    let status = f.status.clone().expect("status");
+    let translated = status["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .find(|c| c["type"] == "TopologyTranslated")
+        .cloned()
+        .expect("TopologyTranslated");
+    assert_eq!(translated["status"], "True");
+    assert_eq!(translated["reason"], "PodAffinity");
 }
