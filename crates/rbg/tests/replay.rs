@@ -154,3 +154,11 @@ async fn replay(file: &str) {
 async fn store_rollout_and_drain() {
     replay("store-rollout-and-drain.yaml").await;
 }
+
+/// An in-place update of a leader-worker instance under
+/// RecreateRoleInstanceOnPodRestart: the restarts it causes are not
+/// crashes; a later crash still recreates the instance.
+#[tokio::test]
+async fn leader_worker_in_place() {
+    replay("leader-worker-in-place.yaml").await;
+}

@@ -352,7 +352,10 @@ async fn execute(
                 let patch = json!({
                     "metadata": {
                         "labels": {build::LABEL_REVISION: revision},
-                        "annotations": {build::ANNOTATION_SHAPE: d.shape},
+                        "annotations": {
+                            build::ANNOTATION_SHAPE: d.shape,
+                            build::ANNOTATION_RESTARTS: restarts_after_patch(p, &slot.template.spec.containers).to_string(),
+                        },
                     },
                     "spec": {"containers": containers},
                 });
@@ -380,6 +383,38 @@ async fn execute(
         }
     }
     Ok(())
+}
+
+/// The container restarts of `p` once the kubelet has applied an in-place
+/// patch to `containers`: those it has now, plus one for each container
+/// whose image changes (the kubelet restarts exactly those). Recorded as
+/// already seen, so that under a restart policy that recreates instances
+/// the update's own restarts are not taken for crashes.
+fn restarts_after_patch(p: &Pod, containers: &[spec::Container]) -> u32 {
+    let statuses = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone())
+        .unwrap_or_default();
+    let now: u32 = statuses
+        .iter()
+        .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
+        .sum();
+    let running = p
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or(&[]);
+    let changing = containers
+        .iter()
+        .filter(|c| {
+            running
+                .iter()
+                .find(|r| r.name == c.name)
+                .is_some_and(|r| r.image != c.image)
+        })
+        .count();
+    now.saturating_add(u32::try_from(changing).unwrap_or(u32::MAX))
 }
 
 /// Writes the status subresource by server-side apply.
