@@ -52,12 +52,18 @@ if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-  # Under systemd the package starts Prometheus on :9090 (and its node
-  # exporter on :9100); the tests start their own on free ports, so the
-  # daemons the install just started are stopped and left disabled.
-  if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ] \
-    && command -v systemctl >/dev/null; then
-    $SUDO systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  # The package starts Prometheus on :9090 (and its node exporter on :9100)
+  # under systemd or sysvinit; the tests start their own on free ports, so
+  # the daemons the install just started are stopped (and under systemd
+  # left disabled).
+  if [[ " ${need[*]} " == *" prometheus "* ]]; then
+    for svc in prometheus prometheus-node-exporter; do
+      if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+        $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+      elif [ -x "/etc/init.d/$svc" ]; then
+        $SUDO "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
+      fi
+    done
   fi
 fi
 
