@@ -342,3 +342,92 @@ async fn invalid_spec_fails_with_event_and_backoff() {
     assert_eq!((secs(1), secs(2), secs(4), secs(30)), (1, 2, 8, 300));
     assert_eq!(operator::backoff(&err, 1).as_secs(), 300);
 }
+
+/// Rollout history: the first reconcile records revision 1 as a
+/// ControllerRevision owned by the group; a replica change records
+/// nothing; an image change records revision 2; going back to the first
+/// template renumbers its ControllerRevision to 3 instead of copying it.
+#[tokio::test]
+async fn template_changes_are_recorded_as_controller_revisions() {
+    let (client, fake) = fake_client();
+    let ctx = Context::new(client);
+    pass(&group(&spec("kvpool:v1"), 1), &ctx).await;
+    let first = {
+        let f = fake.lock().expect("fake");
+        assert_eq!(f.revisions.len(), 1, "{:?}", f.revision_log);
+        let (name, cr) = f.revisions.iter().next().expect("revision");
+        assert!(name.starts_with("g-"), "{name}");
+        assert_eq!(cr["revision"], 1);
+        assert_eq!(cr["metadata"]["ownerReferences"][0]["uid"], "rbg-uid");
+        assert_eq!(
+            cr["metadata"]["labels"]["rolebasedgroup.workloads.x-k8s.io/name"],
+            "g"
+        );
+        let roles = &cr["data"]["spec"]["roles"];
+        assert_eq!(roles[1]["name"], "store");
+        assert!(roles[1].get("replicas").is_none(), "{roles}");
+        assert_eq!(
+            roles[1]["standalonePattern"]["template"]["spec"]["containers"][0]["image"],
+            "kvpool:v1"
+        );
+        name.clone()
+    };
+    let scaled = spec("kvpool:v1").replace("replicas: 2", "replicas: 3");
+    pass(&group(&scaled, 2), &ctx).await;
+    assert_eq!(
+        fake.lock().expect("fake").revisions.len(),
+        1,
+        "scaling is no revision"
+    );
+    pass(&group(&spec("kvpool:v2"), 3), &ctx).await;
+    {
+        let f = fake.lock().expect("fake");
+        assert_eq!(f.revisions.len(), 2);
+        let newest = f
+            .revisions
+            .values()
+            .find(|r| r["revision"] == 2)
+            .expect("revision 2");
+        assert_eq!(
+            newest["data"]["spec"]["roles"][1]["standalonePattern"]["template"]["spec"]
+                ["containers"][0]["image"],
+            "kvpool:v2"
+        );
+    }
+    pass(&group(&spec("kvpool:v1"), 4), &ctx).await;
+    let f = fake.lock().expect("fake");
+    assert_eq!(f.revisions.len(), 2, "{:?}", f.revision_log);
+    assert_eq!(f.revisions[&first]["revision"], 3);
+    assert_eq!(f.revision_log.len(), 3, "{:?}", f.revision_log);
+    assert!(
+        f.revision_log[2].starts_with("patch "),
+        "{:?}",
+        f.revision_log
+    );
+    assert!(f.unexpected.is_empty(), "{:?}", f.unexpected);
+}
+
+/// Beyond the history limit (10) the oldest ControllerRevisions go.
+#[tokio::test]
+async fn history_is_pruned_at_the_limit() {
+    let (client, fake) = fake_client();
+    let ctx = Context::new(client);
+    for i in 1..=12 {
+        pass(&group(&spec(&format!("kvpool:v{i}")), i), &ctx).await;
+    }
+    let f = fake.lock().expect("fake");
+    let mut numbers: Vec<i64> = f
+        .revisions
+        .values()
+        .filter_map(|r| r["revision"].as_i64())
+        .collect();
+    numbers.sort();
+    assert_eq!(numbers, (3..=12).collect::<Vec<_>>());
+    assert_eq!(
+        f.revision_log
+            .iter()
+            .filter(|l| l.starts_with("delete "))
+            .count(),
+        2
+    );
+}

@@ -2,7 +2,8 @@
 //! through `rbg operator`'s reconcile against kube-rs's mocked API (the
 //! fake in `support/`), checking after every step the actions taken: Pods
 //! created, deleted and patched in place, Events, the status written and
-//! the Pods as they then are. The fixture's header says how a recording
+//! the Pods as they then are, and how many ControllerRevisions record
+//! the group's history. The fixture's header says how a recording
 //! reads; the harness applies each event to the fake's objects the way the
 //! API server would have (ADDED/MODIFIED groups become the object to
 //! reconcile, MODIFIED Pods are merged onto the stored Pod, DELETED Pods
@@ -50,12 +51,6 @@ fn names(v: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Only the Pods of a list of acted-on objects (the fake also records
-/// ControllerRevisions there, with a `controllerrevision/` prefix).
-fn pods_only(list: &[String]) -> Vec<String> {
-    list.iter().filter(|n| !n.contains('/')).cloned().collect()
 }
 
 async fn replay(file: &str) {
@@ -119,7 +114,7 @@ async fn replay(file: &str) {
         let f = fake.lock().expect("fake");
         let exp = &step["expect"];
         let check = |what: &str, all: &[String], from: usize| {
-            let got = pods_only(&all[from..]);
+            let got = all[from..].to_vec();
             let want = names(&exp[what]);
             assert_eq!(got, want, "{here}: Pods {what}");
         };
@@ -143,6 +138,18 @@ async fn replay(file: &str) {
                     .unwrap_or_else(|| panic!("{here}: no Pod {name}"));
                 contains(got, want, name).unwrap_or_else(|m| panic!("{here}: {m}"));
             }
+        }
+        if let Some(n) = exp["revisions"].as_u64() {
+            let numbers: Vec<i64> = f
+                .revisions
+                .values()
+                .filter_map(|r| r["revision"].as_i64())
+                .collect();
+            assert_eq!(
+                numbers.len() as u64,
+                n,
+                "{here}: ControllerRevisions {numbers:?}"
+            );
         }
         assert!(f.unexpected.is_empty(), "{here}: {:?}", f.unexpected);
     }

@@ -17,6 +17,7 @@
 //! ([`metrics`]).
 
 pub mod build;
+pub mod history;
 pub mod leader;
 pub mod metrics;
 mod reconcile;

@@ -59,6 +59,8 @@ async fn reconcile_once(
         uid: g.uid().unwrap_or_default(),
     };
     let apply = PatchParams::apply(MANAGER).force();
+    // Before any Pod moves: the history names the template being rolled out.
+    super::history::record(&client, &ns, &owner, &g.spec).await?;
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let cm = build::config_map(&group, &owner);

@@ -49,6 +49,9 @@ pub struct Fake {
     pub revisions: BTreeMap<String, Value>,
     /// Requests refused with 409 Conflict (stale resourceVersion, exists).
     pub conflicts: Vec<String>,
+    /// ControllerRevisions created, patched and deleted, in order
+    /// (`create g-1a2b3c4d5e`).
+    pub revision_log: Vec<String>,
     /// The last resourceVersion handed out.
     pub rv: u64,
 }
@@ -253,7 +256,7 @@ impl Fake {
                 v["metadata"]["resourceVersion"] = json!(rv);
                 map.insert(name.clone(), v.clone());
                 if kind == Kind::Revision {
-                    self.created.push(format!("controllerrevision/{name}"));
+                    self.revision_log.push(format!("create {name}"));
                 }
                 (StatusCode::CREATED, v)
             }
@@ -278,14 +281,14 @@ impl Fake {
                 old["metadata"]["resourceVersion"] = json!(rv);
                 let v = old.clone();
                 if kind == Kind::Revision {
-                    self.patched.push(format!("controllerrevision/{last}"));
+                    self.revision_log.push(format!("patch {last}"));
                 }
                 (StatusCode::OK, v)
             }
             "DELETE" => match map.remove(last) {
                 Some(v) => {
                     if kind == Kind::Revision {
-                        self.deleted.push(format!("controllerrevision/{last}"));
+                        self.revision_log.push(format!("delete {last}"));
                     }
                     (StatusCode::OK, v)
                 }
