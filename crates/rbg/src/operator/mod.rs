@@ -17,6 +17,7 @@
 //! ([`metrics`]).
 
 pub mod build;
+pub mod groupset;
 pub mod history;
 pub mod leader;
 pub mod metrics;
@@ -162,8 +163,8 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
 }
 
 /// The CRDs generated from the Rust types: RoleBasedGroup (v1alpha1 and
-/// v1alpha2, v1alpha2 stored), CoordinatedPolicy and
-/// RoleBasedGroupScalingAdapter (v1alpha2).
+/// v1alpha2, v1alpha2 stored), CoordinatedPolicy,
+/// RoleBasedGroupScalingAdapter and RoleBasedGroupSet (v1alpha2).
 pub fn crds() -> Vec<CustomResourceDefinition> {
     let rbg = kube::core::crd::merge_crds(
         vec![
@@ -181,6 +182,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     }
     out.push(CoordinatedPolicy::crd());
     out.push(RoleBasedGroupScalingAdapter::crd());
+    out.push(groupset::RoleBasedGroupSet::crd());
     out.into_iter().map(upstream_shaped).collect()
 }
 
@@ -442,43 +444,72 @@ async fn keep_renewing(elector: &leader::Elector) {
     }
 }
 
-/// Runs the controller until `stop` fires, marking `metrics` ready once
-/// its cache of groups has had its first full list.
+/// Runs the controllers (groups, and sets of groups) until `stop` fires,
+/// marking `metrics` ready once their caches have had a first full list.
 async fn control(
     client: Client,
     opts: &Options,
     metrics: Arc<Metrics>,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let (groups, pods): (Api<RoleBasedGroupResource>, Api<Pod>) = match &opts.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let ctx = Context::with_metrics(client, metrics.clone());
-    let controller = Controller::new(groups, watcher::Config::default().any_semantic()).owns(
-        pods,
+    fn api<K>(client: &Client, ns: &Option<String>) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ns = &opts.namespace;
+    let ctx = Context::with_metrics(client.clone(), metrics.clone());
+    let groups = Controller::new(
+        api::<RoleBasedGroupResource>(&client, ns),
+        watcher::Config::default().any_semantic(),
+    )
+    .owns(
+        api::<Pod>(&client, ns),
         watcher::Config::default().labels(crate::spec::LABEL_GROUP),
     );
-    let store = controller.store();
+    let sets = Controller::new(
+        api::<groupset::RoleBasedGroupSet>(&client, ns),
+        watcher::Config::default().any_semantic(),
+    )
+    .owns(
+        api::<RoleBasedGroupResource>(&client, ns),
+        watcher::Config::default().labels(groupset::LABEL_SET),
+    );
+    let (group_store, set_store) = (groups.store(), sets.store());
     let ready = tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
+        if group_store.wait_until_ready().await.is_ok()
+            && set_store.wait_until_ready().await.is_ok()
+        {
             metrics.set_ready(true);
         }
     });
-    controller
-        .graceful_shutdown_on(async move {
-            let _ = stop.await;
-        })
-        .run(reconcile, error_policy, ctx)
+    // One stop for both: a shared future that each controller awaits.
+    let stop = futures::FutureExt::shared(async move {
+        let _ = stop.await;
+    });
+    let groups = groups
+        .graceful_shutdown_on(stop.clone())
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
             match r {
                 Ok((o, _)) => tracing::debug!(group = %o.name, "reconciled"),
                 Err(e) => tracing::debug!(error = %e, "reconcile error"),
             }
-        })
-        .await;
+        });
+    let sets = sets
+        .graceful_shutdown_on(stop)
+        .run(groupset::reconcile_set, groupset::set_error_policy, ctx)
+        .for_each(|r| async move {
+            match r {
+                Ok((o, _)) => tracing::debug!(set = %o.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "set reconcile error"),
+            }
+        });
+    futures::future::join(groups, sets).await;
     ready.abort();
 }

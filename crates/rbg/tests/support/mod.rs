@@ -52,6 +52,12 @@ pub struct Fake {
     /// ControllerRevisions created, patched and deleted, in order
     /// (`create g-1a2b3c4d5e`).
     pub revision_log: Vec<String>,
+    /// RoleBasedGroups (children of sets) by name.
+    pub groups: BTreeMap<String, Value>,
+    /// RoleBasedGroups server-side applied, in order.
+    pub applied: Vec<String>,
+    /// The last status written on a RoleBasedGroupSet.
+    pub set_status: Option<Value>,
     /// The last resourceVersion handed out.
     pub rv: u64,
 }
@@ -122,6 +128,59 @@ impl Fake {
                     .replace("%2C", ",")
             })
             .unwrap_or_default();
+        if path.contains("/rolebasedgroupsets/") && method == "PATCH" && path.ends_with("/status") {
+            self.set_status = Some(body["status"].clone());
+            return ok(
+                json!({"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroupSet",
+                             "metadata": {"name": seg[seg.len() - 2], "namespace": "default"},
+                             "spec": {"groupTemplate": {"spec": {"roles": []}}},
+                             "status": body["status"]}),
+            );
+        }
+        if path.contains("/rolebasedgroups") && !path.ends_with("/status") {
+            match method {
+                "GET" if last == "rolebasedgroups" => {
+                    let items: Vec<Value> = self
+                        .groups
+                        .values()
+                        .filter(|g| labels_match(g, &selector))
+                        .cloned()
+                        .collect();
+                    return ok(json!({"apiVersion": "workloads.x-k8s.io/v1alpha2",
+                                     "kind": "RoleBasedGroupList",
+                                     "metadata": {"resourceVersion": "1"}, "items": items}));
+                }
+                // Server-side apply: create, or replace the fields applied.
+                "PATCH" => {
+                    let g = match self.groups.get_mut(last) {
+                        Some(g) => {
+                            g["metadata"]["labels"] = body["metadata"]["labels"].clone();
+                            g["spec"] = body["spec"].clone();
+                            g.clone()
+                        }
+                        None => {
+                            self.uid += 1;
+                            let mut g = body.clone();
+                            g["metadata"]["uid"] = json!(format!("uid-{}", self.uid));
+                            self.groups.insert(last.to_string(), g.clone());
+                            g
+                        }
+                    };
+                    self.applied.push(last.to_string());
+                    return ok(g);
+                }
+                "DELETE" => {
+                    return match self.groups.remove(last) {
+                        Some(g) => {
+                            self.deleted.push(format!("rolebasedgroup/{last}"));
+                            ok(g)
+                        }
+                        None => not_found(),
+                    };
+                }
+                _ => {}
+            }
+        }
         if path.contains("/leases") {
             return self.versioned(Kind::Lease, method, last, body);
         }
