@@ -405,7 +405,12 @@ async fn lead(
     control(client, opts, metrics.clone(), rx).await;
     renewer.abort();
     metrics.set_leader(false);
-    let lost_it = why.await.unwrap_or(true) || *lost_rx.borrow_and_update();
+    // The controllers stop only when `why` has fired; if they ever ended
+    // on their own, `why` is still waiting: treat that as fatal too.
+    let lost_it = match tokio::time::timeout(Duration::from_secs(1), why).await {
+        Ok(fired) => fired.unwrap_or(true) || *lost_rx.borrow_and_update(),
+        Err(_) => anyhow::bail!("the controllers stopped on their own"),
+    };
     if lost_it {
         anyhow::bail!(
             "lost the leader Lease; exiting so that this replica restarts as a candidate"
@@ -472,21 +477,35 @@ async fn control(
         api::<Pod>(&client, ns),
         watcher::Config::default().labels(crate::spec::LABEL_GROUP),
     );
-    let sets = Controller::new(
-        api::<groupset::RoleBasedGroupSet>(&client, ns),
-        watcher::Config::default().any_semantic(),
-    )
-    .owns(
-        api::<RoleBasedGroupResource>(&client, ns),
-        watcher::Config::default().labels(groupset::LABEL_SET),
-    );
-    let (group_store, set_store) = (groups.store(), sets.store());
-    let ready = tokio::spawn(async move {
-        if group_store.wait_until_ready().await.is_ok()
-            && set_store.wait_until_ready().await.is_ok()
-        {
-            metrics.set_ready(true);
+    // A cluster whose CRDs predate RoleBasedGroupSets still gets groups
+    // reconciled: the set controller runs only where its CRD is installed.
+    let sets_api = api::<groupset::RoleBasedGroupSet>(&client, ns);
+    let sets = match sets_api
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => Some(
+            Controller::new(sets_api, watcher::Config::default().any_semantic()).owns(
+                api::<RoleBasedGroupResource>(&client, ns),
+                watcher::Config::default().labels(groupset::LABEL_SET),
+            ),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "RoleBasedGroupSets are not reconciled (is their CRD installed? `rbg crd | kubectl apply -f -`)");
+            None
         }
+    };
+    let (group_store, set_store) = (groups.store(), sets.as_ref().map(Controller::store));
+    let ready = tokio::spawn(async move {
+        if group_store.wait_until_ready().await.is_err() {
+            return;
+        }
+        if let Some(s) = set_store {
+            if s.wait_until_ready().await.is_err() {
+                return;
+            }
+        }
+        metrics.set_ready(true);
     });
     // One stop for both: a shared future that each controller awaits.
     let stop = futures::FutureExt::shared(async move {
@@ -501,15 +520,18 @@ async fn control(
                 Err(e) => tracing::debug!(error = %e, "reconcile error"),
             }
         });
-    let sets = sets
-        .graceful_shutdown_on(stop)
-        .run(groupset::reconcile_set, groupset::set_error_policy, ctx)
-        .for_each(|r| async move {
-            match r {
-                Ok((o, _)) => tracing::debug!(set = %o.name, "reconciled"),
-                Err(e) => tracing::debug!(error = %e, "set reconcile error"),
-            }
-        });
+    let sets = async move {
+        let Some(sets) = sets else { return };
+        sets.graceful_shutdown_on(stop)
+            .run(groupset::reconcile_set, groupset::set_error_policy, ctx)
+            .for_each(|r| async move {
+                match r {
+                    Ok((o, _)) => tracing::debug!(set = %o.name, "reconciled"),
+                    Err(e) => tracing::debug!(error = %e, "set reconcile error"),
+                }
+            })
+            .await;
+    };
     futures::future::join(groups, sets).await;
     ready.abort();
 }
