@@ -285,11 +285,37 @@ impl Elector {
     }
 }
 
-/// Unix microseconds now, the clock the operator hands to [`Elector::round`].
+/// Unix microseconds now, by the wall clock.
 pub fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The clock the operator hands to [`Elector::round`]: the wall clock at
+/// start plus tokio's monotonic time since. Expiry is measured on it, so a
+/// wall-clock step (NTP) cannot expire or prolong a Lease, and tests with
+/// paused tokio time move it.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base_us: i64,
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    /// A clock reading the wall clock now.
+    pub fn start() -> Clock {
+        Clock {
+            base_us: now_us(),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Unix microseconds now by this clock.
+    pub fn now_us(&self) -> i64 {
+        let elapsed = i64::try_from(self.start.elapsed().as_micros()).unwrap_or(i64::MAX);
+        self.base_us.saturating_add(elapsed)
+    }
 }
 
 #[cfg(test)]

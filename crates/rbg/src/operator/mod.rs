@@ -273,7 +273,6 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .list(&kube::api::ListParams::default().limit(1))
         .await
         .map_err(|e| anyhow::anyhow!("listing RoleBasedGroups (is the CRD installed? `rbg crd | kubectl apply -f -`): {e}"))?;
-    let metrics = Arc::new(Metrics::new());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -284,10 +283,23 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("--metrics-addr {}: {e}", opts.metrics_addr))?;
     tracing::info!(addr = %opts.metrics_addr, "serving /metrics, /healthz, /readyz");
+    operate(client, &opts, Arc::new(Metrics::new()), listener, stop_rx).await
+}
+
+/// Everything [`run`] does once it has a client, a listener and a stop
+/// signal (`stop` turning true): the HTTP port, the leader election and,
+/// while leading, the controllers. Tests drive it with a mocked client.
+pub async fn operate(
+    client: Client,
+    opts: &Options,
+    metrics: Arc<Metrics>,
+    listener: tokio::net::TcpListener,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let http = tokio::spawn(metrics::serve(
         listener,
         metrics.clone(),
-        stopped(stop_rx.clone()),
+        stopped(stop.clone()),
     ));
     tracing::info!(
         namespace = opts.namespace.as_deref().unwrap_or("*"),
@@ -312,22 +324,39 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             &me,
         ));
         tracing::info!(lease = %format!("{lease_ns}/{}", opts.lease_name), identity = %me, "campaigning for the leader Lease");
-        lead(client, &opts, elector, metrics.clone(), stop_rx).await
+        lead(client, opts, elector, metrics.clone(), stop).await
     } else {
         metrics.set_leader(true);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut stop = stop_rx;
+        let mut stop = stop;
         tokio::spawn(async move {
             let _ = stop.wait_for(|s| *s).await;
             let _ = tx.send(());
         });
-        control(client, &opts, metrics.clone(), rx).await;
+        control(client, opts, metrics.clone(), rx).await;
         Ok(())
     };
     // The port stops with the stop signal; after a lost Lease it goes
     // down with the process.
     http.abort();
     result
+}
+
+/// Waits until `store` has had its first full list; false if its writer
+/// is gone. Polls once a second: kube-runtime's readiness signal wakes
+/// only the last task that waited on it, and the controller waits on it
+/// too, so a lone waiter here could sleep forever.
+async fn synced<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_secs(1), store.wait_until_ready()).await {
+            Ok(r) => return r.is_ok(),
+            Err(_) => continue,
+        }
+    }
 }
 
 /// Resolves on SIGTERM (what the kubelet sends) or SIGINT.
@@ -361,8 +390,9 @@ async fn lead(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     metrics.set_leader(false);
+    let clock = leader::Clock::start();
     loop {
-        let round = tokio::time::timeout(leader::RENEW_EVERY, elector.round(leader::now_us()));
+        let round = tokio::time::timeout(leader::RENEW_EVERY, elector.round(clock.now_us()));
         match round.await {
             Ok(Ok(leader::Outcome::Leading)) => break,
             Ok(Ok(leader::Outcome::Following { holder })) => {
@@ -385,7 +415,7 @@ async fn lead(
     let renewer = {
         let elector = elector.clone();
         tokio::spawn(async move {
-            keep_renewing(&elector).await;
+            keep_renewing(&elector, &clock).await;
             let _ = lost_tx.send(true);
         })
     };
@@ -425,12 +455,12 @@ async fn lead(
 
 /// Renews every [`leader::RENEW_EVERY`]; returns once another replica holds
 /// the Lease or no renewal has succeeded for [`leader::RENEW_DEADLINE`].
-async fn keep_renewing(elector: &leader::Elector) {
+async fn keep_renewing(elector: &leader::Elector, clock: &leader::Clock) {
     let mut last_ok = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(leader::RENEW_EVERY).await;
         let left = leader::RENEW_DEADLINE.saturating_sub(last_ok.elapsed());
-        match tokio::time::timeout(left, elector.round(leader::now_us())).await {
+        match tokio::time::timeout(left, elector.round(clock.now_us())).await {
             Ok(Ok(leader::Outcome::Leading)) => last_ok = tokio::time::Instant::now(),
             Ok(Ok(leader::Outcome::Following { holder })) => {
                 tracing::warn!(
@@ -497,11 +527,11 @@ async fn control(
     };
     let (group_store, set_store) = (groups.store(), sets.as_ref().map(Controller::store));
     let ready = tokio::spawn(async move {
-        if group_store.wait_until_ready().await.is_err() {
+        if !synced(&group_store).await {
             return;
         }
         if let Some(s) = set_store {
-            if s.wait_until_ready().await.is_err() {
+            if !synced(&s).await {
                 return;
             }
         }

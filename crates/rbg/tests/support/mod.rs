@@ -58,6 +58,8 @@ pub struct Fake {
     pub applied: Vec<String>,
     /// The last status written on a RoleBasedGroupSet.
     pub set_status: Option<Value>,
+    /// Watch requests received (held open).
+    pub watches: u64,
     /// The last resourceVersion handed out.
     pub rv: u64,
 }
@@ -420,7 +422,16 @@ pub fn fake_client() -> (Client, Arc<Mutex<Fake>>) {
     let fake = Arc::new(Mutex::new(Fake::default()));
     let f = fake.clone();
     tokio::spawn(async move {
+        // Watch requests are held open, never answered: a watcher then
+        // waits quietly instead of re-listing in a loop (which would keep
+        // a paused-time test from ever advancing).
+        let mut open_watches = Vec::new();
         while let Some((req, send)) = handle.next_request().await {
+            if req.uri().query().is_some_and(|q| q.contains("watch=true")) {
+                f.lock().expect("fake").watches += 1;
+                open_watches.push(send);
+                continue;
+            }
             let (parts, body) = req.into_parts();
             let bytes = body.collect_bytes().await.unwrap_or_default();
             let (code, v) =
