@@ -65,6 +65,8 @@ pub fn admin_router(master: Arc<Master>) -> Router {
         .route("/api/history", get(status_page::history))
         .route("/api/clients", get(status_page::clients))
         .route("/api/events", get(status_page::events))
+        .route("/kv_events/status", get(kv_events_status))
+        .route("/kv_events/snapshot", get(kv_events_snapshot))
         .route("/", get(status_page::page))
         .with_state(master)
 }
@@ -107,6 +109,61 @@ async fn key(State(m): State<Arc<Master>>, Path(key): Path<String>) -> Response 
         Some(info) => Json(info).into_response(),
         None => (StatusCode::NOT_FOUND, format!("{key:?} not found\n")).into_response(),
     }
+}
+
+/// The KV event stream's counters and its most recent events.
+async fn kv_events_status(State(m): State<Arc<Master>>) -> Response {
+    let ev = m.state.kv_events();
+    Json(serde_json::json!({"status": ev.status(), "recent": ev.recent()})).into_response()
+}
+
+/// `cursor` and `limit` of a snapshot page.
+#[derive(serde::Deserialize)]
+struct SnapshotQuery {
+    /// Where the previous page ended (`shard.slot`), absent for the first.
+    cursor: Option<String>,
+    /// Keys per page (default and most: 10,000).
+    limit: Option<usize>,
+}
+
+/// One page of what the pool holds, for a subscriber that saw a gap: the
+/// keys with what their names say (as events carry it) and the last
+/// event id given out when the page was read. A subscriber applies the
+/// stream's events after the first page's `last_event_id` on top of the
+/// pages; a key put or removed while it pages may be listed or missed,
+/// and its event (later than that id) sets it right.
+async fn kv_events_snapshot(
+    State(m): State<Arc<Master>>,
+    Query(q): Query<SnapshotQuery>,
+) -> Response {
+    let from = match q.cursor.as_deref().map(|c| c.split_once('.')) {
+        None => (0, 0),
+        Some(Some((a, b))) => match (a.parse(), b.parse()) {
+            (Ok(a), Ok(b)) => (a, b),
+            _ => return (StatusCode::BAD_REQUEST, "cursor: shard.slot\n").into_response(),
+        },
+        Some(None) => return (StatusCode::BAD_REQUEST, "cursor: shard.slot\n").into_response(),
+    };
+    let limit = q.limit.unwrap_or(10_000).clamp(1, 10_000);
+    let last_event_id = m.state.kv_events().last_event_id();
+    let (keys, next) = m.state.list_keys(|_| true, from, limit, 4 << 20);
+    let keys: Vec<serde_json::Value> = keys
+        .into_iter()
+        .map(|(k, len)| {
+            let p = crate::kv_events::parse_key(&k);
+            serde_json::json!({
+                "object_key": k, "value_len": len, "engine": p.engine,
+                "model_name": p.model, "rank": p.rank, "block_hash": p.block_hash,
+                "seq_hashes": p.seq_hash.into_iter().collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "last_event_id": last_event_id,
+        "keys": keys,
+        "next": next.map(|(a, b)| format!("{a}.{b}")),
+    }))
+    .into_response()
 }
 
 /// The metadata service's keys and values, and what they hold in all.

@@ -13,6 +13,7 @@ pub mod events;
 pub mod eviction;
 pub mod ha;
 pub mod http;
+pub mod kv_events;
 pub mod metrics;
 pub mod placement;
 pub mod refusals;
@@ -91,6 +92,8 @@ pub struct MasterConfig {
     pub recovery_grace: Duration,
     /// The cluster key peers must prove (admin: it verifies every role).
     pub security: Security,
+    /// Publish every commit and removal on a ZMQ PUB socket; `None`: off.
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 impl Default for MasterConfig {
@@ -107,6 +110,7 @@ impl Default for MasterConfig {
             ha: None,
             recovery_grace: Duration::ZERO,
             security: Security::default(),
+            kv_events: None,
         }
     }
 }

@@ -61,6 +61,9 @@ pub async fn start(
     let master = new_master(&cfg, &shutdown);
     let ha = start_ha(&cfg, &master, rpc_addr, &shutdown)?;
     let tasks = TaskTracker::new();
+    if let Some(ev) = &cfg.kv_events {
+        start_kv_events(&tasks, ev, &master, &shutdown).await?;
+    }
     spawn_servers(&tasks, &cfg, &master, listeners, &shutdown);
     spawn_background_tasks(&tasks, &cfg, &master, &shutdown);
     tasks.close();
@@ -223,6 +226,32 @@ fn start_ha(
         }
         r
     })))
+}
+
+/// Binds the KV event stream's PUB socket and starts its publisher.
+async fn start_kv_events(
+    tasks: &TaskTracker,
+    cfg: &kv_events::KvEventsConfig,
+    master: &Arc<Master>,
+    shutdown: &CancellationToken,
+) -> Result<(), MasterError> {
+    let events = master.state.kv_events().clone();
+    let (socket, rx) = events.bind(cfg).await.map_err(MasterError::Config)?;
+    let local = ["tcp://127.", "tcp://localhost:", "tcp://[::1]:"];
+    if !local.iter().any(|p| cfg.endpoint.starts_with(p)) {
+        tracing::warn!(
+            endpoint = %cfg.endpoint,
+            "the KV event stream is not authenticated (ZMQ's NULL mechanism, as engines' \
+             streams): whoever reaches it sees key names and block hashes, never bytes"
+        );
+    }
+    info!(endpoint = %cfg.endpoint, backend_id = %cfg.backend_id, "publishing KV events");
+    let (m, backend, token) = (master.clone(), cfg.backend_id.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        let tier = |no| m.state.tier_of(no);
+        events.run(socket, rx, backend, tier, token).await;
+    });
+    Ok(())
 }
 
 /// Serves the RPC, admin HTTP and (when enabled) metadata HTTP listeners on `tasks`.

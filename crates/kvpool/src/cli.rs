@@ -270,6 +270,23 @@ pub struct MasterArgs {
         default_value_t = 8080
     )]
     pub http_metadata_server_port: u16,
+    /// Publish every commit and removal as KV events on this ZMQ PUB
+    /// endpoint (`tcp://IP:PORT`, Mooncake's master publisher's format);
+    /// off when unset.
+    #[arg(
+        long,
+        alias = "kv_events_bind_endpoint",
+        env = "KVPOOL_KV_EVENTS_ENDPOINT"
+    )]
+    pub kv_events_endpoint: Option<String>,
+    /// `backend_id` of every KV event: which pool published it.
+    #[arg(
+        long,
+        alias = "kv_events_backend_id",
+        env = "KVPOOL_KV_EVENTS_BACKEND_ID",
+        default_value = "kvpool"
+    )]
+    pub kv_events_backend_id: String,
     /// Read lease per get (a bare number is milliseconds, as in Mooncake).
     #[arg(long, alias = "default_kv_lease_ttl", env = "KVPOOL_DEFAULT_KV_LEASE_TTL", default_value = "5s", value_parser = millis)]
     pub default_kv_lease_ttl: Duration,
@@ -424,6 +441,12 @@ impl MasterArgs {
         Ok(MasterConfig {
             ha,
             security: self.security.to_security()?,
+            kv_events: self.kv_events_endpoint.as_ref().map(|endpoint| {
+                kvpool_master::kv_events::KvEventsConfig {
+                    endpoint: endpoint.clone(),
+                    backend_id: self.kv_events_backend_id.clone(),
+                }
+            }),
             recovery_grace: self.recovery_grace,
             rpc_address: self.rpc_address.clone(),
             rpc_port: self.rpc_port,

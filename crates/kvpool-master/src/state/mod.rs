@@ -189,6 +189,8 @@ pub struct MasterState {
     segments: RwLock<HashMap<SegmentId, SegmentSlot>>,
     /// The numbers objects name segments by; taken alone, or last.
     numbers: RwLock<SegNumbers>,
+    /// The KV event stream every shard's table tells.
+    kv_events: Arc<crate::kv_events::KvEvents>,
     clients: Mutex<HashMap<ClientId, ClientEntry>>,
     /// Registered clients whose peer proved only the client role.
     engine_ids: std::sync::atomic::AtomicUsize,
@@ -271,17 +273,29 @@ impl MasterState {
         self.first_generation.store(first, Relaxed);
     }
 
+    /// The KV event stream of this state's commits and removals.
+    pub fn kv_events(&self) -> &Arc<crate::kv_events::KvEvents> {
+        &self.kv_events
+    }
+
+    /// The tier of segment number `no` (numbers never change meaning).
+    pub(crate) fn tier_of(&self, no: u32) -> kvpool_proto::msg::Tier {
+        self.numbers.read().tier_of(no)
+    }
+
     /// Empty state with `cfg`.
     pub fn new(cfg: StateConfig) -> Self {
         // Generations only need to differ between versions of one key; starting
         // from the wall clock keeps them increasing across master restarts.
         let start = wall_nanos();
         let ledger = Arc::new(Ledger::default());
+        let kv_events = Arc::new(crate::kv_events::KvEvents::default());
         MasterState {
             cfg,
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(Shard::new(ledger.clone())))
+                .map(|_| Mutex::new(Shard::new(ledger.clone(), kv_events.clone())))
                 .collect(),
+            kv_events,
             segments: RwLock::new(HashMap::new()),
             numbers: Default::default(),
             clients: Mutex::new(HashMap::new()),

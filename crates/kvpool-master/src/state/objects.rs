@@ -89,10 +89,11 @@ pub(super) struct Shard {
 }
 
 impl Shard {
-    /// An empty shard whose holdings are counted in `ledger`.
-    pub(super) fn new(ledger: Arc<super::Ledger>) -> Self {
+    /// An empty shard whose holdings are counted in `ledger`, its commits
+    /// and removals told to `events`.
+    pub(super) fn new(ledger: Arc<super::Ledger>, events: Arc<crate::kv_events::KvEvents>) -> Self {
         Shard {
-            objects: ObjectTable::new(ledger),
+            objects: ObjectTable::new(ledger, events),
             pending: HashMap::default(),
         }
     }

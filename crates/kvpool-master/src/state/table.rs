@@ -26,6 +26,7 @@ use super::keys::Dict;
 use super::ledger::{Ledger, Pin};
 use super::objects::{KeyHasher, Tick, Version};
 use crate::alloc::{Region, ALIGN};
+use crate::kv_events::{Kind, KvEvents};
 
 /// A segment as objects name it: 4 bytes where a [`SegmentId`] takes 16.
 /// The master numbers each segment id the first time it sees it, and a
@@ -59,6 +60,12 @@ impl SegNumbers {
     /// The tier of segment `no`.
     pub(super) fn tier(&self, no: SegNo) -> Tier {
         self.tiers.get(no.0 as usize).copied().unwrap_or_default()
+    }
+
+    /// The tier of the segment numbered `no` (the memory tier for a
+    /// number not given out).
+    pub(super) fn tier_of(&self, no: u32) -> Tier {
+        self.tier(SegNo(no))
     }
 
     /// The number of `id`, if it has one.
@@ -169,6 +176,8 @@ pub(super) struct ObjectTable {
     hard_pins: HashMap<u32, Pin, KeyHasher>,
     /// Where hard pins are given back.
     ledger: Arc<Ledger>,
+    /// Where commits and removals are told (when the stream is on).
+    events: Arc<KvEvents>,
     hasher: KeyHasher,
 }
 
@@ -188,11 +197,20 @@ fn at(slots: &[Vec<Slot>], i: u32) -> &Slot {
 }
 
 impl ObjectTable {
-    /// An empty table whose hard pins are charged in `ledger`.
-    pub(super) fn new(ledger: Arc<Ledger>) -> Self {
+    /// An empty table whose hard pins are charged in `ledger`, telling
+    /// `events` of its commits and removals.
+    pub(super) fn new(ledger: Arc<Ledger>, events: Arc<KvEvents>) -> Self {
         ObjectTable {
             ledger,
+            events,
             ..Default::default()
+        }
+    }
+
+    /// Tells the event stream about slot `i`'s replica on `segment`.
+    fn tell(&self, kind: Kind, i: u32, segment: SegNo) {
+        if self.events.enabled() {
+            self.events.emit(kind, &self.key(i), segment.0);
         }
     }
 
@@ -314,6 +332,10 @@ impl ObjectTable {
         let mut list = list;
         list[at] = to;
         self.set_replicas(i, &list);
+        if from.0 != to.0 {
+            self.tell(Kind::Removed, i, from.0);
+            self.tell(Kind::Stored, i, to.0);
+        }
         // Its reads on disk counted towards a promotion; that starts over.
         self.at_mut(i).flags &= !DISK_READ;
         Some(old)
@@ -362,6 +384,7 @@ impl ObjectTable {
             self.write(i, (s.key_at, s.key_len, s.hash), &v);
             self.ledger.tenant_release(key, old.value_len);
             self.ledger.tenant_charge(key, v.value_len);
+            self.tell(Kind::Stored, i, v.replicas[0].0);
             return Some(old);
         }
         self.ledger.tenant_charge(key, v.value_len);
@@ -387,6 +410,7 @@ impl ObjectTable {
         let slots = &self.slots;
         self.index
             .insert_unique(spread(h), i, |&j| spread(at(slots, j).hash));
+        self.tell(Kind::Stored, i, v.replicas[0].0);
         None
     }
 
@@ -399,6 +423,7 @@ impl ObjectTable {
     pub(super) fn remove_at(&mut self, i: u32) -> Version<SegNo> {
         let v = self.unpack(i);
         let s = *self.at(i);
+        self.tell(Kind::Removed, i, s.segment);
         // Only a tenant's key (rare) is built: eviction removes millions.
         if self.dict.first_byte(key_bytes(&self.keys, &s)) == Some(tenant::MARK as u8) {
             self.ledger.tenant_release(&self.key(i), v.value_len);
@@ -678,7 +703,7 @@ mod tests {
     #[test]
     fn pins_and_extra_replicas_live_beside_the_slot() {
         let ledger = Arc::new(Ledger::default());
-        let mut t = ObjectTable::new(ledger.clone());
+        let mut t = ObjectTable::new(ledger.clone(), Arc::default());
         let mut v = version(1, &[(0, 0)]);
         v.soft_pin_until = Tick(99);
         let owner = kvpool_proto::msg::ClientId(5);
@@ -730,7 +755,7 @@ mod tests {
     #[test]
     fn a_replaced_or_removed_hard_pin_is_given_back() {
         let ledger = Arc::new(Ledger::default());
-        let mut t = ObjectTable::new(ledger.clone());
+        let mut t = ObjectTable::new(ledger.clone(), Arc::default());
         let owner = kvpool_proto::msg::ClientId(9);
         let pinned = |bytes| {
             assert!(ledger

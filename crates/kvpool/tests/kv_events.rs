@@ -1,0 +1,236 @@
+//! The master's KV event stream, subscribed to as a router does: a ZMQ SUB
+//! socket on a real master started with `--kv-events-endpoint`, engine
+//! keys put, removed and evicted through a real store, and the snapshot a
+//! subscriber resyncs from read over the admin port.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{free_port, http_get, Cluster};
+use kvpool_client::{Client, ReplicateConfig};
+use serde_json::Value;
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+const SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+/// A published batch: its sequence number and its events.
+struct Batch {
+    seq: u64,
+    events: Vec<Value>,
+}
+
+async fn next_batch(sub: &mut SubSocket) -> Batch {
+    let msg = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+        .await
+        .expect("a batch within 10 s")
+        .expect("recv");
+    let frames: Vec<Vec<u8>> = msg.into_vec().into_iter().map(|b| b.to_vec()).collect();
+    assert_eq!(frames.len(), 3, "topic, sequence, payload");
+    assert!(frames[0].is_empty(), "empty topic");
+    let seq = u64::from_be_bytes(frames[1].as_slice().try_into().expect("8-byte sequence"));
+    // [timestamp_ms, [event map, ...], dp_rank]
+    let (ms, events, dp_rank): (u64, Vec<Value>, u32) =
+        rmp_serde::from_slice(&frames[2]).expect("msgpack payload");
+    assert!(ms > 1_700_000_000_000, "a Unix millisecond timestamp: {ms}");
+    assert_eq!(dp_rank, 0);
+    Batch { seq, events }
+}
+
+/// Events until one for `key` of `kind` arrives; every batch sequence and
+/// event id checked to follow the previous one.
+async fn until(
+    sub: &mut SubSocket,
+    last: &mut (u64, u64),
+    key: &str,
+    kind: &str,
+    seen: &mut Vec<Value>,
+) -> Value {
+    loop {
+        let b = next_batch(sub).await;
+        if last.0 != 0 {
+            assert_eq!(b.seq, last.0 + 1, "batch sequence without gaps");
+        }
+        last.0 = b.seq;
+        for e in b.events {
+            let id = e["event_id"].as_u64().expect("event_id");
+            if last.1 != 0 {
+                assert_eq!(id, last.1 + 1, "event ids without gaps");
+            }
+            last.1 = id;
+            seen.push(e.clone());
+            if e["object_key"] == key && e["event_type"] == kind {
+                return e;
+            }
+        }
+    }
+}
+
+async fn subscribe(endpoint: &str, client: &Client) -> SubSocket {
+    let mut sub = SubSocket::new();
+    sub.connect(endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    // A subscription reaches the publisher a little after connect (ZMQ's
+    // slow joiner): put probes until one is seen.
+    for i in 0.. {
+        let key = format!("probe/{i}");
+        client
+            .put(&key, b"p", &ReplicateConfig::default())
+            .await
+            .expect("probe put");
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
+            break;
+        }
+        assert!(i < 50, "no event within 15 s of subscribing");
+    }
+    sub
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_removals_and_evictions_reach_a_subscriber() {
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let cluster = Cluster::builder()
+        .segment_size("16MiB")
+        .master_flag("--kv-events-endpoint", &endpoint)
+        .master_flag("--kv-events-backend-id", "pool-a")
+        .start()
+        .await;
+    let client = cluster.client().await;
+    let mut sub = subscribe(&endpoint, &client).await;
+    let mut last = (0, 0);
+    let mut seen = Vec::new();
+
+    let sglang = format!("meta-llama-Llama-3.1-8B-Instruct_{SHA}_1_k");
+    let vllm =
+        format!("meta-llama/Llama-3.1-8B-Instruct@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{SHA}");
+    let lmcache = format!("lmcache/meta-llama/Llama-3.1-8B-Instruct@00000002@0@{SHA}");
+    for key in [&sglang, &vllm, &lmcache] {
+        client
+            .put(key, &[7u8; 4096], &ReplicateConfig::default())
+            .await
+            .expect("put");
+    }
+    let e = until(&mut sub, &mut last, &sglang, "stored", &mut seen).await;
+    assert_eq!(e["type"], "BlockStored");
+    assert_eq!(e["engine"], "sglang");
+    assert_eq!(e["model_name"], "meta-llama-Llama-3.1-8B-Instruct");
+    assert_eq!(e["rank"], 1);
+    assert_eq!(e["block_hash"], SHA);
+    assert_eq!(
+        e["seq_hashes"],
+        serde_json::json!([0x9f86_d081_884c_7d65u64])
+    );
+    assert_eq!(e["block_hashes"], e["seq_hashes"]);
+    assert_eq!(e["medium"], "cpu");
+    assert_eq!(e["backend_id"], "pool-a");
+    assert_eq!(e["tenant_id"], "default");
+    assert_eq!(e["base_block_idx"], 0);
+    let e = until(&mut sub, &mut last, &vllm, "stored", &mut seen).await;
+    assert_eq!(
+        (e["engine"].as_str(), e["rank"].as_u64()),
+        (Some("vllm"), Some(0))
+    );
+    assert_eq!(e["model_name"], "meta-llama/Llama-3.1-8B-Instruct");
+    let e = until(&mut sub, &mut last, &lmcache, "stored", &mut seen).await;
+    assert_eq!(
+        (e["engine"].as_str(), e["rank"].as_u64()),
+        (Some("lmcache"), Some(2))
+    );
+
+    client.remove(&vllm, false).await.expect("remove");
+    let e = until(&mut sub, &mut last, &vllm, "removed", &mut seen).await;
+    assert_eq!(e["type"], "BlockRemoved");
+    assert!(e["base_block_idx"].is_null());
+
+    // The snapshot a subscriber resyncs from: every key held, paged.
+    let (code, body) = http_get(&cluster.metrics_addr, "/kv_events/snapshot?limit=1").await;
+    assert_eq!(code, 200, "{body}");
+    let page: Value = serde_json::from_str(&body).expect("json");
+    assert!(page["last_event_id"].as_u64() >= Some(last.1), "{page}");
+    let mut listed = BTreeSet::new();
+    let mut page = page;
+    loop {
+        for k in page["keys"].as_array().expect("keys") {
+            listed.insert(k["object_key"].as_str().expect("key").to_string());
+        }
+        let Some(next) = page["next"].as_str() else {
+            break;
+        };
+        let (code, body) = http_get(
+            &cluster.metrics_addr,
+            &format!("/kv_events/snapshot?limit=1&cursor={next}"),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        page = serde_json::from_str(&body).expect("json");
+    }
+    assert!(
+        listed.contains(&sglang) && listed.contains(&lmcache),
+        "{listed:?}"
+    );
+    assert!(!listed.contains(&vllm), "removed");
+    let (code, _) = http_get(&cluster.metrics_addr, "/kv_events/snapshot?cursor=x").await;
+    assert_eq!(code, 400);
+
+    // Filling past the capacity evicts: each evicted key's removal follows
+    // its commit on the stream.
+    let big = vec![1u8; 1 << 20];
+    for i in 0..40 {
+        client
+            .put(&format!("fill/{i:03}"), &big, &ReplicateConfig::default())
+            .await
+            .expect("fill put (eviction makes room)");
+    }
+    let e = until(&mut sub, &mut last, "fill/039", "stored", &mut seen).await;
+    assert_eq!(e["engine"], Value::Null, "a raw key");
+    let stored: BTreeSet<&str> = seen
+        .iter()
+        .filter(|e| e["event_type"] == "stored")
+        .filter_map(|e| e["object_key"].as_str())
+        .collect();
+    let removed: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["event_type"] == "removed")
+        .filter_map(|e| e["object_key"].as_str())
+        .collect();
+    assert!(removed.len() > 2, "evictions were published: {removed:?}");
+    // (The probes' commits came while subscribing, before `seen`.)
+    for k in removed.iter().filter(|k| !k.starts_with("probe/")) {
+        assert!(stored.contains(k), "{k} removed before it was stored");
+    }
+
+    let (code, body) = http_get(&cluster.metrics_addr, "/kv_events/status").await;
+    assert_eq!(code, 200);
+    let st: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(st["status"]["enabled"], true);
+    assert_eq!(st["status"]["dropped_events"], 0);
+    assert!(
+        st["status"]["published_events"].as_u64() >= Some(last.1),
+        "{st}"
+    );
+    assert!(!st["recent"].as_array().expect("recent").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_cannot_be_bound_stops_the_master() {
+    let out = common::run_kvpool(
+        &[
+            "master",
+            "--rpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--kv-events-endpoint",
+            "tcp://203.0.113.1:5557",
+        ],
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot bind the KV event stream on tcp://203.0.113.1:5557"),
+        "{err}"
+    );
+}
