@@ -127,6 +127,31 @@ async fn racing_candidates_one_wins() {
     assert!(f.conflicts.len() <= 1, "{:?}", f.conflicts);
 }
 
+/// Writes refused for a stale resourceVersion (another client wrote
+/// between read and write): a candidate whose takeover is refused follows;
+/// a leader whose renewal is refused is not deposed, and renews on the
+/// next round.
+#[tokio::test]
+async fn refused_writes_are_lost_races_not_losses() {
+    let (client, fake) = fake_client();
+    let (x, a) = (elector(&client, "x"), elector(&client, "a"));
+    assert_eq!(x.round(T0).await.expect("x"), Outcome::Leading);
+    assert_eq!(a.round(T0).await.expect("a"), following("x"));
+    fake.lock().expect("fake").refuse_puts = 1;
+    let o = a.round(T0 + 20 * S).await.expect("a");
+    assert_eq!(o, following("x"), "the takeover lost the race");
+    assert_eq!(fake.lock().expect("fake").conflicts, ["PUT rbg-operator"]);
+    fake.lock().expect("fake").refuse_puts = 1;
+    let o = x.round(T0 + 21 * S).await.expect("x");
+    assert_eq!(o, following("x"));
+    assert!(!o.deposes("x"), "a refused renewal is retried, not a loss");
+    assert_eq!(x.round(T0 + 22 * S).await.expect("x"), Outcome::Leading);
+    assert_eq!(
+        fake.lock().expect("fake").leases["rbg-operator"]["spec"]["holderIdentity"],
+        "x"
+    );
+}
+
 /// A leader stopping on SIGTERM releases the Lease: the next candidate
 /// takes it at once, without waiting out the lease duration.
 #[tokio::test]

@@ -123,6 +123,16 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// Whether a leader seeing this outcome has been deposed: someone else
+    /// holds the Lease. A refused write on a Lease that was still mine (a
+    /// Conflict after another client touched it) is not: the next round
+    /// reads it again, within the renew deadline.
+    pub fn deposes(&self, me: &str) -> bool {
+        matches!(self, Outcome::Following { holder } if holder.as_deref() != Some(me))
+    }
+}
+
 /// The Lease as last read and when this replica first saw it so.
 struct Seen {
     view: LeaseView,
@@ -368,6 +378,17 @@ mod tests {
             let got = decide(lease.as_ref(), observed * S, now * S, me);
             assert_eq!(got, want, "{lease:?} observed {observed} now {now} me {me}");
         }
+    }
+
+    #[test]
+    fn only_another_holder_deposes() {
+        let f = |h: Option<&str>| Outcome::Following {
+            holder: h.map(String::from),
+        };
+        assert!(f(Some("b")).deposes("a"));
+        assert!(f(None).deposes("a"), "released by someone: not mine");
+        assert!(!f(Some("a")).deposes("a"), "my write refused: retry");
+        assert!(!Outcome::Leading.deposes("a"));
     }
 
     #[test]

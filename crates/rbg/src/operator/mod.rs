@@ -462,13 +462,11 @@ async fn keep_renewing(elector: &leader::Elector, clock: &leader::Clock) {
         let left = leader::RENEW_DEADLINE.saturating_sub(last_ok.elapsed());
         match tokio::time::timeout(left, elector.round(clock.now_us())).await {
             Ok(Ok(leader::Outcome::Leading)) => last_ok = tokio::time::Instant::now(),
-            Ok(Ok(leader::Outcome::Following { holder })) => {
-                tracing::warn!(
-                    holder = holder.as_deref().unwrap_or("?"),
-                    "the leader Lease was taken over"
-                );
+            Ok(Ok(o)) if o.deposes(elector.identity()) => {
+                tracing::warn!(outcome = ?o, "the leader Lease was taken over");
                 return;
             }
+            Ok(Ok(_)) => tracing::warn!("renewing the leader Lease: conflict, reading it again"),
             Ok(Err(e)) => tracing::warn!(error = %e, "renewing the leader Lease"),
             Err(_) => tracing::warn!("renewing the leader Lease timed out"),
         }

@@ -58,6 +58,9 @@ pub struct Fake {
     pub applied: Vec<String>,
     /// The last status written on a RoleBasedGroupSet.
     pub set_status: Option<Value>,
+    /// How many of the next PUTs to refuse with 409 Conflict, as if
+    /// another client had written first.
+    pub refuse_puts: u32,
     /// Watch requests received (held open).
     pub watches: u64,
     /// The last resourceVersion handed out.
@@ -325,6 +328,13 @@ impl Fake {
                 let Some(old) = map.get(last) else {
                     return not_found();
                 };
+                if self.refuse_puts > 0 {
+                    // Another client wrote between this writer's read and
+                    // its write.
+                    self.refuse_puts -= 1;
+                    self.conflicts.push(format!("PUT {last}"));
+                    return conflict("the object has been modified");
+                }
                 if body["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
                     self.conflicts.push(format!("PUT {last}"));
                     return conflict("the object has been modified");
