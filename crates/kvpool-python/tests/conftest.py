@@ -24,6 +24,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 
 
+def load_bench_script(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (the scripts are not a package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def kvpool_bin() -> str:
     """Path of the kvpool binary under test."""
     b = os.environ.get("KVPOOL_BIN") or str(REPO / "target" / "debug" / "kvpool")

@@ -5,13 +5,10 @@ pools."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
-import sys
 import time
 import urllib.request
-from types import ModuleType
 from typing import Iterator, List, Tuple
 
 import msgpack
@@ -19,20 +16,9 @@ import pytest
 import zmq
 
 import kvpool
-from conftest import REPO, Cluster, free_port, new_cluster
+from conftest import Cluster, free_port, load_bench_script, new_cluster
 
 SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-
-
-def load_sim() -> ModuleType:
-    """bench/kv_router_sim.py as a module (it is a script, not a package)."""
-    path = REPO / "bench" / "kv_router_sim.py"
-    spec = importlib.util.spec_from_file_location("kv_router_sim", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +88,7 @@ def test_events_decode_with_libzmq_and_msgpack(pools):
 
 
 def test_router_by_longest_cached_prefix_beats_random(pools):
-    sim = load_sim()
+    sim = load_bench_script("kv_router_sim")
     specs = [f"{c.master},{endpoint},127.0.0.1:{c.metrics_port}" for c, endpoint in pools]
     r = sim.run(specs, conversations_n=12, turns=6, systems=2, seed=11)
     print(json.dumps(r, indent=1))

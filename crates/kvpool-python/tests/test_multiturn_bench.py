@@ -7,15 +7,13 @@ KVPOOL_TEST_SGLANG=1 makes a missing SGLang a failure, =0 skips."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from types import ModuleType
 from typing import Any, Dict, List
 
 import pytest
 
-from conftest import REPO, require_sglang
+from conftest import load_bench_script, require_sglang
 
 torch = require_sglang()
 
@@ -33,20 +31,9 @@ TINY = [
 ]
 
 
-def load_bench() -> ModuleType:
-    """bench/multiturn.py as a module (it is a script, not a package)."""
-    path = REPO / "bench" / "multiturn.py"
-    spec = importlib.util.spec_from_file_location("multiturn_bench", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_bench()
+    return load_bench_script("multiturn")
 
 
 @pytest.fixture(scope="module")
