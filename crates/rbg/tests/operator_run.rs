@@ -147,3 +147,33 @@ async fn leader_stopped_by_a_signal_releases_the_lease() {
     out.expect("a signal is a clean stop");
     assert_eq!(holder(&fake), Value::Null, "released for the standby");
 }
+
+/// A leader that cannot renew (every write refused) keeps retrying, then
+/// steps down and errs within the renew deadline (10 s), before any
+/// standby could take the Lease over (15 s after its last renewal).
+#[tokio::test(start_paused = true)]
+async fn leader_that_cannot_renew_steps_down_in_time() {
+    let (client, fake) = fake_client();
+    let metrics = Arc::new(Metrics::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let o = opts();
+    let m = metrics.clone();
+    let task =
+        tokio::spawn(async move { operator::operate(client, &o, m, listener, stop_rx).await });
+    until(5, "leading", || metrics.is_leader()).await;
+    fake.lock().expect("fake").refuse_puts = u32::MAX;
+    let refused_at = tokio::time::Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("steps down")
+        .expect("join");
+    let took = refused_at.elapsed();
+    assert!(out.is_err(), "stepping down is an error exit");
+    assert!(took <= Duration::from_secs(11), "{took:?}");
+    assert!(!metrics.is_leader());
+    let tries = fake.lock().expect("fake").conflicts.len();
+    assert!(tries >= 3, "retried before giving up: {tries}");
+}

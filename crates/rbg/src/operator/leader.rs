@@ -33,6 +33,8 @@ pub const LEASE_NAME: &str = "rbg-operator";
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How often the leader renews (and a candidate retries).
 pub const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// How soon a leader tries again after a failed renewal.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// How long a leader keeps leading without a successful renewal: less than
 /// [`LEASE_DURATION`], so it stops before a candidate may take over.
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
@@ -393,6 +395,7 @@ mod tests {
 
     #[test]
     fn renew_deadline_is_inside_the_lease() {
+        assert!(RETRY_EVERY < RENEW_EVERY);
         assert!(RENEW_EVERY < RENEW_DEADLINE && RENEW_DEADLINE < LEASE_DURATION);
     }
 

@@ -453,15 +453,26 @@ async fn lead(
     Ok(())
 }
 
-/// Renews every [`leader::RENEW_EVERY`]; returns once another replica holds
-/// the Lease or no renewal has succeeded for [`leader::RENEW_DEADLINE`].
+/// Renews every [`leader::RENEW_EVERY`], retrying every
+/// [`leader::RETRY_EVERY`] after a failure; returns once another replica
+/// holds the Lease or no renewal has succeeded for
+/// [`leader::RENEW_DEADLINE`].
 async fn keep_renewing(elector: &leader::Elector, clock: &leader::Clock) {
     let mut last_ok = tokio::time::Instant::now();
+    let mut wait = leader::RENEW_EVERY;
     loop {
-        tokio::time::sleep(leader::RENEW_EVERY).await;
+        tokio::time::sleep(wait).await;
         let left = leader::RENEW_DEADLINE.saturating_sub(last_ok.elapsed());
+        if left.is_zero() {
+            tracing::warn!("no renewal of the leader Lease within the deadline");
+            return;
+        }
+        wait = leader::RETRY_EVERY;
         match tokio::time::timeout(left, elector.round(clock.now_us())).await {
-            Ok(Ok(leader::Outcome::Leading)) => last_ok = tokio::time::Instant::now(),
+            Ok(Ok(leader::Outcome::Leading)) => {
+                last_ok = tokio::time::Instant::now();
+                wait = leader::RENEW_EVERY;
+            }
             Ok(Ok(o)) if o.deposes(elector.identity()) => {
                 tracing::warn!(outcome = ?o, "the leader Lease was taken over");
                 return;
@@ -469,10 +480,6 @@ async fn keep_renewing(elector: &leader::Elector, clock: &leader::Clock) {
             Ok(Ok(_)) => tracing::warn!("renewing the leader Lease: conflict, reading it again"),
             Ok(Err(e)) => tracing::warn!(error = %e, "renewing the leader Lease"),
             Err(_) => tracing::warn!("renewing the leader Lease timed out"),
-        }
-        if last_ok.elapsed() >= leader::RENEW_DEADLINE {
-            tracing::warn!("no renewal of the leader Lease within the deadline");
-            return;
         }
     }
 }
