@@ -91,7 +91,8 @@ async fn metrics(State(m): State<Arc<Master>>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        m.metrics.render(&status, &m.state.tenants()),
+        m.metrics
+            .render(&status, &m.state.tenants(), &m.state.kv_events().status()),
     )
         .into_response()
 }

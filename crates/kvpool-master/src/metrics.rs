@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use kvpool_proto::msg::{ClusterStatus, Tier};
 
+use crate::kv_events::KvEventsStatus;
 use crate::refusals::Refusals;
 use crate::state::Usage;
 
@@ -124,6 +125,8 @@ pub struct Metrics {
     replicas_lost: Gauge,
     demotions: Gauge,
     promotions: Gauge,
+    kv_events_published: Gauge,
+    kv_events_dropped: Gauge,
     tier_capacity: Family<TierLabel, Gauge>,
     tier_used: Family<TierLabel, Gauge>,
     tier_objects: Family<TierLabel, Gauge>,
@@ -169,6 +172,8 @@ impl Default for Metrics {
             replicas_lost: Gauge::default(),
             demotions: Gauge::default(),
             promotions: Gauge::default(),
+            kv_events_published: Gauge::default(),
+            kv_events_dropped: Gauge::default(),
             tier_capacity: Family::default(),
             tier_used: Family::default(),
             tier_objects: Family::default(),
@@ -221,6 +226,16 @@ impl Default for Metrics {
             "evictions",
             "Objects evicted since start",
             m.evictions.clone(),
+        );
+        registry.register(
+            "kv_events_published",
+            "KV events published on the event stream since start",
+            m.kv_events_published.clone(),
+        );
+        registry.register(
+            "kv_events_dropped",
+            "KV events dropped because the stream's queue was full (subscribers see a gap and resync)",
+            m.kv_events_dropped.clone(),
         );
         registry.register(
             "replicas_lost",
@@ -356,7 +371,12 @@ impl Metrics {
 
     /// Prometheus text exposition, with state gauges refreshed from `s`
     /// and the tenants' usage.
-    pub fn render(&self, s: &ClusterStatus, tenants: &[(String, Usage)]) -> String {
+    pub fn render(
+        &self,
+        s: &ClusterStatus,
+        tenants: &[(String, Usage)],
+        events: &KvEventsStatus,
+    ) -> String {
         let longest = self.longest_us.swap(0, Ordering::Relaxed);
         self.longest.set(longest as f64 / 1e6);
         let g = |v: u64| v.min(i64::MAX as u64) as i64;
@@ -370,6 +390,8 @@ impl Metrics {
         self.replicas_lost.set(g(s.replicas_lost));
         self.demotions.set(g(s.demotions));
         self.promotions.set(g(s.promotions));
+        self.kv_events_published.set(g(events.published_events));
+        self.kv_events_dropped.set(g(events.dropped_events));
         for tier in Tier::ALL {
             let of = || s.segments.iter().filter(move |x| x.info.tier == tier);
             let l = TierLabel { tier: tier.name() };

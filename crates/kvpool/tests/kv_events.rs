@@ -210,6 +210,14 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
         "{st}"
     );
     assert!(!st["recent"].as_array().expect("recent").is_empty());
+    let (_, metrics) = http_get(&cluster.metrics_addr, "/metrics").await;
+    let published = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kvpool_kv_events_published "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("kvpool_kv_events_published");
+    assert!(published >= last.1, "{published} < {}", last.1);
+    assert!(metrics.contains("kvpool_kv_events_dropped 0"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
