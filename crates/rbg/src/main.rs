@@ -141,7 +141,12 @@ struct LogsArgs {
 #[derive(Subcommand, Debug)]
 enum RolloutCommand {
     /// List applied revisions.
-    History(GroupArg),
+    History {
+        #[command(flatten)]
+        group: GroupArg,
+        #[command(flatten)]
+        cluster: rbg::operator::history::ClusterArgs,
+    },
     /// Go back to an earlier revision (the previous one by default).
     Undo {
         #[command(flatten)]
@@ -149,6 +154,8 @@ enum RolloutCommand {
         /// History number to return to.
         #[arg(long)]
         to_revision: Option<u64>,
+        #[command(flatten)]
+        cluster: rbg::operator::history::ClusterArgs,
     },
 }
 
@@ -480,7 +487,26 @@ async fn down(state: &Path, g: GroupArg) -> Result<()> {
 
 async fn rollout(state: &Path, c: RolloutCommand) -> Result<()> {
     match c {
-        RolloutCommand::History(g) => {
+        RolloutCommand::History { group, cluster } if cluster.cluster => {
+            let name = group.group.context("--cluster needs -g GROUP")?;
+            let (client, ns) = cluster.connect().await?;
+            let entries = rbg::operator::history::entries(&client, &ns, &name).await?;
+            print!("{}", rbg::operator::history::table(&entries));
+            Ok(())
+        }
+        RolloutCommand::Undo {
+            group,
+            to_revision,
+            cluster,
+        } if cluster.cluster => {
+            let name = group.group.context("--cluster needs -g GROUP")?;
+            let (client, ns) = cluster.connect().await?;
+            let to = to_revision.map(i64::try_from).transpose()?;
+            let n = rbg::operator::history::undo(&client, &ns, &name, to).await?;
+            println!("group {ns}/{name}: spec set back to revision {n}; the operator rolls it out");
+            Ok(())
+        }
+        RolloutCommand::History { group: g, .. } => {
             let dir = pick_group(state, g.group.as_deref()).await?;
             let Response::History { entries } =
                 call(&dir, &Request::History, Duration::from_secs(10)).await?
@@ -507,7 +533,9 @@ async fn rollout(state: &Path, c: RolloutCommand) -> Result<()> {
             }
             Ok(())
         }
-        RolloutCommand::Undo { group, to_revision } => {
+        RolloutCommand::Undo {
+            group, to_revision, ..
+        } => {
             let dir = pick_group(state, group.group.as_deref()).await?;
             let resp = call(
                 &dir,

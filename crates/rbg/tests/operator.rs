@@ -431,3 +431,66 @@ async fn history_is_pruned_at_the_limit() {
         2
     );
 }
+
+/// `rbg rollout history|undo --cluster`: the history lists the recorded
+/// revisions with their images; undo (to the previous revision by
+/// default) replaces the group's spec with the recorded templates and
+/// today's replica counts, guarded by its resourceVersion; the next
+/// reconcile renumbers the restored revision as the newest.
+#[tokio::test]
+async fn rollout_undo_on_the_cluster() {
+    use rbg::operator::history;
+    let (client, fake) = fake_client();
+    let ctx = Context::new(client.clone());
+    pass(&group(&spec("kvpool:v1"), 1), &ctx).await;
+    let scaled_v2 = spec("kvpool:v2").replace("replicas: 2", "replicas: 5");
+    pass(&group(&scaled_v2, 2), &ctx).await;
+    // The group as the API server holds it now.
+    let mut now = serde_json::to_value(group(&scaled_v2, 2).as_ref()).expect("json");
+    now["metadata"]["resourceVersion"] = json!("7");
+    fake.lock().expect("fake").groups.insert("g".into(), now);
+
+    let entries = history::entries(&client, "default", "g")
+        .await
+        .expect("history");
+    let numbers: Vec<i64> = entries.iter().map(|e| e.revision).collect();
+    assert_eq!(numbers, [1, 2]);
+    assert_eq!(entries[0].images, ["master=kvpool:v1", "store=kvpool:v1"]);
+    let table = history::table(&entries);
+    assert!(
+        table
+            .lines()
+            .nth(2)
+            .is_some_and(|l| l.starts_with("2 ") && l.contains("store=kvpool:v2")),
+        "{table}"
+    );
+
+    let restored = history::undo(&client, "default", "g", None)
+        .await
+        .expect("undo");
+    assert_eq!(restored, 1);
+    let g: RoleBasedGroupResource = {
+        let f = fake.lock().expect("fake");
+        assert_eq!(f.replaced, ["g"]);
+        serde_json::from_value(f.groups["g"].clone()).expect("group")
+    };
+    assert_eq!(g.spec.roles[1].replicas, Some(5), "today's replicas kept");
+    let image = serde_json::to_value(&g.spec.roles[1]).expect("json")["standalonePattern"]
+        ["template"]["spec"]["containers"][0]["image"]
+        .clone();
+    assert_eq!(image, "kvpool:v1");
+    // The operator sees the edit: revision 1's template is now number 3.
+    pass(&Arc::new(g), &ctx).await;
+    let numbers: Vec<i64> = history::entries(&client, "default", "g")
+        .await
+        .expect("history")
+        .iter()
+        .map(|e| e.revision)
+        .collect();
+    assert_eq!(numbers, [2, 3]);
+    // A revision that does not exist is an error, not a guess.
+    let err = history::undo(&client, "default", "g", Some(9))
+        .await
+        .expect_err("no revision 9");
+    assert!(err.to_string().contains("no revision 9"), "{err}");
+}

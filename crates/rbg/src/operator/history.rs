@@ -205,6 +205,172 @@ pub async fn record(
     Ok(current)
 }
 
+/// `rbg rollout history|undo --cluster`: where the group lives.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ClusterArgs {
+    /// Work on the group on the cluster, through its ControllerRevisions
+    /// (kubeconfig or in-cluster config), not the local state directory.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Namespace of the group on the cluster (default: the client's).
+    #[arg(long)]
+    pub namespace: Option<String>,
+}
+
+impl ClusterArgs {
+    /// A client from the kubeconfig (or in-cluster config) and the
+    /// namespace to use.
+    pub async fn connect(&self) -> Result<(Client, String), Error> {
+        let client = Client::try_default().await?;
+        let ns = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        Ok((client, ns))
+    }
+}
+
+/// One recorded revision of a group on the cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// Its revision number.
+    pub revision: i64,
+    /// The ControllerRevision's name.
+    pub name: String,
+    /// When it was created, as the API server wrote it.
+    pub created: String,
+    /// `role=image,image` for each role, from the recorded templates.
+    pub images: Vec<String>,
+}
+
+/// The images of every role of a recorded `data`, `role=image[,image]`.
+fn images(data: &Value) -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::Array(cs)) = m.get("containers") {
+                    for c in cs {
+                        if let Some(i) = c["image"].as_str() {
+                            out.push(i.to_string());
+                        }
+                    }
+                }
+                for (k, c) in m {
+                    if k != "containers" {
+                        walk(c, out);
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|c| walk(c, out)),
+            _ => {}
+        }
+    }
+    data["spec"]["roles"]
+        .as_array()
+        .map(|roles| {
+            roles
+                .iter()
+                .map(|r| {
+                    let mut found = Vec::new();
+                    walk(r, &mut found);
+                    found.dedup();
+                    format!("{}={}", r["name"].as_str().unwrap_or("?"), found.join(","))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The recorded revisions of `group` in `ns`, oldest first.
+pub async fn entries(client: &Client, ns: &str, group: &str) -> Result<Vec<Entry>, Error> {
+    let api: Api<ControllerRevision> = Api::namespaced(client.clone(), ns);
+    let mut out: Vec<Entry> = api
+        .list(&ListParams::default().labels(&format!("{LABEL_GROUP}={group}")))
+        .await?
+        .items
+        .into_iter()
+        .map(|r| Entry {
+            revision: r.revision,
+            name: r.metadata.name.clone().unwrap_or_default(),
+            created: r
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default(),
+            images: r.data.as_ref().map(|d| images(&d.0)).unwrap_or_default(),
+        })
+        .collect();
+    out.sort_by_key(|e| e.revision);
+    Ok(out)
+}
+
+/// `entries` as the table `rbg rollout history --cluster` prints.
+pub fn table(entries: &[Entry]) -> String {
+    let mut out = format!(
+        "{:<9} {:<22} {:<26} IMAGES\n",
+        "REVISION", "NAME", "CREATED"
+    );
+    for e in entries {
+        out.push_str(&format!(
+            "{:<9} {:<22} {:<26} {}\n",
+            e.revision,
+            e.name,
+            e.created,
+            e.images.join(" ")
+        ));
+    }
+    out
+}
+
+/// The spec that restores a recorded `data` over `current`: the recorded
+/// roles and templates, each role keeping the replica count it has now
+/// (a role the current spec lacks takes the default).
+pub fn undo_spec(current: &GroupSpecV2, data: &Value) -> Result<GroupSpecV2, String> {
+    let mut spec: GroupSpecV2 =
+        serde_json::from_value(data["spec"].clone()).map_err(|e| format!("recorded spec: {e}"))?;
+    for r in &mut spec.roles {
+        r.replicas = current
+            .roles
+            .iter()
+            .find(|c| c.name == r.name)
+            .and_then(|c| c.replicas);
+    }
+    Ok(spec)
+}
+
+/// Puts `group` back to revision `to` (default: the one before the
+/// newest) by replacing its spec, guarded by its resourceVersion; returns
+/// the revision number restored. The operator then records the restored
+/// template as the newest revision, as for any edit.
+pub async fn undo(client: &Client, ns: &str, group: &str, to: Option<i64>) -> Result<i64, Error> {
+    let list = entries(client, ns, group).await?;
+    let target = match to {
+        Some(n) => list.iter().find(|e| e.revision == n),
+        None => list.iter().rev().nth(1),
+    }
+    .ok_or_else(|| {
+        Error::Invalid(match to {
+            Some(n) => format!("group {group:?} has no revision {n}"),
+            None => format!("group {group:?} has no earlier revision"),
+        })
+    })?;
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), ns);
+    let data = revisions
+        .get(&target.name)
+        .await?
+        .data
+        .map(|d| d.0)
+        .unwrap_or(Value::Null);
+    let groups: Api<crate::spec::v2::RoleBasedGroupResource> = Api::namespaced(client.clone(), ns);
+    let mut g = groups.get(group).await?;
+    g.spec = undo_spec(&g.spec, &data).map_err(Error::Invalid)?;
+    // replace carries the resourceVersion just read: an edit in between
+    // makes this fail with a Conflict rather than be overwritten.
+    groups.replace(group, &PostParams::default(), &g).await?;
+    Ok(target.revision)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +449,24 @@ mod tests {
         assert!(template_data(&b)["spec"]["roles"][0]
             .get("replicas")
             .is_none());
+    }
+
+    #[test]
+    fn undo_restores_templates_and_keeps_replicas() {
+        let old = spec("roles: [{name: a, replicas: 1, standalonePattern: {template: {spec: {containers: [{name: c, image: 'x:1'}]}}}}, {name: gone, standalonePattern: {template: {spec: {containers: [{name: c, image: 'y:1'}]}}}}]");
+        let now = spec("roles: [{name: a, replicas: 4, standalonePattern: {template: {spec: {containers: [{name: c, image: 'x:2'}]}}}}, {name: new, replicas: 2, standalonePattern: {template: {spec: {containers: [{name: c, image: 'z:1'}]}}}}]");
+        let data = template_data(&old);
+        let back = undo_spec(&now, &data).expect("undo");
+        let names: Vec<&str> = back.roles.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "gone"], "the recorded roles");
+        assert_eq!(back.roles[0].replicas, Some(4), "today's count");
+        assert_eq!(back.roles[1].replicas, None, "not in today's spec: default");
+        assert_eq!(
+            hash(&template_data(&back)),
+            hash(&data),
+            "the recorded template"
+        );
+        assert_eq!(images(&data), ["a=x:1", "gone=y:1"]);
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct Fake {
     pub revision_log: Vec<String>,
     /// RoleBasedGroups (children of sets) by name.
     pub groups: BTreeMap<String, Value>,
+    /// RoleBasedGroups replaced (PUT), in order.
+    pub replaced: Vec<String>,
     /// RoleBasedGroups server-side applied, in order.
     pub applied: Vec<String>,
     /// The last status written on a RoleBasedGroupSet.
@@ -142,7 +144,9 @@ impl Fake {
                              "status": body["status"]}),
             );
         }
-        if path.contains("/rolebasedgroups") && !path.ends_with("/status") {
+        // Exactly the rolebasedgroups resource (not the scaling adapters
+        // or sets, whose names start alike), not its status subresource.
+        if seg.contains(&"rolebasedgroups") && !path.ends_with("/status") {
             match method {
                 "GET" if last == "rolebasedgroups" => {
                     let items: Vec<Value> = self
@@ -172,6 +176,29 @@ impl Fake {
                         }
                     };
                     self.applied.push(last.to_string());
+                    return ok(g);
+                }
+                "GET" => {
+                    return self.groups.get(last).cloned().map_or_else(not_found, ok);
+                }
+                // Replace, refused with 409 on a stale resourceVersion.
+                "PUT" => {
+                    let Some(old) = self.groups.get(last) else {
+                        return not_found();
+                    };
+                    if body["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+                        self.conflicts.push(format!("PUT {last}"));
+                        return (
+                            StatusCode::CONFLICT,
+                            json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                   "status": "Failure", "reason": "Conflict", "code": 409}),
+                        );
+                    }
+                    self.rv += 1;
+                    let mut g = body.clone();
+                    g["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                    self.groups.insert(last.to_string(), g.clone());
+                    self.replaced.push(last.to_string());
                     return ok(g);
                 }
                 "DELETE" => {
