@@ -391,7 +391,10 @@ async fn execute(
 /// patch to `containers`: those it has now, plus one for each container
 /// whose image changes (the kubelet restarts exactly those). Recorded as
 /// already seen, so that under a restart policy that recreates instances
-/// the update's own restarts are not taken for crashes.
+/// the update's own restarts are not taken for crashes. Never below what
+/// the Pod already records: a patch repeated before the kubelet acted
+/// (a reconcile retried after a partial failure) changes no image, and
+/// must not forget the restarts the first one announced.
 fn restarts_after_patch(p: &Pod, containers: &[spec::Container]) -> u32 {
     let statuses = p
         .status
@@ -416,7 +419,15 @@ fn restarts_after_patch(p: &Pod, containers: &[spec::Container]) -> u32 {
                 .is_some_and(|r| r.image != c.image)
         })
         .count();
+    let recorded = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(build::ANNOTATION_RESTARTS))
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(0);
     now.saturating_add(u32::try_from(changing).unwrap_or(u32::MAX))
+        .max(recorded)
 }
 
 /// Writes the status subresource by server-side apply.
@@ -455,5 +466,47 @@ async fn event(
     };
     if let Err(e) = ctx.recorder.publish(&ev, &g.object_ref(&())).await {
         tracing::debug!(error = %e, "publishing an event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(image: &str, restarts: i32, seen: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "g-e-0", "annotations": {build::ANNOTATION_RESTARTS: seen}},
+            "spec": {"containers": [{"name": "c", "image": image}, {"name": "side", "image": "s:1"}]},
+            "status": {"containerStatuses": [
+                {"name": "c", "image": image, "imageID": "", "ready": true, "restartCount": restarts},
+                {"name": "side", "image": "s:1", "imageID": "", "ready": true, "restartCount": 1}]},
+        }))
+        .expect("pod")
+    }
+
+    fn containers(image: &str) -> Vec<spec::Container> {
+        serde_json::from_value(
+            json!([{"name": "c", "image": image}, {"name": "side", "image": "s:1"}]),
+        )
+        .expect("containers")
+    }
+
+    #[test]
+    fn restarts_announced_by_an_in_place_patch() {
+        // 2 + 1 restarts now; one image changes: the kubelet makes it 4.
+        assert_eq!(
+            restarts_after_patch(&pod("e:v1", 2, "3"), &containers("e:v2")),
+            4
+        );
+        // The same patch again before the kubelet acted: still 4.
+        assert_eq!(
+            restarts_after_patch(&pod("e:v2", 2, "4"), &containers("e:v2")),
+            4
+        );
+        // Nothing changes: what the Pod has.
+        assert_eq!(
+            restarts_after_patch(&pod("e:v1", 2, "3"), &containers("e:v1")),
+            3
+        );
     }
 }
