@@ -21,11 +21,15 @@ struct Batch {
     events: Vec<Value>,
 }
 
-async fn next_batch(sub: &mut SubSocket) -> Batch {
+/// The messages of a SUB socket, read by a task of their own: a timeout
+/// on this channel never cancels a receive half-way.
+type Sub = tokio::sync::mpsc::UnboundedReceiver<zeromq::ZmqMessage>;
+
+async fn next_batch(sub: &mut Sub) -> Batch {
     let msg = tokio::time::timeout(Duration::from_secs(10), sub.recv())
         .await
         .expect("a batch within 10 s")
-        .expect("recv");
+        .expect("the subscriber is running");
     let frames: Vec<Vec<u8>> = msg.into_vec().into_iter().map(|b| b.to_vec()).collect();
     assert_eq!(frames.len(), 3, "topic, sequence, payload");
     assert!(frames[0].is_empty(), "empty topic");
@@ -41,7 +45,7 @@ async fn next_batch(sub: &mut SubSocket) -> Batch {
 /// Events until one for `key` of `kind` arrives; every batch sequence and
 /// event id checked to follow the previous one.
 async fn until(
-    sub: &mut SubSocket,
+    sub: &mut Sub,
     last: &mut (u64, u64),
     key: &str,
     kind: &str,
@@ -67,10 +71,18 @@ async fn until(
     }
 }
 
-async fn subscribe(endpoint: &str, client: &Client) -> SubSocket {
-    let mut sub = SubSocket::new();
-    sub.connect(endpoint).await.expect("connect");
-    sub.subscribe("").await.expect("subscribe");
+async fn subscribe(endpoint: &str, client: &Client) -> Sub {
+    let mut socket = SubSocket::new();
+    socket.connect(endpoint).await.expect("connect");
+    socket.subscribe("").await.expect("subscribe");
+    let (tx, mut sub) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(m) = socket.recv().await {
+            if tx.send(m).is_err() {
+                break;
+            }
+        }
+    });
     // A subscription reaches the publisher a little after connect (ZMQ's
     // slow joiner): put probes until one is seen.
     for i in 0.. {
@@ -79,7 +91,7 @@ async fn subscribe(endpoint: &str, client: &Client) -> SubSocket {
             .put(&key, b"p", &ReplicateConfig::default())
             .await
             .expect("probe put");
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await {
             break;
         }
         assert!(i < 50, "no event within 15 s of subscribing");
@@ -218,6 +230,111 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
         .expect("kvpool_kv_events_published");
     assert!(published >= last.1, "{published} < {}", last.1);
     assert!(metrics.contains("kvpool_kv_events_dropped 0"), "{metrics}");
+}
+
+/// A store with a disk tier: objects the memory tier must make room for
+/// move to disk, and each move is a `removed` on `cpu` then a `stored` on
+/// `disk` for the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_the_disk_tier_is_published_with_its_medium() {
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let dir = common::scratch_dir();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let disk = tempfile::Builder::new()
+        .prefix("kvpool-it-disk-")
+        .tempdir_in(std::env::temp_dir())
+        .expect("a directory on disk");
+    let master = common::spawn_master("master", &logs, |rpc, metrics| {
+        [
+            "master",
+            "--rpc-port",
+            &rpc.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+            "--demote-watermark",
+            "0.5",
+            "--kv-events-endpoint",
+            &endpoint,
+        ]
+        .map(String::from)
+        .to_vec()
+    })
+    .await;
+    let extra = [
+        "--disk-dir".to_string(),
+        disk.path().to_string_lossy().into_owned(),
+        "--disk-size".to_string(),
+        "64MiB".to_string(),
+    ];
+    let mut store = common::spawn_store_with(
+        std::path::Path::new(common::BIN),
+        "store",
+        "tiered",
+        &master.rpc,
+        "16MiB",
+        &dir.path().join("mem"),
+        &logs,
+        &extra,
+    );
+    common::wait_for_segments(&master.rpc, 2, &mut [&mut store]).await;
+    let client = Client::connect(kvpool_client::ClientConfig::new(&master.rpc))
+        .await
+        .expect("client");
+    let mut sub = subscribe(&endpoint, &client).await;
+    let mut last = (0, 0);
+    let mut seen = Vec::new();
+    // 12 MiB into 16 MiB of memory demoted down to half of it.
+    for i in 0..12 {
+        client
+            .put(
+                &format!("tier/{i:02}"),
+                &vec![3u8; 1 << 20],
+                &ReplicateConfig::default(),
+            )
+            .await
+            .expect("put");
+    }
+    // The oldest objects move first: the subscription's probes, then ours.
+    let moved = until_any(&mut sub, &mut last, "disk", &mut seen).await;
+    let key = moved["object_key"].as_str().expect("key").to_string();
+    let off_memory = seen
+        .iter()
+        .position(|e| e["object_key"] == key.as_str() && e["event_type"] == "removed")
+        .expect("the move's removal from memory comes first");
+    assert_eq!(seen[off_memory]["medium"], "cpu");
+    assert_eq!(moved["event_type"], "stored");
+    let want = if key.starts_with("probe/") {
+        b"p".to_vec()
+    } else {
+        vec![3u8; 1 << 20]
+    };
+    assert_eq!(client.get(&key).await.expect("read from disk"), want);
+}
+
+/// Events until a `stored` on `medium` arrives (see [`until`]).
+async fn until_any(
+    sub: &mut Sub,
+    last: &mut (u64, u64),
+    medium: &str,
+    seen: &mut Vec<Value>,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no move to {medium}: {seen:?}"
+        );
+        let b = next_batch(sub).await;
+        last.0 = b.seq;
+        for e in b.events {
+            last.1 = e["event_id"].as_u64().expect("id");
+            seen.push(e.clone());
+            if e["medium"] == medium && e["event_type"] == "stored" {
+                return e;
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
