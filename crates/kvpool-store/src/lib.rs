@@ -70,6 +70,8 @@ pub struct StoreConfig {
     pub metrics_address: String,
     /// Port of `/metrics` (0 picks one); `None` serves no metrics.
     pub metrics_port: Option<u16>,
+    /// Connection caps and timeouts of the metrics port.
+    pub http: kvpool_net::http::HttpConnLimits,
 }
 
 /// Runs a storage node until `shutdown`: opens (or recovers) the segment,
@@ -194,7 +196,7 @@ async fn spawn_metrics(
     let scheme = if tls.is_some() { "https" } else { "http" };
     info!(%local, scheme, "metrics serving");
     // Up until the data plane stops: a drain is watched through it.
-    let serve = metrics::serve_metrics(listener, metrics.clone(), tls, data_plane);
+    let serve = metrics::serve_metrics(listener, metrics.clone(), cfg.http, tls, data_plane);
     tasks.spawn(async move {
         // The graceful stop waits for open requests: a scraper stuck mid-request
         // must not keep the store from exiting, so `stop_now` cuts it off.

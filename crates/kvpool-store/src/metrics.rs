@@ -219,14 +219,15 @@ impl StoreMetrics {
 }
 
 /// Serves `/metrics` and `/health` of `metrics` on `listener` until
-/// `shutdown`, within the default HTTP limits
-/// ([`kvpool_net::http::HttpConnLimits`]: 64 connections per address,
-/// 1,024 in all, a 10 s header timeout), so no peer keeps the store's
-/// probes from its orchestrator; over https when `tls` is set (the store's
-/// own certificate, as the master's HTTP ports use theirs).
+/// `shutdown`, within `limits` (connections in all and per address,
+/// header and request timeouts, the master's `--http-*` flags), so no peer
+/// keeps the store's probes from its orchestrator; over https when `tls`
+/// is set (the store's own certificate, as the master's HTTP ports use
+/// theirs).
 pub async fn serve_metrics(
     listener: TcpListener,
     metrics: Arc<StoreMetrics>,
+    limits: HttpConnLimits,
     tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
@@ -258,6 +259,5 @@ pub async fn serve_metrics(
             tracing::warn!("metrics port: {line} (logged at powers of two)");
         }
     };
-    let limits = HttpConnLimits::default();
     kvpool_net::http::serve(listener, router, limits, tls, refused, shutdown).await
 }

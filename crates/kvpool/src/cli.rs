@@ -362,20 +362,8 @@ pub struct MasterArgs {
     /// per-address cap; the port takes 8192 in all).
     #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
     pub max_connections_per_ip: usize,
-    /// Connections each HTTP listener (metrics/admin, metadata) serves at once.
-    #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
-    pub http_max_connections: usize,
-    /// Connections each HTTP listener serves at once from one peer address
-    /// (0: no per-address cap).
-    #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS_PER_IP", default_value_t = 64)]
-    pub http_max_connections_per_ip: usize,
-    /// An HTTP request header must arrive within this long, else the
-    /// connection is closed (idle keep-alive connections too).
-    #[arg(long, env = "KVPOOL_HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub http_header_read_timeout: Duration,
-    /// An HTTP request, body included, must be handled within this long (408 after).
-    #[arg(long, env = "KVPOOL_HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
-    pub http_request_timeout: Duration,
+    #[command(flatten)]
+    pub http: HttpArgs,
     /// Largest value the transfer-metadata service stores (413 beyond).
     #[arg(long, env = "KVPOOL_METADATA_MAX_VALUE_SIZE", default_value = "1MiB", value_parser = parse_size)]
     pub metadata_max_value_size: u64,
@@ -455,12 +443,7 @@ impl MasterArgs {
             enable_http_metadata_server: self.enable_http_metadata_server,
             http_metadata_server_port: self.http_metadata_server_port,
             http: HttpLimits {
-                conn: HttpConnLimits {
-                    max_connections: self.http_max_connections,
-                    max_connections_per_ip: self.http_max_connections_per_ip,
-                    header_read_timeout: self.http_header_read_timeout,
-                    request_timeout: self.http_request_timeout,
-                },
+                conn: self.http.limits(),
                 metadata_max_value: usize::try_from(self.metadata_max_value_size)?,
                 metadata_max_keys: self.metadata_max_keys,
                 metadata_max_bytes: self.metadata_max_bytes,
@@ -526,6 +509,8 @@ pub struct StoreArgs {
     #[arg(long, env = "KVPOOL_METRICS_PORT")]
     pub metrics_port: Option<u16>,
     #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
     pub config: ConfigArgs,
 }
 
@@ -546,7 +531,40 @@ impl StoreArgs {
             disk_queue_depth: self.disk.disk_queue_depth,
             metrics_address: self.metrics_address.clone(),
             metrics_port: self.metrics_port,
+            http: self.http.limits(),
         })
+    }
+}
+
+/// Limits of every HTTP listener of a process (the master's admin and
+/// metadata ports, a store's metrics port).
+#[derive(Args, Debug, Clone)]
+pub struct HttpArgs {
+    /// Connections each HTTP listener serves at once.
+    #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// Connections each HTTP listener serves at once from one peer address
+    /// (0: no per-address cap).
+    #[arg(long, env = "KVPOOL_HTTP_MAX_CONNECTIONS_PER_IP", default_value_t = 64)]
+    pub http_max_connections_per_ip: usize,
+    /// An HTTP request header must arrive within this long, else the
+    /// connection is closed (idle keep-alive connections too).
+    #[arg(long, env = "KVPOOL_HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub http_header_read_timeout: Duration,
+    /// An HTTP request, body included, must be handled within this long (408 after).
+    #[arg(long, env = "KVPOOL_HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub http_request_timeout: Duration,
+}
+
+impl HttpArgs {
+    /// The limits these flags describe.
+    pub fn limits(&self) -> HttpConnLimits {
+        HttpConnLimits {
+            max_connections: self.http_max_connections,
+            max_connections_per_ip: self.http_max_connections_per_ip,
+            header_read_timeout: self.http_header_read_timeout,
+            request_timeout: self.http_request_timeout,
+        }
     }
 }
 

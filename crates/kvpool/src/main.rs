@@ -128,6 +128,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 disk_queue_depth: u.disk.disk_queue_depth,
                 metrics_address: master.rpc_addr.ip().to_string(),
                 metrics_port: u.store_metrics_port,
+                http: u.master.http.limits(),
             };
             let mut store = tokio::spawn(kvpool_store::run(scfg, shutdown.clone()));
             // Announced once the pool can place objects (the store has

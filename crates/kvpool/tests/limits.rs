@@ -875,10 +875,15 @@ async fn a_flood_of_unauthenticated_connections_locks_nobody_out() {
 /// checks that 64 stay open and that `/health` and `/metrics` still answer
 /// others; returns the metrics page.
 async fn flood_keeps_64_open(addr: &str, n: usize) -> String {
+    flood_keeps_open(addr, n, 64).await
+}
+
+/// [`flood_keeps_64_open`] for a port whose cap per address is `cap`.
+async fn flood_keeps_open(addr: &str, n: usize, cap: usize) -> String {
     // Idle connections: they would be held until the header timeout (10 s).
     let mut flood = silent_flood("127.0.0.2", addr, n).await;
     let open = n - closed_of(&mut flood, Duration::from_millis(500)).await;
-    assert_eq!(open, 64, "connections from 127.0.0.2 left open");
+    assert_eq!(open, cap, "connections from 127.0.0.2 left open");
     assert_eq!(http_get(addr, "/health").await.0, 200);
     let (code, body) = http_get(addr, "/metrics").await;
     assert_eq!(code, 200);
@@ -938,6 +943,28 @@ async fn one_address_cannot_keep_a_stores_metrics_port_unreachable() {
         FLOOD - 64
     );
     assert!(body.contains(&line), "no {line:?} in {body}");
+
+    // The cap is the store's `--http-max-connections-per-ip`, as the master's.
+    let port = free_port().to_string();
+    let extra = [
+        "--metrics-port".to_string(),
+        port.clone(),
+        "--http-max-connections-per-ip".to_string(),
+        "4".to_string(),
+    ];
+    let data = cluster.dir().join("capped-store");
+    let name = "capped-store";
+    let _capped = spawn_store_with(bin, name, name, master, "16MiB", &data, &logs, &extra);
+    let addr = format!("127.0.0.1:{port}");
+    eventually(
+        "the capped store's metrics port",
+        Duration::from_secs(20),
+        async || TcpStream::connect(&addr).await.ok().map(|_| ()),
+    )
+    .await;
+    let body = flood_keeps_open(&addr, 20, 4).await;
+    let line = "kvpool_store_connections_refused{reason=\"http_per_ip\"} 16";
+    assert!(body.contains(line), "no {line:?} in {body}");
 }
 
 /// One connection's message: `len` bytes that decode to nothing, so the
