@@ -179,6 +179,26 @@ def test_partial_hits_give_per_key_bitmaps(master: str, ours: str) -> None:
         a.close()
 
 
+def test_store_tasks_in_flight_together_all_complete(master: str, ours: str) -> None:
+    """Several store tasks in flight, harvested the way ``lmcache bench l2``
+    harvests them (wait on the eventfd, pop what completed, repeat): a task
+    that finished after an earlier pop used to land in the dict that pop had
+    returned, and was never reported (the bench timed out on every round
+    with two or more in flight)."""
+    from lmcache.cli.commands.bench.l2_adapter_bench.runner import _wait_store_finished
+
+    a = make_adapter(master, key_prefix=ours)
+    try:
+        for r in range(8):
+            ids = [a.submit_store_task(keys(f"inflight-{r}-{t}", 4), [obj(1.0, 1024) for _ in range(4)])
+                   for t in range(4)]
+            done = _wait_store_finished(a, ids, timeout=10.0)
+            assert sorted(done) == sorted(ids), f"round {r}: {len(done)} of {len(ids)} reported"
+            assert all(res.is_successful() for res in done.values())
+    finally:
+        a.close()
+
+
 def test_locked_keys_survive_eviction_until_unlocked(pool: Cluster, prefix: str) -> None:
     a = make_adapter(pool.master, key_prefix=prefix, lock_renew_s=LEASE / 8)
     filler = kvpool.Client(pool.master)

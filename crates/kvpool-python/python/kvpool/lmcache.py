@@ -210,8 +210,11 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
 
     def pop_completed_store_tasks(self) -> Dict[L2TaskId, L2StoreResult]:
         """Results of the store tasks completed since the last call."""
+        # Emptied in place: a task still running holds this dict and adds
+        # its result to it once done, to be popped by the next call.
         with self._lock:
-            done, self._stores = self._stores, {}
+            done = dict(self._stores)
+            self._stores.clear()
         return done
 
     def submit_lookup_and_lock_task(self, keys: List[Any], group_layout_descs: Any = None) -> L2TaskId:
