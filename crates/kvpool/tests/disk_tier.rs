@@ -27,13 +27,6 @@ fn value(key: &str) -> Vec<u8> {
 }
 
 /// A directory on the machine's disk (not tmpfs: the tier uses O_DIRECT).
-fn disk_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("kvpool-it-disk-")
-        .tempdir_in(std::env::temp_dir())
-        .expect("a directory on disk")
-}
-
 /// A master and one store lending `memory` of memory and `disk` of disk in
 /// `disk_dir`; the master demotes above half of memory.
 struct TierPool {

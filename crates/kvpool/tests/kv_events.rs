@@ -42,14 +42,13 @@ async fn next_batch(sub: &mut Sub) -> Batch {
     Batch { seq, events }
 }
 
-/// Events until one for `key` of `kind` arrives; every batch sequence and
-/// event id checked to follow the previous one.
+/// Events until one `wanted` arrives; every batch sequence and event id
+/// checked to follow the previous one.
 async fn until(
     sub: &mut Sub,
     last: &mut (u64, u64),
-    key: &str,
-    kind: &str,
     seen: &mut Vec<Value>,
+    wanted: impl Fn(&Value) -> bool,
 ) -> Value {
     loop {
         let b = next_batch(sub).await;
@@ -64,11 +63,16 @@ async fn until(
             }
             last.1 = id;
             seen.push(e.clone());
-            if e["object_key"] == key && e["event_type"] == kind {
+            if wanted(&e) {
                 return e;
             }
         }
     }
+}
+
+/// An event of `kind` (`stored`, `removed`) for `key`.
+fn of<'a>(key: &'a str, kind: &'static str) -> impl Fn(&Value) -> bool + 'a {
+    move |e| e["object_key"] == key && e["event_type"] == kind
 }
 
 async fn subscribe(endpoint: &str, client: &Client) -> Sub {
@@ -123,7 +127,7 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
             .await
             .expect("put");
     }
-    let e = until(&mut sub, &mut last, &sglang, "stored", &mut seen).await;
+    let e = until(&mut sub, &mut last, &mut seen, of(&sglang, "stored")).await;
     assert_eq!(e["type"], "BlockStored");
     assert_eq!(e["engine"], "sglang");
     assert_eq!(e["model_name"], "meta-llama-Llama-3.1-8B-Instruct");
@@ -138,20 +142,20 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
     assert_eq!(e["backend_id"], "pool-a");
     assert_eq!(e["tenant_id"], "default");
     assert_eq!(e["base_block_idx"], 0);
-    let e = until(&mut sub, &mut last, &vllm, "stored", &mut seen).await;
+    let e = until(&mut sub, &mut last, &mut seen, of(&vllm, "stored")).await;
     assert_eq!(
         (e["engine"].as_str(), e["rank"].as_u64()),
         (Some("vllm"), Some(0))
     );
     assert_eq!(e["model_name"], "meta-llama/Llama-3.1-8B-Instruct");
-    let e = until(&mut sub, &mut last, &lmcache, "stored", &mut seen).await;
+    let e = until(&mut sub, &mut last, &mut seen, of(&lmcache, "stored")).await;
     assert_eq!(
         (e["engine"].as_str(), e["rank"].as_u64()),
         (Some("lmcache"), Some(2))
     );
 
     client.remove(&vllm, false).await.expect("remove");
-    let e = until(&mut sub, &mut last, &vllm, "removed", &mut seen).await;
+    let e = until(&mut sub, &mut last, &mut seen, of(&vllm, "removed")).await;
     assert_eq!(e["type"], "BlockRemoved");
     assert!(e["base_block_idx"].is_null());
 
@@ -194,7 +198,7 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
             .await
             .expect("fill put (eviction makes room)");
     }
-    let e = until(&mut sub, &mut last, "fill/039", "stored", &mut seen).await;
+    let e = until(&mut sub, &mut last, &mut seen, of("fill/039", "stored")).await;
     assert_eq!(e["engine"], Value::Null, "a raw key");
     let stored: BTreeSet<&str> = seen
         .iter()
@@ -241,10 +245,7 @@ async fn a_move_to_the_disk_tier_is_published_with_its_medium() {
     let dir = common::scratch_dir();
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).expect("log dir");
-    let disk = tempfile::Builder::new()
-        .prefix("kvpool-it-disk-")
-        .tempdir_in(std::env::temp_dir())
-        .expect("a directory on disk");
+    let disk = common::disk_dir();
     let master = common::spawn_master("master", &logs, |rpc, metrics| {
         [
             "master",
@@ -296,7 +297,10 @@ async fn a_move_to_the_disk_tier_is_published_with_its_medium() {
             .expect("put");
     }
     // The oldest objects move first: the subscription's probes, then ours.
-    let moved = until_any(&mut sub, &mut last, "disk", &mut seen).await;
+    let moved = until(&mut sub, &mut last, &mut seen, |e| {
+        e["medium"] == "disk" && e["event_type"] == "stored"
+    })
+    .await;
     let key = moved["object_key"].as_str().expect("key").to_string();
     let off_memory = seen
         .iter()
@@ -310,31 +314,6 @@ async fn a_move_to_the_disk_tier_is_published_with_its_medium() {
         vec![3u8; 1 << 20]
     };
     assert_eq!(client.get(&key).await.expect("read from disk"), want);
-}
-
-/// Events until a `stored` on `medium` arrives (see [`until`]).
-async fn until_any(
-    sub: &mut Sub,
-    last: &mut (u64, u64),
-    medium: &str,
-    seen: &mut Vec<Value>,
-) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no move to {medium}: {seen:?}"
-        );
-        let b = next_batch(sub).await;
-        last.0 = b.seq;
-        for e in b.events {
-            last.1 = e["event_id"].as_u64().expect("id");
-            seen.push(e.clone());
-            if e["medium"] == medium && e["event_type"] == "stored" {
-                return e;
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

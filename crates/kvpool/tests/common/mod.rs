@@ -53,6 +53,15 @@ pub fn scratch_dir() -> TempDir {
     builder.tempdir().expect("create a scratch directory")
 }
 
+/// A directory on disk (not tmpfs, where O_DIRECT fails), for a store's
+/// disk tier; removed when dropped.
+pub fn disk_dir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("kvpool-it-disk-")
+        .tempdir_in(std::env::temp_dir())
+        .expect("a directory on disk")
+}
+
 /// A TCP port that was free a moment ago on 127.0.0.1. Picked below the
 /// kernel's ephemeral range (32768 and up by default), so no outgoing
 /// connection of a test running beside this one can take it before the
