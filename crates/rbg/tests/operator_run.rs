@@ -58,6 +58,26 @@ fn lease(who: &str, rv: &str) -> Value {
                     "renewTime": "2024-01-01T00:00:00.000000Z", "leaseTransitions": 4}})
 }
 
+/// The operator's whole loop on `client`, on a task: its metrics, the
+/// sender that stops it (as SIGTERM does) and the task.
+async fn start(
+    client: kube::Client,
+) -> (
+    Arc<Metrics>,
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let metrics = Arc::new(Metrics::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (o, m) = (opts(), metrics.clone());
+    let task =
+        tokio::spawn(async move { operator::operate(client, &o, m, listener, stop_rx).await });
+    (metrics, stop_tx, task)
+}
+
 #[tokio::test(start_paused = true)]
 async fn standby_takes_over_reconciles_and_exits_when_deposed() {
     let (client, fake) = fake_client();
@@ -72,15 +92,7 @@ async fn standby_takes_over_reconciles_and_exits_when_deposed() {
                        {"spec": {"containers": [{"name": "c", "image": "i:1"}]}}}}]}}),
         );
     }
-    let metrics = Arc::new(Metrics::new());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let o = opts();
-    let m = metrics.clone();
-    let task =
-        tokio::spawn(async move { operator::operate(client, &o, m, listener, stop_rx).await });
+    let (metrics, _stop_tx, task) = start(client).await;
 
     // Standing by: ready, not leading, nothing reconciled.
     until(3, "standby ready", || metrics.is_ready()).await;
@@ -128,15 +140,7 @@ async fn standby_takes_over_reconciles_and_exits_when_deposed() {
 #[tokio::test(start_paused = true)]
 async fn leader_stopped_by_a_signal_releases_the_lease() {
     let (client, fake) = fake_client();
-    let metrics = Arc::new(Metrics::new());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let o = opts();
-    let m = metrics.clone();
-    let task =
-        tokio::spawn(async move { operator::operate(client, &o, m, listener, stop_rx).await });
+    let (metrics, stop_tx, task) = start(client).await;
     until(5, "leading", || metrics.is_leader()).await;
     assert_eq!(holder(&fake), "me");
     let _ = stop_tx.send(true);
@@ -154,15 +158,7 @@ async fn leader_stopped_by_a_signal_releases_the_lease() {
 #[tokio::test(start_paused = true)]
 async fn leader_that_cannot_renew_steps_down_in_time() {
     let (client, fake) = fake_client();
-    let metrics = Arc::new(Metrics::new());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let o = opts();
-    let m = metrics.clone();
-    let task =
-        tokio::spawn(async move { operator::operate(client, &o, m, listener, stop_rx).await });
+    let (metrics, _stop_tx, task) = start(client).await;
     until(5, "leading", || metrics.is_leader()).await;
     fake.lock().expect("fake").refuse_puts = u32::MAX;
     let refused_at = tokio::time::Instant::now();
