@@ -142,7 +142,7 @@ pub fn validate_v2(
         }
     }
     let coordination = coordination(&ctx.rules, &roles, &mut errs);
-    let placements = placements(&spec, &ctx.rules, &mut errs);
+    let placements = placements(&spec, &ctx.rules, &coordination, &mut errs);
     if !errs.is_empty() {
         return Err(SpecError::Invalid(errs));
     }
@@ -624,6 +624,7 @@ fn coordination(
 fn placements(
     spec: &GroupSpecV2,
     rules: &[(String, Coordination)],
+    validated: &[CoordinationPolicy],
     errs: &mut Errors,
 ) -> Vec<Placement> {
     let mut out = Vec::new();
@@ -641,7 +642,7 @@ fn placements(
         }
     }
     let mut placed = BTreeMap::new();
-    for (i, (at, c)) in rules.iter().enumerate() {
+    for ((at, c), policy) in rules.iter().zip(validated) {
         let Some(t) = c
             .strategy
             .scheduling
@@ -657,11 +658,7 @@ fn placements(
                 ));
             }
         }
-        let name = if c.name.is_empty() {
-            format!("p-coordination-{i}")
-        } else {
-            format!("p-{}", c.name)
-        };
+        let name = format!("p-{}", policy.name);
         let at = format!("{at}: strategy.scheduling.topologyConstraint");
         let roles: Vec<&String> = c.roles.iter().collect();
         out.extend(placement(&at, name, &roles, false, t, errs));
