@@ -237,8 +237,15 @@ async fn start_kv_events(
 ) -> Result<(), MasterError> {
     let events = master.state.kv_events().clone();
     let (socket, rx) = events.bind(cfg).await.map_err(MasterError::Config)?;
-    let local = ["tcp://127.", "tcp://localhost:", "tcp://[::1]:"];
-    if !local.iter().any(|p| cfg.endpoint.starts_with(p)) {
+    let host = (cfg.endpoint.strip_prefix("tcp://"))
+        .and_then(|a| a.rsplit_once(':'))
+        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+    let loopback = host.is_some_and(|h| {
+        h == "localhost"
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    });
+    if !loopback {
         tracing::warn!(
             endpoint = %cfg.endpoint,
             "the KV event stream is not authenticated (ZMQ's NULL mechanism, as engines' \
