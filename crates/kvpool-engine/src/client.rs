@@ -1,6 +1,12 @@
 //! The engine's client side: batches of writes into and reads from a
 //! peer's registered memory, pipelined on one pooled connection per call.
 //!
+//! A peer on this host is reached on its same-host socket when it has one
+//! ([`crate::local`]): there each item asks the peer to copy straight
+//! between its memory and this process's (`EngineWriteFrom` /
+//! `EngineReadInto`), and once the peer says it cannot, the bytes go
+//! through the socket instead. Other peers are reached over TCP.
+//!
 //! As in Mooncake, the local buffer of every transfer must lie inside memory
 //! this engine registered (so a bad local pointer is refused, never
 //! dereferenced), and each item gets its own result. At most [`WINDOW`]
@@ -10,17 +16,22 @@
 //! dropped, one that finished cleanly goes back to its pool.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::auth::Security;
 use kvpool_net::conn::{ConnPool, FramedConn};
 use kvpool_proto::frame::Limits;
-use kvpool_proto::msg::{EngineReadReq, EngineWriteReq};
-use kvpool_proto::{Code, KvError, KvResult};
+use kvpool_proto::msg::{
+    EngineAbout, EngineAboutReply, EngineNotifyReq, EngineReadIntoReq, EngineReadReq,
+    EngineWriteFromReq, EngineWriteReq,
+};
+use kvpool_proto::{Code, KvError, KvResult, Rpc};
 use parking_lot::Mutex;
 
-use crate::regions::{Region, Regions};
+use crate::local;
+use crate::regions::{Pin, Region, Regions};
 
 /// Requests kept in flight per connection before waiting for an answer.
 pub const WINDOW: usize = 64;
@@ -80,8 +91,10 @@ pub struct Engine {
     regions: Arc<Regions>,
     security: Security,
     timeout: Duration,
-    /// One pool per peer session id (`host:port`).
-    peers: Mutex<HashMap<String, Arc<ConnPool>>>,
+    /// How each peer is reached, by session id (`host:port`).
+    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    /// Whether peers' same-host sockets are tried.
+    same_host: bool,
 }
 
 impl Engine {
@@ -93,6 +106,30 @@ impl Engine {
             security,
             timeout: timeout_from_env(),
             peers: Mutex::default(),
+            same_host: true,
+        }
+    }
+
+    /// The same engine reaching every peer over TCP when `same_host` is
+    /// false (`KVPOOL_ENGINE_SAME_HOST=0`).
+    pub fn with_same_host(mut self, same_host: bool) -> Engine {
+        self.same_host = same_host;
+        self
+    }
+
+    /// How `peer` was last reached: `"copy"` (same host, copied straight
+    /// between the processes), `"socket"` (same host, through the socket),
+    /// `"tcp"`, or `"unknown"` before the first call.
+    pub fn link(&self, peer: &str) -> &'static str {
+        let Some(p) = self.peers.lock().get(peer).cloned() else {
+            return "unknown";
+        };
+        let unix = p.unix.lock();
+        match &*unix {
+            Unix::Untried => "unknown",
+            Unix::Absent => "tcp",
+            Unix::Idle(_) if p.copies.load(Ordering::Relaxed) => "copy",
+            Unix::Idle(_) => "socket",
         }
     }
 
@@ -143,11 +180,18 @@ impl Engine {
         }
         if results.iter().any(Option::is_none) {
             let deadline = tokio::time::Instant::now() + self.timeout;
-            let pool = self.pool(peer);
+            let link = self.peer(peer);
             let run = async {
-                let mut conn = pool.take().await?;
-                pipeline(&mut conn, dir, items, &locals, &mut results).await?;
-                pool.give(conn);
+                let (mut conn, unix) = link.take(&self.security).await?;
+                let copy = unix && link.copies.load(Ordering::Relaxed);
+                pipeline(&mut conn, dir, copy, items, &locals, &mut results).await?;
+                if copy && refused_copies(&mut results) {
+                    // The peer cannot reach this process's memory: send
+                    // the bytes through the socket, now and from now on.
+                    link.copies.store(false, Ordering::Relaxed);
+                    pipeline(&mut conn, dir, false, items, &locals, &mut results).await?;
+                }
+                link.give(conn, unix);
                 Ok::<(), KvError>(())
             };
             let failed = match tokio::time::timeout_at(deadline, run).await {
@@ -170,83 +214,253 @@ impl Engine {
             .collect()
     }
 
-    /// The connection pool for `peer`, made on first use.
-    fn pool(&self, peer: &str) -> Arc<ConnPool> {
+    /// Queues a notification in the peer's inbox (its `get_notifies`).
+    pub async fn notify(&self, peer: &str, name: &str, msg: &str) -> KvResult<()> {
+        let req = EngineNotifyReq {
+            name: name.to_string(),
+            msg: msg.to_string(),
+        };
+        self.bounded(peer, self.peer(peer).call(&self.security, &req))
+            .await
+    }
+
+    /// What the peer's engine holds; a fresh round trip, so also a probe
+    /// that the peer is there and speaks to us.
+    pub async fn about(&self, peer: &str) -> KvResult<EngineAboutReply> {
+        let peer_link = self.peer(peer);
+        self.bounded(peer, peer_link.call(&self.security, &EngineAbout {}))
+            .await
+    }
+
+    /// `call` within the engine's timeout.
+    async fn bounded<T>(
+        &self,
+        peer: &str,
+        call: impl std::future::Future<Output = KvResult<T>>,
+    ) -> KvResult<T> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(KvError::new(
+                    Code::RpcTimeout,
+                    format!("{peer} did not answer within {:?}", self.timeout),
+                ))
+            })
+    }
+
+    /// How `peer` is reached, made on first use.
+    fn peer(&self, peer: &str) -> Arc<Peer> {
         let mut peers = self.peers.lock();
         peers
             .entry(peer.to_string())
             .or_insert_with(|| {
                 let pool =
                     ConnPool::new(peer, "engine", Limits::default(), CONNECT_TIMEOUT, MAX_IDLE);
-                Arc::new(pool.with_security(self.security.clone()))
+                Arc::new(Peer {
+                    name: peer.to_string(),
+                    tcp: pool.with_security(self.security.clone()),
+                    unix: Mutex::new(if self.same_host {
+                        Unix::Untried
+                    } else {
+                        Unix::Absent
+                    }),
+                    copies: AtomicBool::new(true),
+                })
             })
             .clone()
     }
 }
 
+/// How one peer is reached.
+struct Peer {
+    /// Its session id, `host:port`.
+    name: String,
+    /// Its TCP connections.
+    tcp: ConnPool,
+    /// Its same-host socket.
+    unix: Mutex<Unix>,
+    /// Whether the peer copies with this process's memory (until it says
+    /// it cannot).
+    copies: AtomicBool,
+}
+
+/// What is known of a peer's same-host socket.
+enum Unix {
+    /// Not tried yet.
+    Untried,
+    /// There is none (another host or namespace, another user, or off).
+    Absent,
+    /// It answers; idle connections on it.
+    Idle(Vec<FramedConn>),
+}
+
+impl Peer {
+    /// A connection to the peer, and whether it is on the same-host socket.
+    async fn take(&self, security: &Security) -> KvResult<(FramedConn, bool)> {
+        let try_unix = match &mut *self.unix.lock() {
+            Unix::Absent => false,
+            Unix::Untried => true,
+            Unix::Idle(idle) => match idle.pop() {
+                Some(conn) => return Ok((conn, true)),
+                None => true,
+            },
+        };
+        if try_unix {
+            if let Some(stream) = local::connect(&self.name).await {
+                let limits = Limits::default();
+                let conn = FramedConn::connect_unix(stream, &self.name, "engine", limits, security)
+                    .await?;
+                let mut unix = self.unix.lock();
+                if matches!(*unix, Unix::Untried) {
+                    *unix = Unix::Idle(Vec::new());
+                }
+                return Ok((conn, true));
+            }
+            // Gone, or never there: TCP from now on.
+            *self.unix.lock() = Unix::Absent;
+        }
+        Ok((self.tcp.take().await?, false))
+    }
+
+    /// Gives back a connection that finished cleanly.
+    fn give(&self, conn: FramedConn, unix: bool) {
+        if !unix {
+            return self.tcp.give(conn);
+        }
+        if let Unix::Idle(idle) = &mut *self.unix.lock() {
+            if idle.len() < MAX_IDLE {
+                idle.push(conn);
+            }
+        }
+    }
+
+    /// Runs one typed call on a connection to the peer.
+    async fn call<R: Rpc>(&self, security: &Security, req: &R) -> KvResult<R::Response> {
+        let (mut conn, unix) = self.take(security).await?;
+        let r = conn.exchange(req).await;
+        // An error status leaves the stream in step; a broken one goes.
+        if r.is_ok() {
+            self.give(conn, unix);
+        }
+        r?
+    }
+}
+
+/// Clears the results of items the peer refused to copy with this
+/// process's memory (`NOT_SUPPORTED`), so they go again another way;
+/// whether there were any.
+fn refused_copies(results: &mut [Option<KvResult<()>>]) -> bool {
+    let mut any = false;
+    for r in results.iter_mut() {
+        if matches!(r, Some(Err(e)) if e.code == Code::NotSupported) {
+            *r = None;
+            any = true;
+        }
+    }
+    any
+}
+
 /// Pipelines the items still without a result on `conn`, filling their
-/// results. `Err` when the connection broke (it must be dropped); items
-/// it had in flight are left without a result for the caller to fail.
+/// results; with `copy`, asking the peer to copy with this process's
+/// memory (the same-host socket) instead of carrying the bytes. `Err` when
+/// the connection broke (it must be dropped); items it had in flight are
+/// left without a result for the caller to fail.
 async fn pipeline(
     conn: &mut FramedConn,
     dir: Direction,
+    copy: bool,
     items: &[Transfer],
     locals: &[Option<Arc<Region>>],
     results: &mut [Option<KvResult<()>>],
 ) -> KvResult<()> {
-    let mut inflight: std::collections::VecDeque<(usize, u64, &Region)> =
+    // A copied item keeps its local region pinned until the peer answered:
+    // the peer reads or writes that memory until then.
+    let mut inflight: std::collections::VecDeque<(usize, u64, &Region, Option<Pin<'_>>)> =
         std::collections::VecDeque::with_capacity(WINDOW);
     for (i, t) in items.iter().enumerate() {
-        let Some(local) = &locals[i] else { continue };
+        let Some(local) = locals[i].as_deref().filter(|_| results[i].is_none()) else {
+            continue;
+        };
         if inflight.len() == WINDOW {
             conn.flush().await?;
-            if let Some((j, id, at)) = inflight.pop_front() {
-                results[j] = Some(answer(conn, dir, &items[j], at, id).await?);
+            if let Some((j, id, at, pin)) = inflight.pop_front() {
+                results[j] = Some(answer(conn, dir, pin.is_some(), &items[j], at, id).await?);
             }
         }
-        let id = match dir {
-            Direction::Write => {
-                let Some(_pin) = local.pin().await else {
-                    results[i] = Some(Err(unregistered(t)));
-                    continue;
-                };
-                // SAFETY: inside the local region (checked by `transfer`),
-                // which `_pin` keeps registered until the bytes are queued
-                // or sent.
-                let src = unsafe { local.bytes(t.local, t.len) };
-                let req = EngineWriteReq {
-                    addr: t.remote,
-                    len: t.len,
-                };
-                conn.send_request(&req, &[src]).await?
-            }
-            Direction::Read => {
-                let req = EngineReadReq {
-                    addr: t.remote,
-                    len: t.len,
-                };
-                conn.send_request(&req, &[]).await?
-            }
+        let (id, pin) = if copy {
+            // Not `pin().await`: an unregister waiting for a pin this loop
+            // holds would wait for ever behind it.
+            let Some(pin) = local.try_pin() else {
+                results[i] = Some(Err(unregistered(t)));
+                continue;
+            };
+            let id = match dir {
+                Direction::Write => {
+                    let req = EngineWriteFromReq {
+                        addr: t.remote,
+                        len: t.len,
+                        caller_addr: t.local,
+                    };
+                    conn.send_request(&req, &[]).await?
+                }
+                Direction::Read => {
+                    let req = EngineReadIntoReq {
+                        addr: t.remote,
+                        len: t.len,
+                        caller_addr: t.local,
+                    };
+                    conn.send_request(&req, &[]).await?
+                }
+            };
+            (id, Some(pin))
+        } else {
+            let id = match dir {
+                Direction::Write => {
+                    let Some(_pin) = local.pin().await else {
+                        results[i] = Some(Err(unregistered(t)));
+                        continue;
+                    };
+                    // SAFETY: inside the local region (checked by
+                    // `transfer`), which `_pin` keeps registered until the
+                    // bytes are queued or sent.
+                    let src = unsafe { local.bytes(t.local, t.len) };
+                    let req = EngineWriteReq {
+                        addr: t.remote,
+                        len: t.len,
+                    };
+                    conn.send_request(&req, &[src]).await?
+                }
+                Direction::Read => {
+                    let req = EngineReadReq {
+                        addr: t.remote,
+                        len: t.len,
+                    };
+                    conn.send_request(&req, &[]).await?
+                }
+            };
+            (id, None)
         };
-        inflight.push_back((i, id, local));
+        inflight.push_back((i, id, local, pin));
     }
     conn.flush().await?;
-    while let Some((j, id, at)) = inflight.pop_front() {
-        results[j] = Some(answer(conn, dir, &items[j], at, id).await?);
+    while let Some((j, id, at, pin)) = inflight.pop_front() {
+        results[j] = Some(answer(conn, dir, pin.is_some(), &items[j], at, id).await?);
     }
     Ok(())
 }
 
-/// Reads the answer to one item (a read's bytes into local memory). The
-/// outer `Err` is a broken connection; the inner one this item's failure.
+/// Reads the answer to one item (a read's bytes into local memory, unless
+/// the peer `copied` them). The outer `Err` is a broken connection; the
+/// inner one this item's failure.
 async fn answer(
     conn: &mut FramedConn,
     dir: Direction,
+    copied: bool,
     t: &Transfer,
     local: &Region,
     id: u64,
 ) -> KvResult<KvResult<()>> {
-    if dir == Direction::Write {
+    if dir == Direction::Write || copied {
         return conn.read_ack(id).await;
     }
     let h = match conn.read_answer(id).await? {

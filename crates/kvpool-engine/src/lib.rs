@@ -10,15 +10,22 @@
 //! - [`EngineServer`]: serves peers' `EngineWrite`/`EngineRead` requests
 //!   against those regions, over kvpool's framed, authenticated TCP;
 //! - [`Engine`]: the client side, batches pipelined on pooled connections
-//!   to peers named by their session id `host:port`.
+//!   to peers named by their session id `host:port`;
+//! - [`Notifies`]: the notifications peers sent after their batches.
 //!
-//! Today every transfer goes over TCP (same host included); a shared-memory
-//! path for same-host peers comes later.
+//! Peers in other hosts (or namespaces) talk over TCP; peers on this host
+//! find each other on a Unix socket and copy straight between their
+//! memories (the `local` module says when and why that is safe; see
+//! [`SameHost`]).
 
 mod client;
+mod local;
+mod notifies;
 mod regions;
 mod server;
 
 pub use client::{timeout_secs, Direction, Engine, Transfer, WINDOW};
+pub use local::SameHost;
+pub use notifies::{Notifies, Notify, MAX_NOTIFY_BYTES, MAX_UNREAD};
 pub use regions::{Pin, Region, Regions};
 pub use server::EngineServer;

@@ -14,15 +14,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::auth::Security;
+use kvpool_net::conn::accept_unix;
 use kvpool_net::conn::FramedConn;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
-use kvpool_proto::msg::{EngineReadReq, EngineWriteReq};
+use kvpool_proto::msg::{self, EngineAboutReply, EngineReadReq, EngineWriteReq};
 use kvpool_proto::{Code, KvError, KvResult, Plane, Request};
 use tokio::net::TcpListener;
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::local::{self, SameHost, Way};
+use crate::notifies::{Notifies, Notify};
 use crate::regions::Regions;
 
 /// A running engine server; stops when dropped or [`Self::shutdown`].
@@ -34,14 +39,18 @@ pub struct EngineServer {
 
 impl EngineServer {
     /// Binds `addr` (`host:port`, port 0 picks one) and serves `regions`
-    /// to peers that pass the handshake under `security` (with a cluster
+    /// (and queues peers' notifies in `notifies`) to peers that pass the
+    /// handshake under `security`, peers on this host as `same_host` says
+    /// (with a cluster
     /// secret, only peers that prove it). Refuses to serve off loopback
     /// without a secret unless `security` is marked insecure: anyone who
     /// can connect could write this process's registered memory.
     pub async fn bind(
         addr: &str,
         regions: Arc<Regions>,
+        notifies: Arc<Notifies>,
         security: Security,
+        same_host: SameHost,
     ) -> KvResult<EngineServer> {
         let listener = TcpListener::bind(addr)
             .await
@@ -51,6 +60,21 @@ impl EngineServer {
             .map_err(|e| KvError::new(Code::InternalError, format!("bind {addr}: {e}")))?;
         security.check_listen(local.ip(), "the transfer engine")?;
         let shutdown = CancellationToken::new();
+        let unix = (same_host != SameHost::Off)
+            .then(|| local::listen(&local.to_string()))
+            .flatten();
+        if let Some(unix) = unix {
+            let copies = same_host == SameHost::Copy;
+            let served = serve_unix(
+                unix,
+                copies,
+                regions.clone(),
+                notifies.clone(),
+                security.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(served);
+        }
         let serve = serve_framed(
             listener,
             "engine",
@@ -58,9 +82,10 @@ impl EngineServer {
             security,
             shutdown.clone(),
             move |mut conn, token| {
-                let regions = regions.clone();
+                let (regions, notifies) = (regions.clone(), notifies.clone());
                 async move {
-                    if let Err(e) = engine_conn(&mut conn, &regions, &token).await {
+                    let r = engine_conn(&mut conn, &regions, &notifies, None, &token).await;
+                    if let Err(e) = r {
                         debug!(peer = conn.peer(), error = %e, "engine connection closed");
                     }
                 }
@@ -91,6 +116,62 @@ impl Drop for EngineServer {
     }
 }
 
+/// Connections served at once on the same-host socket; more wait to be
+/// accepted (only this user's processes can connect there).
+const MAX_UNIX_CONNS: usize = 1024;
+
+/// Serves same-host peers on the engine's Unix socket (see [`local`]):
+/// the same requests as over TCP, plus copies straight between their
+/// memory and the registered regions.
+async fn serve_unix(
+    listener: UnixListener,
+    copies: bool,
+    regions: Arc<Regions>,
+    notifies: Arc<Notifies>,
+    security: Security,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_UNIX_CONNS));
+    let security = Arc::new(security);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    debug!(error = %e, "same-host accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(pid) = local::caller(&stream) else {
+            debug!("refused a same-host connection from another user");
+            continue;
+        };
+        // Without copies the caller's pid is not needed: its copy requests
+        // are refused and it sends the bytes instead.
+        let pid = pid.filter(|_| copies);
+        let (regions, notifies) = (regions.clone(), notifies.clone());
+        let (security, token) = (security.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let peer = format!("pid {}", pid.unwrap_or(0));
+            let limits = Limits::default();
+            let Some(mut conn) = accept_unix(stream, peer, "engine", limits, &security).await
+            else {
+                return;
+            };
+            if let Err(e) = engine_conn(&mut conn, &regions, &notifies, pid, &token).await {
+                debug!(peer = conn.peer(), error = %e, "engine connection closed");
+            }
+            drop(slot);
+        });
+    }
+}
+
 /// Least rate a peer must read a read's payload at, so a peer that stops
 /// reading cannot hold a region pinned (and its unregister waiting) for
 /// ever: the connection is closed instead.
@@ -103,6 +184,8 @@ const SEND_SLACK: Duration = Duration::from_secs(10);
 async fn engine_conn(
     conn: &mut FramedConn,
     regions: &Regions,
+    notifies: &Notifies,
+    caller: Option<i32>,
     shutdown: &CancellationToken,
 ) -> KvResult<()> {
     loop {
@@ -117,14 +200,20 @@ async fn engine_conn(
             Ok(None) => return conn.flush().await,
             Err(e) => return reject_and_close(conn, e).await,
         };
-        serve_one(conn, regions, &h).await?;
+        serve_one(conn, regions, notifies, caller, &h).await?;
         conn.flush_if_idle().await?;
     }
 }
 
 /// Reads one request (and a write's payload) and queues its answer. `Err`
 /// only when the connection broke.
-async fn serve_one(conn: &mut FramedConn, regions: &Regions, h: &FrameHeader) -> KvResult<()> {
+async fn serve_one(
+    conn: &mut FramedConn,
+    regions: &Regions,
+    notifies: &Notifies,
+    caller: Option<i32>,
+    h: &FrameHeader,
+) -> KvResult<()> {
     let role = conn.peer_role();
     let meta = conn.read_meta(h.meta_len).await?;
     let admitted = match h.kind {
@@ -135,9 +224,10 @@ async fn serve_one(conn: &mut FramedConn, regions: &Regions, h: &FrameHeader) ->
         )),
     };
     let decoded = admitted.and_then(|()| match h.opcode {
-        Opcode::EngineRead if h.payload_len != 0 => Err(KvError::new(
+        Opcode::EngineWrite => Request::decode(h.opcode, meta),
+        _ if h.payload_len != 0 => Err(KvError::new(
             Code::InvalidParams,
-            "a read carries no payload",
+            format!("{} carries no payload", h.opcode.name()),
         )),
         op => Request::decode(op, meta),
     });
@@ -145,6 +235,46 @@ async fn serve_one(conn: &mut FramedConn, regions: &Regions, h: &FrameHeader) ->
         Err(e) => e,
         Ok((Request::EngineWrite(req), _)) => return write(conn, regions, h, req).await,
         Ok((Request::EngineRead(req), _)) => return read(conn, regions, h, req).await,
+        Ok((Request::EngineNotify(req), _)) => {
+            let queued = notifies.push(Notify {
+                name: req.name,
+                msg: req.msg,
+            });
+            return match queued {
+                Ok(()) => conn.send_response(h, &[], &[]).await,
+                Err(e) => conn.send_error(h, &e).await,
+            };
+        }
+        Ok((Request::EngineWriteFrom(r), _)) => {
+            let copied = copy_with_caller(
+                regions,
+                caller,
+                Way::FromCaller,
+                r.addr,
+                r.len,
+                r.caller_addr,
+            )
+            .await;
+            return answer_copy(conn, h, copied).await;
+        }
+        Ok((Request::EngineReadInto(r), _)) => {
+            let copied = copy_with_caller(
+                regions,
+                caller,
+                Way::IntoCaller,
+                r.addr,
+                r.len,
+                r.caller_addr,
+            )
+            .await;
+            return answer_copy(conn, h, copied).await;
+        }
+        Ok((Request::EngineAbout(_), _)) => {
+            let about = EngineAboutReply {
+                first_buffer: regions.first().map(|(start, _)| start),
+            };
+            return conn.send_response(h, &msg::encode(&about), &[]).await;
+        }
         Ok((other, _)) => KvError::new(
             Code::NotSupported,
             format!(
@@ -156,6 +286,45 @@ async fn serve_one(conn: &mut FramedConn, regions: &Regions, h: &FrameHeader) ->
     // The payload of a refused request is still on the wire: skip it.
     conn.discard_payload(h.payload_len).await?;
     conn.send_error(h, &refused).await
+}
+
+/// Copies between `[addr, addr + len)` of registered memory and
+/// `caller_addr` in the caller's process (known only on the same-host
+/// socket), holding the region's pin throughout.
+async fn copy_with_caller(
+    regions: &Regions,
+    caller: Option<i32>,
+    way: Way,
+    addr: u64,
+    len: u64,
+    caller_addr: u64,
+) -> KvResult<()> {
+    let Some(pid) = caller else {
+        return Err(KvError::new(
+            Code::NotSupported,
+            "copies with the caller's memory need the engine's same-host socket",
+        ));
+    };
+    let region = regions.check(addr, len, "the peer's")?;
+    let Some(_pin) = region.pin().await else {
+        return Err(KvError::new(
+            Code::TransferFail,
+            format!("{addr:#x}+{len} was unregistered"),
+        ));
+    };
+    // SAFETY: inside the region (checked above), which `_pin` keeps
+    // registered for the whole copy.
+    let bytes = unsafe { region.bytes_mut(addr, len) };
+    // SAFETY: `bytes` is valid for reads and writes of its length.
+    unsafe { local::copy(pid, way, bytes.as_mut_ptr(), caller_addr, bytes.len()) }
+}
+
+/// Answers a copy with the caller's memory.
+async fn answer_copy(conn: &mut FramedConn, h: &FrameHeader, copied: KvResult<()>) -> KvResult<()> {
+    match copied {
+        Ok(()) => conn.send_response(h, &[], &[]).await,
+        Err(e) => conn.send_error(h, &e).await,
+    }
 }
 
 /// Lands a write's payload in registered memory, or refuses it whole.

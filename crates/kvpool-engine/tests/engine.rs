@@ -1,10 +1,11 @@
 //! The engine end to end: a real server on 127.0.0.1 and a client engine
-//! with its own registered memory, moving bytes both ways.
+//! with its own registered memory, moving bytes both ways, over TCP and
+//! over the same-host socket (copies, and bytes through the socket).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_engine::{timeout_secs, Engine, EngineServer, Regions, Transfer};
+use kvpool_engine::{timeout_secs, Engine, EngineServer, Notifies, Regions, SameHost, Transfer};
 use kvpool_net::auth::{Credentials, Security};
 use kvpool_proto::Code;
 
@@ -17,11 +18,25 @@ struct Side {
 
 impl Side {
     async fn start(security: Security) -> Side {
+        Side::start_with(security, SameHost::Copy).await
+    }
+
+    /// A side whose server and client treat same-host peers as `same_host`.
+    async fn start_with(security: Security, same_host: SameHost) -> Side {
         let regions = Arc::new(Regions::new());
-        let server = EngineServer::bind("127.0.0.1:0", regions.clone(), security.clone())
-            .await
-            .unwrap();
-        let engine = Engine::new(regions.clone(), security).with_timeout(Duration::from_secs(10));
+        let notifies = Arc::new(Notifies::new());
+        let server = EngineServer::bind(
+            "127.0.0.1:0",
+            regions.clone(),
+            notifies,
+            security.clone(),
+            same_host,
+        )
+        .await
+        .unwrap();
+        let engine = Engine::new(regions.clone(), security)
+            .with_timeout(Duration::from_secs(10))
+            .with_same_host(same_host != SameHost::Off);
         Side {
             regions,
             server,
@@ -63,9 +78,22 @@ fn all_ok(results: &[kvpool_proto::KvResult<()>]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_blocks_round_trip_both_ways() {
+    for (mode, link) in [
+        (SameHost::Copy, "copy"),
+        (SameHost::Socket, "socket"),
+        (SameHost::Off, "tcp"),
+    ] {
+        round_trip(mode, link).await;
+    }
+}
+
+/// 90 blocks written and read back, with the decode side's server (and
+/// both clients) treating same-host peers as `mode`; the prefill side
+/// reached decode by `link`.
+async fn round_trip(mode: SameHost, link: &str) {
     let (prefill, decode) = (
-        Side::start(Security::default()).await,
-        Side::start(Security::default()).await,
+        Side::start_with(Security::default(), SameHost::Copy).await,
+        Side::start_with(Security::default(), mode).await,
     );
     // Blocks of 4 KiB .. 4 MiB, laid end to end in one buffer per side.
     let sizes: Vec<u64> = [4 << 10, 64 << 10, 512 << 10, 4 << 20, 4 << 10, 1 << 20]
@@ -107,6 +135,7 @@ async fn many_blocks_round_trip_both_ways() {
         .collect();
     all_ok(&prefill.engine.read(&peer, &reads).await);
     assert!(back == src, "what was read back is what was written");
+    assert_eq!(prefill.engine.link(&peer), link);
     drop((prefill, decode));
 }
 

@@ -440,6 +440,35 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             },
             (),
         ),
+        Opcode::EngineNotify => both(
+            EngineNotifyReq {
+                name: "prefill-0".into(),
+                msg: "req-42 done".into(),
+            },
+            (),
+        ),
+        Opcode::EngineAbout => both(
+            EngineAbout {},
+            EngineAboutReply {
+                first_buffer: Some(0x7f12_3456_0000),
+            },
+        ),
+        Opcode::EngineWriteFrom => both(
+            EngineWriteFromReq {
+                addr: 0x7f12_3456_0000,
+                len: 4096,
+                caller_addr: 0x7f00_0000_1000,
+            },
+            (),
+        ),
+        Opcode::EngineReadInto => both(
+            EngineReadIntoReq {
+                addr: 0x7f12_3456_0000,
+                len: 4096,
+                caller_addr: 0x7f00_0000_1000,
+            },
+            (),
+        ),
     }
 }
 

@@ -101,7 +101,11 @@ pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<
         | Request::StoreAbout(_)
         | Request::TierMove(_)
         | Request::EngineWrite(_)
-        | Request::EngineRead(_) => Err(KvError::new(
+        | Request::EngineRead(_)
+        | Request::EngineNotify(_)
+        | Request::EngineAbout(_)
+        | Request::EngineWriteFrom(_)
+        | Request::EngineReadInto(_) => Err(KvError::new(
             Code::NotSupported,
             format!("{} is not served by the master", op.name()),
         )),

@@ -377,7 +377,11 @@ fn serving(op: Opcode) -> (Serves, Work) {
         | O::StoreAbout
         | O::TierMove
         | O::EngineWrite
-        | O::EngineRead => (Serves::Objects, Work::Short),
+        | O::EngineRead
+        | O::EngineNotify
+        | O::EngineAbout
+        | O::EngineWriteFrom
+        | O::EngineReadInto => (Serves::Objects, Work::Short),
     }
 }
 

@@ -146,6 +146,42 @@ impl FramedConn {
             }
         };
         conn.peer = addr.to_string();
+        conn.client_handshake(addr, role, security).await
+    }
+
+    /// Performs the handshake as `role` over a connected Unix socket
+    /// (`name` for errors and logs): no TLS (the kernel carries the bytes),
+    /// the same version agreement and proof of the secret as over TCP.
+    pub async fn connect_unix(
+        stream: tokio::net::UnixStream,
+        name: &str,
+        role: &str,
+        limits: Limits,
+        security: &Security,
+    ) -> KvResult<Self> {
+        let conn = FramedConn::from_unix(stream, name.to_string(), limits);
+        conn.client_handshake(name, role, security).await
+    }
+
+    /// Wraps a connected or accepted Unix socket (no handshake).
+    pub fn from_unix(stream: tokio::net::UnixStream, peer: String, limits: Limits) -> Self {
+        // Unix sockets buffer little by default: bulk payloads would move
+        // a few hundred KiB per wake-up.
+        let sock = socket2::SockRef::from(&stream);
+        let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
+        let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+        let (r, w) = stream.into_split();
+        FramedConn::from_halves(Box::new(r), Box::new(w), peer, limits)
+    }
+
+    /// The client's side of the handshake on a fresh connection to `addr`.
+    async fn client_handshake(
+        mut self,
+        addr: &str,
+        role: &str,
+        security: &Security,
+    ) -> KvResult<Self> {
+        let conn = &mut self;
         let credentials = security.credentials.as_ref();
         let nonce: [u8; 16] = rand::random();
         let reply = conn
@@ -231,7 +267,7 @@ impl FramedConn {
         }
         // Only now: the handshake (Auth included) stays in the oldest shape.
         conn.version = reply.version;
-        Ok(conn)
+        Ok(self)
     }
 
     /// Wraps an accepted or connected plaintext stream (no handshake).
@@ -786,7 +822,7 @@ fn tune_socket(stream: &TcpStream) {
 mod handshake;
 mod pool;
 
-pub use handshake::accept;
+pub use handshake::{accept, accept_unix};
 use handshake::{refuse_plaintext, refused_auth};
 pub use pool::ConnPool;
 

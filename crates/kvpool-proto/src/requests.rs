@@ -257,6 +257,16 @@ requests! {
     /// Control: one bounded page of the keys in the caller's namespace
     /// under a prefix, with a cursor to resume from.
     ListKeys = 41 since 9 => Control, Client, ListKeys -> KeyPage;
+    /// Transfer engine: queue a notification for the peer's `get_notifies`.
+    EngineNotify = 62 since 10 => Data, Client, EngineNotifyReq -> ();
+    /// Transfer engine: what the peer's engine holds (and a probe).
+    EngineAbout = 63 since 10 => Data, Client, EngineAbout -> EngineAboutReply;
+    /// Transfer engine, same host: the peer pulls the caller's bytes into
+    /// its registered memory.
+    EngineWriteFrom = 64 since 10 => Data, Client, EngineWriteFromReq -> ();
+    /// Transfer engine, same host: the peer pushes bytes of its registered
+    /// memory into the caller's.
+    EngineReadInto = 65 since 10 => Data, Client, EngineReadIntoReq -> ();
 }
 
 impl Opcode {

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from kvpool.engine import TransferEngine
+from kvpool.engine import TransferEngine, TransferNotify, TransferOpcode
 
 PAGE = 4096
 PAGES = 64
@@ -51,16 +51,22 @@ for line in sys.stdin:
     cmd = json.loads(line)
     if cmd["op"] == "sha":
         print(json.dumps({"sha": hashlib.sha256(whole.tobytes()).hexdigest()}), flush=True)
+    elif cmd["op"] == "notifies":
+        print(json.dumps({"notifies": [[n.name, n.msg] for n in te.get_notifies()]}), flush=True)
     elif cmd["op"] == "exit":
         break
 """
 
 
 class Decode:
-    """The decode process: its session id, buffer address and memory digest."""
+    """The decode process: its session id, buffer address and memory digest.
+    ``same_host`` is its ``KVPOOL_ENGINE_SAME_HOST`` (None: unset)."""
 
-    def __init__(self) -> None:
+    def __init__(self, same_host: "str | None" = None) -> None:
         env = dict(os.environ, MC_TRANSFER_TIMEOUT="10")
+        env.pop("KVPOOL_ENGINE_SAME_HOST", None)
+        if same_host is not None:
+            env["KVPOOL_ENGINE_SAME_HOST"] = same_host
         self.proc = subprocess.Popen(
             [sys.executable, "-c", DECODE % (PAGE, PAGES, GUARD)],
             stdin=subprocess.PIPE,
@@ -86,6 +92,13 @@ class Decode:
         self.proc.stdin.flush()
         return self._reply()["sha"]
 
+    def notifies(self) -> list:
+        """The notifies decode's engine received since last asked."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": "notifies"}) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()["notifies"]
+
     def close(self) -> None:
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
@@ -103,9 +116,12 @@ def expected(kv: np.ndarray) -> str:
     return hashlib.sha256(np.concatenate([guard, kv, guard]).tobytes()).hexdigest()
 
 
-@pytest.fixture
-def decode():
-    d = Decode()
+@pytest.fixture(params=["copy", "socket", "tcp"])
+def decode(request):
+    """Decode as a peer on this host reaches it: memory copied straight
+    between the processes, bytes through its Unix socket, or TCP."""
+    d = Decode({"copy": None, "socket": "socket", "tcp": "0"}[request.param])
+    d.link = request.param
     yield d
     d.close()
 
@@ -143,6 +159,7 @@ def test_prefill_writes_pages_decode_sees_them_and_reads_back(decode, prefill):
     back[:PAGE] = 0
     assert prefill.transfer_sync_read(decode.session, back.ctypes.data, decode.addr + 5 * PAGE, PAGE) == 0
     assert np.array_equal(back[:PAGE], want[5 * PAGE : 6 * PAGE])
+    assert prefill._engine().link(decode.session) == decode.link
     assert prefill.batch_unregister_memory([src.ctypes.data, back.ctypes.data]) == 0
 
 
@@ -226,3 +243,98 @@ def test_the_store_accepts_the_engine_as_sglang_shares_it(master, prefill):
     finally:
         store.remove("engine-shared", True)
         store.close()
+
+
+def _status(te: TransferEngine, batch: int) -> int:
+    """``transfer_check_status`` once the batch is over."""
+    deadline = time.monotonic() + 20
+    while (rc := te.transfer_check_status(batch)) == 0:
+        assert time.monotonic() < deadline, "batch never finished"
+        time.sleep(0.001)
+    return rc
+
+
+def test_async_batches_answer_by_id_once(decode, prefill):
+    rng = np.random.default_rng(11)
+    src = rng.integers(0, 256, size=8 * PAGE, dtype=np.uint8)
+    back = np.zeros_like(src)
+    assert prefill.batch_register_memory([src.ctypes.data, back.ctypes.data], [src.nbytes, back.nbytes]) == 0
+    ids = [
+        prefill.batch_transfer_async_write(decode.session, [src.ctypes.data + i * PAGE], [decode.addr + i * PAGE], [PAGE])
+        for i in range(4)
+    ]
+    ids.append(
+        prefill.batch_transfer_async(
+            decode.session,
+            [src.ctypes.data + i * PAGE for i in range(4, 8)],
+            [decode.addr + i * PAGE for i in range(4, 8)],
+            [PAGE] * 4,
+            TransferOpcode.Write,
+        )
+    )
+    assert 0 not in ids and len(set(ids)) == 5
+    assert prefill.get_batch_transfer_status(ids) == 0
+    want = np.zeros(PAGES * PAGE, dtype=np.uint8)
+    want[: 8 * PAGE] = src
+    assert decode.sha() == expected(want)
+    # A batch id is spent once its status was read as over.
+    assert prefill.get_batch_transfer_status(ids[:1]) == -1
+    # Reads, asynchronously, the integer opcode as Mooncake's enum allows.
+    rid = prefill.batch_transfer_async(decode.session, [back.ctypes.data], [decode.addr], [back.nbytes], 0)
+    assert rid != 0 and prefill.get_batch_transfer_status([rid]) == 0
+    assert np.array_equal(back, src)
+    rid = prefill.batch_transfer_async_read(decode.session, [back.ctypes.data], [decode.addr + PAGES * PAGE], [PAGE])
+    assert rid != 0 and prefill.get_batch_transfer_status([rid]) == -1
+    # One write submitted and polled: 1 when done, then the id is spent.
+    wid = prefill.transfer_submit_write(decode.session, src.ctypes.data, decode.addr + 9 * PAGE, PAGE)
+    assert wid > 0 and _status(prefill, wid) == 1
+    assert prefill.transfer_check_status(wid) == -1
+    want[9 * PAGE : 10 * PAGE] = src[:PAGE]
+    assert decode.sha() == expected(want)
+    # Outside decode's memory: the write fails and lands nothing.
+    bad = prefill.transfer_submit_write(decode.session, src.ctypes.data, decode.addr - PAGE, PAGE)
+    assert bad > 0 and _status(prefill, bad) == -1
+    assert decode.sha() == expected(want)
+    # What cannot start is a failed id, not an exception.
+    assert prefill.batch_transfer_async(decode.session, [src.ctypes.data], [decode.addr], [PAGE], 7) == 0
+    assert prefill.batch_transfer_async_write(decode.session, [src.ctypes.data], [], [PAGE]) == 0
+
+
+def test_notifies_follow_the_bytes_and_only_a_good_batch_sends_one(decode, prefill):
+    src = np.full(2 * PAGE, 0x33, dtype=np.uint8)
+    assert prefill.register_memory(src.ctypes.data, src.nbytes) == 0
+    note = TransferNotify("prefill-0", "req-1 kv ready")
+    rc = prefill.batch_transfer_sync(
+        decode.session, [src.ctypes.data], [decode.addr], [PAGE], TransferOpcode.Write, note
+    )
+    assert rc == 0
+    assert prefill.transfer_sync(decode.session, src.ctypes.data, decode.addr + PAGE, PAGE, TransferOpcode.Read) == 0
+    assert prefill.transfer_sync(decode.session, src.ctypes.data, decode.addr + PAGES * PAGE, PAGE, TransferOpcode.Write, TransferNotify("prefill-0", "lost")) == -1
+    assert decode.notifies() == [["prefill-0", "req-1 kv ready"]]
+    assert decode.notifies() == []
+    assert prefill.transfer_sync(decode.session, src.ctypes.data, decode.addr, PAGE, "write") == -1
+
+
+def test_probe_peer_buffers_and_managed_memory(decode, prefill):
+    assert prefill.send_probe(decode.session) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    assert prefill.send_probe(dead) == -1
+    assert prefill.get_first_buffer_address(decode.session) == decode.addr
+    assert prefill.get_first_buffer_address(dead) == 0
+    addr = prefill.allocate_managed_buffer(3 * PAGE)
+    assert addr != 0
+    assert prefill.read_bytes_from_buffer(addr, 4) == b"\0" * 4
+    assert prefill.write_bytes_to_buffer(addr, b"hello kv", 5) == 0
+    assert prefill.read_bytes_from_buffer(addr, 8) == b"hello\0\0\0"
+    assert prefill.write_bytes_to_buffer(addr, b"xy", 3) == -1
+    assert prefill.write_bytes_to_buffer(addr + 3 * PAGE - 1, b"xy", 2) == -1
+    assert prefill.transfer_sync_write(decode.session, addr, decode.addr, PAGE) == 0
+    want = np.zeros(PAGES * PAGE, dtype=np.uint8)
+    want[:5] = np.frombuffer(b"hello", dtype=np.uint8)
+    assert decode.sha() == expected(want)
+    assert prefill.free_managed_buffer(addr, 3 * PAGE) == 0
+    assert prefill.free_managed_buffer(addr, 3 * PAGE) == -1
+    assert prefill.write_bytes_to_buffer(addr, b"x", 1) == -1
+    assert prefill.get_local_topology() and prefill.get_engine_ptr() != 0

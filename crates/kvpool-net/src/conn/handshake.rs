@@ -26,6 +26,23 @@ pub async fn accept(
         .flatten()
 }
 
+/// [`accept`] for a Unix socket: no TLS (the kernel carries the bytes),
+/// the same handshake. The caller checked who connected (its credentials).
+pub async fn accept_unix(
+    stream: tokio::net::UnixStream,
+    peer: String,
+    server: &str,
+    limits: Limits,
+    security: &Security,
+) -> Option<FramedConn> {
+    let mut conn = FramedConn::from_unix(stream, peer, limits);
+    let accepted = handshake(&mut conn, server, security.credentials.as_ref());
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accepted).await {
+        Ok(true) => Some(conn),
+        _ => None,
+    }
+}
+
 async fn handshake(conn: &mut FramedConn, server: &str, keyring: Option<&Credentials>) -> bool {
     // A peer that may not prove a role is not offered it: an engine holding
     // a store key but no client certificate proceeds as a client.

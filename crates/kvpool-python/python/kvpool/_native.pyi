@@ -191,5 +191,23 @@ class Engine:
         """Writes each item to the peer ``host:port``; per item 0 or a negative code."""
     def read(self, peer: str, locals: Sequence[int], remotes: Sequence[int], lengths: Sequence[int]) -> List[int]:
         """Reads each item from the peer; per item 0 or a negative code."""
+    def submit(self, write: bool, peer: str, locals: Sequence[int], remotes: Sequence[int], lengths: Sequence[int]) -> int:
+        """Starts a batch on the runtime; its id (never 0)."""
+    def poll(self, id: int) -> Optional[int]:
+        """The batch's code once it is over (0 or its first failure's; the id is spent), None while it runs."""
+    def wait_batches(self, ids: Sequence[int]) -> int:
+        """Waits for every batch and spends the ids: 0, or the first failure's code."""
+    def notify(self, peer: str, name: str, msg: str) -> int:
+        """Queues a notify at the peer: 0 or a negative code."""
+    def take_notifies(self) -> List[Tuple[str, str]]:
+        """Every notify peers queued here, oldest first, each once."""
+    def about(self, peer: str) -> Optional[int]:
+        """The peer's earliest registered buffer, asked in a fresh round trip (raises when unreachable)."""
+    def copy_in(self, addr: int, data: bytes) -> None:
+        """Copies ``data`` into memory registered here."""
+    def copy_out(self, addr: int, length: int) -> bytes:
+        """``length`` bytes of memory registered here."""
+    def link(self, peer: str) -> str:
+        """How ``peer`` was last reached: ``copy``, ``socket``, ``tcp`` or ``unknown``."""
     def close(self) -> None:
         """Stops serving."""

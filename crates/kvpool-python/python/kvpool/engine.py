@@ -8,7 +8,10 @@ Every remote write and read is checked against the receiver's registered
 buffers before a byte moves; local buffers must be registered too (as in
 Mooncake). Return codes are Mooncake 0.3.13's: transfers 0 or -1,
 ``register_memory`` 0, -1 (bad argument) or -7 (overlaps a registered
-buffer), ``unregister_memory`` 0 or -3 (not registered).
+buffer), ``unregister_memory`` 0 or -3 (not registered); asynchronous
+batches a batch id (0 when it could not start) whose status is read once;
+``transfer_check_status`` 1 (done), 0 (running), -1 (failed), -2 (timed
+out).
 
 Code that does ``from mooncake.engine import TransferEngine`` gets this class
 after :func:`install_mooncake_shim`. See ``docs/pd.md``.
@@ -16,18 +19,20 @@ after :func:`install_mooncake_shim`. See ``docs/pd.md``.
 
 from __future__ import annotations
 
+import enum
 import ipaddress
+import json
 import logging
 import os
 import socket
 import sys
 import types
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import _native
 from .errors import KvpoolError
 
-__all__ = ["TransferEngine", "install_mooncake_shim"]
+__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "install_mooncake_shim"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +44,45 @@ _ERR_ADDRESS_NOT_REGISTERED = -3
 _ERR_ADDRESS_OVERLAPPED = -7
 # kvpool's code for an overlapping registration (ObjectAlreadyExists).
 _OVERLAP_CODE = _native.CODES["OBJECT_ALREADY_EXISTS"]
+# kvpool's code for a transfer that ran out of time.
+_TIMEOUT_CODE = _native.CODES["RPC_TIMEOUT"]
+
+# What this build of the engine moves: host memory over TCP only (Mooncake's
+# module flags, so code that branches on them takes the host-memory path).
+SUPPORT_CUDA = False
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_INTRA_NVLINK = False
+
+
+class TransferOpcode(enum.IntEnum):
+    """Which way a transfer moves bytes (Mooncake's values)."""
+
+    Read = 0
+    Write = 1
+
+
+# Mooncake exports the values at module level too.
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """A notification queued at the peer after a batch lands; the peer
+    reads it with :meth:`TransferEngine.get_notifies`."""
+
+    def __init__(self, name: str = "", msg: str = "") -> None:
+        self.name = name
+        self.msg = msg
+
+    def __repr__(self) -> str:
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TransferNotify) and (self.name, self.msg) == (other.name, other.msg)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as Mooncake's
 
 _warned_rdma = False
 
@@ -106,6 +150,8 @@ class TransferEngine:
     def __init__(self) -> None:
         self._native: Optional[_native.Engine] = None
         self._session_id = ""
+        # allocate_managed_buffer's blocks: address -> length.
+        self._managed: Dict[int, int] = {}
 
     # -------------------------------------------------------------- setup
 
@@ -149,6 +195,11 @@ class TransferEngine:
         logger.info("kvpool transfer engine serving %s (session id %s)", self._native.bound, self._session_id)
         return 0
 
+    def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: str) -> int:
+        """:meth:`initialize` with the metadata type given apart (ignored:
+        no metadata service is used)."""
+        return self.initialize(local_hostname, metadata_server, protocol, device_name)
+
     def get_rpc_port(self) -> int:
         """The port peers reach this engine on (the ``port`` of its session id)."""
         return self._engine().port
@@ -161,6 +212,31 @@ class TransferEngine:
     def get_engine(self) -> "TransferEngine":
         """This engine (Mooncake hands out its C++ engine here)."""
         return self
+
+    def get_engine_ptr(self) -> int:
+        """A non-zero handle naming this engine (Mooncake's C++ pointer)."""
+        return id(self)
+
+    def get_local_topology(self, device_name: Optional[str] = None) -> str:
+        """Mooncake's topology JSON for a host without RDMA devices: one
+        CPU entry with no NICs."""
+        return json.dumps({"cpu:0": [[], []]})
+
+    def warmup_efa_segment(self, segment_name: str) -> int:
+        """0: there is no EFA transport to warm up."""
+        return 0
+
+    def send_probe(self, peer_server_name: str) -> int:
+        """0 when the peer answers a fresh round trip (and accepts this
+        engine's key), else -1."""
+        if self._native is None:
+            return -1
+        try:
+            self._native.about(str(peer_server_name))
+        except (KvpoolError, TypeError, ValueError) as e:
+            logger.warning("probe of %s failed: %s", peer_server_name, e)
+            return -1
+        return 0
 
     # ------------------------------------------------------------- memory
 
@@ -208,12 +284,61 @@ class TransferEngine:
         return first
 
     def get_first_buffer_address(self, segment_name: str) -> int:
-        """The earliest registered buffer still in place, for this engine's
-        own session id; 0 otherwise (asking a peer is not supported yet)."""
-        if self._native is None or segment_name != self._session_id:
+        """The start of the earliest registered buffer still in place in
+        the engine named ``segment_name`` (this one's session id or a
+        peer's); 0 when it has none or cannot be asked."""
+        if self._native is None:
             return 0
-        first = self._native.first_buffer()
-        return first[0] if first else 0
+        if segment_name == self._session_id:
+            first = self._native.first_buffer()
+            return first[0] if first else 0
+        try:
+            return self._native.about(str(segment_name)) or 0
+        except (KvpoolError, TypeError, ValueError) as e:
+            logger.error("cannot ask %s for its buffers: %s", segment_name, e)
+            return 0
+
+    def allocate_managed_buffer(self, length: int) -> int:
+        """A zeroed block of ``length`` bytes of host memory, registered
+        with this engine; its address, or 0 when it cannot be had."""
+        if self._native is None or int(length) <= 0:
+            return 0
+        addr = _native.host_alloc(int(length))
+        if addr == 0:
+            return 0
+        if self.register_memory(addr, int(length)) != 0:
+            _native.host_free(addr)
+            return 0
+        self._managed[addr] = int(length)
+        return addr
+
+    def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
+        """Unregisters and frees a block :meth:`allocate_managed_buffer`
+        handed out: 0, or -1 for an address it did not hand out."""
+        if self._managed.pop(int(buffer_addr), None) is None:
+            return _ERR_INVALID_ARGUMENT
+        self.unregister_memory(buffer_addr)
+        _native.host_free(int(buffer_addr))
+        return 0
+
+    def write_bytes_to_buffer(self, buffer_addr: int, src: bytes, length: int) -> int:
+        """Copies the first ``length`` bytes of ``src`` to ``buffer_addr``,
+        which must lie in memory registered here: 0 or -1."""
+        data = src.encode() if isinstance(src, str) else bytes(src)
+        if self._native is None or not 0 <= int(length) <= len(data):
+            return _ERR_INVALID_ARGUMENT
+        try:
+            self._native.copy_in(int(buffer_addr), data[: int(length)])
+        except (KvpoolError, OverflowError) as e:
+            logger.error("write_bytes_to_buffer: %s", e)
+            return _ERR_INVALID_ARGUMENT
+        return 0
+
+    def read_bytes_from_buffer(self, buffer_addr: int, length: int) -> bytes:
+        """The ``length`` bytes at ``buffer_addr``, which must lie in memory
+        registered here (else ``kvpool.errors`` raises: Mooncake would read
+        any address)."""
+        return self._engine().copy_out(int(buffer_addr), int(length))
 
     # ---------------------------------------------------------- transfers
 
@@ -235,12 +360,100 @@ class TransferEngine:
         """Reads every item, pipelined: 0 when all arrived, else -1."""
         return self._batch(False, target_hostname, buffers, peer_buffer_addresses, lengths)
 
+    def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, opcode: Any, notify: Optional[TransferNotify] = None, transport_hint: str = "") -> int:
+        """One transfer the way ``opcode`` says; with ``notify``, queued at
+        the peer once the bytes are there. 0 or -1."""
+        return self.batch_transfer_sync(target_hostname, [buffer], [peer_buffer_address], [length], opcode, notify, transport_hint)
+
+    def batch_transfer_sync(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int], lengths: Sequence[int], opcode: Any, notify: Optional[TransferNotify] = None, transport_hint: str = "") -> int:
+        """A batch the way ``opcode`` says; with ``notify``, queued at the
+        peer once every item succeeded (a failed batch sends none). 0 or -1."""
+        write = _is_write(opcode)
+        if write is None:
+            return -1
+        rc = self._batch(write, target_hostname, buffers, peer_buffer_addresses, lengths)
+        if rc != 0 or notify is None:
+            return rc
+        code = self._native.notify(str(target_hostname), str(notify.name), str(notify.msg))  # type: ignore[union-attr]
+        if code != 0:
+            logger.error("notify to %s failed: %s", target_hostname, _native.code_name(code))
+            return -1
+        return 0
+
+    def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int], lengths: Sequence[int], transport_hint: str = "") -> int:
+        """Starts writing every item; its batch id, or 0 when it cannot start."""
+        return self._submit(True, target_hostname, buffers, peer_buffer_addresses, lengths) or 0
+
+    def batch_transfer_async_read(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int], lengths: Sequence[int], transport_hint: str = "") -> int:
+        """Starts reading every item; its batch id, or 0 when it cannot start."""
+        return self._submit(False, target_hostname, buffers, peer_buffer_addresses, lengths) or 0
+
+    def batch_transfer_async(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int], lengths: Sequence[int], opcode: Any, transport_hint: str = "") -> int:
+        """Starts a batch the way ``opcode`` says; its id, or 0."""
+        write = _is_write(opcode)
+        if write is None:
+            return 0
+        return self._submit(write, target_hostname, buffers, peer_buffer_addresses, lengths) or 0
+
+    def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
+        """Waits until every batch is over: 0 when all succeeded, else -1.
+        The ids are spent either way."""
+        if self._native is None:
+            return -1
+        try:
+            code = self._native.wait_batches([int(b) for b in batch_ids])
+        except (TypeError, ValueError, OverflowError) as e:
+            logger.error("get_batch_transfer_status: %s", e)
+            return -1
+        if code != 0:
+            logger.error("a batch failed: %s", _native.code_name(code))
+            return -1
+        return 0
+
+    def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = "") -> int:
+        """Starts one write; its batch id, or -1 when it cannot start."""
+        batch = self._submit(True, target_hostname, [buffer], [peer_buffer_address], [length])
+        return batch if batch is not None else -1
+
+    def transfer_check_status(self, batch_id: int) -> int:
+        """1 when the batch succeeded, 0 while it runs, -1 when it failed,
+        -2 when it timed out; the id is spent once it is over."""
+        if self._native is None:
+            return -1
+        try:
+            code = self._native.poll(int(batch_id))
+        except (KvpoolError, TypeError, ValueError, OverflowError) as e:
+            logger.error("transfer_check_status: %s", e)
+            return -1
+        if code is None:
+            return 0
+        if code == 0:
+            return 1
+        return -2 if code == _TIMEOUT_CODE else -1
+
+    def get_notifies(self) -> List[TransferNotify]:
+        """The notifies peers queued here since the last call, oldest first."""
+        if self._native is None:
+            return []
+        return [TransferNotify(name, msg) for name, msg in self._native.take_notifies()]
+
     # ------------------------------------------------------------ helpers
 
     def _engine(self) -> "_native.Engine":
         if self._native is None:
             raise RuntimeError("TransferEngine is not initialized: call initialize() first")
         return self._native
+
+    def _submit(self, write: bool, target: str, buffers: Sequence[int], peers: Sequence[int], lengths: Sequence[int]) -> Optional[int]:
+        """Starts a batch on the runtime; its id, or None when it cannot start."""
+        if self._native is None:
+            logger.error("transfer on a TransferEngine that is not initialized")
+            return None
+        try:
+            return self._native.submit(write, str(target), buffers, peers, lengths)
+        except (KvpoolError, TypeError, ValueError, OverflowError) as e:
+            logger.error("cannot start a batch with %s: %s", target, e)
+            return None
 
     def _batch(self, write: bool, target: str, buffers: Sequence[int], peers: Sequence[int], lengths: Sequence[int]) -> int:
         if self._native is None:
@@ -261,6 +474,19 @@ class TransferEngine:
             )
             return -1
         return 0
+
+
+def _is_write(opcode: Any) -> Optional[bool]:
+    """Whether ``opcode`` (kvpool's or Mooncake's ``TransferOpcode``, or
+    its integer) is a write; None, logged, for anything else."""
+    try:
+        value = int(opcode)
+    except (TypeError, ValueError):
+        value = -1
+    if value not in (TransferOpcode.Read, TransferOpcode.Write):
+        logger.error("unknown transfer opcode %r", opcode)
+        return None
+    return value == TransferOpcode.Write
 
 
 def _wrap(host: str) -> str:

@@ -6,31 +6,74 @@
 //! Conventions: registration errors raise `kvpool.errors` exceptions;
 //! transfers return one integer per item (0 or a negative kvpool code) and
 //! the Python layer folds them into Mooncake's 0 / -1. Transfers and
-//! unregisters wait with the GIL released ([`wait`]).
+//! unregisters wait with the GIL released ([`wait`]). Asynchronous batches
+//! run on the process runtime; their results wait in a table under their
+//! batch id until asked for once (Mooncake frees a batch id when its
+//! status is read as finished).
 //!
 //! Fork: the engine belongs to the process that made it (its server runs
 //! on that process's runtime). A forked child gets an error from every call
 //! and leaks the parent's sockets rather than deregistering them from the
 //! epoll instance it shares with the parent.
 
+use std::collections::HashMap;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kvpool_client::auth::{Credentials, Security};
-use kvpool_engine::{Direction, Engine as Client, EngineServer, Regions, Transfer};
-use kvpool_proto::{Code, KvError};
+use kvpool_engine::{
+    Direction, Engine as Client, EngineServer, Notifies, Regions, SameHost, Transfer,
+};
+use kvpool_proto::{Code, KvError, KvResult};
+use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use tokio::sync::oneshot;
 
 use super::{invalid, raise, wait};
 use crate::memory::Region;
 use crate::runtime;
 
+/// Asynchronous batches submitted and not yet asked for at once.
+const MAX_PENDING_BATCHES: usize = 65_536;
+
 /// What one process's engine holds.
 struct Inner {
     regions: Arc<Regions>,
+    notifies: Arc<Notifies>,
     server: EngineServer,
-    client: Client,
+    client: Arc<Client>,
+    /// Asynchronous batches by id: each answers 0 or its first failure's code.
+    batches: Mutex<HashMap<u64, oneshot::Receiver<i32>>>,
+    next_batch: AtomicU64,
+}
+
+/// A batch's code: 0 when every item succeeded, else the first failure's.
+fn batch_code(results: Vec<KvResult<()>>, peer: &str) -> i32 {
+    match results.into_iter().find_map(Result::err) {
+        None => 0,
+        Some(e) => {
+            tracing::debug!(peer, error = %e, "transfer item failed");
+            e.code.as_i32()
+        }
+    }
+}
+
+/// Items from three equally long lists, or an `INVALID_PARAMS` message.
+fn items(locals: &[u64], remotes: &[u64], lengths: &[u64]) -> Result<Vec<Transfer>, String> {
+    if locals.len() != remotes.len() || locals.len() != lengths.len() {
+        return Err(format!(
+            "{} local addresses, {} remote addresses and {} lengths: one of each per item",
+            locals.len(),
+            remotes.len(),
+            lengths.len()
+        ));
+    }
+    Ok((locals.iter().zip(remotes).zip(lengths))
+        .map(|((&local, &remote), &len)| Transfer { local, remote, len })
+        .collect())
 }
 
 /// A transfer engine: registered memory served to peers on a TCP port, and
@@ -78,20 +121,7 @@ impl Engine {
         remotes: Vec<u64>,
         lengths: Vec<u64>,
     ) -> PyResult<Vec<i32>> {
-        if locals.len() != remotes.len() || locals.len() != lengths.len() {
-            return Err(invalid(
-                py,
-                format!(
-                    "{} local addresses, {} remote addresses and {} lengths: one of each per item",
-                    locals.len(),
-                    remotes.len(),
-                    lengths.len()
-                ),
-            ));
-        }
-        let items: Vec<Transfer> = (locals.iter().zip(&remotes).zip(&lengths))
-            .map(|((&local, &remote), &len)| Transfer { local, remote, len })
-            .collect();
+        let items = items(&locals, &remotes, &lengths).map_err(|m| invalid(py, m))?;
         let inner = self.inner(py)?;
         let results = wait(py, inner.client.transfer(peer, dir, &items))?;
         Ok(results
@@ -110,7 +140,9 @@ impl Engine {
 #[pymethods]
 impl Engine {
     /// Binds `bind` (`host:port`, port 0 picks one) and serves this
-    /// engine's registered memory there. Peers authenticate with the
+    /// engine's registered memory there (and, unless
+    /// `KVPOOL_ENGINE_SAME_HOST=0`, to processes of this user on this host
+    /// on a Unix socket named after that address). Peers authenticate with the
     /// cluster secret of `secret` (a secret or secret-file text) or else
     /// `KVPOOL_SECRET_FILE`; without one, serving off loopback needs
     /// `insecure` (or `KVPOOL_INSECURE=1`). `timeout` (seconds) bounds each
@@ -137,12 +169,18 @@ impl Engine {
             })
             .transpose()?;
         let regions = Arc::new(Regions::new());
-        let server = wait(
-            py,
-            EngineServer::bind(bind, regions.clone(), security.clone()),
-        )?
-        .map_err(|e| raise(py, e))?;
-        let mut client = Client::new(regions.clone(), security);
+        let notifies = Arc::new(Notifies::new());
+        let same_host = SameHost::from_env();
+        let serving = EngineServer::bind(
+            bind,
+            regions.clone(),
+            notifies.clone(),
+            security.clone(),
+            same_host,
+        );
+        let server = wait(py, serving)?.map_err(|e| raise(py, e))?;
+        let mut client =
+            Client::new(regions.clone(), security).with_same_host(same_host != SameHost::Off);
         if let Some(t) = client_timeout {
             client = client.with_timeout(t);
         }
@@ -150,8 +188,11 @@ impl Engine {
             pid: std::process::id(),
             inner: ManuallyDrop::new(Inner {
                 regions,
+                notifies,
                 server,
-                client,
+                client: Arc::new(client),
+                batches: Mutex::default(),
+                next_batch: AtomicU64::new(1),
             }),
         })
     }
@@ -220,6 +261,180 @@ impl Engine {
         lengths: Vec<u64>,
     ) -> PyResult<Vec<i32>> {
         self.transfer(py, Direction::Read, peer, locals, remotes, lengths)
+    }
+
+    /// Starts a batch (a write when `write`, else a read) and returns its
+    /// id at once (never 0). Ask for the outcome with `poll` or
+    /// `wait_batches`, once.
+    fn submit(
+        &self,
+        py: Python<'_>,
+        write: bool,
+        peer: String,
+        locals: Vec<u64>,
+        remotes: Vec<u64>,
+        lengths: Vec<u64>,
+    ) -> PyResult<u64> {
+        let items = items(&locals, &remotes, &lengths).map_err(|m| invalid(py, m))?;
+        let inner = self.inner(py)?;
+        let rt = runtime::get().map_err(|e| raise(py, e))?;
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut batches = inner.batches.lock();
+            if batches.len() >= MAX_PENDING_BATCHES {
+                return Err(raise(
+                    py,
+                    KvError::new(
+                        Code::UnavailableInCurrentStatus,
+                        format!(
+                            "{MAX_PENDING_BATCHES} batches are waiting to be asked for: \
+                             read their status before submitting more"
+                        ),
+                    ),
+                ));
+            }
+            let id = inner.next_batch.fetch_add(1, Ordering::Relaxed);
+            batches.insert(id, rx);
+            id
+        };
+        let dir = if write {
+            Direction::Write
+        } else {
+            Direction::Read
+        };
+        let client = inner.client.clone();
+        rt.spawn(async move {
+            let code = batch_code(client.transfer(&peer, dir, &items).await, &peer);
+            let _ = tx.send(code);
+        });
+        Ok(id)
+    }
+
+    /// The outcome of batch `id` if it is over (0 or its first failure's
+    /// code; the id is forgotten then), `None` while it runs. An unknown id
+    /// is `INVALID_PARAMS`.
+    fn poll(&self, py: Python<'_>, id: u64) -> PyResult<Option<i32>> {
+        let inner = self.inner(py)?;
+        let mut batches = inner.batches.lock();
+        let Some(rx) = batches.get_mut(&id) else {
+            return Err(invalid(py, format!("no batch {id}")));
+        };
+        let code = match rx.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => return Ok(None),
+            Ok(code) => code,
+            Err(oneshot::error::TryRecvError::Closed) => Code::InternalError.as_i32(),
+        };
+        batches.remove(&id);
+        Ok(Some(code))
+    }
+
+    /// Waits for every batch in `ids` (the GIL released) and forgets them:
+    /// 0 when all succeeded, else the first failure's code (an unknown id
+    /// is `INVALID_PARAMS`'s).
+    fn wait_batches(&self, py: Python<'_>, ids: Vec<u64>) -> PyResult<i32> {
+        let inner = self.inner(py)?;
+        let mut waiting = Vec::with_capacity(ids.len());
+        let mut first = 0;
+        {
+            let mut batches = inner.batches.lock();
+            for id in &ids {
+                match batches.remove(id) {
+                    Some(rx) => waiting.push(rx),
+                    None if first == 0 => first = Code::InvalidParams.as_i32(),
+                    None => {}
+                }
+            }
+        }
+        let codes = wait(py, async move {
+            let mut codes = Vec::with_capacity(waiting.len());
+            for rx in waiting {
+                codes.push(rx.await.unwrap_or(Code::InternalError.as_i32()));
+            }
+            codes
+        })?;
+        Ok(std::iter::once(first)
+            .chain(codes)
+            .find(|&c| c != 0)
+            .unwrap_or(0))
+    }
+
+    /// Queues the notify `(name, msg)` at the peer: 0 or a negative code.
+    fn notify(&self, py: Python<'_>, peer: &str, name: &str, msg: &str) -> PyResult<i32> {
+        let inner = self.inner(py)?;
+        Ok(match wait(py, inner.client.notify(peer, name, msg))? {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::debug!(peer, error = %e, "notify failed");
+                e.code.as_i32()
+            }
+        })
+    }
+
+    /// Every notify peers queued here, oldest first, as `(name, msg)`; each
+    /// is handed out once.
+    fn take_notifies(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
+        let inner = self.inner(py)?;
+        Ok(inner
+            .notifies
+            .take_all()
+            .into_iter()
+            .map(|n| (n.name, n.msg))
+            .collect())
+    }
+
+    /// Asks the peer what it holds, in a fresh round trip: the start of
+    /// its earliest registered buffer (or `None`). Raises when the peer
+    /// cannot be reached or refuses us.
+    fn about(&self, py: Python<'_>, peer: &str) -> PyResult<Option<u64>> {
+        let inner = self.inner(py)?;
+        let about = wait(py, inner.client.about(peer))?.map_err(|e| raise(py, e))?;
+        Ok(about.first_buffer)
+    }
+
+    /// Copies `data` to `addr`, which must lie in memory registered here.
+    fn copy_in(&self, py: Python<'_>, addr: u64, data: &[u8]) -> PyResult<()> {
+        let inner = self.inner(py)?;
+        let len = data.len() as u64;
+        let region = inner
+            .regions
+            .check(addr, len, "this engine's")
+            .map_err(|e| raise(py, e))?;
+        let Some(_pin) = region.try_pin() else {
+            return Err(raise(
+                py,
+                KvError::new(Code::InvalidParams, "buffer is being unregistered"),
+            ));
+        };
+        // SAFETY: inside a registered region (checked), kept registered by `_pin`.
+        unsafe { region.bytes_mut(addr, len) }.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// The `length` bytes at `addr`, which must lie in memory registered here.
+    fn copy_out<'py>(
+        &self,
+        py: Python<'py>,
+        addr: u64,
+        length: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let inner = self.inner(py)?;
+        let region = inner
+            .regions
+            .check(addr, length, "this engine's")
+            .map_err(|e| raise(py, e))?;
+        let Some(_pin) = region.try_pin() else {
+            return Err(raise(
+                py,
+                KvError::new(Code::InvalidParams, "buffer is being unregistered"),
+            ));
+        };
+        // SAFETY: inside a registered region (checked), kept registered by `_pin`.
+        Ok(PyBytes::new(py, unsafe { region.bytes(addr, length) }))
+    }
+
+    /// How `peer` was last reached: `copy`, `socket`, `tcp` or `unknown`.
+    fn link(&self, py: Python<'_>, peer: &str) -> PyResult<&'static str> {
+        Ok(self.inner(py)?.client.link(peer))
     }
 
     /// Stops serving: peers' transfers are refused from now on.
