@@ -338,3 +338,44 @@ def test_probe_peer_buffers_and_managed_memory(decode, prefill):
     assert prefill.free_managed_buffer(addr, 3 * PAGE) == -1
     assert prefill.write_bytes_to_buffer(addr, b"x", 1) == -1
     assert prefill.get_local_topology() and prefill.get_engine_ptr() != 0
+
+
+SPAWNS = r"""
+import multiprocessing as mp
+import sys
+
+
+def child(q):
+    import mooncake.engine
+    import mooncake.store
+    q.put([mooncake.engine.TransferEngine.__module__, mooncake.store.__name__])
+
+
+if __name__ == "__main__":
+    import mooncake.engine
+    print(mooncake.engine.TransferEngine.__module__, getattr(sys, "shadowed_ran", False))
+    ctx = mp.get_context("spawn")  # as SGLang and vLLM start their workers
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    print(*q.get())
+    p.join()
+"""
+
+
+def test_the_shim_directory_reaches_spawned_workers(tmp_path):
+    """``PYTHONPATH=$(python3 -m kvpool.shim)`` makes every interpreter,
+    workers started with ``spawn`` included, import kvpool as Mooncake,
+    and still runs the ``sitecustomize`` it shadows."""
+    shim = subprocess.run([sys.executable, "-m", "kvpool.shim"], capture_output=True, text=True, check=True)
+    shim_dir = shim.stdout.strip()
+    assert os.path.isfile(os.path.join(shim_dir, "sitecustomize.py"))
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import sys\nsys.shadowed_ran = True\n")
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([shim_dir, str(other)]))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["kvpool.engine True", "kvpool.engine kvpool.mooncake"]

@@ -86,6 +86,10 @@ class TransferNotify:
 
 _warned_rdma = False
 
+# Where Debian and Ubuntu map the machine's own name; SGLang has been seen
+# passing it as the engine's address.
+_DEBIAN_HOSTNAME_IP = "127.0.1.1"
+
 
 def _truthy(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
@@ -124,7 +128,8 @@ def _advertised(host: str) -> str:
     """The address peers are told: `host` when it names a reachable
     address, else this host's LAN address. Debian-style ``/etc/hosts`` maps
     the hostname to 127.0.1.1, which no other host can reach, and an empty
-    or wildcard host names no one."""
+    or wildcard host names no one. Other loopback addresses given as such
+    are meant (``rbg``'s local runtime gives each instance one)."""
     if host in ("", "0.0.0.0", "::"):
         return _lan_ip()
     try:
@@ -139,7 +144,7 @@ def _advertised(host: str) -> str:
         if ip.is_loopback and host != "localhost":
             return _lan_ip()
         return str(ip)
-    if ip.is_loopback and str(ip) != "127.0.0.1" and str(ip) != "::1":
+    if str(ip) == _DEBIAN_HOSTNAME_IP:
         return _lan_ip()
     return str(ip)
 
