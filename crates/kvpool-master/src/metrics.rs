@@ -70,6 +70,7 @@ struct PerTenant {
     objects: Family<TenantLabel, Gauge>,
     bytes: Family<TenantLabel, Gauge>,
     clients: Family<TenantLabel, Gauge>,
+    pinned: Family<TenantLabel, Gauge>,
 }
 
 /// Label of the master's role gauge.
@@ -283,6 +284,11 @@ impl Default for Metrics {
             "Client ids a tenant has registered (against --tenant-quota)",
             t.clients.clone(),
         );
+        registry.register(
+            "tenant_pinned_bytes",
+            "Bytes of a tenant's hard-pinned objects, all replicas (against --tenant-quota)",
+            t.pinned.clone(),
+        );
         let p = &m.per_segment;
         registry.register(
             "segment_capacity_bytes",
@@ -429,7 +435,7 @@ impl Metrics {
             p.state.get_or_create(&l).set(1);
         }
         let t = &self.per_tenant;
-        for f in [&t.objects, &t.bytes, &t.clients] {
+        for f in [&t.objects, &t.bytes, &t.clients, &t.pinned] {
             f.clear();
         }
         for (name, u) in tenants {
@@ -439,6 +445,7 @@ impl Metrics {
             t.objects.get_or_create(&l).set(g(u.objects));
             t.bytes.get_or_create(&l).set(g(u.bytes));
             t.clients.get_or_create(&l).set(g(u.clients));
+            t.pinned.get_or_create(&l).set(g(u.pinned));
         }
         let d = &self.disk;
         for seg in &s.segments {

@@ -42,6 +42,8 @@ pub enum Refusal {
     /// A hard pin beyond `--max-hard-pinned-ratio` of the pool, over all
     /// clients.
     HardPinnedPool,
+    /// A hard pin beyond its tenant's `--tenant-quota NAME:pinned=SIZE`.
+    HardPinnedTenant,
     /// An HTTP connection beyond `--http-max-connections`.
     HttpConnections,
     /// An HTTP connection from an address that holds
@@ -82,6 +84,7 @@ impl Refusal {
             Refusal::PendingPuts => "pending_puts_per_client",
             Refusal::HardPinnedBytes => "hard_pinned_bytes_per_client",
             Refusal::HardPinnedPool => "hard_pinned_bytes_pool",
+            Refusal::HardPinnedTenant => "hard_pinned_bytes_tenant",
             Refusal::HttpConnections => "http_connections",
             Refusal::HttpConnectionsPerIp => "http_connections_per_ip",
             Refusal::MetadataValueSize => "metadata_value_size",

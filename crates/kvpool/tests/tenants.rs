@@ -294,6 +294,68 @@ async fn a_tenant_is_held_to_its_quota() {
     assert_eq!(acme.get("k10").await.expect("get"), small);
 }
 
+/// Hard pins (which eviction never frees) count against their tenant's
+/// `pinned` quota over all its clients: past it a pinned put is refused
+/// before anything is reserved, other tenants and unpinned puts go on, and
+/// a removal gives the room back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_hard_pins_are_held_to_its_quota() {
+    let cluster = Cluster::builder()
+        .secured()
+        .master_flag("--tenant-quota", "acme:pinned=64KiB")
+        .start()
+        .await;
+    let admin = cluster.secrets.as_ref().expect("secured").admin.clone();
+    let acme = client_as(&cluster, admin.for_tenant("acme").expect("key")).await;
+    let acme2 = client_as(&cluster, admin.for_tenant("acme").expect("key")).await;
+    let other = client_as(&cluster, admin.for_tenant("other").expect("key")).await;
+    let pinned = ReplicateConfig {
+        with_hard_pin: true,
+        ..ReplicateConfig::default()
+    };
+    // 16 KiB values take a little more than 16 KiB placed (the header):
+    // three fit in 64 KiB, a fourth does not.
+    let page = vec![7u8; 16 << 10];
+    for i in 0..3 {
+        acme.put(&format!("pin{i}"), &page, &pinned)
+            .await
+            .expect("within the pin quota");
+    }
+    for (who, c) in [("acme", &acme), ("acme's second client", &acme2)] {
+        let e = c
+            .put("pin3", &page, &pinned)
+            .await
+            .expect_err("past the pin quota");
+        assert_eq!(e.code, Code::QuotaExceeded, "{who}: {e}");
+    }
+    acme.put("plain", &page, &ReplicateConfig::default())
+        .await
+        .expect("an unpinned put is not held back");
+    for i in 0..8 {
+        other
+            .put(&format!("pin{i}"), &page, &pinned)
+            .await
+            .expect("another tenant's pins");
+    }
+    let (status, body) = http_get(&cluster.metrics_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let acme_pins = body
+        .lines()
+        .find_map(|l| l.strip_prefix("kvpool_tenant_pinned_bytes{tenant=\"acme\"} "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("acme's pinned bytes in the metrics");
+    assert!(
+        (3 * (16 << 10)..=64 << 10).contains(&acme_pins),
+        "{acme_pins}"
+    );
+    assert!(body.contains("reason=\"hard_pinned_bytes_tenant\""));
+    acme.remove("pin0", true).await.expect("remove");
+    acme2
+        .put("pin3", &page, &pinned)
+        .await
+        .expect("the room a removal gave back");
+}
+
 /// Connections are counted per identity: a tenant on a host whose address
 /// holds its share of connections still gets in, and its own connections
 /// stop at the same share, from any address.

@@ -60,6 +60,8 @@ pub(crate) enum PinLimit {
     Client,
     /// The pool's, over all clients.
     Pool,
+    /// The quota of the key's tenant, of this many bytes.
+    Tenant(u64),
 }
 
 impl Ledger {
@@ -86,32 +88,37 @@ impl Ledger {
         granted
     }
 
-    /// Reserves `bytes` of hard pins for `client` unless that passes its
-    /// `max`, or `pool_max` over all clients.
+    /// Reserves `bytes` of hard pins of `key` for `client` unless that
+    /// passes the client's limit, the pool's over all clients (`limits`),
+    /// or the quota of the key's tenant.
     pub(crate) fn reserve_pin(
         &self,
-        client: ClientId,
+        (client, key): (ClientId, &str),
         bytes: u64,
-        (max, pool_max): (u64, u64),
+        limits: (u64, u64),
+        policy: &TenantPolicy,
     ) -> Result<(), PinLimit> {
         let book = &mut *self.book.lock();
-        let held = book.per.get(&client).map_or(0, |h| h.pinned);
-        pin_limit(held, book.pinned, bytes, (max, pool_max))?;
+        book.pin_fits((client, key), bytes, limits, policy)?;
+        if let Some(name) = tenants::owner(key) {
+            // Fits: checked just above, under the same lock.
+            let _ = book.tenants.pin(name, bytes, policy.quota(name));
+        }
         book.per.entry(client).or_default().pinned += bytes;
         book.pinned += bytes;
         Ok(())
     }
 
-    /// Whether `client` could pin `bytes` more now, without reserving them.
+    /// Whether `client` could pin `bytes` more of `key` now, without
+    /// reserving them.
     pub(crate) fn pin_fits(
         &self,
-        client: ClientId,
+        writer: (ClientId, &str),
         bytes: u64,
         limits: (u64, u64),
+        policy: &TenantPolicy,
     ) -> Result<(), PinLimit> {
-        let book = self.book.lock();
-        let held = book.per.get(&client).map_or(0, |h| h.pinned);
-        pin_limit(held, book.pinned, bytes, limits)
+        self.book.lock().pin_fits(writer, bytes, limits, policy)
     }
 
     /// Hard-pinned bytes of all clients together.
@@ -119,20 +126,27 @@ impl Ledger {
         self.book.lock().pinned
     }
 
-    /// Gives back `puts` puts in flight and `pinned` bytes of pins.
-    pub(crate) fn release(&self, client: ClientId, puts: u64, pinned: u64) {
-        if puts == 0 && pinned == 0 {
-            return;
+    /// Gives back `puts` puts in flight of `client`.
+    pub(crate) fn release_puts(&self, client: ClientId, puts: u64) {
+        if puts > 0 {
+            self.book.lock().update(client, |h| {
+                h.pending = h.pending.saturating_sub(puts);
+                0
+            });
         }
+    }
+
+    /// Gives back `pin`, its writer's bytes of a hard pin of `key`.
+    pub(crate) fn unpin(&self, key: &str, pin: Pin) {
         let book = &mut *self.book.lock();
-        if let Some(h) = book.per.get_mut(&client) {
-            let given = h.pinned.min(pinned);
-            book.pinned -= given;
-            h.pending = h.pending.saturating_sub(puts);
+        let given = book.update(pin.owner, |h| {
+            let given = h.pinned.min(pin.bytes);
             h.pinned -= given;
-            if *h == Held::default() {
-                book.per.remove(&client);
-            }
+            given
+        });
+        book.pinned -= given;
+        if let Some(name) = tenants::owner(key) {
+            book.tenants.unpin(name, pin.bytes);
         }
     }
 
@@ -199,6 +213,40 @@ impl Ledger {
     }
 }
 
+impl Book {
+    /// See [`Ledger::pin_fits`].
+    fn pin_fits(
+        &self,
+        (client, key): (ClientId, &str),
+        bytes: u64,
+        limits: (u64, u64),
+        policy: &TenantPolicy,
+    ) -> Result<(), PinLimit> {
+        let held = self.per.get(&client).map_or(0, |h| h.pinned);
+        pin_limit(held, self.pinned, bytes, limits)?;
+        match tenants::owner(key) {
+            Some(name) => self
+                .tenants
+                .pin_fits(name, bytes, policy.quota(name))
+                .map_err(|_| PinLimit::Tenant(policy.quota(name).pinned)),
+            None => Ok(()),
+        }
+    }
+
+    /// Changes `client`'s holdings with `f`, dropping an entry left empty;
+    /// what `f` returned (0 when the client holds nothing).
+    fn update(&mut self, client: ClientId, f: impl FnOnce(&mut Held) -> u64) -> u64 {
+        let Some(h) = self.per.get_mut(&client) else {
+            return 0;
+        };
+        let r = f(h);
+        if *h == Held::default() {
+            self.per.remove(&client);
+        }
+        r
+    }
+}
+
 /// The limit `more` bytes of pins would pass, for a client holding `held`
 /// while all clients hold `all`; `limits` are the client's and the pool's.
 fn pin_limit(held: u64, all: u64, more: u64, (max, pool_max): (u64, u64)) -> Result<(), PinLimit> {
@@ -222,8 +270,12 @@ mod tests {
         assert_eq!(l.reserve_puts(c, 8, 10), 8);
         assert_eq!(l.reserve_puts(c, 8, 10), 2);
         assert_eq!(l.reserve_puts(c, 1, 10), 0);
-        assert_eq!(l.reserve_pin(c, 100, (150, u64::MAX)), Ok(()));
-        assert_eq!(l.reserve_pin(c, 51, (150, u64::MAX)), Err(PinLimit::Client));
+        let none = TenantPolicy::default();
+        assert_eq!(l.reserve_pin((c, "k"), 100, (150, u64::MAX), &none), Ok(()));
+        assert_eq!(
+            l.reserve_pin((c, "k"), 51, (150, u64::MAX), &none),
+            Err(PinLimit::Client)
+        );
         assert_eq!(
             l.held(c),
             Held {
@@ -231,7 +283,14 @@ mod tests {
                 pinned: 100
             }
         );
-        l.release(c, 10, 100);
+        l.release_puts(c, 10);
+        l.unpin(
+            "k",
+            Pin {
+                owner: c,
+                bytes: 100,
+            },
+        );
         assert_eq!(l.held(c), Held::default());
         assert_eq!(l.clients(), 0, "an empty entry is dropped");
         assert_eq!(l.reserve_puts(ClientId(2), 0, 10), 0);
@@ -242,14 +301,55 @@ mod tests {
     fn the_pools_pin_limit_counts_every_client() {
         let l = Ledger::default();
         let (a, b) = (ClientId(1), ClientId(2));
-        assert_eq!(l.reserve_pin(a, 100, (1000, 150)), Ok(()));
-        assert_eq!(l.reserve_pin(b, 60, (1000, 150)), Err(PinLimit::Pool));
-        assert_eq!(l.reserve_pin(b, 50, (1000, 150)), Ok(()));
+        let none = TenantPolicy::default();
+        let pin = |c, bytes| l.reserve_pin((c, "k"), bytes, (1000, 150), &none);
+        assert_eq!(pin(a, 100), Ok(()));
+        assert_eq!(pin(b, 60), Err(PinLimit::Pool));
+        assert_eq!(pin(b, 50), Ok(()));
         assert_eq!(l.pinned(), 150);
         // Giving back more than was held gives back what was held.
-        l.release(a, 0, 500);
+        l.unpin(
+            "k",
+            Pin {
+                owner: a,
+                bytes: 500,
+            },
+        );
         assert_eq!(l.pinned(), 50);
-        assert_eq!(l.reserve_pin(b, 60, (1000, 150)), Ok(()));
+        assert_eq!(pin(b, 60), Ok(()));
         assert_eq!(l.pinned(), 110);
+    }
+
+    #[test]
+    fn a_tenants_pins_stop_at_its_quota_and_come_back() {
+        let l = Ledger::default();
+        let mut policy = TenantPolicy::default();
+        policy.add_quota("acme:pinned=100").unwrap();
+        let (a, b) = (ClientId(1), ClientId(2));
+        let key = "\u{1}acme\u{1}page";
+        let limits = (1000, 1000);
+        assert_eq!(l.reserve_pin((a, key), 60, limits, &policy), Ok(()));
+        // Another client of the same tenant shares its quota.
+        assert_eq!(
+            l.reserve_pin((b, key), 50, limits, &policy),
+            Err(PinLimit::Tenant(100))
+        );
+        assert_eq!(l.pin_fits((b, key), 40, limits, &policy), Ok(()));
+        // Keys without a tenant, and other tenants, are not held back.
+        assert_eq!(l.reserve_pin((b, "page"), 500, limits, &policy), Ok(()));
+        assert_eq!(
+            l.reserve_pin((b, "\u{1}other\u{1}page"), 300, limits, &policy),
+            Ok(())
+        );
+        assert_eq!(l.tenant_usage("acme").pinned, 60);
+        l.unpin(
+            key,
+            Pin {
+                owner: a,
+                bytes: 60,
+            },
+        );
+        assert_eq!(l.tenant_usage("acme").pinned, 0);
+        assert_eq!(l.reserve_pin((b, key), 100, limits, &policy), Ok(()));
     }
 }

@@ -16,6 +16,7 @@ use crate::refusals::Refusal;
 
 use super::ledger::{Pin, PinLimit};
 use super::table::ObjectTable;
+use super::tenants;
 use super::*;
 
 /// Eviction passes one allocation may trigger before it gives up (each frees
@@ -208,7 +209,7 @@ impl MasterState {
             })
             .collect();
         // Existing keys, retries of a put already in flight and failures hold nothing.
-        self.ledger.release(client, (allowed - started) as u64, 0);
+        self.ledger.release_puts(client, (allowed - started) as u64);
         if refused > 0 {
             let detail = format!(
                 "client {client} has {max} puts in flight, its limit; {refused} of {} keys refused",
@@ -226,8 +227,10 @@ impl MasterState {
     /// Gives back what a put in flight held: it was revoked, expired, or
     /// lost its segments (a committed put keeps its pin in the table).
     pub(super) fn forget_pending(&self, key: &str, p: &Pending) {
-        let pinned = p.version.hard_pin.map_or(0, |pin| pin.bytes);
-        self.ledger.release(p.owner, 1, pinned);
+        self.ledger.release_puts(p.owner, 1);
+        if let Some(pin) = p.version.hard_pin {
+            self.ledger.unpin(key, pin);
+        }
         self.ledger.tenant_release(key, p.version.value_len);
     }
 
@@ -305,8 +308,12 @@ impl MasterState {
             let more = item
                 .region_len
                 .saturating_mul(want.min(placeable.len()) as u64);
-            if let Err(limit) = self.ledger.pin_fits(client, more, limits) {
-                return Err(self.pin_refused(client, (limit, limits), more));
+            let writer = (client, item.key.as_str());
+            let fits = self
+                .ledger
+                .pin_fits(writer, more, limits, &self.cfg.tenants);
+            if let Err(limit) = fits {
+                return Err(self.pin_refused(writer, (limit, limits), more));
             }
         }
         let fit = self.fitting(item.region_len, Some(placeable));
@@ -352,9 +359,13 @@ impl MasterState {
             Some(limits) => {
                 // Allocation rounds regions up: charge what was placed.
                 let bytes = replicas.iter().map(|(_, r)| r.len).sum();
-                if let Err(limit) = self.ledger.reserve_pin(client, bytes, limits) {
+                let writer = (client, item.key.as_str());
+                let reserved = self
+                    .ledger
+                    .reserve_pin(writer, bytes, limits, &self.cfg.tenants);
+                if let Err(limit) = reserved {
                     self.free_now(&replicas, None);
-                    return Err(self.pin_refused(client, (limit, limits), bytes));
+                    return Err(self.pin_refused(writer, (limit, limits), bytes));
                 }
                 Some(Pin {
                     owner: client,
@@ -368,7 +379,7 @@ impl MasterState {
             drop(shard);
             self.free_now(&replicas, None);
             if let Some(pin) = hard_pin {
-                self.ledger.release(client, 0, pin.bytes);
+                self.ledger.unpin(&item.key, pin);
             }
             return answer.map(Started::Held);
         }
@@ -413,20 +424,25 @@ impl MasterState {
         (capacity as f64 * self.cfg.limits.max_hard_pinned_ratio) as u64
     }
 
-    /// The refusal of a hard pin of `more` bytes by `client`, which would
-    /// pass `limit` of the `(client, pool)` limits checked.
+    /// The refusal of a hard pin of `more` bytes of `key` by `client`,
+    /// which would pass `limit` (of the `(client, pool)` limits checked, or
+    /// the key's tenant's quota).
     fn pin_refused(
         &self,
-        client: ClientId,
+        (client, key): (ClientId, &str),
         (limit, (max, pool_max)): (PinLimit, (u64, u64)),
         more: u64,
     ) -> KvError {
+        if let (PinLimit::Tenant(quota), Some(name)) = (limit, tenants::owner(key)) {
+            let e = tenants::quota_error(name, tenants::Over::Pinned(quota));
+            return self.refusals.refuse(Refusal::HardPinnedTenant, e);
+        }
         let message = match limit {
             PinLimit::Client => {
                 let held = self.ledger.held(client).pinned;
                 format!("client {client} holds {held} hard-pinned bytes; {more} more would pass its limit of {max}")
             }
-            PinLimit::Pool => format!(
+            PinLimit::Pool | PinLimit::Tenant(_) => format!(
                 "{} bytes of the pool are hard-pinned; {more} more would pass the pool's limit of {pool_max} ({:.0}% of its memory)",
                 self.ledger.pinned(),
                 self.cfg.limits.max_hard_pinned_ratio * 100.0
@@ -434,7 +450,7 @@ impl MasterState {
         };
         let reason = match limit {
             PinLimit::Client => Refusal::HardPinnedBytes,
-            PinLimit::Pool => Refusal::HardPinnedPool,
+            PinLimit::Pool | PinLimit::Tenant(_) => Refusal::HardPinnedPool,
         };
         self.refusals
             .refuse(reason, KvError::new(Code::NoAvailableHandle, message))
@@ -522,15 +538,17 @@ impl MasterState {
         // is charged by the table.
         self.ledger.tenant_release(key, v.value_len);
         if v.replicas.is_empty() {
-            self.ledger
-                .release(owner, 1, v.hard_pin.map_or(0, |pin| pin.bytes));
+            self.ledger.release_puts(owner, 1);
+            if let Some(pin) = v.hard_pin {
+                self.ledger.unpin(key, pin);
+            }
             return Err(KvError::new(
                 Code::WriteFail,
                 format!("every segment of {key:?} went away"),
             ));
         }
         // Committed: no longer in flight; its pin now goes with the object.
-        self.ledger.release(owner, 1, 0);
+        self.ledger.release_puts(owner, 1);
         v.last_access = self.tick(now);
         v.committed_at = v.last_access;
         if let Some(old) = shard.objects.insert(key, v) {

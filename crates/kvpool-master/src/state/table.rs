@@ -217,7 +217,7 @@ impl ObjectTable {
     /// Gives back slot `i`'s hard pin, if it has one.
     fn unpin(&mut self, i: u32) {
         if let Some(p) = self.hard_pins.remove(&i) {
-            self.ledger.release(p.owner, 0, p.bytes);
+            self.ledger.unpin(&self.key(i), p);
         }
     }
 
@@ -707,7 +707,10 @@ mod tests {
         let mut v = version(1, &[(0, 0)]);
         v.soft_pin_until = Tick(99);
         let owner = kvpool_proto::msg::ClientId(5);
-        assert!(ledger.reserve_pin(owner, 64, (64, 64)).is_ok());
+        let none = Default::default();
+        assert!(ledger
+            .reserve_pin((owner, "k"), 64, (64, 64), &none)
+            .is_ok());
         v.hard_pin = Some(Pin { owner, bytes: 64 });
         t.insert("k", v);
         let i = t.find("k").unwrap();
@@ -757,21 +760,27 @@ mod tests {
         let ledger = Arc::new(Ledger::default());
         let mut t = ObjectTable::new(ledger.clone(), Arc::default());
         let owner = kvpool_proto::msg::ClientId(9);
-        let pinned = |bytes| {
+        let policy = Default::default();
+        let pinned = |key, bytes| {
+            let limits = (u64::MAX, u64::MAX);
             assert!(ledger
-                .reserve_pin(owner, bytes, (u64::MAX, u64::MAX))
+                .reserve_pin((owner, key), bytes, limits, &policy)
                 .is_ok());
             let mut v = version(1, &[(0, 0)]);
             v.hard_pin = Some(Pin { owner, bytes });
             v
         };
-        t.insert("a", pinned(100));
-        t.insert("b", pinned(10));
+        // `b` is a tenant's: its pin counts against the tenant too.
+        let b = "\u{1}acme\u{1}b";
+        t.insert("a", pinned("a", 100));
+        t.insert(b, pinned(b, 10));
         assert_eq!(ledger.held(owner).pinned, 110);
+        assert_eq!(ledger.tenant_usage("acme").pinned, 10);
         t.insert("a", version(2, &[(0, 64)]));
         assert_eq!(ledger.held(owner).pinned, 10);
-        t.remove("b");
+        t.remove(b);
         assert_eq!(ledger.held(owner).pinned, 0);
+        assert_eq!(ledger.tenant_usage("acme").pinned, 0);
         assert!(t.hard_pins.is_empty());
     }
 

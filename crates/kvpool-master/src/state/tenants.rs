@@ -4,7 +4,9 @@
 //! A tenant's usage counts its committed objects (charged where the object
 //! table takes or drops them, so a rebuild after a restart counts too), its
 //! puts in flight (reserved before any region is, given back when the put
-//! ends either way) and its registered client ids. Value bytes are counted
+//! ends either way), the bytes of its hard-pinned objects (in flight or
+//! committed, as the pool's and each client's pin limits count them) and
+//! its registered client ids. Value bytes are counted
 //! once per object, whatever its replica count. Keys without a tenant
 //! count against no quota (only the per-client limits).
 
@@ -25,16 +27,21 @@ pub struct Quota {
     pub bytes: u64,
     /// Registered client ids.
     pub clients: u64,
+    /// Bytes of hard-pinned objects (all replicas, as placed), which
+    /// eviction never frees.
+    pub pinned: u64,
 }
 
 impl Default for Quota {
-    /// No limit on objects or bytes; 1,000 client ids, so that no tenant
-    /// can take the registrations every other engine needs.
+    /// No limit on objects, bytes or pins (the pool's `--max-hard-pinned-ratio`
+    /// bounds all tenants' pins together); 1,000 client ids, so that no
+    /// tenant can take the registrations every other engine needs.
     fn default() -> Self {
         Quota {
             objects: u64::MAX,
             bytes: u64::MAX,
             clients: 1_000,
+            pinned: u64::MAX,
         }
     }
 }
@@ -61,14 +68,18 @@ impl TenantPolicy {
         self.shared.contains(name)
     }
 
-    /// Applies one `--tenant-quota` value: `NAME:objects=N,bytes=SIZE,clients=N`
-    /// (any of the three; `NAME` `*` sets the default of every tenant
-    /// without a line of its own; `none` lifts a limit).
+    /// Applies one `--tenant-quota` value:
+    /// `NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE` (any of them;
+    /// `NAME` `*` sets the default of every tenant without a line of its
+    /// own; `none` lifts a limit).
     pub fn add_quota(&mut self, spec: &str) -> KvResult<()> {
         let bad = |why: String| {
             KvError::new(
                 Code::InvalidParams,
-                format!("--tenant-quota {spec:?}: {why} (NAME:objects=N,bytes=SIZE,clients=N)"),
+                format!(
+                    "--tenant-quota {spec:?}: {why} \
+                     (NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE)"
+                ),
             )
         };
         let (name, limits) = spec
@@ -88,7 +99,7 @@ impl TenantPolicy {
                 .ok_or_else(|| bad(format!("{part:?} is not what=value")))?;
             let n = match (what.trim(), value.trim()) {
                 (_, "none") => u64::MAX,
-                ("bytes", v) => parse_size(v).map_err(|e| bad(e.to_string()))?,
+                ("bytes" | "pinned", v) => parse_size(v).map_err(|e| bad(e.to_string()))?,
                 (_, v) => v
                     .parse()
                     .map_err(|_| bad(format!("{v:?} is not a count")))?,
@@ -97,6 +108,7 @@ impl TenantPolicy {
                 "objects" => q.objects = n,
                 "bytes" => q.bytes = n,
                 "clients" => q.clients = n,
+                "pinned" => q.pinned = n,
                 other => return Err(bad(format!("unknown limit {other:?}"))),
             }
         }
@@ -118,6 +130,8 @@ pub struct Usage {
     pub bytes: u64,
     /// Registered client ids.
     pub clients: u64,
+    /// Bytes of its hard-pinned objects.
+    pub pinned: u64,
 }
 
 /// The limit a reservation would pass.
@@ -129,6 +143,8 @@ pub enum Over {
     Bytes(u64),
     /// Client ids.
     Clients(u64),
+    /// Hard-pinned bytes.
+    Pinned(u64),
 }
 
 impl fmt::Display for Over {
@@ -137,6 +153,7 @@ impl fmt::Display for Over {
             Over::Objects(n) => write!(f, "its quota of {n} objects"),
             Over::Bytes(n) => write!(f, "its quota of {n} value bytes"),
             Over::Clients(n) => write!(f, "its quota of {n} client ids"),
+            Over::Pinned(n) => write!(f, "its quota of {n} hard-pinned bytes"),
         }
     }
 }
@@ -183,6 +200,27 @@ impl Book {
             u.objects = u.objects.saturating_sub(1);
             u.bytes = u.bytes.saturating_sub(bytes);
         });
+    }
+
+    /// Whether `name` may hard-pin `bytes` more within `quota`.
+    pub(crate) fn pin_fits(&self, name: &str, bytes: u64, quota: Quota) -> Result<(), Over> {
+        let held = self.per.get(name).map_or(0, |u| u.pinned);
+        if held.saturating_add(bytes) > quota.pinned {
+            return Err(Over::Pinned(quota.pinned));
+        }
+        Ok(())
+    }
+
+    /// Hard-pins `bytes` more of `name`, within `quota`.
+    pub(crate) fn pin(&mut self, name: &str, bytes: u64, quota: Quota) -> Result<(), Over> {
+        self.pin_fits(name, bytes, quota)?;
+        self.usage_mut(name).pinned += bytes;
+        Ok(())
+    }
+
+    /// Gives back `bytes` of `name`'s hard pins.
+    pub(crate) fn unpin(&mut self, name: &str, bytes: u64) {
+        self.update(name, |u| u.pinned = u.pinned.saturating_sub(bytes));
     }
 
     /// Counts one more client id of `name`, within `quota`.
@@ -243,14 +281,15 @@ mod tests {
     fn quotas_parse_and_default() {
         let mut p = TenantPolicy::default();
         p.add_quota("*:objects=10,clients=2").unwrap();
-        p.add_quota("acme:bytes=1MiB").unwrap();
+        p.add_quota("acme:bytes=1MiB,pinned=64KiB").unwrap();
         p.add_quota("big:objects=none").unwrap();
         assert_eq!(
             p.quota("other"),
             Quota {
                 objects: 10,
                 bytes: u64::MAX,
-                clients: 2
+                clients: 2,
+                pinned: u64::MAX
             }
         );
         assert_eq!(
@@ -258,7 +297,8 @@ mod tests {
             Quota {
                 objects: 10,
                 bytes: 1 << 20,
-                clients: 2
+                clients: 2,
+                pinned: 64 << 10
             }
         );
         assert_eq!(p.quota("big").objects, u64::MAX);
@@ -284,6 +324,7 @@ mod tests {
             objects: 2,
             bytes: 100,
             clients: 1,
+            pinned: 50,
         };
         let mut b = Book::default();
         assert_eq!(b.reserve("a", 60, q), Ok(()));
@@ -297,6 +338,10 @@ mod tests {
         );
         assert_eq!(b.add_client("a", q), Ok(()));
         assert_eq!(b.add_client("a", q), Err(Over::Clients(1)));
+        assert_eq!(b.pin("a", 30, q), Ok(()));
+        assert_eq!(b.pin("a", 21, q), Err(Over::Pinned(50)));
+        assert_eq!(b.pin("b", 50, q), Ok(()), "pins count per tenant");
+        b.unpin("a", 30);
         b.release("a", 60);
         b.release("a", 40);
         b.drop_client("a");
