@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Restart recovery time of a full segment: fills one store's segment with
 # objects of SIZE through `kvpool bench --keys`, kill -9s the store, restarts
-# it on the same data dir and reports how long until its objects are
-# readable again (store log: scan and mount times), then checks the hit rate.
+# it on the same data dir and reports how long until its inventory is
+# reconciled (store log: scan and mount times), then checks the hit rate.
+# Readers (bench/restart_readers.py, the Python package) read the keyspace
+# throughout and print what an engine saw: when keys went missing or calls
+# failed, and the longest stretch with no key read.
 # Usage: bench/restart_time.sh [SEGMENT (4GiB)] [SIZE (4KiB)]
+# Env:   PY (a python with the kvpool package; default the test venv's)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SEGMENT="${1:-4GiB}"; SIZE="${2:-4KiB}"
@@ -28,11 +32,18 @@ BENCH=$!
 until [ "$("$K" status --master $M | awk '/^keys/ {print $2}')" -ge "$KEYS" ]; do sleep 1; done
 kill "$BENCH" 2>/dev/null || true; wait "$BENCH" 2>/dev/null || true
 "$K" status --master $M | grep -E "^(keys|used)"
+PY="${PY:-$HOME/.cache/kvpool/venv/bin/python}"
+"$PY" "$ROOT/bench/restart_readers.py" --master $M --prefix fill --size "$size_b" --keys "$KEYS" \
+  --seconds 40 >"$DATA/readers.out" 2>&1 & READERS=$!
+sleep 5
 kill -9 "$STORE"; wait "$STORE" 2>/dev/null || true
 t0=$(date +%s.%N)
 "$K" store --master $M --segment-size "$SEGMENT" --data-dir "$DATA/s" >"$DATA/store2.log" 2>&1 & PIDS+=($!)
 until grep -q "segment mounted with its objects" "$DATA/store2.log"; do sleep 0.05; done
 t1=$(date +%s.%N)
 grep "segment mounted with its objects" "$DATA/store2.log" | sed 's/.*INFO //'
-python3 -c "print(f'restart to objects readable: {$t1 - $t0:.2f} s (process start, scan, mount, master reconcile)')"
+python3 -c "print(f'restart to inventory reconciled: {$t1 - $t0:.2f} s (process start, scan, mount, master reconcile)')"
+wait "$READERS" || true
+echo "readers (kill -9 at 5.0 s; restart at once):"
+cat "$DATA/readers.out"
 "$K" bench --master $M --ops get --keys "$KEYS" --keep --sizes "$SIZE" --duration 3s --prefix fill 2>/dev/null | grep "hit rate"

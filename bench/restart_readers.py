@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Readers through a store restart: what an engine sees while a store is
+killed and comes back (bench/restart_time.sh starts it).
+
+Reads random keys of a filled keyspace (``<prefix>-<size>-<i>``, as
+``kvpool bench --keys`` writes them) in batches of --batch for --seconds
+and counts, per --bucket of time, keys read with the right length, keys
+missing and calls that failed. At the end it prints the timeline around
+the outage and one line: the first and last bucket with a failed or
+missing key, and the longest run of buckets with no key read.
+"""
+
+import argparse
+import random
+import sys
+import time
+
+import kvpool
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--prefix", required=True, help="keys are <prefix>-<size>-<i>")
+    ap.add_argument("--size", type=int, required=True, help="value bytes of every key")
+    ap.add_argument("--keys", type=int, required=True)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--bucket", type=float, default=0.1, help="seconds per timeline bucket")
+    a = ap.parse_args()
+    client = kvpool.Client(master=a.master)
+    buckets = {}  # bucket index -> [read, missing, failed calls]
+    t0 = time.monotonic()
+    while (now := time.monotonic()) - t0 < a.seconds:
+        b = buckets.setdefault(int((now - t0) / a.bucket), [0, 0, 0])
+        keys = [f"{a.prefix}-{a.size}-{random.randrange(a.keys)}" for _ in range(a.batch)]
+        try:
+            values = client.batch_get(keys)
+        except kvpool.KvpoolError:
+            b[2] += 1
+            time.sleep(0.01)
+            continue
+        for v in values:
+            if v is not None and len(v) == a.size:
+                b[0] += 1
+            else:
+                b[1] += 1
+    bad = sorted(i for i, (_, missing, failed) in buckets.items() if missing or failed)
+    dry = longest = 0
+    for i in range(max(buckets) + 1):
+        dry = dry + 1 if buckets.get(i, [0])[0] == 0 else 0
+        longest = max(longest, dry)
+    for i in range(max(0, (bad[0] if bad else 0) - 5), min(max(buckets), (bad[-1] if bad else 0) + 5) + 1):
+        read, missing, failed = buckets.get(i, [0, 0, 0])
+        print(f"{i * a.bucket:7.1f} s  read {read:6d}  missing {missing:6d}  failed calls {failed:4d}")
+    total = [sum(b[j] for b in buckets.values()) for j in range(3)]
+    if bad:
+        print(f"keys missing or calls failing from {bad[0] * a.bucket:.1f} s to {(bad[-1] + 1) * a.bucket:.1f} s; "
+              f"longest stretch with no key read: {longest * a.bucket:.1f} s; "
+              f"read {total[0]}, missing {total[1]}, failed calls {total[2]}")
+    else:
+        print(f"no key missing and no call failed; longest stretch with no key read: {longest * a.bucket:.1f} s; "
+              f"read {total[0]}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
