@@ -30,14 +30,17 @@ def main() -> None:
     a = ap.parse_args()
     client = kvpool.Client(master=a.master)
     buckets = {}  # bucket index -> [read, missing, failed calls]
+    errors = {}  # error text -> (count, first bucket)
     t0 = time.monotonic()
     while (now := time.monotonic()) - t0 < a.seconds:
         b = buckets.setdefault(int((now - t0) / a.bucket), [0, 0, 0])
         keys = [f"{a.prefix}-{a.size}-{random.randrange(a.keys)}" for _ in range(a.batch)]
         try:
             values = client.batch_get(keys)
-        except kvpool.KvpoolError:
+        except kvpool.KvpoolError as e:
             b[2] += 1
+            n, first = errors.get(str(e), (0, int((now - t0) / a.bucket)))
+            errors[str(e)] = (n + 1, first)
             time.sleep(0.01)
             continue
         for v in values:
@@ -61,6 +64,8 @@ def main() -> None:
     else:
         print(f"no key missing and no call failed; longest stretch with no key read: {longest * a.bucket:.1f} s; "
               f"read {total[0]}")
+    for text, (n, first) in sorted(errors.items(), key=lambda e: e[1][1]):
+        print(f"  {n} calls from {first * a.bucket:.1f} s failed with: {text}")
     sys.stdout.flush()
 
 

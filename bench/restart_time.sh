@@ -41,7 +41,8 @@ t0=$(date +%s.%N)
 "$K" store --master $M --segment-size "$SEGMENT" --data-dir "$DATA/s" >"$DATA/store2.log" 2>&1 & PIDS+=($!)
 until grep -q "segment mounted with its objects" "$DATA/store2.log"; do sleep 0.05; done
 t1=$(date +%s.%N)
-grep "segment mounted with its objects" "$DATA/store2.log" | sed 's/.*INFO //'
+echo "killed at $(date -u -d @"$t0" +%H:%M:%S.%N | cut -c1-12); the restarted store's log:"
+grep -E "store serving|segment mounted with its objects|segment mounted$" "$DATA/store2.log" | sed -E 's/^[0-9-]+T([0-9:.]{12})[0-9]*Z +INFO /\1 /'
 python3 -c "print(f'restart to inventory reconciled: {$t1 - $t0:.2f} s (process start, scan, mount, master reconcile)')"
 wait "$READERS" || true
 echo "readers (kill -9 at 5.0 s; restart at once):"

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
+use kvpool_format::scan::REGION_ALIGN;
 use kvpool_format::DATA_BASE;
 use kvpool_net::auth::Security;
 use kvpool_net::master::RemountHook;
@@ -391,6 +392,11 @@ impl DataNode {
     }
 }
 
+/// How long a segment's scan is waited for before the segment is mounted
+/// without it (see `mount_one`): small and empty segments mount with their
+/// exact inventory, as before, and open at once.
+const QUICK_SCAN: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Sends one part of a segment's inventory.
 async fn report(
     link: &MasterLink,
@@ -407,12 +413,14 @@ async fn report(
     link.call(&req).await
 }
 
-/// Scans one segment, mounts it with its inventory, and invalidates what the
+/// Scans one segment and mounts it (before the scan ends when it takes
+/// longer than [`QUICK_SCAN`]), reports its inventory, invalidates what the
 /// master rejects (removed, superseded or never committed objects), and
-/// records what it found in `recovery`. Every mount is under a fresh fence
-/// (see `kvpool_transfer::fence`), taken before the scan: no write granted
-/// under an earlier mount lands after the scan, so the inventory is all the
-/// segment holds but the regions held back, which it leaves out.
+/// records what it found in `recovery`. Every mount is under
+/// a fresh fence (see `kvpool_transfer::fence`), taken before the scan: no
+/// write granted under an earlier mount lands after the scan, so the
+/// inventory is all the segment holds but the regions held back, which it
+/// leaves out.
 async fn mount_one(
     link: &MasterLink,
     lent: Lent,
@@ -425,35 +433,52 @@ async fn mount_one(
         medium,
     } = lent;
     let t0 = std::time::Instant::now();
-    // A scan of a big segment takes seconds, and the fence may wait for
-    // writers: off the runtime's workers.
-    let ((found, stats), (fence, held)) = {
-        let (medium, base, id, table) = (medium.clone(), info.base, info.id, table.clone());
+    // The fence may wait for writers: off the runtime's workers.
+    let (fence, held) = {
+        let (id, table) = (info.id, table.clone());
+        tokio::task::spawn_blocking(move || table.refence(id))
+            .await
+            .map_err(|e| KvError::new(Code::InternalError, format!("refence failed: {e}")))?
+            .ok_or_else(|| KvError::from(Code::SegmentNotFound))?
+    };
+    let (id, tier, base) = (info.id, info.tier, info.base);
+    // A scan of a big segment takes seconds: off the runtime's workers too.
+    let mut scan = {
+        let medium = medium.clone();
+        let held = held.clone();
         tokio::task::spawn_blocking(move || {
-            let (fence, held) = table
-                .refence(id)
-                .ok_or_else(|| KvError::from(Code::SegmentNotFound))?;
-            let scanned = medium.scan(base);
-            let (mut found, stats) = scanned.map_err(|e| {
-                KvError::new(Code::TransferFail, format!("segment scan failed: {e}"))
-            })?;
+            let (mut found, stats) = medium.scan(base)?;
             // A held region's bytes are a copy nobody will commit.
             found.retain(|f| {
                 let end = f.offset + f.region_len;
                 !held.iter().any(|&(o, l)| f.offset < o + l && o < end)
             });
-            Ok::<_, KvError>(((found, stats), (fence, held)))
+            Ok((found, stats))
         })
-        .await
-        .map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))??
     };
-    let scanned = t0.elapsed();
-    let (id, tier) = (info.id, info.tier);
+    let joined = |r: Result<std::io::Result<_>, tokio::task::JoinError>| {
+        r.map_err(|e| KvError::new(Code::InternalError, format!("segment scan failed: {e}")))?
+            .map_err(|e| KvError::new(Code::TransferFail, format!("segment scan failed: {e}")))
+    };
+    // A scan that outlasts QUICK_SCAN is not waited for: the segment is
+    // mounted announcing as many objects as it could hold (each takes at
+    // least one aligned region), so the master points readers at this
+    // process at once (its endpoint may be new after a restart) and keeps
+    // the objects it knew readable, placing nothing new here until the
+    // inventory is in. Mounting after every scan left a restarted store's
+    // objects unreadable for as long as its scan took (3.5 s at 10M).
+    let quick = match tokio::time::timeout(QUICK_SCAN, &mut scan).await {
+        Ok(r) => Some(joined(r)?),
+        Err(_) => None,
+    };
+    let objects = quick
+        .as_ref()
+        .map_or(info.size / REGION_ALIGN, |(found, _)| found.len() as u64);
     let r = link
         .call(&MountSegment {
             client_id: link.client_id(),
             segment: info,
-            objects: found.len() as u64,
+            objects,
             scan_age_ms: t0.elapsed().as_millis() as u64,
             possession,
             fence,
@@ -465,7 +490,12 @@ async fn mount_one(
         Err(e) if e.code == Code::SegmentAlreadyExists => return Ok(()),
         Err(e) => return Err(e),
     }
-    if found.is_empty() {
+    let (found, stats) = match quick {
+        Some(done) => done,
+        None => joined(scan.await)?,
+    };
+    let scanned = t0.elapsed();
+    if objects == 0 {
         recovery.record(tier, &stats, 0, 0, scanned);
         return Ok(());
     }
