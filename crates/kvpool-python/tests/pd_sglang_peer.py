@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 import time
 
 import numpy as np
+
+from peers import reply_channel
 
 LAYERS = 3
 HEADS = 2
@@ -42,13 +43,8 @@ def prefill_bytes(buffer: int, nbytes: int) -> np.ndarray:
 
 
 def main(role: str, bootstrap_port: int) -> None:
-    # Replies get stdout to themselves: SGLang's prints land in the log.
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-
-    def reply(**fields) -> None:
-        out.write(json.dumps(fields) + "\n")
-        out.flush()
+    # Replies get stdout to themselves (peers.py): SGLang's prints land in the log.
+    reply = reply_channel()
 
     # Before anything imports SGLang: its PD code does
     # `from mooncake.engine import TransferEngine`, and the real Mooncake

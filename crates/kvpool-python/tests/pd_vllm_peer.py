@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from peers import reply_channel
+
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 BLOCK = 32  # tokens a block: the CPU attention backend's kernel wants a multiple of 32
 BLOCKS = 16  # blocks in each engine's KV cache
@@ -46,13 +48,8 @@ def prefill_bytes(layer: int) -> np.ndarray:
 
 
 def main(role: str, engine_id: str, site: str) -> None:
-    # Replies get stdout to themselves: vLLM's logs land in the log file.
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-
-    def reply(**fields) -> None:
-        out.write(json.dumps(fields) + "\n")
-        out.flush()
+    # Replies get stdout to themselves (peers.py): vLLM's logs land in the log file.
+    reply = reply_channel()
 
     # Before vLLM imports the connector: it does
     # `from mooncake.engine import TransferEngine` at import time, and the

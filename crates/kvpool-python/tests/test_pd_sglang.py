@@ -41,20 +41,17 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import json
 import os
-import queue
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import pytest
 
 from conftest import free_port
+from peers import PeerProcess
 from pd_sglang_peer import FIRST_TOKEN, GUARD, ITEM_LEN, LAYERS, prefill_bytes
 
 if os.environ.get("KVPOOL_TEST_SGLANG") == "0":
@@ -73,19 +70,15 @@ DST_PAGES = [1, 5, 6, 16]
 SRC_AUX, DST_AUX = 1, 2  # metadata slots
 
 STARTUP_S = 180  # four processes importing SGLang on a small machine
-STEP_S = 20  # any one step of a transfer
 # A transfer that cannot land fails within this: refused, not timed out
 # (each peer's engine gives up on a call after MC_TRANSFER_TIMEOUT=10 s).
 FAIL_WITHIN_S = 5
 
 
-class Peer:
-    """A pd_sglang_peer.py process: JSON commands in, replies out, its
-    stderr (SGLang's logs) in a file."""
+class Peer(PeerProcess):
+    """A pd_sglang_peer.py process (its stderr, SGLang's logs, in a file)."""
 
     def __init__(self, role: str, bootstrap_port: int, log: Path) -> None:
-        self.role = role
-        self.log_path = log
         env = dict(
             os.environ,
             # SGLang advertises this host's NIC address otherwise; kvpool's
@@ -95,63 +88,7 @@ class Peer:
             # Prefill probes a failed decode session every 30 s by default.
             SGLANG_FAILED_SESSION_PROBE_INTERVAL_S="0.2",
         )
-        with open(log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(PEER), role, str(bootstrap_port)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-            )
-        self._replies: "queue.Queue[Optional[dict]]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        #: The first reply: which engine it runs, its session id.
-        self.hello: dict = {}
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._replies.put(json.loads(line))
-        self._replies.put(None)  # the process is gone
-
-    def reply(self, timeout: float) -> dict:
-        try:
-            r = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.role}: no answer within {timeout} s\n{self.log()}") from None
-        if r is None:
-            raise AssertionError(f"{self.role} exited with {self.proc.wait()}\n{self.log()}")
-        return r
-
-    def ask(self, op: str, timeout: float = STEP_S, **args) -> dict:
-        """Runs one command in the peer; its reply. Steps that wait inside
-        the peer wait at most ``timeout``; the answer may take a little
-        longer."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, "timeout": timeout, **args}) + "\n")
-        self.proc.stdin.flush()
-        return self.reply(timeout + 5)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def request_exit(self) -> None:
-        """Tells the peer to exit (it also does at the end of its stdin)."""
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
-            self.proc.stdin.close()
-        except OSError:  # it is gone already
-            pass
-
-    def close(self) -> None:
-        """Waits for the peer to exit after :meth:`request_exit`; kills it
-        if it has not within 10 s."""
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def log(self) -> str:
-        return f"--- {self.role} log ({self.log_path}):\n" + self.log_path.read_bytes()[-4000:].decode(errors="replace")
+        super().__init__(role, [sys.executable, str(PEER), role, str(bootstrap_port)], env, log)
 
 
 class Deployment:

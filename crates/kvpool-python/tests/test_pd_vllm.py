@@ -59,12 +59,8 @@ the bootstrap server needs, the module fails, unless ``KVPOOL_TEST_VLLM=0``
 from __future__ import annotations
 
 import base64
-import json
 import os
-import queue
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -74,6 +70,7 @@ import numpy as np
 import pytest
 
 from conftest import free_port
+from peers import PeerProcess
 from pd_vllm_peer import BLOCK_BYTES, BLOCKS, GUARD, LAYERS, prefill_bytes
 
 VLLM_VERSION = "0.33.0"
@@ -104,74 +101,17 @@ if _WHY is not None and os.environ.get("KVPOOL_TEST_VLLM") == "0":
 SRC_BLOCKS = [2, 5, 6]
 DST_BLOCKS = [1, 14, 15]
 STARTUP_S = 120  # two processes importing vLLM on a small machine
-STEP_S = 20  # any one step of a transfer
 # A transfer that cannot land is reported within this: refused, not timed
 # out (the engine's own bound on one call is MC_TRANSFER_TIMEOUT=10 s).
 FAIL_WITHIN_S = 5
 
 
-class Peer:
-    """A pd_vllm_peer.py process: JSON commands in, replies out, its
-    stderr (vLLM's logs) in a file."""
+class Peer(PeerProcess):
+    """A pd_vllm_peer.py process (its stderr, vLLM's logs, in a file)."""
 
     def __init__(self, role: str, engine_id: str, env: dict, log: Path) -> None:
-        self.role = role
         self.engine_id = engine_id
-        self.log_path = log
-        with open(log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(PEER), role, engine_id, SITE],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-            )
-        self._replies: "queue.Queue[Optional[dict]]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        #: The first reply: which engine it runs, what it registered.
-        self.hello: dict = {}
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._replies.put(json.loads(line))
-        self._replies.put(None)  # the process is gone
-
-    def reply(self, timeout: float) -> dict:
-        try:
-            r = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.role}: no answer within {timeout} s\n{self.log()}") from None
-        if r is None:
-            raise AssertionError(f"{self.role} exited with {self.proc.wait()}\n{self.log()}")
-        return r
-
-    def ask(self, op: str, timeout: float = STEP_S, **args) -> dict:
-        """Runs one command in the peer; its reply. Steps that wait inside
-        the peer wait at most ``timeout``; the answer may take a little
-        longer."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, "timeout": timeout, **args}) + "\n")
-        self.proc.stdin.flush()
-        return self.reply(timeout + 5)
-
-    def request_exit(self) -> None:
-        """Tells the peer to exit (it also does at the end of its stdin)."""
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
-            self.proc.stdin.close()
-        except OSError:  # it is gone already
-            pass
-
-    def close(self) -> None:
-        """Waits for the peer to exit after :meth:`request_exit`; kills it
-        if it has not within 10 s."""
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log(self) -> str:
-        return f"--- {self.role} log ({self.log_path}):\n" + self.log_path.read_bytes()[-4000:].decode(errors="replace")
+        super().__init__(role, [sys.executable, str(PEER), role, engine_id, SITE], env, log)
 
 
 class Deployment:
