@@ -101,8 +101,7 @@ impl Ledger {
         let book = &mut *self.book.lock();
         book.pin_fits((client, key), bytes, limits, policy)?;
         if let Some(name) = tenants::owner(key) {
-            // Fits: checked just above, under the same lock.
-            let _ = book.tenants.pin(name, bytes, policy.quota(name));
+            book.tenants.pin(name, bytes);
         }
         book.per.entry(client).or_default().pinned += bytes;
         book.pinned += bytes;

@@ -211,11 +211,10 @@ impl Book {
         Ok(())
     }
 
-    /// Hard-pins `bytes` more of `name`, within `quota`.
-    pub(crate) fn pin(&mut self, name: &str, bytes: u64, quota: Quota) -> Result<(), Over> {
-        self.pin_fits(name, bytes, quota)?;
+    /// Counts `bytes` more of `name`'s hard pins (checked with
+    /// [`Self::pin_fits`] first, under the same lock).
+    pub(crate) fn pin(&mut self, name: &str, bytes: u64) {
         self.usage_mut(name).pinned += bytes;
-        Ok(())
     }
 
     /// Gives back `bytes` of `name`'s hard pins.
@@ -338,9 +337,10 @@ mod tests {
         );
         assert_eq!(b.add_client("a", q), Ok(()));
         assert_eq!(b.add_client("a", q), Err(Over::Clients(1)));
-        assert_eq!(b.pin("a", 30, q), Ok(()));
-        assert_eq!(b.pin("a", 21, q), Err(Over::Pinned(50)));
-        assert_eq!(b.pin("b", 50, q), Ok(()), "pins count per tenant");
+        assert_eq!(b.pin_fits("a", 30, q), Ok(()));
+        b.pin("a", 30);
+        assert_eq!(b.pin_fits("a", 21, q), Err(Over::Pinned(50)));
+        assert_eq!(b.pin_fits("b", 50, q), Ok(()), "pins count per tenant");
         b.unpin("a", 30);
         b.release("a", 60);
         b.release("a", 40);
