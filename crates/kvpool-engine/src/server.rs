@@ -240,34 +240,15 @@ async fn serve_one(
                 name: req.name,
                 msg: req.msg,
             });
-            return match queued {
-                Ok(()) => conn.send_response(h, &[], &[]).await,
-                Err(e) => conn.send_error(h, &e).await,
-            };
+            return ack(conn, h, queued).await;
         }
         Ok((Request::EngineWriteFrom(r), _)) => {
-            let copied = copy_with_caller(
-                regions,
-                caller,
-                Way::FromCaller,
-                r.addr,
-                r.len,
-                r.caller_addr,
-            )
-            .await;
-            return answer_copy(conn, h, copied).await;
+            let copy = (Way::FromCaller, r.addr, r.len, r.caller_addr);
+            return ack(conn, h, copy_with_caller(regions, caller, copy).await).await;
         }
         Ok((Request::EngineReadInto(r), _)) => {
-            let copied = copy_with_caller(
-                regions,
-                caller,
-                Way::IntoCaller,
-                r.addr,
-                r.len,
-                r.caller_addr,
-            )
-            .await;
-            return answer_copy(conn, h, copied).await;
+            let copy = (Way::IntoCaller, r.addr, r.len, r.caller_addr);
+            return ack(conn, h, copy_with_caller(regions, caller, copy).await).await;
         }
         Ok((Request::EngineAbout(_), _)) => {
             let about = EngineAboutReply {
@@ -294,10 +275,7 @@ async fn serve_one(
 async fn copy_with_caller(
     regions: &Regions,
     caller: Option<i32>,
-    way: Way,
-    addr: u64,
-    len: u64,
-    caller_addr: u64,
+    (way, addr, len, caller_addr): (Way, u64, u64, u64),
 ) -> KvResult<()> {
     let Some(pid) = caller else {
         return Err(KvError::new(
@@ -319,9 +297,10 @@ async fn copy_with_caller(
     unsafe { local::copy(pid, way, bytes.as_mut_ptr(), caller_addr, bytes.len()) }
 }
 
-/// Answers a copy with the caller's memory.
-async fn answer_copy(conn: &mut FramedConn, h: &FrameHeader, copied: KvResult<()>) -> KvResult<()> {
-    match copied {
+/// Answers a request that carries nothing back: an empty response, or
+/// its error.
+async fn ack(conn: &mut FramedConn, h: &FrameHeader, done: KvResult<()>) -> KvResult<()> {
+    match done {
         Ok(()) => conn.send_response(h, &[], &[]).await,
         Err(e) => conn.send_error(h, &e).await,
     }

@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 use kvpool_client::auth::{Credentials, Security};
 use kvpool_engine::{
-    Direction, Engine as Client, EngineServer, Notifies, Regions, SameHost, Transfer,
+    Direction, Engine as Client, EngineServer, Notifies, Region as Registered, Regions, SameHost,
+    Transfer,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::Mutex;
@@ -109,6 +110,25 @@ impl Engine {
                 ),
             ))
         }
+    }
+
+    /// Runs `f` on the registered region holding `[addr, addr + len)`,
+    /// which stays registered meanwhile; refused outside registered memory.
+    fn with_registered<T>(
+        &self,
+        py: Python<'_>,
+        addr: u64,
+        len: u64,
+        f: impl FnOnce(&Registered) -> T,
+    ) -> PyResult<T> {
+        let region = (self.inner(py)?.regions)
+            .check(addr, len, "this engine's")
+            .map_err(|e| raise(py, e))?;
+        let Some(_pin) = region.try_pin() else {
+            let e = KvError::new(Code::InvalidParams, "buffer is being unregistered");
+            return Err(raise(py, e));
+        };
+        Ok(f(&region))
     }
 
     /// Runs a batch; one 0-or-negative code per item.
@@ -393,21 +413,10 @@ impl Engine {
 
     /// Copies `data` to `addr`, which must lie in memory registered here.
     fn copy_in(&self, py: Python<'_>, addr: u64, data: &[u8]) -> PyResult<()> {
-        let inner = self.inner(py)?;
-        let len = data.len() as u64;
-        let region = inner
-            .regions
-            .check(addr, len, "this engine's")
-            .map_err(|e| raise(py, e))?;
-        let Some(_pin) = region.try_pin() else {
-            return Err(raise(
-                py,
-                KvError::new(Code::InvalidParams, "buffer is being unregistered"),
-            ));
-        };
-        // SAFETY: inside a registered region (checked), kept registered by `_pin`.
-        unsafe { region.bytes_mut(addr, len) }.copy_from_slice(data);
-        Ok(())
+        self.with_registered(py, addr, data.len() as u64, |region| {
+            // SAFETY: inside a registered region, kept registered meanwhile.
+            unsafe { region.bytes_mut(addr, data.len() as u64) }.copy_from_slice(data)
+        })
     }
 
     /// The `length` bytes at `addr`, which must lie in memory registered here.
@@ -417,19 +426,10 @@ impl Engine {
         addr: u64,
         length: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let inner = self.inner(py)?;
-        let region = inner
-            .regions
-            .check(addr, length, "this engine's")
-            .map_err(|e| raise(py, e))?;
-        let Some(_pin) = region.try_pin() else {
-            return Err(raise(
-                py,
-                KvError::new(Code::InvalidParams, "buffer is being unregistered"),
-            ));
-        };
-        // SAFETY: inside a registered region (checked), kept registered by `_pin`.
-        Ok(PyBytes::new(py, unsafe { region.bytes(addr, length) }))
+        self.with_registered(py, addr, length, |region| {
+            // SAFETY: inside a registered region, kept registered meanwhile.
+            PyBytes::new(py, unsafe { region.bytes(addr, length) })
+        })
     }
 
     /// How `peer` was last reached: `copy`, `socket`, `tcp` or `unknown`.
