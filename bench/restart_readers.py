@@ -59,10 +59,7 @@ def main() -> None:
             else:
                 b[1] += 1
     bad = sorted(i for i, (_, missing, failed) in buckets.items() if missing or failed)
-    dry = longest = 0
-    for i in range(max(buckets) + 1):
-        dry = dry + 1 if buckets.get(i, [0])[0] == 0 else 0
-        longest = max(longest, dry)
+    longest = longest_dry(buckets)
     for i in range(max(0, (bad[0] if bad else 0) - 5), min(max(buckets), (bad[-1] if bad else 0) + 5) + 1):
         read, missing, failed = buckets.get(i, [0, 0, 0])
         print(f"{i * a.bucket:7.1f} s  read {read:6d}  missing {missing:6d}  failed calls {failed:4d}")
@@ -80,6 +77,16 @@ def main() -> None:
         writer.join()
         report_writes(writes, a.bucket)
     sys.stdout.flush()
+
+
+def longest_dry(buckets: dict) -> int:
+    """The longest run of consecutive buckets whose first count (keys read,
+    puts acknowledged) is 0, buckets with nothing at all included."""
+    dry = longest = 0
+    for i in range(max(buckets) + 1):
+        dry = dry + 1 if buckets.get(i, [0])[0] == 0 else 0
+        longest = max(longest, dry)
+    return longest
 
 
 def write(client: "kvpool.Client", a: argparse.Namespace, t0: float, writes: dict) -> None:
@@ -101,10 +108,7 @@ def write(client: "kvpool.Client", a: argparse.Namespace, t0: float, writes: dic
 def report_writes(writes: dict, bucket: float) -> None:
     """The writer's line: failures, the longest stretch with no put
     acknowledged, and the slowest put."""
-    dry = longest = 0
-    for i in range(max(writes) + 1):
-        dry = dry + 1 if writes.get(i, [0])[0] == 0 else 0
-        longest = max(longest, dry)
+    longest = longest_dry(writes)
     failed = sorted(i for i, w in writes.items() if w[1])
     slowest = max(w[2] for w in writes.values())
     acked = sum(w[0] for w in writes.values())
