@@ -88,6 +88,15 @@ class PeerProcess:
         return f"--- {self.role} log ({self.log_path}):\n" + self.log_path.read_bytes()[-4000:].decode(errors="replace")
 
 
+def close_all(peers: List[PeerProcess]) -> None:
+    """Stops every peer, all at once: each may take seconds to shut its
+    engine down."""
+    for p in peers:
+        p.request_exit()
+    for p in peers:
+        p.close()
+
+
 def reply_channel() -> Callable[..., None]:
     """In a peer: takes stdout for replies alone (what the engine prints
     goes to stderr, the log) and returns the function that sends one."""

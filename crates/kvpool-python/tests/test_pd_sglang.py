@@ -51,7 +51,7 @@ import numpy as np
 import pytest
 
 from conftest import free_port
-from peers import PeerProcess
+from peers import PeerProcess, close_all
 from pd_sglang_peer import FIRST_TOKEN, GUARD, ITEM_LEN, LAYERS, prefill_bytes
 
 if os.environ.get("KVPOOL_TEST_SGLANG") == "0":
@@ -128,11 +128,7 @@ class Deployment:
         return self._spare.pop()
 
     def close(self) -> None:
-        # Each takes seconds to shut SGLang down: all at once.
-        for p in self.peers:
-            p.request_exit()
-        for p in self.peers:
-            p.close()
+        close_all(self.peers)
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ import numpy as np
 import pytest
 
 from conftest import free_port
-from peers import PeerProcess
+from peers import PeerProcess, close_all
 from pd_vllm_peer import BLOCK_BYTES, BLOCKS, GUARD, LAYERS, prefill_bytes
 
 VLLM_VERSION = "0.33.0"
@@ -150,11 +150,7 @@ class Deployment:
         return self.peers[1]
 
     def close(self) -> None:
-        # Each takes a moment to shut its connector down: both at once.
-        for p in self.peers:
-            p.request_exit()
-        for p in self.peers:
-            p.close()
+        close_all(self.peers)
 
 
 @pytest.fixture(scope="module")
