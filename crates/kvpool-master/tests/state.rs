@@ -2160,22 +2160,66 @@ fn a_last_version_is_destroyed_only_after_the_older_ones() {
         "the new version is not destroyed before the old one: {inv:?}"
     );
     assert_eq!(p.used(), used, "its region is held meanwhile");
-    assert!(
-        p.st.fence(["k"], now).is_some(),
-        "the removal's reply waits"
-    );
-    // Delivered at last: the new version goes next.
+    let reply = p.st.fence(["k"], now).expect("the removal's reply waits");
+    // Delivered at last: the new version goes next, and the reply waits
+    // for that too. It went between the two, and a client read the removed
+    // version through its cached location 4 ms after the removal was
+    // answered (chaos, mixed seed 1).
     let (inv, through) = p.st.take_invalidations();
     for (id, ..) in &inv {
         p.st.invalidations_delivered(*id);
     }
     p.st.invalidations_sent(through);
+    assert!(
+        !p.st.fence_done(&reply, now),
+        "the new version is not destroyed yet"
+    );
+    assert!(p.st.fence(["k"], now).is_some(), "nor may a later reply go");
     let (inv, through) = p.st.take_invalidations();
     assert_eq!(inv.len(), 1);
     assert_eq!(inv[0].0, SegmentId(2));
     assert_eq!(inv[0].2[0].1, g2);
     p.st.invalidations_sent(through);
+    assert!(p.st.fence_done(&reply, now));
     assert_eq!(p.used(), used - OBJ);
+}
+
+/// The same when the old version's destruction is first sent in the very
+/// round that releases the new one (its store was only slow to be told):
+/// that round's sequence number covers the old version's batch, not the
+/// new one's, and the key's fence must outlive it.
+#[test]
+fn a_held_back_version_stays_fenced_until_its_own_destruction_is_sent() {
+    let p = Pool::new(config());
+    let (a, b) = (p.client(1), p.client(2));
+    p.mount(a, 1, "a", MIB);
+    let now = p.at(0);
+    let on = |seg: &str| ReplicateConfig {
+        preferred_segments: vec![seg.into()],
+        ..replicas(1)
+    };
+    p.start_with(a, "k", OBJ, &on("a"), false, now);
+    p.end(a, "k", now).unwrap();
+    p.mount(b, 2, "b", MIB);
+    p.start_with(a, "k", OBJ, &on("b"), true, now);
+    p.end(a, "k", now).unwrap();
+    // The old version's destruction is queued, not sent, when "k" goes.
+    p.remove("k", true, now).unwrap();
+    let reply = p.st.fence(["k"], now).expect("the removal's reply waits");
+    let (inv, through) = p.st.take_invalidations();
+    assert!(inv.iter().all(|(id, ..)| *id == SegmentId(1)), "{inv:?}");
+    p.st.invalidations_sent(through);
+    assert!(
+        !p.st.fence_done(&reply, now),
+        "the new version is not destroyed yet"
+    );
+    assert!(p.st.fence(["k"], now).is_some(), "the key is still fenced");
+    let (inv, through) = p.st.take_invalidations();
+    assert_eq!(inv.len(), 1, "{inv:?}");
+    assert_eq!(inv[0].0, SegmentId(2));
+    p.st.invalidations_sent(through);
+    assert!(p.st.fence_done(&reply, now));
+    assert!(p.st.fence(["k"], now).is_none());
 }
 
 /// A removal whose store cannot be told is kept as a tombstone, and answers

@@ -138,6 +138,11 @@ pub struct FenceWait {
     /// Nor before this instant, whatever happened (see
     /// [`MasterState::recovery_wait`]).
     pub not_before: Option<Instant>,
+    /// Keys whose last version was held back behind an older one (see
+    /// [`MasterState::retire_last`]): its destruction is queued only once
+    /// the older one's is delivered, in a batch numbered after `seq`, so
+    /// their fences are read again until then.
+    held: Vec<String>,
 }
 
 impl FenceWait {
@@ -150,6 +155,7 @@ impl FenceWait {
             durable: 0,
             until: t,
             not_before: Some(t),
+            held: Vec::new(),
         }
     }
 
@@ -460,8 +466,13 @@ impl MasterState {
         }
         let done = self.invalidated_through.load(Ordering::Acquire);
         let mut wait: Option<FenceWait> = None;
-        for f in keys.into_iter().filter_map(|k| inv.fences.get(k)) {
-            let owing = f.segments.iter().any(|s| inv.owing.contains(s));
+        for (k, f) in keys
+            .into_iter()
+            .filter_map(|k| inv.fences.get(k).map(|f| (k, f)))
+        {
+            // A held-back version is as undelivered as the older one it waits for.
+            let held = inv.held_back.contains_key(k);
+            let owing = held || f.segments.iter().any(|s| inv.owing.contains(s));
             let durable = self.removal_durable(f.durable);
             if f.seq <= done && !(owing && (now < f.young_until || !durable)) {
                 continue;
@@ -473,7 +484,11 @@ impl MasterState {
                 durable: 0,
                 until: now + FENCE_WAIT,
                 not_before: None,
+                held: Vec::new(),
             });
+            if held {
+                w.held.push(k.to_string());
+            }
             w.seq = w.seq.max(f.seq);
             w.segments.extend_from_slice(&f.segments);
             w.young = w.young.max(f.young_until);
@@ -485,7 +500,8 @@ impl MasterState {
 
     /// Whether a reply waiting on `w` may go at `now`: every batch through
     /// its sequence number was sent and none of its segments still owes an
-    /// invalidation, or its time is up.
+    /// invalidation, and each held-back version of its keys was released and
+    /// its own destruction sent too; or its time is up.
     pub fn fence_done(&self, w: &FenceWait, now: Instant) -> bool {
         if w.not_before.is_some_and(|t| now < t) {
             return false;
@@ -493,11 +509,20 @@ impl MasterState {
         if now >= w.until || (now >= w.young && self.removal_durable(w.durable)) {
             return true;
         }
-        if self.invalidated_through.load(Ordering::Acquire) < w.seq {
+        let sent = self.invalidated_through.load(Ordering::Acquire);
+        if sent < w.seq {
             return false;
         }
         let inv = self.invalidations.lock();
-        !w.segments.iter().any(|s| inv.owing.contains(s))
+        let owes = |segments: &[SegmentId]| segments.iter().any(|s| inv.owing.contains(s));
+        !owes(&w.segments)
+            && !w.held.iter().any(|k| {
+                inv.held_back.contains_key(k)
+                    || inv
+                        .fences
+                        .get(k)
+                        .is_some_and(|f| f.seq > sent || owes(&f.segments))
+            })
     }
 
     /// Until when the commit of a key this master knows no version of may
@@ -533,6 +558,7 @@ impl MasterState {
             durable: 0,
             until: now + FENCE_WAIT,
             not_before: None,
+            held: Vec::new(),
         })
     }
 
@@ -556,16 +582,22 @@ impl MasterState {
 
     /// Records that every invalidation through `seq` was sent (delivered, or
     /// its store unreachable and retried later). Fences over segments that
-    /// still owe an invalidation stay, until [`MasterState::expire_fences`].
+    /// still owe an invalidation stay, and so do fences of versions held
+    /// back (their own destruction is not even queued yet), until
+    /// [`MasterState::expire_fences`].
     pub fn invalidations_sent(&self, seq: u64) {
         self.invalidated_through.fetch_max(seq, Ordering::AcqRel);
         let mut inv = self.invalidations.lock();
-        let owing = std::mem::take(&mut inv.owing);
-        inv.fences
-            .retain(|_, f| f.seq > seq || f.segments.iter().any(|s| owing.contains(s)));
-        inv.older
-            .retain(|_, o| o.seq > seq || o.segments.iter().any(|s| owing.contains(s)));
-        inv.owing = owing;
+        let InvalidationQueue {
+            fences,
+            owing,
+            held_back,
+            older,
+            ..
+        } = &mut *inv;
+        let owes = |segments: &[SegmentId]| segments.iter().any(|s| owing.contains(s));
+        fences.retain(|k, f| f.seq > seq || held_back.contains_key(k) || owes(&f.segments));
+        older.retain(|_, o| o.seq > seq || owes(&o.segments));
         drop(inv);
         self.release_held_back();
         let due: Vec<(SegmentId, Region)> = {
