@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the `kvpool` binary of the previous release once and prints its
-# path; later runs print the cached one. The mixed-version chaos campaign
-# (`kvpool-chaos run --scenario upgrade --previous PATH`, docs/chaos.md)
-# runs masters and stores of that release beside this build's, upgrading
-# and downgrading them one at a time.
+# path; later runs print the cached one. Its `kvpool-chaos` is left beside
+# it. The mixed-version chaos campaign (`kvpool-chaos run --scenario
+# upgrade --previous PATH --previous-clients DIR/kvpool-chaos`,
+# docs/chaos.md) runs masters, stores and clients of that release beside
+# this build's, upgrading and downgrading masters and stores one at a time.
 #
 # The release is the tag in KVPOOL_PREVIOUS (default v0.1.0); a clone
 # without tags falls back to the tag's commit, pinned below. The build
 # takes a few minutes on 2 cores (its own target dir, no debug info) and
-# leaves only the binary, in ~/.cache/kvpool/previous/<commit>/kvpool
+# leaves only the binaries, in ~/.cache/kvpool/previous/<commit>/
 # (KVPOOL_CACHE_DIR instead of ~/.cache/kvpool).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,13 +24,15 @@ if [ -z "$commit" ]; then
 fi
 CACHE="${KVPOOL_CACHE_DIR:-$HOME/.cache/kvpool}/previous/$commit"
 BIN="$CACHE/kvpool"
-if [ ! -x "$BIN" ]; then
+CHAOS="$CACHE/kvpool-chaos"
+if [ ! -x "$BIN" ] || [ ! -x "$CHAOS" ]; then
   echo "previous-release: building $TAG ($commit) into $CACHE" >&2
   rm -rf "$CACHE/src" "$CACHE/target"
   mkdir -p "$CACHE/src"
   git -C "$ROOT" archive "$commit" | tar -x -C "$CACHE/src"
   (cd "$CACHE/src" && CARGO_TARGET_DIR="$CACHE/target" CARGO_PROFILE_RELEASE_DEBUG=false \
-    CARGO_INCREMENTAL=0 cargo build --release --locked -p kvpool --bin kvpool >&2)
+    CARGO_INCREMENTAL=0 cargo build --release --locked -p kvpool --bin kvpool -p kvpool-chaos --bin kvpool-chaos >&2)
+  cp "$CACHE/target/release/kvpool-chaos" "$CHAOS.tmp" && mv "$CHAOS.tmp" "$CHAOS"
   cp "$CACHE/target/release/kvpool" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
   rm -rf "$CACHE/src" "$CACHE/target"
 fi

@@ -74,6 +74,11 @@ stage "cargo fmt --check"
 cargo fmt --all -- --check
 stage "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# The short chaos campaign's rolling upgrades switch masters and stores
+# between this build and the previous release (built once, then cached).
+stage "previous release"
+KVPOOL_PREVIOUS_BIN="$(scripts/previous-release.sh)"
+export KVPOOL_PREVIOUS_BIN
 stage "cargo test"
 cargo test --workspace
 # The binding is behind the `python` feature, which the workspace-wide lint

@@ -61,12 +61,17 @@ pub struct CampaignConfig {
     /// An earlier build (the last release): the masters and stores start on
     /// it, and each upgrade switches a process to `kvpool` (and the next one
     /// back), so old and new run side by side all campaign long. `None`:
-    /// upgrades restart on another copy of `kvpool`. Clients are always
-    /// this build (the harness's workers).
+    /// upgrades restart on another copy of `kvpool`.
     pub previous: Option<PathBuf>,
     /// How to start a worker: program and leading arguments; the worker's
     /// own flags follow (`kvpool-chaos worker`, or a test binary).
     pub worker_cmd: Vec<String>,
+    /// How to start a worker of the previous release (its `kvpool-chaos
+    /// worker`, whose flags and history are this one's): the load workers
+    /// of odd-numbered client hosts run it, so that release's client
+    /// library reads and writes beside this one's. `None`: every worker is
+    /// `worker_cmd`.
+    pub previous_worker_cmd: Option<Vec<String>>,
     /// Hosts per role.
     pub topo: Topology,
     /// Writer tasks per client process.
@@ -114,6 +119,7 @@ impl CampaignConfig {
             kvpool,
             previous: None,
             worker_cmd,
+            previous_worker_cmd: None,
             topo: Topology {
                 etcd: 3,
                 masters: 3,
@@ -504,6 +510,8 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
         dir: dir.clone(),
         started_at,
         planted_bug: cfg.planted_bug.clone(),
+        previous: cfg.previous.clone(),
+        previous_clients: cfg.previous_worker_cmd.is_some(),
     };
     std::fs::write(dir.join("report.txt"), result.render())?;
     std::fs::write(

@@ -64,6 +64,10 @@ struct RunArgs {
     /// start on it and upgrades switch them between it and --kvpool.
     #[arg(long)]
     previous: Option<PathBuf>,
+    /// The previous release's `kvpool-chaos` binary: odd-numbered client
+    /// hosts run its worker (that release's client) instead of this one's.
+    #[arg(long)]
+    previous_clients: Option<PathBuf>,
     /// Masters (HA through etcd).
     #[arg(long, default_value_t = 3)]
     masters: usize,
@@ -238,6 +242,8 @@ async fn run_campaigns(a: RunArgs) -> anyhow::Result<ExitCode> {
         cfg.store_grace = a.store_grace.clone();
         cfg.planted_bug = a.plant_bug.clone();
         cfg.previous = a.previous.clone();
+        cfg.previous_worker_cmd = (a.previous_clients.as_ref())
+            .map(|p| vec![p.to_string_lossy().into_owned(), "worker".into()]);
         cfg.log_level = a.log_level.clone();
         println!("== {} seed {seed}: {}", a.scenario, cfg.dir.display());
         if join {

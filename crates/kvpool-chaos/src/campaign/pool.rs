@@ -245,7 +245,10 @@ impl Pool {
         *inc += 1;
         let cfg = &self.cfg;
         let history = self.history_dir().join(format!("{h}.{n}.jsonl"));
-        let mut argv = cfg.worker_cmd.clone();
+        let mut argv = match &cfg.previous_worker_cmd {
+            Some(old) if mode == "load" && idx % 2 == 1 => old.clone(),
+            _ => cfg.worker_cmd.clone(),
+        };
         argv.extend(
             [
                 "--mode",

@@ -130,6 +130,10 @@ pub struct CampaignResult {
     pub started_at: String,
     /// The bug planted in the masters, if any.
     pub planted_bug: Option<String>,
+    /// The earlier release masters and stores were switched to and from.
+    pub previous: Option<PathBuf>,
+    /// Odd-numbered client hosts ran the earlier release's client.
+    pub previous_clients: bool,
 }
 
 impl CampaignResult {
@@ -167,6 +171,19 @@ impl CampaignResult {
             "times below are seconds after {} (logs are in UTC)",
             self.started_at
         );
+        if let Some(previous) = &self.previous {
+            let _ = writeln!(
+                s,
+                "mixed versions: masters and stores switched between this build and {}",
+                previous.display()
+            );
+        }
+        if self.previous_clients {
+            let _ = writeln!(
+                s,
+                "mixed versions: odd-numbered clients run the previous release's client"
+            );
+        }
         if let Some(bug) = &self.planted_bug {
             let caught = if self.report.total() > 0 {
                 "caught"
