@@ -1,7 +1,8 @@
 //! A circuit breaker for one peer: after a connect fails, callers fail at
 //! once instead of each waiting for its own refused or timed-out connect,
-//! and one probe goes through per interval (doubling while the peer stays
-//! away) until a connect succeeds. The pool runs the probe in the
+//! and one probe goes through per interval (every 100 ms for the first
+//! half second, then doubling while the peer stays away) until a connect
+//! succeeds. The pool runs the probe in the
 //! background, so no caller waits on a peer that may still be gone.
 //!
 //! A dead store would otherwise cost every reader a connect per attempt and
@@ -13,11 +14,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How long the breaker stays open after the first failed connect.
+/// How long the breaker stays open after the first failed connect, and
+/// after each of the first [`QUICK_PROBES`].
 pub const FIRST_OPEN: Duration = Duration::from_millis(100);
-/// Longest it stays open between probes: a store back from a restart is
-/// used again within this.
-pub const MAX_OPEN: Duration = Duration::from_secs(2);
+/// Failed connects probed again after [`FIRST_OPEN`] before the interval
+/// starts doubling: a store restarted in place is away about half a second,
+/// and is used again within 100 ms of its return.
+pub const QUICK_PROBES: u32 = 5;
+/// Longest it stays open between probes: a store back from a restart (an
+/// in-place upgrade takes about a second) is used again within this, and a
+/// dead one costs a process one connect per interval.
+pub const MAX_OPEN: Duration = Duration::from_millis(400);
 
 /// What [`Breaker::admit`] lets a caller do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +80,7 @@ impl Breaker {
 
     /// The open interval after the failures so far.
     fn interval(&self) -> Duration {
-        let doublings = self.failures.saturating_sub(1).min(16);
+        let doublings = self.failures.saturating_sub(QUICK_PROBES).min(16);
         (FIRST_OPEN * (1 << doublings)).min(MAX_OPEN)
     }
 }
@@ -98,8 +105,16 @@ mod tests {
         let t1 = t0 + FIRST_OPEN;
         assert_eq!(b.admit(t1), Ok(Admit::Probe));
         assert!(b.admit(t1).is_err(), "a second caller waits for the probe");
+        for _ in 1..QUICK_PROBES {
+            b.failed(t1);
+            assert_eq!(b.admit(t1), Err(FIRST_OPEN), "probed quickly at first");
+        }
         b.failed(t1);
-        assert_eq!(b.admit(t1), Err(2 * FIRST_OPEN), "the interval doubles");
+        assert_eq!(
+            b.admit(t1),
+            Err(2 * FIRST_OPEN),
+            "then the interval doubles"
+        );
         b.succeeded();
         assert!(!b.is_open(t1));
         assert_eq!(b.admit(t1), Ok(Admit::Connect));
