@@ -538,6 +538,14 @@ impl FramedConn {
         }
     }
 
+    /// Waits until the peer closes this idle connection or sends on it
+    /// unasked: either way it cannot carry another exchange. Cancel-safe:
+    /// dropped before then, it has read nothing.
+    pub async fn closed(&mut self) {
+        use tokio::io::AsyncBufReadExt;
+        let _ = self.reader.fill_buf().await;
+    }
+
     /// Bytes this connection holds in buffers of its own (reads, writes,
     /// messages), however much of them is in use.
     pub fn buffered_bytes(&self) -> usize {

@@ -217,6 +217,16 @@ impl MasterLink {
         Ok(())
     }
 
+    /// Resolves when the master closes the idle heartbeat connection (see
+    /// [`ConnPool::idle_closed`]); pending while no leader is known.
+    async fn heartbeat_closed(&self) {
+        let pool = self.conns.lock().as_ref().map(|c| c.heartbeats.clone());
+        match pool {
+            Some(p) => p.idle_closed().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// One attempt on the call pools; a failure that may mean the leader
     /// moved triggers a look-up before the next attempt.
     async fn attempt<R: Rpc>(&self, req: &R, heartbeat: bool) -> KvResult<R::Response> {
@@ -343,6 +353,10 @@ impl MasterLink {
                         return;
                     }
                     _ = tick.tick() => {}
+                    // A leader handing over closes its connections: beat
+                    // now, so the new leader hears from this client (and a
+                    // store re-mounts) without waiting for the next tick.
+                    () = link.heartbeat_closed() => {}
                 }
                 if remounting.as_ref().is_some_and(|t| t.is_finished()) {
                     if let Some(t) = remounting.take() {

@@ -127,6 +127,36 @@ impl ConnPool {
         }
     }
 
+    /// Resolves once the peer closes an idle connection (a master shutting
+    /// down to hand its leadership over, say), which is dropped; pending
+    /// while there is none. Cancel-safe: dropped first, the connection goes
+    /// back to the pool.
+    pub async fn idle_closed(&self) {
+        /// Gives the watched connection back unless it closed.
+        struct Watched<'a> {
+            pool: &'a ConnPool,
+            conn: Option<FramedConn>,
+        }
+        impl Drop for Watched<'_> {
+            fn drop(&mut self) {
+                if let Some(c) = self.conn.take() {
+                    self.pool.give(c);
+                }
+            }
+        }
+        let Some(conn) = self.idle.lock().pop() else {
+            return std::future::pending().await;
+        };
+        let mut w = Watched {
+            pool: self,
+            conn: Some(conn),
+        };
+        if let Some(c) = w.conn.as_mut() {
+            c.closed().await;
+        }
+        w.conn = None;
+    }
+
     /// Drops every idle connection (after the peer restarted, say).
     pub fn clear(&self) {
         self.idle.lock().clear();

@@ -85,3 +85,52 @@ async fn big_message_buffers_are_given_back_when_the_connection_idles() {
     );
     assert_eq!(server.read_meta(got.meta_len).await.unwrap(), b"abc");
 }
+
+/// An idle pooled connection is watched without being used up: while the
+/// peer keeps it, the watch pends and the connection stays in the pool;
+/// when the peer closes it (a master handing over), the watch resolves at
+/// once and the pool drops it.
+#[tokio::test]
+async fn an_idle_connection_closed_by_the_peer_is_noticed_at_once() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (close, closed) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let conn = accept(stream, "master", Limits::default(), &Security::default()).await;
+        let _ = closed.await;
+        drop(conn);
+        // No second connection is asked for.
+        tokio::time::timeout(Duration::from_millis(300), listener.accept())
+            .await
+            .is_err()
+    });
+    let pool = ConnPool::new(
+        &addr,
+        "client",
+        Limits::default(),
+        Duration::from_secs(1),
+        1,
+    );
+    let conn = pool.take().await.unwrap();
+    pool.give(conn);
+    let watch = tokio::time::timeout(Duration::from_millis(200), pool.idle_closed()).await;
+    assert!(watch.is_err(), "the peer keeps it open");
+    let conn = pool
+        .take()
+        .await
+        .expect("the watched connection is back in the pool");
+    pool.give(conn);
+    let t0 = Instant::now();
+    let (_, ()) = tokio::join!(async { close.send(()) }, pool.idle_closed());
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    let again = tokio::time::timeout(Duration::from_millis(100), pool.idle_closed()).await;
+    assert!(
+        again.is_err(),
+        "the closed connection was dropped, not pooled"
+    );
+    assert!(
+        server.await.unwrap(),
+        "the connection was reused, not reopened"
+    );
+}
