@@ -8,6 +8,9 @@
 # slowest put.
 # Usage: bench/handover.sh [KEYS (20000)] [SIZE (4KiB)]
 # Env:   PY (a python with the kvpool package; default the test venv's)
+#        RESTART_AFTER (seconds before the old leader starts again, as the
+#        upgraded standby; default 0, when it usually wins the election
+#        again; with 2 the standby takes over, as when a pod restarts)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 KEYS="${1:-20000}"; SIZE="${2:-4KiB}"
@@ -43,6 +46,7 @@ echo "$KEYS objects of $SIZE; master-$leader leads; readers and a writer run 30 
   --seconds 30 --write-size "$size_b" >"$DATA/readers.out" 2>&1 & READERS=$!
 sleep 5
 kill -TERM "$LPID"; wait "$LPID" 2>/dev/null || true
+sleep "${RESTART_AFTER:-0}"
 NEW=$(master "$leader"); PIDS+=("$NEW")
 wait "$READERS" || true
 cat "$DATA/readers.out"

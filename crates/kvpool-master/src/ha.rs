@@ -67,7 +67,7 @@ pub async fn run(
         }
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+            _ = tokio::time::sleep(CAMPAIGN_EVERY) => {}
         }
     };
     // Serve only while the lease surely holds: etcd can let it expire no
@@ -178,6 +178,11 @@ pub async fn run(
     }
 }
 
+/// How often a standby looks for the leader key to be gone: a leader
+/// handing over deletes it, and the pool waits for a new leader this long
+/// at most (one read of etcd per standby each time).
+const CAMPAIGN_EVERY: Duration = Duration::from_millis(100);
+
 /// How often the leader checks whether the segment list in etcd is current.
 const MEMBERSHIP_EVERY: Duration = Duration::from_millis(100);
 
@@ -241,6 +246,7 @@ fn parse_segments(v: &str) -> Vec<SegmentId> {
         .collect()
 }
 
+/// The error of a leader that stops leading, saying why.
 fn lost(why: &str) -> MasterError {
     MasterError::LostLeadership(why.to_string())
 }
