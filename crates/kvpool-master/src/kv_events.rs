@@ -16,6 +16,14 @@
 //! high-water mark drops batches) and resyncs from the snapshot
 //! (`GET /kv_events/snapshot` on the admin port). The master never waits
 //! for a subscriber.
+//!
+//! Replay: with a replay endpoint the master also binds a ZMQ ROUTER socket
+//! and keeps the last [`REPLAY_BATCHES`] batches (at most [`REPLAY_BYTES`]).
+//! A subscriber that saw a batch sequence gap asks there from the sequence
+//! it missed, as vLLM's publisher serves it: a DEALER sends `[b"", 8-byte
+//! big-endian start sequence]` and gets `[b"", topic, sequence, payload]`
+//! for each kept batch from there, then `[b"", b"", -1 as 8 bytes, b""]`.
+//! A gap older than what is kept still needs the snapshot.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
@@ -33,6 +41,12 @@ pub const QUEUE: usize = 65_536;
 pub const BATCH: usize = 64;
 /// Events kept for `GET /kv_events/status` (the most recent ones).
 const RECENT: usize = 32;
+/// Batches kept for replay, at most (vLLM's publisher keeps as many).
+pub const REPLAY_BATCHES: usize = 10_000;
+/// Bytes of batches kept for replay, at most.
+pub const REPLAY_BYTES: usize = 64 << 20;
+/// The sequence number that ends a replay: -1 as a signed 8-byte integer.
+pub const END_SEQ: [u8; 8] = [0xff; 8];
 
 /// Where and as whom the master publishes.
 #[derive(Debug, Clone)]
@@ -41,6 +55,9 @@ pub struct KvEventsConfig {
     pub endpoint: String,
     /// `backend_id` of every event: which pool published it.
     pub backend_id: String,
+    /// The ZMQ endpoint a ROUTER socket binds to serve replays of recent
+    /// batches, if any.
+    pub replay_endpoint: Option<String>,
 }
 
 /// What happened to an object.
@@ -75,6 +92,15 @@ pub struct KvEvents {
     published: AtomicU64,
     running: AtomicBool,
     recent: Mutex<std::collections::VecDeque<Event>>,
+    /// The batches kept for replay: `(sequence, payload)`, oldest first,
+    /// and their payloads' bytes.
+    replay: Mutex<(std::collections::VecDeque<(u64, bytes::Bytes)>, usize)>,
+}
+
+/// The sockets a started stream publishes on.
+pub(crate) struct Sockets {
+    publish: zeromq::PubSocket,
+    replay: Option<zeromq::RouterSocket>,
 }
 
 /// Counters of the stream, for `GET /kv_events/status` and metrics.
@@ -141,38 +167,133 @@ impl KvEvents {
         self.last_id.fetch_add(lost + 1, Relaxed) + lost + 1
     }
 
-    /// Binds `cfg.endpoint` and starts taking events; [`KvEvents::run`]
-    /// publishes them. Fails when the endpoint cannot be bound, or when
-    /// the stream was started already.
+    /// Binds `cfg.endpoint` (and the replay endpoint, if any) and starts
+    /// taking events; [`KvEvents::run`] publishes them. Fails when an
+    /// endpoint cannot be bound, or when the stream was started already.
     pub(crate) async fn bind(
         &self,
         cfg: &KvEventsConfig,
-    ) -> Result<(zeromq::PubSocket, mpsc::Receiver<Raw>), String> {
+    ) -> Result<(Sockets, mpsc::Receiver<Raw>), String> {
         use zeromq::Socket;
-        let mut socket = zeromq::PubSocket::new();
-        socket
+        let mut publish = zeromq::PubSocket::new();
+        publish
             .bind(&cfg.endpoint)
             .await
             .map_err(|e| format!("cannot bind the KV event stream on {}: {e}", cfg.endpoint))?;
+        let replay = match &cfg.replay_endpoint {
+            Some(endpoint) => {
+                let mut router = zeromq::RouterSocket::new();
+                router.bind(endpoint).await.map_err(|e| {
+                    format!("cannot bind the KV event replay socket on {endpoint}: {e}")
+                })?;
+                Some(router)
+            }
+            None => None,
+        };
         let (tx, rx) = mpsc::channel(QUEUE);
         self.tx
             .set(tx)
             .map_err(|_| "the KV event stream is started already".to_string())?;
         self.running.store(true, Relaxed);
-        Ok((socket, rx))
+        Ok((Sockets { publish, replay }, rx))
+    }
+
+    /// Keeps batch `seq` for replay, dropping the oldest beyond the bounds.
+    fn keep(&self, seq: u64, payload: bytes::Bytes) {
+        let (batches, bytes) = &mut *self.replay.lock();
+        *bytes += payload.len();
+        batches.push_back((seq, payload));
+        while batches.len() > REPLAY_BATCHES || *bytes > REPLAY_BYTES {
+            let Some((_, old)) = batches.pop_front() else {
+                break;
+            };
+            *bytes -= old.len();
+        }
+    }
+
+    /// The kept batches from sequence `from` on.
+    fn kept_from(&self, from: u64) -> Vec<(u64, bytes::Bytes)> {
+        let batches = &self.replay.lock().0;
+        let first = batches.partition_point(|(seq, _)| *seq < from);
+        batches.range(first..).cloned().collect()
+    }
+
+    /// Answers replay requests on `socket` until `shutdown`; a request that
+    /// is not `[b"", 8-byte sequence]` is ignored.
+    async fn serve_replays(&self, mut socket: zeromq::RouterSocket, shutdown: CancellationToken) {
+        use zeromq::{SocketRecv, SocketSend};
+        loop {
+            let request = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = socket.recv() => r,
+            };
+            let frames = match request {
+                Ok(m) => m.into_vec(),
+                Err(e) => {
+                    tracing::debug!("KV event replay request not received: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let from = match frames.as_slice() {
+                [_, empty, seq] if empty.is_empty() => {
+                    (<[u8; 8]>::try_from(seq.as_ref()).ok()).map(u64::from_be_bytes)
+                }
+                _ => None,
+            };
+            let Some(from) = from else {
+                tracing::debug!(
+                    frames = frames.len(),
+                    "KV event replay request malformed; ignored"
+                );
+                continue;
+            };
+            let peer = frames[0].clone();
+            let reply = |parts: [bytes::Bytes; 3]| {
+                let mut msg = zeromq::ZmqMessage::from(peer.clone());
+                msg.push_back(bytes::Bytes::new());
+                for p in parts {
+                    msg.push_back(p);
+                }
+                msg
+            };
+            for (seq, payload) in self.kept_from(from) {
+                let seq = bytes::Bytes::copy_from_slice(&seq.to_be_bytes());
+                if socket
+                    .send(reply([bytes::Bytes::new(), seq, payload]))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            let end = bytes::Bytes::from_static(&END_SEQ);
+            let _ = socket
+                .send(reply([bytes::Bytes::new(), end, bytes::Bytes::new()]))
+                .await;
+        }
     }
 
     /// Publishes what the table hands over until `shutdown`, in batches of
     /// at most [`BATCH`]; `tier` names a segment number's tier.
     pub(crate) async fn run(
-        &self,
-        mut socket: zeromq::PubSocket,
+        self: std::sync::Arc<Self>,
+        sockets: Sockets,
         mut rx: mpsc::Receiver<Raw>,
         backend_id: String,
         tier: impl Fn(u32) -> Tier,
         shutdown: CancellationToken,
     ) {
         use zeromq::SocketSend;
+        let Sockets {
+            publish: mut socket,
+            replay,
+        } = sockets;
+        let replaying = replay.is_some();
+        if let Some(router) = replay {
+            let (me, stop) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move { me.serve_replays(router, stop).await });
+        }
         let mut raws = Vec::with_capacity(BATCH);
         let mut seq: u64 = 0;
         loop {
@@ -194,9 +315,13 @@ impl KvEvents {
                     continue;
                 }
             };
+            let payload = bytes::Bytes::from(payload);
             let mut msg = zeromq::ZmqMessage::from(Vec::<u8>::new());
             msg.push_back(seq.to_be_bytes().to_vec().into());
-            msg.push_back(payload.into());
+            if replaying {
+                self.keep(seq, payload.clone());
+            }
+            msg.push_back(payload);
             if let Err(e) = socket.send(msg).await {
                 tracing::warn!("KV event batch not sent: {e}");
             }
@@ -410,6 +535,28 @@ mod tests {
     use super::*;
 
     const SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn replay_keeps_the_newest_batches_within_its_bounds() {
+        let ev = KvEvents::default();
+        let n = REPLAY_BATCHES as u64 + 5;
+        for seq in 1..=n {
+            ev.keep(seq, bytes::Bytes::from(seq.to_be_bytes().to_vec()));
+        }
+        let kept = ev.kept_from(1);
+        assert_eq!(kept.len(), REPLAY_BATCHES, "the count bound");
+        assert_eq!((kept[0].0, kept[kept.len() - 1].0), (6, n));
+        assert_eq!(ev.kept_from(n).len(), 1);
+        assert!(ev.kept_from(n + 1).is_empty());
+        // Big batches: the byte bound keeps fewer.
+        let big = bytes::Bytes::from(vec![0u8; REPLAY_BYTES / 4]);
+        for seq in n + 1..=n + 6 {
+            ev.keep(seq, big.clone());
+        }
+        let kept = ev.kept_from(0);
+        assert!(kept.iter().map(|(_, p)| p.len()).sum::<usize>() <= REPLAY_BYTES);
+        assert_eq!(kept.first().map(|k| k.0), Some(n + 3), "the newest four");
+    }
 
     #[test]
     fn engine_keys_are_parsed() {

@@ -228,7 +228,8 @@ fn start_ha(
     })))
 }
 
-/// Binds the KV event stream's PUB socket and starts its publisher.
+/// Binds the KV event stream's PUB socket (and its replay socket) and
+/// starts its publisher.
 async fn start_kv_events(
     tasks: &TaskTracker,
     cfg: &kv_events::KvEventsConfig,
@@ -236,27 +237,31 @@ async fn start_kv_events(
     shutdown: &CancellationToken,
 ) -> Result<(), MasterError> {
     let events = master.state.kv_events().clone();
-    let (socket, rx) = events.bind(cfg).await.map_err(MasterError::Config)?;
-    let host = (cfg.endpoint.strip_prefix("tcp://"))
-        .and_then(|a| a.rsplit_once(':'))
-        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
-    let loopback = host.is_some_and(|h| {
-        h == "localhost"
-            || h.parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
-    });
-    if !loopback {
+    let (sockets, rx) = events.bind(cfg).await.map_err(MasterError::Config)?;
+    let loopback = |endpoint: &str| {
+        let host = (endpoint.strip_prefix("tcp://"))
+            .and_then(|a| a.rsplit_once(':'))
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+        host.is_some_and(|h| {
+            h == "localhost"
+                || h.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        })
+    };
+    let endpoints = std::iter::once(&cfg.endpoint).chain(&cfg.replay_endpoint);
+    for endpoint in endpoints.filter(|e| !loopback(e)) {
         tracing::warn!(
-            endpoint = %cfg.endpoint,
+            %endpoint,
             "the KV event stream is not authenticated (ZMQ's NULL mechanism, as engines' \
              streams): whoever reaches it sees key names and block hashes, never bytes"
         );
     }
-    info!(endpoint = %cfg.endpoint, backend_id = %cfg.backend_id, "publishing KV events");
+    info!(endpoint = %cfg.endpoint, replay = ?cfg.replay_endpoint, backend_id = %cfg.backend_id,
+        "publishing KV events");
     let (m, backend, token) = (master.clone(), cfg.backend_id.clone(), shutdown.clone());
     tasks.spawn(async move {
         let tier = |no| m.state.tier_of(no);
-        events.run(socket, rx, backend, tier, token).await;
+        events.run(sockets, rx, backend, tier, token).await;
     });
     Ok(())
 }

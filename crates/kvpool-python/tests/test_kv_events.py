@@ -1,7 +1,7 @@
 """The master's KV event stream as routers read it: pyzmq (libzmq) SUB
 sockets and msgpack on real masters started with ``--kv-events-endpoint``,
-and bench/kv_router_sim.py routing by longest cached prefix over two
-pools."""
+a DEALER asking ``--kv-events-replay-endpoint`` for missed batches, and
+bench/kv_router_sim.py routing by longest cached prefix over two pools."""
 
 from __future__ import annotations
 
@@ -85,6 +85,54 @@ def test_events_decode_with_libzmq_and_msgpack(pools):
         ctx.term()
     status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/kv_events/status"))
     assert status["status"]["enabled"] and status["status"]["dropped_events"] == 0
+
+
+def replay_from(dealer: "zmq.Socket", start: int) -> List[Tuple[int, bytes]]:
+    """Asks the replay socket for every kept batch from ``start``, as vLLM's
+    subscribers do; the batches up to the end marker."""
+    dealer.send_multipart([b"", struct.pack(">Q", start)])
+    out = []
+    while True:
+        assert dealer.poll(10_000), "no replay answer within 10 s"
+        frames = dealer.recv_multipart()
+        assert len(frames) == 4 and frames[0] == b"" and frames[1] == b"", frames
+        if frames[2] == (-1).to_bytes(8, "big", signed=True):
+            assert frames[3] == b""
+            return out
+        out.append((struct.unpack(">Q", frames[2])[0], frames[3]))
+
+
+def test_missed_batches_are_replayed_over_libzmq():
+    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    c = new_cluster(store_size="64MiB", master_args=[
+        "--kv-events-endpoint", endpoint, "--kv-events-replay-endpoint", replay])
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    client = kvpool.Client(c.master)
+    try:
+        # Published with nobody subscribed: a late subscriber asks for them.
+        wanted = {f"replay/{i}" for i in range(8)}
+        for k in sorted(wanted):
+            client.put(k, b"v")
+        dealer.connect(replay)
+        deadline = time.monotonic() + 10
+        while True:
+            batches = replay_from(dealer, 1)
+            keys = {e["object_key"] for _, p in batches for e in msgpack.unpackb(p, raw=False)[1]}
+            if wanted <= keys or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert wanted <= keys, keys
+        seqs = [s for s, _ in batches]
+        assert seqs == list(range(1, len(seqs) + 1)), seqs
+        # From the middle: the same batches, byte for byte.
+        assert replay_from(dealer, seqs[-1]) == batches[-1:]
+        assert replay_from(dealer, seqs[-1] + 1) == []
+    finally:
+        client.close()
+        dealer.close(0)
+        ctx.term()
+        c.stop()
 
 
 def test_router_by_longest_cached_prefix_beats_random(pools):

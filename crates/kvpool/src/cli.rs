@@ -287,6 +287,17 @@ pub struct MasterArgs {
         default_value = "kvpool"
     )]
     pub kv_events_backend_id: String,
+    /// Serve replays of the last 10,000 KV event batches on this ZMQ ROUTER
+    /// endpoint (`tcp://IP:PORT`, vLLM's replay protocol), so a subscriber
+    /// that missed batches asks for them instead of resyncing; off when
+    /// unset. Needs `--kv-events-endpoint`.
+    #[arg(
+        long,
+        alias = "kv_events_replay_endpoint",
+        env = "KVPOOL_KV_EVENTS_REPLAY_ENDPOINT",
+        requires = "kv_events_endpoint"
+    )]
+    pub kv_events_replay_endpoint: Option<String>,
     /// Read lease per get (a bare number is milliseconds, as in Mooncake).
     #[arg(long, alias = "default_kv_lease_ttl", env = "KVPOOL_DEFAULT_KV_LEASE_TTL", default_value = "5s", value_parser = millis)]
     pub default_kv_lease_ttl: Duration,
@@ -433,6 +444,7 @@ impl MasterArgs {
                 kvpool_master::kv_events::KvEventsConfig {
                     endpoint: endpoint.clone(),
                     backend_id: self.kv_events_backend_id.clone(),
+                    replay_endpoint: self.kv_events_replay_endpoint.clone(),
                 }
             }),
             recovery_grace: self.recovery_grace,

@@ -338,3 +338,101 @@ async fn an_endpoint_that_cannot_be_bound_stops_the_master() {
         "{err}"
     );
 }
+
+/// A subscriber that missed batches asks the replay socket for them, as
+/// vLLM's publisher serves it: a DEALER sends `[b"", start sequence]` and
+/// gets every kept batch from there, byte for byte what was published,
+/// then the end marker. A malformed request is ignored and the socket
+/// keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missed_batches_are_replayed_from_the_sequence_asked() {
+    use zeromq::{DealerSocket, SocketSend, ZmqMessage};
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let replay = format!("tcp://127.0.0.1:{}", free_port());
+    let cluster = Cluster::builder()
+        .master_flag("--kv-events-endpoint", &endpoint)
+        .master_flag("--kv-events-replay-endpoint", &replay)
+        .start()
+        .await;
+    let client = cluster.client().await;
+    let mut sub = subscribe(&endpoint, &client).await;
+    // Published batches as they came: (sequence, payload).
+    let mut published: Vec<(u64, Vec<u8>)> = Vec::new();
+    for i in 0..5 {
+        let key = format!("replayed/{i}");
+        client
+            .put(&key, b"v", &ReplicateConfig::default())
+            .await
+            .expect("put");
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+                .await
+                .expect("a batch within 10 s")
+                .expect("subscribed");
+            let frames: Vec<Vec<u8>> = msg.into_vec().into_iter().map(|b| b.to_vec()).collect();
+            let seq = u64::from_be_bytes(frames[1].as_slice().try_into().expect("8 bytes"));
+            let mine = String::from_utf8_lossy(&frames[2]).contains(&key);
+            published.push((seq, frames[2].clone()));
+            if mine {
+                break;
+            }
+        }
+    }
+    let from = published[1].0;
+
+    let mut dealer = DealerSocket::new();
+    dealer
+        .connect(&replay)
+        .await
+        .expect("connect the replay socket");
+    let request = |frames: Vec<Vec<u8>>| {
+        let mut m = ZmqMessage::from(frames[0].clone());
+        for f in &frames[1..] {
+            m.push_back(f.clone().into());
+        }
+        m
+    };
+    dealer
+        .send(request(vec![b"not a request".to_vec()]))
+        .await
+        .expect("send");
+    dealer
+        .send(request(vec![Vec::new(), from.to_be_bytes().to_vec()]))
+        .await
+        .expect("send");
+    let mut replayed = Vec::new();
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), dealer.recv())
+            .await
+            .expect("an answer within 10 s")
+            .expect("replay answer");
+        let frames: Vec<Vec<u8>> = msg.into_vec().into_iter().map(|b| b.to_vec()).collect();
+        assert_eq!(frames.len(), 4, "delimiter, topic, sequence, payload");
+        assert!(frames[0].is_empty() && frames[1].is_empty());
+        if frames[2] == (-1i64).to_be_bytes() {
+            assert!(frames[3].is_empty(), "the end marker has no payload");
+            break;
+        }
+        let seq = u64::from_be_bytes(frames[2].as_slice().try_into().expect("8 bytes"));
+        replayed.push((seq, frames[3].clone()));
+    }
+    let want: Vec<_> = published
+        .iter()
+        .filter(|(s, _)| *s >= from)
+        .cloned()
+        .collect();
+    assert!(
+        want.len() >= 4,
+        "{} batches published from {from}",
+        want.len()
+    );
+    assert_eq!(
+        replayed[..want.len()],
+        want[..],
+        "every batch from the one asked, byte for byte"
+    );
+    assert!(
+        replayed.windows(2).all(|w| w[1].0 == w[0].0 + 1),
+        "consecutive sequences"
+    );
+}
