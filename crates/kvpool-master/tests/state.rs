@@ -2126,21 +2126,8 @@ fn an_undelivered_invalidation_fences_until_no_young_lease_can_read_the_old_vers
 /// new leader rebuilding from the stores would serve the old value again.
 #[test]
 fn a_last_version_is_destroyed_only_after_the_older_ones() {
-    let p = Pool::new(config());
-    let (a, b) = (p.client(1), p.client(2));
-    p.mount(a, 1, "a", MIB);
-    let now = p.at(0);
-    let on = |seg: &str| ReplicateConfig {
-        preferred_segments: vec![seg.into()],
-        ..replicas(1)
-    };
-    p.start_with(a, "k", OBJ, &on("a"), false, now);
-    p.end(a, "k", now).unwrap();
-    p.mount(b, 2, "b", MIB);
-    // The new version goes to "b"; the old one's store cannot be told.
-    let (g2, reps) = p.start_with(a, "k", OBJ, &on("b"), true, now);
-    assert_eq!(reps[0].segment, SegmentId(2));
-    p.end(a, "k", now).unwrap();
+    // The old one's store cannot be told.
+    let (p, now, g2) = replaced_on_another_segment();
     let undelivered = |p: &Pool| {
         let (inv, through) = p.st.take_invalidations();
         for (id, _, regions) in inv.iter().cloned() {
@@ -2184,12 +2171,9 @@ fn a_last_version_is_destroyed_only_after_the_older_ones() {
     assert_eq!(p.used(), used - OBJ);
 }
 
-/// The same when the old version's destruction is first sent in the very
-/// round that releases the new one (its store was only slow to be told):
-/// that round's sequence number covers the old version's batch, not the
-/// new one's, and the key's fence must outlive it.
-#[test]
-fn a_held_back_version_stays_fenced_until_its_own_destruction_is_sent() {
+/// "k" committed on segment 1 ("a"), then upserted onto segment 2 ("b"):
+/// the pool, the instant, and the new version's generation.
+fn replaced_on_another_segment() -> (Pool, Instant, u64) {
     let p = Pool::new(config());
     let (a, b) = (p.client(1), p.client(2));
     p.mount(a, 1, "a", MIB);
@@ -2201,8 +2185,19 @@ fn a_held_back_version_stays_fenced_until_its_own_destruction_is_sent() {
     p.start_with(a, "k", OBJ, &on("a"), false, now);
     p.end(a, "k", now).unwrap();
     p.mount(b, 2, "b", MIB);
-    p.start_with(a, "k", OBJ, &on("b"), true, now);
+    let (g2, reps) = p.start_with(a, "k", OBJ, &on("b"), true, now);
+    assert_eq!(reps[0].segment, SegmentId(2));
     p.end(a, "k", now).unwrap();
+    (p, now, g2)
+}
+
+/// The same when the old version's destruction is first sent in the very
+/// round that releases the new one (its store was only slow to be told):
+/// that round's sequence number covers the old version's batch, not the
+/// new one's, and the key's fence must outlive it.
+#[test]
+fn a_held_back_version_stays_fenced_until_its_own_destruction_is_sent() {
+    let (p, now, _) = replaced_on_another_segment();
     // The old version's destruction is queued, not sent, when "k" goes.
     p.remove("k", true, now).unwrap();
     let reply = p.st.fence(["k"], now).expect("the removal's reply waits");

@@ -2,8 +2,8 @@
 //! once instead of each waiting for its own refused or timed-out connect,
 //! and one probe goes through per interval (every 100 ms for the first
 //! half second, then doubling while the peer stays away) until a connect
-//! succeeds. The pool runs the probe in the
-//! background, so no caller waits on a peer that may still be gone.
+//! succeeds. The pool runs the probe in the background, so no caller waits
+//! on a peer that may still be gone.
 //!
 //! A dead store would otherwise cost every reader a connect per attempt and
 //! keep its batch waiting; with the breaker it costs one failed connect per

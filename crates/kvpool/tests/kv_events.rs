@@ -25,12 +25,17 @@ struct Batch {
 /// on this channel never cancels a receive half-way.
 type Sub = tokio::sync::mpsc::UnboundedReceiver<zeromq::ZmqMessage>;
 
-async fn next_batch(sub: &mut Sub) -> Batch {
+/// The next message's frames.
+async fn next_frames(sub: &mut Sub) -> Vec<Vec<u8>> {
     let msg = tokio::time::timeout(Duration::from_secs(10), sub.recv())
         .await
         .expect("a batch within 10 s")
         .expect("the subscriber is running");
-    let frames: Vec<Vec<u8>> = msg.into_vec().into_iter().map(|b| b.to_vec()).collect();
+    msg.into_vec().into_iter().map(|b| b.to_vec()).collect()
+}
+
+async fn next_batch(sub: &mut Sub) -> Batch {
+    let frames = next_frames(sub).await;
     assert_eq!(frames.len(), 3, "topic, sequence, payload");
     assert!(frames[0].is_empty(), "empty topic");
     let seq = u64::from_be_bytes(frames[1].as_slice().try_into().expect("8-byte sequence"));
@@ -365,11 +370,7 @@ async fn missed_batches_are_replayed_from_the_sequence_asked() {
             .await
             .expect("put");
         loop {
-            let msg = tokio::time::timeout(Duration::from_secs(10), sub.recv())
-                .await
-                .expect("a batch within 10 s")
-                .expect("subscribed");
-            let frames: Vec<Vec<u8>> = msg.into_vec().into_iter().map(|b| b.to_vec()).collect();
+            let frames = next_frames(&mut sub).await;
             let seq = u64::from_be_bytes(frames[1].as_slice().try_into().expect("8 bytes"));
             let mine = String::from_utf8_lossy(&frames[2]).contains(&key);
             published.push((seq, frames[2].clone()));
