@@ -10,7 +10,8 @@
 # without tags falls back to the tag's commit, pinned below. The build
 # takes a few minutes on 2 cores (its own target dir, no debug info) and
 # leaves only the binaries, in ~/.cache/kvpool/previous/<commit>/
-# (KVPOOL_CACHE_DIR instead of ~/.cache/kvpool).
+# (KVPOOL_CACHE_DIR instead of ~/.cache/kvpool). Exits 3 when the clone
+# lacks that release's history.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TAG="${KVPOOL_PREVIOUS:-v0.1.0}"
@@ -20,7 +21,7 @@ commit="$(git -C "$ROOT" rev-parse --verify -q "$TAG^{commit}" 2>/dev/null \
   || git -C "$ROOT" rev-parse --verify -q "$PINNED^{commit}" 2>/dev/null || true)"
 if [ -z "$commit" ]; then
   echo "previous-release: neither $TAG nor commit $PINNED is in this clone (a shallow clone?): fetch the history (git fetch --unshallow --tags)" >&2
-  exit 1
+  exit 3
 fi
 CACHE="${KVPOOL_CACHE_DIR:-$HOME/.cache/kvpool}/previous/$commit"
 BIN="$CACHE/kvpool"
