@@ -92,16 +92,21 @@ pub struct KvEvents {
     published: AtomicU64,
     running: AtomicBool,
     recent: Mutex<std::collections::VecDeque<Event>>,
-    /// The batches kept for replay: `(sequence, payload)`, oldest first,
-    /// and their payloads' bytes.
-    replay: Mutex<(std::collections::VecDeque<(u64, bytes::Bytes)>, usize)>,
+    /// The batches kept for replay, set only when replays are served:
+    /// `(sequence, payload)`, oldest first, and their payloads' bytes.
+    replay: OnceLock<Mutex<Kept>>,
 }
 
-/// The sockets a started stream publishes on.
-pub(crate) struct Sockets {
-    publish: zeromq::PubSocket,
-    replay: Option<zeromq::RouterSocket>,
-}
+/// Batches kept for replay and their bytes (see [`KvEvents::keep`]).
+type Kept = (std::collections::VecDeque<(u64, bytes::Bytes)>, usize);
+
+/// A bound stream: its PUB socket, its replay socket if any, and the
+/// events the table hands over.
+pub(crate) type Bound = (
+    zeromq::PubSocket,
+    Option<zeromq::RouterSocket>,
+    mpsc::Receiver<Raw>,
+);
 
 /// Counters of the stream, for `GET /kv_events/status` and metrics.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -167,13 +172,11 @@ impl KvEvents {
         self.last_id.fetch_add(lost + 1, Relaxed) + lost + 1
     }
 
-    /// Binds `cfg.endpoint` (and the replay endpoint, if any) and starts
-    /// taking events; [`KvEvents::run`] publishes them. Fails when an
-    /// endpoint cannot be bound, or when the stream was started already.
-    pub(crate) async fn bind(
-        &self,
-        cfg: &KvEventsConfig,
-    ) -> Result<(Sockets, mpsc::Receiver<Raw>), String> {
+    /// Binds `cfg.endpoint` (and the replay endpoint, if any: then batches
+    /// are kept for [`KvEvents::serve_replays`]) and starts taking events;
+    /// [`KvEvents::run`] publishes them. Fails when an endpoint cannot be
+    /// bound, or when the stream was started already.
+    pub(crate) async fn bind(&self, cfg: &KvEventsConfig) -> Result<Bound, String> {
         use zeromq::Socket;
         let mut publish = zeromq::PubSocket::new();
         publish
@@ -195,12 +198,20 @@ impl KvEvents {
             .set(tx)
             .map_err(|_| "the KV event stream is started already".to_string())?;
         self.running.store(true, Relaxed);
-        Ok((Sockets { publish, replay }, rx))
+        if replay.is_some() {
+            let _ = self.replay.set(Mutex::default());
+        }
+        Ok((publish, replay, rx))
     }
 
-    /// Keeps batch `seq` for replay, dropping the oldest beyond the bounds.
-    fn keep(&self, seq: u64, payload: bytes::Bytes) {
-        let (batches, bytes) = &mut *self.replay.lock();
+    /// Keeps batch `seq` for replay, when replays are served, dropping the
+    /// oldest beyond the bounds.
+    fn keep(&self, seq: u64, payload: &bytes::Bytes) {
+        let Some(kept) = self.replay.get() else {
+            return;
+        };
+        let (batches, bytes) = &mut *kept.lock();
+        let payload = payload.clone();
         *bytes += payload.len();
         batches.push_back((seq, payload));
         while batches.len() > REPLAY_BATCHES || *bytes > REPLAY_BYTES {
@@ -213,14 +224,21 @@ impl KvEvents {
 
     /// The kept batches from sequence `from` on.
     fn kept_from(&self, from: u64) -> Vec<(u64, bytes::Bytes)> {
-        let batches = &self.replay.lock().0;
+        let Some(kept) = self.replay.get() else {
+            return Vec::new();
+        };
+        let batches = &kept.lock().0;
         let first = batches.partition_point(|(seq, _)| *seq < from);
         batches.range(first..).cloned().collect()
     }
 
     /// Answers replay requests on `socket` until `shutdown`; a request that
     /// is not `[b"", 8-byte sequence]` is ignored.
-    async fn serve_replays(&self, mut socket: zeromq::RouterSocket, shutdown: CancellationToken) {
+    pub(crate) async fn serve_replays(
+        &self,
+        mut socket: zeromq::RouterSocket,
+        shutdown: CancellationToken,
+    ) {
         use zeromq::{SocketRecv, SocketSend};
         loop {
             let request = tokio::select! {
@@ -277,23 +295,14 @@ impl KvEvents {
     /// Publishes what the table hands over until `shutdown`, in batches of
     /// at most [`BATCH`]; `tier` names a segment number's tier.
     pub(crate) async fn run(
-        self: std::sync::Arc<Self>,
-        sockets: Sockets,
+        &self,
+        mut socket: zeromq::PubSocket,
         mut rx: mpsc::Receiver<Raw>,
         backend_id: String,
         tier: impl Fn(u32) -> Tier,
         shutdown: CancellationToken,
     ) {
         use zeromq::SocketSend;
-        let Sockets {
-            publish: mut socket,
-            replay,
-        } = sockets;
-        let replaying = replay.is_some();
-        if let Some(router) = replay {
-            let (me, stop) = (self.clone(), shutdown.clone());
-            tokio::spawn(async move { me.serve_replays(router, stop).await });
-        }
         let mut raws = Vec::with_capacity(BATCH);
         let mut seq: u64 = 0;
         loop {
@@ -318,9 +327,7 @@ impl KvEvents {
             let payload = bytes::Bytes::from(payload);
             let mut msg = zeromq::ZmqMessage::from(Vec::<u8>::new());
             msg.push_back(seq.to_be_bytes().to_vec().into());
-            if replaying {
-                self.keep(seq, payload.clone());
-            }
+            self.keep(seq, &payload);
             msg.push_back(payload);
             if let Err(e) = socket.send(msg).await {
                 tracing::warn!("KV event batch not sent: {e}");
@@ -539,9 +546,12 @@ mod tests {
     #[test]
     fn replay_keeps_the_newest_batches_within_its_bounds() {
         let ev = KvEvents::default();
+        ev.keep(1, &bytes::Bytes::from_static(b"x"));
+        assert!(ev.kept_from(0).is_empty(), "nothing kept without replays");
+        let _ = ev.replay.set(Mutex::default());
         let n = REPLAY_BATCHES as u64 + 5;
         for seq in 1..=n {
-            ev.keep(seq, bytes::Bytes::from(seq.to_be_bytes().to_vec()));
+            ev.keep(seq, &bytes::Bytes::from(seq.to_be_bytes().to_vec()));
         }
         let kept = ev.kept_from(1);
         assert_eq!(kept.len(), REPLAY_BATCHES, "the count bound");
@@ -551,7 +561,7 @@ mod tests {
         // Big batches: the byte bound keeps fewer.
         let big = bytes::Bytes::from(vec![0u8; REPLAY_BYTES / 4]);
         for seq in n + 1..=n + 6 {
-            ev.keep(seq, big.clone());
+            ev.keep(seq, &big);
         }
         let kept = ev.kept_from(0);
         assert!(kept.iter().map(|(_, p)| p.len()).sum::<usize>() <= REPLAY_BYTES);

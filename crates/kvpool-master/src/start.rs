@@ -237,7 +237,7 @@ async fn start_kv_events(
     shutdown: &CancellationToken,
 ) -> Result<(), MasterError> {
     let events = master.state.kv_events().clone();
-    let (sockets, rx) = events.bind(cfg).await.map_err(MasterError::Config)?;
+    let (publish, replay, rx) = events.bind(cfg).await.map_err(MasterError::Config)?;
     let loopback = |endpoint: &str| {
         let host = (endpoint.strip_prefix("tcp://"))
             .and_then(|a| a.rsplit_once(':'))
@@ -258,10 +258,14 @@ async fn start_kv_events(
     }
     info!(endpoint = %cfg.endpoint, replay = ?cfg.replay_endpoint, backend_id = %cfg.backend_id,
         "publishing KV events");
+    if let Some(router) = replay {
+        let (events, token) = (events.clone(), shutdown.clone());
+        tasks.spawn(async move { events.serve_replays(router, token).await });
+    }
     let (m, backend, token) = (master.clone(), cfg.backend_id.clone(), shutdown.clone());
     tasks.spawn(async move {
         let tier = |no| m.state.tier_of(no);
-        events.run(sockets, rx, backend, tier, token).await;
+        events.run(publish, rx, backend, tier, token).await;
     });
     Ok(())
 }
