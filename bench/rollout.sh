@@ -135,22 +135,22 @@ for role in ("prefill", "decode"):
         r = json.loads(line)
         rows.setdefault(round(r["t"]), {})[role] = r
 ts = sorted(rows)
+def reads(r):
+    return r["get_hits"] + r["get_misses"] + r["get_errors"]
 def rate(r):
-    n = r["get_hits"] + r["get_misses"] + r["get_errors"]
-    return r["get_hits"] / n if n else None
+    return r["get_hits"] / reads(r) if reads(r) else None
 steady = {}
 for role in ("prefill", "decode"):
     before = [rows[t][role] for t in ts if t < t_apply - 1 and role in rows[t]][2:]
-    hits = sum(r["get_hits"] for r in before); n = sum(r["get_hits"] + r["get_misses"] + r["get_errors"] for r in before)
+    hits, n = sum(r["get_hits"] for r in before), sum(reads(r) for r in before)
     p99s = sorted(r["get_p99_ms"] for r in before if r["get_p99_ms"] is not None)
     steady[role] = (hits / n, p99s[len(p99s) // 2])
     print(f"{role}: steady hit rate {hits / n:.4f}, p99 of a 32-page read {steady[role][1]:.2f} ms (median second)")
 print(f"rollout: {t_done - t_apply:.1f} s (rbg apply --wait)")
 print(" second | decode hit  p99 ms  errors | prefill hit  p99 ms  errors  puts ok/failed")
 worst = {"prefill": [1.0, 0.0, 0], "decode": [1.0, 0.0, 0]}
-for t in ts:
-    if not (t_apply - 3 <= t <= t_done + 5):
-        continue
+puts_failed = 0
+for t in (t for t in ts if t_apply - 3 <= t <= t_done + 5):
     cells = []
     for role in ("decode", "prefill"):
         r = rows[t].get(role)
@@ -164,8 +164,8 @@ for t in ts:
         wr[0], wr[1], wr[2] = min(wr[0], hr), max(wr[1], pr), wr[2] + r["get_errors"]
         cells.append(f"{h if h is not None else 0:.4f} {p or 0:7.2f} {r['get_errors']:6d}")
     p = rows[t].get("prefill", {})
-    print(f" {t - t_apply:+6.0f} | {cells[0]} | {cells[1]}  {p.get('put_hits', 0)}/{p.get('put_errors', 0)}")
-puts_failed = sum(rows[t].get("prefill", {}).get("put_errors", 0) for t in ts if t_apply - 3 <= t <= t_done + 5)
+    puts_failed += p.get("put_errors", 0)
+    print(f" {t - round(t_apply):+6d} | {cells[0]} | {cells[1]}  {p.get('put_hits', 0)}/{p.get('put_errors', 0)}")
 for role, (h, p, e) in worst.items():
     print(f"{role}: lowest hit rate {h:.4f} of steady, highest p99 {p:.2f}x steady, {e} failed reads")
 print(f"prefill puts failed during the rollout: {puts_failed}")
