@@ -77,10 +77,9 @@ impl EngineServer {
         }
         let serve = serve_framed(
             listener,
-            "engine",
-            Limits::default(),
+            ("engine", Limits::default()),
             security,
-            shutdown.clone(),
+            (shutdown.clone(), None),
             move |mut conn, token| {
                 let (regions, notifies) = (regions.clone(), notifies.clone());
                 async move {

@@ -450,6 +450,12 @@ impl ControlHandler for Master {
             self.state.hung_up(id);
         }
     }
+
+    /// Its `--tenant-quota` `connections`, if it has one.
+    fn tenant_connections(&self, name: &str) -> Option<usize> {
+        let n = self.state.config().tenants.quota(name).connections;
+        (n != u64::MAX).then(|| usize::try_from(n).unwrap_or(usize::MAX))
+    }
 }
 
 /// Runs `f`, which may take long, without holding up the other tasks of

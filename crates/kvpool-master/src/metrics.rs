@@ -71,6 +71,7 @@ struct PerTenant {
     bytes: Family<TenantLabel, Gauge>,
     clients: Family<TenantLabel, Gauge>,
     pinned: Family<TenantLabel, Gauge>,
+    puts: Family<TenantLabel, Gauge>,
 }
 
 /// Label of the master's role gauge.
@@ -289,6 +290,11 @@ impl Default for Metrics {
             "Bytes of a tenant's hard-pinned objects, all replicas (against --tenant-quota)",
             t.pinned.clone(),
         );
+        registry.register(
+            "tenant_puts_in_flight",
+            "Puts a tenant's clients have started and not ended (against --tenant-quota)",
+            t.puts.clone(),
+        );
         let p = &m.per_segment;
         registry.register(
             "segment_capacity_bytes",
@@ -435,7 +441,7 @@ impl Metrics {
             p.state.get_or_create(&l).set(1);
         }
         let t = &self.per_tenant;
-        for f in [&t.objects, &t.bytes, &t.clients, &t.pinned] {
+        for f in [&t.objects, &t.bytes, &t.clients, &t.pinned, &t.puts] {
             f.clear();
         }
         for (name, u) in tenants {
@@ -446,6 +452,7 @@ impl Metrics {
             t.bytes.get_or_create(&l).set(g(u.bytes));
             t.clients.get_or_create(&l).set(g(u.clients));
             t.pinned.get_or_create(&l).set(g(u.pinned));
+            t.puts.get_or_create(&l).set(g(u.puts));
         }
         let d = &self.disk;
         for seg in &s.segments {

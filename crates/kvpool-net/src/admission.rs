@@ -45,17 +45,23 @@ pub struct BudgetLimits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
     /// Its address (or its tenant) holds its share of authenticated
-    /// connections.
-    PerIp,
+    /// connections, this many.
+    PerIp(usize),
     /// The server holds its most authenticated connections.
     Total,
     /// A newer connection took its handshake slot (counted at eviction).
     Evicted,
 }
 
+/// The share of authenticated connections of one tenant, by its name, on
+/// a server that knows tenants' quotas (the master); `None`, and servers
+/// without one, give the tenant [`BudgetLimits::per_ip`].
+pub type TenantCap = Arc<dyn Fn(&str) -> Option<usize> + Send + Sync>;
+
 /// The two budgets of one server (see the module's documentation).
 pub struct Budgets {
     limits: BudgetLimits,
+    tenant_cap: Option<TenantCap>,
     preauth: Mutex<PreAuth>,
     authed: Mutex<HashMap<Identity, usize>>,
     slots: Arc<Semaphore>,
@@ -110,8 +116,15 @@ impl PreAuth {
 impl Budgets {
     /// Empty budgets of these sizes.
     pub fn new(limits: BudgetLimits) -> Arc<Budgets> {
+        Budgets::with_tenant_cap(limits, None)
+    }
+
+    /// Empty budgets of these sizes, where `tenant_cap` (if any) sets each
+    /// tenant's share instead of [`BudgetLimits::per_ip`].
+    pub fn with_tenant_cap(limits: BudgetLimits, tenant_cap: Option<TenantCap>) -> Arc<Budgets> {
         Arc::new(Budgets {
             limits,
+            tenant_cap,
             preauth: Mutex::default(),
             authed: Mutex::default(),
             slots: Arc::new(Semaphore::new(limits.total)),
@@ -210,9 +223,13 @@ impl PreAuthSlot {
         let budgets = self.budgets.clone();
         let who = tenant.map_or(Identity::Addr(self.ip), Identity::Tenant);
         drop(self);
+        let share = match (&who, &budgets.tenant_cap) {
+            (Identity::Tenant(name), Some(cap)) => cap(name).unwrap_or(budgets.limits.per_ip),
+            _ => budgets.limits.per_ip,
+        };
         let mut authed = budgets.authed.lock();
-        if authed.get(&who).copied().unwrap_or(0) >= budgets.limits.per_ip {
-            return Err(Refused::PerIp);
+        if authed.get(&who).copied().unwrap_or(0) >= share {
+            return Err(Refused::PerIp(share));
         }
         let Ok(permit) = budgets.slots.clone().try_acquire_owned() else {
             return Err(Refused::Total);
@@ -329,7 +346,7 @@ mod tests {
             .expect("a newcomer gets in despite the flood");
         // The address holds its share now: refused after the handshake.
         let (s, _) = b.arrive(ip(1)).unwrap();
-        assert_eq!(s.admit(None).err(), Some(Refused::PerIp));
+        assert_eq!(s.admit(None).err(), Some(Refused::PerIp(2)));
         let (other, _) = b.arrive(ip(2)).unwrap();
         let third = other.admit(None).expect("another address");
         assert_eq!(b.authenticated(None), 3);
@@ -347,7 +364,7 @@ mod tests {
         let (x, _) = b.arrive(ip(1)).unwrap();
         let (y, _) = b.arrive(ip(1)).unwrap();
         let _in = x.admit(None).expect("first");
-        assert_eq!(y.admit(None).err(), Some(Refused::PerIp));
+        assert_eq!(y.admit(None).err(), Some(Refused::PerIp(1)));
         assert_eq!(b.preauth(None), 0);
     }
 
@@ -359,13 +376,51 @@ mod tests {
             |from: u8, t: Option<&Arc<str>>| b.arrive(ip(from)).unwrap().0.admit(t.cloned());
         // The address is full of connections without a tenant...
         let _held = [admit(1, None).unwrap(), admit(1, None).unwrap()];
-        assert_eq!(admit(1, None).err(), Some(Refused::PerIp));
+        assert_eq!(admit(1, None).err(), Some(Refused::PerIp(2)));
         // ...a tenant on the same host gets in, up to its own share.
         let _a = admit(1, Some(&acme)).expect("a tenant on a full address");
         let _b = admit(2, Some(&acme)).expect("from another address");
-        assert_eq!(admit(3, Some(&acme)).err(), Some(Refused::PerIp));
+        assert_eq!(admit(3, Some(&acme)).err(), Some(Refused::PerIp(2)));
         let other: Arc<str> = Arc::from("other");
         let _o = admit(1, Some(&other)).expect("another tenant");
         assert_eq!(b.authenticated(Some(&Identity::Tenant(acme))), 2);
+    }
+
+    #[test]
+    fn a_tenant_cap_sets_each_tenants_share() {
+        let limits = BudgetLimits {
+            per_ip: 2,
+            total: 10,
+            preauth_per_ip: 10,
+            preauth_total: 10,
+        };
+        let cap: TenantCap = Arc::new(|name| match name {
+            "small" => Some(1),
+            "big" => Some(3),
+            _ => None,
+        });
+        let b = Budgets::with_tenant_cap(limits, Some(cap));
+        let admit = |t: &str| b.arrive(ip(1)).unwrap().0.admit(Some(Arc::from(t)));
+        let _s = admit("small").expect("its one connection");
+        assert_eq!(admit("small").err(), Some(Refused::PerIp(1)));
+        let _b = [
+            admit("big").unwrap(),
+            admit("big").unwrap(),
+            admit("big").unwrap(),
+        ];
+        assert_eq!(admit("big").err(), Some(Refused::PerIp(3)));
+        let _o = [admit("other").unwrap(), admit("other").unwrap()];
+        assert_eq!(
+            admit("other").err(),
+            Some(Refused::PerIp(2)),
+            "no cap: per_ip"
+        );
+        let none = |_: u8| b.arrive(ip(2)).unwrap().0.admit(None);
+        let _n = [none(0).unwrap(), none(1).unwrap()];
+        assert_eq!(
+            none(2).err(),
+            Some(Refused::PerIp(2)),
+            "addresses keep per_ip"
+        );
     }
 }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use crate::admission::{BudgetLimits, Budgets, Refused};
+use crate::admission::{BudgetLimits, Budgets, Refused, TenantCap};
 use crate::auth::{Role, Security};
 use crate::conn::{accept, FramedConn};
 
@@ -46,6 +46,13 @@ pub trait ControlHandler: Send + Sync + 'static {
     /// The connection ended: closed or reset by the peer, broken, or shut
     /// down.
     fn closed(&self, conn: Self::Conn);
+
+    /// The most authenticated connections tenant `name` may hold on this
+    /// server (its quota); `None`: as many as one address
+    /// ([`MAX_CONNECTIONS_PER_IP`]).
+    fn tenant_connections(&self, _name: &str) -> Option<usize> {
+        None
+    }
 }
 
 /// Who is on the other end of an accepted connection, as its handshake
@@ -163,9 +170,8 @@ impl Proved for TcpStream {
 /// Counts and logs a connection refused a slot.
 fn refused(peer: SocketAddr, why: Refused, limits: &BudgetLimits) {
     match why {
-        Refused::PerIp => {
+        Refused::PerIp(n) => {
             REFUSED_CONNECTIONS_PER_IP.fetch_add(1, Ordering::Relaxed);
-            let n = limits.per_ip;
             log_refusal(
                 peer,
                 &format!(
@@ -199,6 +205,7 @@ fn refused(peer: SocketAddr, why: Refused, limits: &BudgetLimits) {
 pub async fn accept_loop<H, HFut, T, S, SFut>(
     listener: TcpListener,
     shutdown: CancellationToken,
+    tenant_cap: Option<TenantCap>,
     handshake: H,
     serve: S,
 ) where
@@ -208,14 +215,15 @@ pub async fn accept_loop<H, HFut, T, S, SFut>(
     S: Fn(T) -> SFut + Send + Sync + 'static,
     SFut: Future<Output = ()> + Send + 'static,
 {
-    accept_within(listener, shutdown, budget_limits(), handshake, serve).await
+    let limits = budget_limits();
+    accept_within(listener, shutdown, (limits, tenant_cap), handshake, serve).await
 }
 
 /// [`accept_loop`] under budgets of the given sizes.
 pub async fn accept_within<H, HFut, T, S, SFut>(
     listener: TcpListener,
     shutdown: CancellationToken,
-    limits: BudgetLimits,
+    (limits, tenant_cap): (BudgetLimits, Option<TenantCap>),
     handshake: H,
     serve: S,
 ) where
@@ -226,7 +234,7 @@ pub async fn accept_within<H, HFut, T, S, SFut>(
     SFut: Future<Output = ()> + Send + 'static,
 {
     let tracker = TaskTracker::new();
-    let budgets = Budgets::new(limits);
+    let budgets = Budgets::with_tenant_cap(limits, tenant_cap);
     let serve = Arc::new(serve);
     loop {
         tokio::select! {
@@ -279,13 +287,13 @@ pub async fn accept_within<H, HFut, T, S, SFut>(
 /// Accepts framed connections until `shutdown` (see [`accept_loop`]): each
 /// one that completes TLS and the handshake under `security`, answering as
 /// `name`, goes to `serve` with a clone of the shutdown token, which the
-/// connection must watch.
+/// connection must watch. `tenant_cap` sets tenants' shares of the
+/// connections, where the server knows their quotas.
 pub async fn serve_framed<F, Fut>(
     listener: TcpListener,
-    name: &'static str,
-    limits: Limits,
+    (name, limits): (&'static str, Limits),
     security: Security,
-    shutdown: CancellationToken,
+    (shutdown, tenant_cap): (CancellationToken, Option<TenantCap>),
     serve: F,
 ) where
     F: Fn(FramedConn, CancellationToken) -> Fut + Send + Sync + 'static,
@@ -296,6 +304,7 @@ pub async fn serve_framed<F, Fut>(
     accept_loop(
         listener,
         shutdown,
+        tenant_cap,
         move |stream| {
             let security = security.clone();
             async move { accept(stream, name, limits, &security).await }
@@ -315,12 +324,13 @@ pub async fn serve_control<H: ControlHandler>(
     security: Security,
     shutdown: CancellationToken,
 ) {
+    let h = handler.clone();
+    let cap: TenantCap = Arc::new(move |name| h.tenant_connections(name));
     serve_framed(
         listener,
-        name,
-        limits,
+        (name, limits),
         security,
-        shutdown,
+        (shutdown, Some(cap)),
         move |mut conn, token| {
             let handler = handler.clone();
             async move {
@@ -432,7 +442,13 @@ mod tests {
             }
         };
         let token = stop.clone();
-        tokio::spawn(accept_within(listener, token, limits, handshake, serve));
+        tokio::spawn(accept_within(
+            listener,
+            token,
+            (limits, None),
+            handshake,
+            serve,
+        ));
         (addr, stop)
     }
 

@@ -360,8 +360,10 @@ pub struct MasterArgs {
     /// together may take; the rest stays evictable for everyone's puts.
     #[arg(long, env = "KVPOOL_MAX_HARD_PINNED_RATIO", default_value_t = 0.5)]
     pub max_hard_pinned_ratio: f64,
-    /// A tenant's quota, `NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE` (any of
-    /// them; `none` lifts one); NAME `*` sets every other tenant's.
+    /// A tenant's quota, `NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE,puts=N,connections=N`
+    /// (any of them; `none` lifts one); NAME `*` sets every other tenant's.
+    /// `puts`: puts in flight over all its clients; `connections`: to the
+    /// master (default: as many as one address).
     /// Repeat for more tenants, or separate with `;` in the environment.
     #[arg(long, env = "KVPOOL_TENANT_QUOTA", value_delimiter = ';')]
     pub tenant_quota: Vec<String>,

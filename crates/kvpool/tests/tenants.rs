@@ -356,15 +356,90 @@ async fn a_tenants_hard_pins_are_held_to_its_quota() {
         .expect("the room a removal gave back");
 }
 
+/// Puts started and never ended (each holds its regions until it expires)
+/// stop at the tenant's `puts` quota, over all its clients: past it a put
+/// is refused before anything is reserved, other tenants go on, and a
+/// revoke gives the room back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_puts_in_flight_are_held_to_its_quota() {
+    let cluster = Cluster::builder()
+        .secured()
+        .master_flag("--tenant-quota", "acme:puts=8")
+        .start()
+        .await;
+    let admin = cluster.secrets.as_ref().expect("secured").admin.clone();
+    let key = admin.for_tenant("acme").expect("key");
+    let link = link_as(&cluster, key.clone()).await;
+    let start = |op: u64, keys: std::ops::Range<u32>| msg::PutStart {
+        client_id: link.client_id(),
+        op,
+        items: keys
+            .map(|i| msg::PutItem {
+                key: scoped(Some("acme"), &format!("held{i}")),
+                value_len: 64,
+                region_len: 4096,
+            })
+            .collect(),
+        config: ReplicateConfig::default(),
+        upsert: false,
+    };
+    let granted = link.call_once(&start(1, 0..10)).await.expect("put start");
+    let codes: Vec<_> = (granted.iter())
+        .map(|g| g.as_ref().err().map(|&c| Code::from_i32(c)))
+        .collect();
+    assert!(codes[..8].iter().all(Option::is_none), "{codes:?}");
+    assert!(
+        codes[8..].iter().all(|c| *c == Some(Code::QuotaExceeded)),
+        "{codes:?}"
+    );
+    let acme2 = client_as(&cluster, key).await;
+    let page = vec![3u8; 4096];
+    let cfg = ReplicateConfig::default();
+    let e = acme2
+        .put("k", &page, &cfg)
+        .await
+        .expect_err("a ninth put in flight, from another client");
+    assert_eq!(e.code, Code::QuotaExceeded, "{e}");
+    let other = client_as(&cluster, admin.for_tenant("other").expect("key")).await;
+    for i in 0..16 {
+        other
+            .put(&format!("k{i}"), &page, &cfg)
+            .await
+            .expect("another tenant");
+    }
+    let (status, body) = http_get(&cluster.metrics_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("kvpool_tenant_puts_in_flight{tenant=\"acme\"} 8"),
+        "acme's puts in flight in the metrics"
+    );
+    let revoke = msg::PutRevoke {
+        client_id: link.client_id(),
+        keys: vec![scoped(Some("acme"), "held0")],
+    };
+    link.call_once(&revoke).await.expect("revoke");
+    acme2
+        .put("k", &page, &cfg)
+        .await
+        .expect("the room a revoke gave back");
+    assert_eq!(acme2.get("k").await.expect("get"), page);
+    // A committed put holds no room: the quota bounds puts in flight, not objects.
+    acme2.put("k2", &page, &cfg).await.expect("after a commit");
+    let (_, body) = http_get(&cluster.metrics_addr, "/metrics").await;
+    assert!(body.contains("kvpool_tenant_puts_in_flight{tenant=\"acme\"} 7"));
+}
+
 /// Connections are counted per identity: a tenant on a host whose address
 /// holds its share of connections still gets in, and its own connections
-/// stop at the same share, from any address.
+/// stop at the same share, from any address, unless its quota sets
+/// another (`connections`, lower or higher).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_has_its_own_share_of_connections() {
     const SHARE: usize = 48;
     let cluster = Cluster::builder()
         .secured()
         .master_flag("--max-connections-per-ip", &SHARE.to_string())
+        .master_flag("--tenant-quota", "small:connections=5;big:connections=60")
         .start()
         .await;
     let s = cluster.secrets.as_ref().expect("secured");
@@ -398,6 +473,16 @@ async fn a_tenant_has_its_own_share_of_connections() {
     open(&s.admin.for_tenant("other").expect("key"))
         .await
         .expect("another tenant");
+    // Tenants with a quota of their own get that many, fewer or more.
+    for (name, quota) in [("small", 5), ("big", 60)] {
+        let key = s.admin.for_tenant(name).expect("key");
+        let mut theirs = Vec::new();
+        while let Some(c) = open(&key).await {
+            theirs.push(c);
+            assert!(theirs.len() <= quota, "{name}: past its quota");
+        }
+        assert_eq!(theirs.len(), quota, "{name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -149,8 +149,9 @@ impl Ledger {
         }
     }
 
-    /// Reserves one object of `bytes` for a put of `key` against its
-    /// tenant's quota (nothing for a key without a tenant).
+    /// Reserves one object of `bytes` and a put in flight for a put of
+    /// `key` against its tenant's quota (nothing for a key without a
+    /// tenant).
     pub(crate) fn tenant_reserve(
         &self,
         key: &str,
@@ -163,6 +164,14 @@ impl Ledger {
         let quota = policy.quota(name);
         let r = self.book.lock().tenants.reserve(name, bytes, quota);
         r.map_err(|over| tenants::quota_error(name, over))
+    }
+
+    /// Ends a put of `key` that [`Self::tenant_reserve`] counted (committed,
+    /// refused, revoked or expired): what it reserved goes back.
+    pub(crate) fn tenant_end_put(&self, key: &str, bytes: u64) {
+        if let Some(name) = tenants::owner(key) {
+            self.book.lock().tenants.end_put(name, bytes);
+        }
     }
 
     /// Charges a committed object of `key` to its tenant, whatever the quota

@@ -203,7 +203,7 @@ impl MasterState {
                     started += 1;
                 } else {
                     // Nothing new is in flight: the reservation goes back.
-                    self.ledger.tenant_release(&item.key, item.value_len);
+                    self.ledger.tenant_end_put(&item.key, item.value_len);
                 }
                 r.map(Started::grant)
             })
@@ -231,7 +231,7 @@ impl MasterState {
         if let Some(pin) = p.version.hard_pin {
             self.ledger.unpin(key, pin);
         }
-        self.ledger.tenant_release(key, p.version.value_len);
+        self.ledger.tenant_end_put(key, p.version.value_len);
     }
 
     /// What the key's current state means for a new put, if it decides the answer.
@@ -536,7 +536,7 @@ impl MasterState {
         let mut v = self.pack(p.version);
         // What the put reserved of its tenant's quota: the committed object
         // is charged by the table.
-        self.ledger.tenant_release(key, v.value_len);
+        self.ledger.tenant_end_put(key, v.value_len);
         if v.replicas.is_empty() {
             self.ledger.release_puts(owner, 1);
             if let Some(pin) = v.hard_pin {

@@ -1,5 +1,7 @@
 //! Tenants on the master: each tenant's quota, the namespaces an admin
-//! marked shared, and what each tenant holds against its quota.
+//! marked shared, and what each tenant holds against its quota (its
+//! connections are counted by the accept loop, against
+//! [`Quota::connections`]).
 //!
 //! A tenant's usage counts its committed objects (charged where the object
 //! table takes or drops them, so a rebuild after a restart counts too), its
@@ -30,18 +32,27 @@ pub struct Quota {
     /// Bytes of hard-pinned objects (all replicas, as placed), which
     /// eviction never frees.
     pub pinned: u64,
+    /// Puts started and not yet committed or ended, over all its clients.
+    pub puts: u64,
+    /// Authenticated connections to the master (`u64::MAX`: as many as
+    /// one address may hold).
+    pub connections: u64,
 }
 
 impl Default for Quota {
-    /// No limit on objects, bytes or pins (the pool's `--max-hard-pinned-ratio`
-    /// bounds all tenants' pins together); 1,000 client ids, so that no
-    /// tenant can take the registrations every other engine needs.
+    /// No limit on objects, bytes, pins or puts in flight (the pool's
+    /// `--max-hard-pinned-ratio` bounds all tenants' pins together, and
+    /// each client's `--max-pending-per-client` its puts); 1,000 client
+    /// ids, so that no tenant can take the registrations every other
+    /// engine needs; as many connections as one address.
     fn default() -> Self {
         Quota {
             objects: u64::MAX,
             bytes: u64::MAX,
             clients: 1_000,
             pinned: u64::MAX,
+            puts: u64::MAX,
+            connections: u64::MAX,
         }
     }
 }
@@ -69,7 +80,7 @@ impl TenantPolicy {
     }
 
     /// Applies one `--tenant-quota` value:
-    /// `NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE` (any of them;
+    /// `NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE,puts=N,connections=N` (any of them;
     /// `NAME` `*` sets the default of every tenant without a line of its
     /// own; `none` lifts a limit).
     pub fn add_quota(&mut self, spec: &str) -> KvResult<()> {
@@ -78,7 +89,7 @@ impl TenantPolicy {
                 Code::InvalidParams,
                 format!(
                     "--tenant-quota {spec:?}: {why} \
-                     (NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE)"
+                     (NAME:objects=N,bytes=SIZE,clients=N,pinned=SIZE,puts=N,connections=N)"
                 ),
             )
         };
@@ -109,6 +120,8 @@ impl TenantPolicy {
                 "bytes" => q.bytes = n,
                 "clients" => q.clients = n,
                 "pinned" => q.pinned = n,
+                "puts" => q.puts = n,
+                "connections" => q.connections = n,
                 other => return Err(bad(format!("unknown limit {other:?}"))),
             }
         }
@@ -132,6 +145,8 @@ pub struct Usage {
     pub clients: u64,
     /// Bytes of its hard-pinned objects.
     pub pinned: u64,
+    /// Puts in flight.
+    pub puts: u64,
 }
 
 /// The limit a reservation would pass.
@@ -145,6 +160,8 @@ pub enum Over {
     Clients(u64),
     /// Hard-pinned bytes.
     Pinned(u64),
+    /// Puts in flight.
+    Puts(u64),
 }
 
 impl fmt::Display for Over {
@@ -154,6 +171,7 @@ impl fmt::Display for Over {
             Over::Bytes(n) => write!(f, "its quota of {n} value bytes"),
             Over::Clients(n) => write!(f, "its quota of {n} client ids"),
             Over::Pinned(n) => write!(f, "its quota of {n} hard-pinned bytes"),
+            Over::Puts(n) => write!(f, "its quota of {n} puts in flight"),
         }
     }
 }
@@ -173,9 +191,13 @@ pub(crate) struct Book {
 }
 
 impl Book {
-    /// Reserves one object of `bytes` for `key`'s tenant within `quota`.
+    /// Reserves one object of `bytes`, and a put in flight, for tenant
+    /// `name` within `quota`.
     pub(crate) fn reserve(&mut self, name: &str, bytes: u64, quota: Quota) -> Result<(), Over> {
         let u = self.per.get(name).copied().unwrap_or_default();
+        if u.puts >= quota.puts {
+            return Err(Over::Puts(quota.puts));
+        }
         if u.objects >= quota.objects {
             return Err(Over::Objects(quota.objects));
         }
@@ -183,7 +205,15 @@ impl Book {
             return Err(Over::Bytes(quota.bytes));
         }
         self.charge(name, bytes);
+        self.usage_mut(name).puts += 1;
         Ok(())
+    }
+
+    /// Ends a put [`Self::reserve`] counted: its object and bytes go back
+    /// (a committed one is charged again by the object table).
+    pub(crate) fn end_put(&mut self, name: &str, bytes: u64) {
+        self.update(name, |u| u.puts = u.puts.saturating_sub(1));
+        self.release(name, bytes);
     }
 
     /// Adds one object of `bytes` to `name`, whatever its quota (a commit of
@@ -280,7 +310,8 @@ mod tests {
     fn quotas_parse_and_default() {
         let mut p = TenantPolicy::default();
         p.add_quota("*:objects=10,clients=2").unwrap();
-        p.add_quota("acme:bytes=1MiB,pinned=64KiB").unwrap();
+        p.add_quota("acme:bytes=1MiB,pinned=64KiB,puts=5,connections=8")
+            .unwrap();
         p.add_quota("big:objects=none").unwrap();
         assert_eq!(
             p.quota("other"),
@@ -288,7 +319,9 @@ mod tests {
                 objects: 10,
                 bytes: u64::MAX,
                 clients: 2,
-                pinned: u64::MAX
+                pinned: u64::MAX,
+                puts: u64::MAX,
+                connections: u64::MAX,
             }
         );
         assert_eq!(
@@ -297,7 +330,9 @@ mod tests {
                 objects: 10,
                 bytes: 1 << 20,
                 clients: 2,
-                pinned: 64 << 10
+                pinned: 64 << 10,
+                puts: 5,
+                connections: 8,
             }
         );
         assert_eq!(p.quota("big").objects, u64::MAX);
@@ -308,6 +343,7 @@ mod tests {
             "a b:objects=1",
             "x:objects=-1",
             "x:bytes=lots",
+            "x:puts=1KiB",
         ] {
             assert_eq!(
                 p.add_quota(bad).unwrap_err().code,
@@ -324,12 +360,21 @@ mod tests {
             bytes: 100,
             clients: 1,
             pinned: 50,
+            puts: 3,
+            connections: 1,
         };
         let mut b = Book::default();
         assert_eq!(b.reserve("a", 60, q), Ok(()));
         assert_eq!(b.reserve("a", 60, q), Err(Over::Bytes(100)));
         assert_eq!(b.reserve("a", 40, q), Ok(()));
         assert_eq!(b.reserve("a", 0, q), Err(Over::Objects(2)));
+        assert_eq!(b.usage("a").puts, 2);
+        // Both commit: the table charges the objects, the puts end.
+        for bytes in [60, 40] {
+            b.end_put("a", bytes);
+            b.charge("a", bytes);
+        }
+        assert_eq!((b.usage("a").puts, b.usage("a").objects), (0, 2));
         assert_eq!(
             b.reserve("b", 100, q),
             Ok(()),
@@ -347,6 +392,22 @@ mod tests {
         b.drop_client("a");
         assert_eq!(b.usage("a"), Usage::default());
         assert_eq!(b.all().len(), 1, "an empty entry is dropped");
+        let few = Quota {
+            puts: 2,
+            ..Quota::default()
+        };
+        assert_eq!(b.reserve("c", 1, few), Ok(()));
+        assert_eq!(b.reserve("c", 1, few), Ok(()));
+        assert_eq!(b.reserve("c", 1, few), Err(Over::Puts(2)));
+        b.end_put("c", 1);
+        assert_eq!(
+            b.reserve("c", 1, few),
+            Ok(()),
+            "an ended put gives its room back"
+        );
+        b.end_put("c", 1);
+        b.end_put("c", 1);
+        assert_eq!(b.usage("c"), Usage::default());
         assert_eq!(owner("\u{1}a\u{1}k"), Some("a"));
         assert_eq!(owner("k"), None);
         assert_eq!(owner("\u{1}k"), None);

@@ -50,10 +50,9 @@ pub async fn serve_data(
     kvpool_net::planted::announce();
     serve_framed(
         listener,
-        "store",
-        limits,
+        ("store", limits),
         security,
-        shutdown,
+        (shutdown, None),
         move |mut conn, token| {
             let table = table.clone();
             let grants = grants.clone();
