@@ -36,6 +36,14 @@ impl Cli {
         }
     }
 
+    /// The invalidations a store of this command remembers, if it sets them.
+    pub fn invalidations_kept(&self) -> Option<usize> {
+        match &self.command {
+            Command::Store(s) => Some(s.invalidations_kept),
+            _ => None,
+        }
+    }
+
     /// The config file this command reads (`--config`, `KVPOOL_CONFIG`).
     pub fn config_file(&self) -> Option<&Path> {
         match &self.command {
@@ -516,6 +524,11 @@ pub struct StoreArgs {
     /// per-address cap; the port takes 8192 in all).
     #[arg(long, env = "KVPOOL_MAX_CONNECTIONS_PER_IP", default_value_t = kvpool_net::server::MAX_CONNECTIONS_PER_IP)]
     pub max_connections_per_ip: usize,
+    /// Invalidations the store remembers to refuse late writes of removed
+    /// versions (about 130 bytes each; past them a stale grant is still
+    /// refused wherever a newer object starts in its range).
+    #[arg(long, env = "KVPOOL_INVALIDATIONS_KEPT", default_value_t = kvpool_transfer::data::INVALIDATIONS_KEPT)]
+    pub invalidations_kept: usize,
     /// IP for the store's /metrics and /health.
     #[arg(long, env = "KVPOOL_METRICS_ADDRESS", default_value = "127.0.0.1")]
     pub metrics_address: String,

@@ -36,6 +36,10 @@ fn main() -> ExitCode {
             n.to_string(),
         );
     }
+    if let Some(n) = cli.invalidations_kept() {
+        // Read by the data server's table, likewise.
+        std::env::set_var(kvpool_transfer::data::INVALIDATIONS_KEPT_ENV, n.to_string());
+    }
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     // A line as each span closes: the `request{id, op}` spans (debug level,

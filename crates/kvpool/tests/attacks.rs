@@ -902,32 +902,29 @@ async fn a_client_touches_only_the_regions_the_master_granted() {
     }
 }
 
-/// The first attack of the tenancy issue: a client keeps the write grants
-/// of its own puts, removes its objects, waits until another client's
-/// objects take the freed regions, and writes through the old grants
-/// (under its own key and version, or naming a victim's key with a newer
-/// one). Grants name the version they were granted for and stores refuse
-/// a version the master invalidated or a region that holds a newer one,
-/// so every write is refused and every victim reads back intact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn old_grants_forge_nothing_in_regions_others_reuse() {
-    const N: usize = 64;
-    const VALUE: usize = 3000;
-    let cluster = Cluster::builder()
-        .secured()
-        .segment_size("16MiB")
-        .start()
-        .await;
+/// The attacker's setup of attack 1: with the client key it puts `n`
+/// objects of its own holding `value` through raw grants, commits them and
+/// removes them, keeping each one's (key, generation, replica): the grants
+/// it will try again. Also returns its master link and a data connection
+/// to their store.
+async fn grants_of_removed(
+    cluster: &Cluster,
+    n: usize,
+    value: &[u8],
+) -> (
+    std::sync::Arc<MasterLink>,
+    Vec<(String, u64, msg::Replica)>,
+    FramedConn,
+) {
     let client_key = cluster.secrets.as_ref().expect("secured").key(Role::Client);
-    let link = link_as(&cluster, Some(client_key.clone()));
+    let link = link_as(cluster, Some(client_key.clone()));
     link.register().await.expect("register");
     let own = |i: usize| format!("own-{i:03}");
-    let value = vec![0xA5u8; VALUE];
-    let items: Vec<msg::PutItem> = (0..N)
+    let items: Vec<msg::PutItem> = (0..n)
         .map(|i| msg::PutItem {
             key: own(i),
-            value_len: VALUE as u64,
-            region_len: (kvpool_format::header_len(own(i).len()) + VALUE) as u64,
+            value_len: value.len() as u64,
+            region_len: (kvpool_format::header_len(own(i).len()) + value.len()) as u64,
         })
         .collect();
     let start = msg::PutStart {
@@ -965,7 +962,7 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
             rep.segment,
             rep.offset,
             rep.grant(*generation),
-            &object(key, *generation, &value),
+            &object(key, *generation, value),
         )
         .await
         .expect("a write inside its own grant");
@@ -988,6 +985,28 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
     };
     let removed = link.call_once(&remove).await.expect("remove");
     assert!(removed.iter().all(|r| r.is_ok()), "{removed:?}");
+
+    (link, held, conn)
+}
+
+/// The first attack of the tenancy issue: a client keeps the write grants
+/// of its own puts, removes its objects, waits until another client's
+/// objects take the freed regions, and writes through the old grants
+/// (under its own key and version, or naming a victim's key with a newer
+/// one). Grants name the version they were granted for and stores refuse
+/// a version the master invalidated or a region that holds a newer one,
+/// so every write is refused and every victim reads back intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_grants_forge_nothing_in_regions_others_reuse() {
+    const N: usize = 64;
+    const VALUE: usize = 3000;
+    let cluster = Cluster::builder()
+        .secured()
+        .segment_size("16MiB")
+        .start()
+        .await;
+    let value = vec![0xA5u8; VALUE];
+    let (link, held, mut conn) = grants_of_removed(&cluster, N, &value).await;
 
     // The victim's objects, of the same size, take the freed regions.
     let victim = cluster.client().await;
@@ -1068,6 +1087,102 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
             .await
             .unwrap_or_else(|e| panic!("{key}: {e}"));
         assert!(got == *v, "{key}: forged bytes");
+    }
+}
+
+/// Attack 1 past what the store remembers: with its invalidation memory
+/// cut to one entry (`--invalidations-kept 1`, as heavy churn would wear it
+/// down), the store no longer knows the attacker's versions were removed,
+/// and smaller objects of another client now start inside the attacker's
+/// old regions, past their starts (written over TCP). Writing a whole old region through its
+/// grant would overwrite them; the store refuses every such write because
+/// a newer object starts inside the range, and every victim reads back
+/// intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_grants_forge_nothing_inside_regions_after_the_store_forgot() {
+    const N: usize = 8;
+    let cluster = Cluster::builder()
+        .secured()
+        .segment_size("4MiB")
+        .store_flag("--invalidations-kept", "1")
+        .start()
+        .await;
+    let value = vec![0x5Au8; 60_000];
+    let (link, held, mut conn) = grants_of_removed(&cluster, N, &value).await;
+    // Over TCP: the store marks where the objects it writes start (a
+    // client on the store's host writes through shared memory, unseen).
+    let victim = cluster
+        .client_with(|c| c.protocol = kvpool_client::Protocol::Tcp)
+        .await;
+    let mut kept = Vec::new();
+    for i in 0..400 {
+        let key = format!("small-{i:03}");
+        let v = common::value_for(&key, 2000);
+        victim
+            .put(&key, &v, &ReplicateConfig::default())
+            .await
+            .expect("victim put");
+        kept.push((key, v));
+    }
+    let located = link
+        .call_once(&msg::GetReplicaList {
+            keys: kept.iter().map(|(k, _)| k.clone()).collect(),
+        })
+        .await
+        .expect("locate");
+    let starts: Vec<(SegmentId, u64)> = located
+        .into_iter()
+        .map(|l| {
+            let l: msg::ObjectLocation = msg::from_wire(l).expect("the victim is there");
+            (l.replicas[0].segment, l.replicas[0].offset)
+        })
+        .collect();
+    // The victims at the very starts of old regions go (so only the check
+    // of what starts inside stands between the grant and the rest).
+    let at_start: Vec<String> = (starts.iter().zip(&kept))
+        .filter(|(at, _)| held.iter().any(|(_, _, r)| **at == (r.segment, r.offset)))
+        .map(|(_, (k, _))| k.clone())
+        .collect();
+    for key in &at_start {
+        victim.remove(key, true).await.expect("remove");
+    }
+    let starts: Vec<(SegmentId, u64)> = (starts.into_iter().zip(&kept))
+        .filter(|(_, (k, _))| !at_start.contains(k))
+        .map(|(at, _)| at)
+        .collect();
+    kept.retain(|(k, _)| !at_start.contains(k));
+    let mut attacked = 0;
+    for (key, generation, rep) in &held {
+        let range = rep.offset..rep.offset + rep.len;
+        if !starts
+            .iter()
+            .any(|(seg, off)| *seg == rep.segment && range.contains(off))
+        {
+            continue;
+        }
+        attacked += 1;
+        let e = write_as(
+            &mut conn,
+            rep.segment,
+            rep.offset,
+            rep.grant(*generation),
+            &object(key, *generation, &value),
+        )
+        .await
+        .expect_err("a write over newer objects inside its region");
+        assert_eq!(e.code, Code::TransferFail, "{key}: {e}");
+        assert!(e.message.contains("starts inside"), "{key}: {e}");
+    }
+    assert!(
+        attacked >= N / 2,
+        "only {attacked} of {N} old regions hold a victim past their start: the attack was not set up"
+    );
+    for (key, v) in &kept {
+        let got = victim
+            .get(key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(got == *v, "{key}: overwritten bytes");
     }
 }
 

@@ -116,6 +116,7 @@ fn media(dir: &std::path::Path) -> Vec<(&'static str, Arc<dyn Medium>)> {
         base: DISK_BLOCK,
         fence: mounted(),
         file: None,
+        starts: super::starts::Starts::new(SIZE),
     };
     let disk = DiskSegment {
         file: Arc::new(DiskFile::open(&dir.join("disk"), SIZE, 4).unwrap()),

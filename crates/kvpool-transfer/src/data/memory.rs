@@ -62,6 +62,7 @@ impl Medium for Served {
         let split = FIXED_LEN.min(bytes.len());
         out[split..].copy_from_slice(&bytes[split..]);
         out[..split].copy_from_slice(&bytes[..split]);
+        self.starts.wrote(offset, bytes.len() as u64);
         Ok(true)
     }
 }

@@ -32,6 +32,7 @@ mod memory;
 mod on_disk;
 mod pipeline;
 mod serve;
+mod starts;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,7 @@ pub use media::invalidate_object;
 pub use pipeline::{read_regions, read_regions_shared, write_regions, ReadOp, WriteOp};
 pub use serve::serve_data;
 pub use table::SegmentTable;
+pub use table::{INVALIDATIONS_KEPT, INVALIDATIONS_KEPT_ENV};
 
 /// Requests kept in flight per connection before waiting for a response;
 /// bounds what either side must buffer so pipelining can never deadlock.

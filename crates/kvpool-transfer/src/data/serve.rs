@@ -402,6 +402,26 @@ fn admit_write<'k>(
             ));
         }
     }
+    // A newer object placed inside the range: the grant outlived its
+    // object (the store may have forgotten, or not yet heard, that it went).
+    for at in s.starts.inside(req.offset, len) {
+        if !s.region.contains(at, FIXED_LEN as u64) {
+            break;
+        }
+        // SAFETY: in bounds (checked above); a torn read of a header being
+        // written reads another generation, and the next check catches it.
+        let fixed = unsafe { s.region.slice(at, FIXED_LEN as u64) };
+        if let Some(newer) = kvpool_format::scan::fixed_generation(fixed) {
+            if newer > g.generation {
+                return Err(refused(
+                    &table.metrics,
+                    Refusal::Inside(at, newer),
+                    segment,
+                    g,
+                ));
+            }
+        }
+    }
     Ok((s, bound))
 }
 
@@ -433,6 +453,8 @@ enum Refusal {
     Fence,
     /// A newer version (this generation) lies in the region.
     Generation(u64),
+    /// A newer version (offset, generation) starts inside the range.
+    Inside(u64, u64),
     /// The payload's header names another version than the grant.
     Header(Option<u64>),
     /// The master invalidated this version (removed, replaced, or given up
@@ -454,6 +476,10 @@ fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvEr
         Refusal::Generation(newer) => (
             "generation",
             format!("region holds a newer object (generation {newer})"),
+        ),
+        Refusal::Inside(at, newer) => (
+            "generation",
+            format!("a newer object (generation {newer}) starts inside the range, at {at}"),
         ),
         Refusal::Header(named) => (
             "generation",
@@ -540,5 +566,6 @@ async fn write_object(
     {
         return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g)));
     }
+    s.starts.wrote(req.offset, len);
     Ok(table.landed(req.segment, req.offset, &s.region))
 }

@@ -20,6 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use super::media::invalidate_object;
 use super::medium::Medium;
 use super::on_disk::DiskSegment;
+use super::starts::Starts;
 use crate::disk::DiskFile;
 use crate::fence::{fresh_value, Claim, Fence, SharedFence};
 use crate::mapped::MappedRegion;
@@ -58,6 +59,8 @@ pub(super) struct Served {
     /// writers are alive; `None` for anonymous memory, which no other
     /// process maps.
     pub(super) file: Option<Arc<File>>,
+    /// Where the objects this store wrote start (see `starts`).
+    pub(super) starts: Starts,
 }
 
 /// How long a new mount waits for shared-memory writers of the old fence
@@ -69,10 +72,26 @@ const STALE_WAIT: Duration = Duration::from_millis(200);
 /// default pending TTL (60 s), which is how long a write grant lasts.
 const REVOKED_FOR: Duration = Duration::from_secs(600);
 
-/// At most this many invalidations are remembered (oldest go first): about
-/// 130 bytes each, 34 MiB at most; 10 minutes' worth up to ~440 removals
-/// and evictions a second, a grant's lifetime up to ~4,000.
-const REVOKED_MAX: usize = 1 << 18;
+/// At most this many invalidations are remembered by default (oldest go
+/// first): about 130 bytes each, 34 MiB at most; 10 minutes' worth up to
+/// ~440 removals and evictions a second, a grant's lifetime up to ~4,000.
+/// Past that a stale grant is still refused wherever a newer object starts
+/// in its range (see `starts`).
+pub const INVALIDATIONS_KEPT: usize = 1 << 18;
+
+/// Environment variable that overrides [`INVALIDATIONS_KEPT`] (at least 1).
+pub const INVALIDATIONS_KEPT_ENV: &str = "KVPOOL_INVALIDATIONS_KEPT";
+
+/// [`INVALIDATIONS_KEPT`], or its environment variable's value.
+fn revoked_max() -> usize {
+    static KEPT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEPT.get_or_init(|| {
+        std::env::var(INVALIDATIONS_KEPT_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(INVALIDATIONS_KEPT, |n| n.max(1))
+    })
+}
 
 /// Versions the master invalidated, by region. A writer cut off from the
 /// pool (its link down, its process paused) may deliver a put long after
@@ -97,7 +116,7 @@ impl Revoked {
         generation: u64,
         now: Instant,
     ) {
-        while self.order.len() >= REVOKED_MAX
+        while self.order.len() >= revoked_max()
             || self
                 .order
                 .front()
@@ -173,6 +192,7 @@ impl SegmentTable {
         (self.map.write()).insert(
             id,
             Arc::new(Served {
+                starts: Starts::new(region.len()),
                 region,
                 base,
                 fence,

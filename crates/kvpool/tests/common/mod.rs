@@ -637,6 +637,7 @@ pub struct ClusterBuilder {
     stores: usize,
     segment_size: String,
     master_flags: Vec<(String, String)>,
+    store_flags: Vec<String>,
     secured: bool,
     tls: bool,
 }
@@ -770,6 +771,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Adds a flag to every store's command line.
+    pub fn store_flag(mut self, flag: &str, value: &str) -> Self {
+        self.store_flags
+            .extend([flag.to_string(), value.to_string()]);
+        self
+    }
+
     /// Starts the master and the stores; returns once every segment is mounted.
     pub async fn start(self) -> Cluster {
         let dir = scratch_dir();
@@ -783,10 +791,10 @@ impl ClusterBuilder {
                 "--secret-file".into(),
                 s.admin_file.to_string_lossy().into(),
             ));
-            store_flags = vec![
+            store_flags.extend([
                 "--secret-file".to_string(),
                 s.store_file.to_string_lossy().into(),
-            ];
+            ]);
         }
         let pki = match self.tls {
             true => Some(Pki::create(&dir.path().join("pki"), &["master", "store"]).await),
@@ -798,6 +806,9 @@ impl ClusterBuilder {
             }
             store_flags.extend(pki.flags(Some("store")));
         }
+        // What `kvpool status` takes too; the builder's flags are the store's own.
+        let status_flags = store_flags.clone();
+        store_flags.extend(self.store_flags);
         let master = spawn_master("master", &logs, |rpc, metrics| {
             let mut args: Vec<String> = [
                 "master",
@@ -836,7 +847,6 @@ impl ClusterBuilder {
         } = master;
         let mut watch: Vec<&mut Process> = stores.iter_mut().collect();
         watch.push(&mut process);
-        let status_flags = store_flags.clone();
         wait_for_segments_as(&rpc, self.stores, &mut watch, &status_flags).await;
         Cluster {
             secrets,
@@ -886,6 +896,7 @@ impl Cluster {
                 ("--client-ttl".into(), format!("{}s", CLIENT_TTL.as_secs())),
                 ("--store-grace".into(), "0s".into()),
             ],
+            store_flags: Vec::new(),
             secured: false,
             tls: false,
         }
