@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Median table of repeated side-by-side runs (compare.sh with REPEAT > 1).
+
+Usage: compare_runs.py OUTDIR
+Reads OUTDIR/r<N>/<system>/results.json for every repetition N, where the
+first system named in OUTDIR/systems (one per line) is the reference. For
+every (test, size, batch) of the reference it prints each system's median
+throughput over the repetitions and, for the others, the median of the
+per-repetition ratios to the reference (each repetition ran the systems
+back to back, so a drift of the machine cancels) with the lowest and
+highest in brackets: x thr (>1 = faster), x p99 (<1 = better). A row whose
+spread straddles a target is not met by luck of one run."""
+import json
+import os
+import statistics
+import sys
+
+
+def size(n):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k}{unit}"
+    return f"{n}B"
+
+
+def rows(path):
+    with open(path) as f:
+        d = json.load(f)
+    return {(r["test"], r["size"], r["batch"]): r for r in d["results"]}
+
+
+def spread(values):
+    v = sorted(values)
+    return f"{statistics.median(v):.2f} [{v[0]:.2f}-{v[-1]:.2f}]"
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    with open(os.path.join(out, "systems")) as f:
+        systems = [s.strip() for s in f if s.strip()]
+    reps = sorted(
+        (d for d in os.listdir(out) if d.startswith("r") and d[1:].isdigit()),
+        key=lambda d: int(d[1:]),
+    )
+    runs = []  # per repetition: {system: rows}
+    for r in reps:
+        got = {}
+        for s in systems:
+            p = os.path.join(out, r, s, "results.json")
+            if os.path.exists(p):
+                got[s] = rows(p)
+        if systems[0] in got:
+            runs.append(got)
+    if not runs:
+        sys.exit(f"no runs of {systems[0]} under {out}")
+    ref, others = systems[0], systems[1:]
+    print(f"{len(runs)} repetitions; median [lowest-highest] of the per-repetition ratios to {ref}.")
+    print()
+    head = f"| test | size | B | {ref} GB/s |"
+    for s in others:
+        head += f" {s} GB/s | x thr | x p99 |"
+    print(head)
+    print("|" + "---|" * (4 + 3 * len(others)))
+    for key in runs[0][ref]:
+        base = [run[ref][key] for run in runs if key in run[ref]]
+        line = f"| {key[0]} | {size(key[1])} | {key[2]} | {statistics.median(r['GBps'] for r in base):.3f} |"
+        for s in others:
+            pairs = [
+                (run[ref][key], run[s][key])
+                for run in runs
+                if s in run and key in run[s] and key in run[ref] and run[ref][key]["ops_per_s"]
+            ]
+            if not pairs:
+                line += " - | - | - |"
+                continue
+            gbs = statistics.median(o["GBps"] for _, o in pairs)
+            thr = spread(o["ops_per_s"] / r["ops_per_s"] for r, o in pairs)
+            p99 = spread(o["p99_us"] / r["p99_us"] for r, o in pairs if r["p99_us"])
+            errors = sum(o.get("errors", 0) for _, o in pairs)
+            err = f" ({errors} err)" if errors else ""
+            line += f" {gbs:.3f}{err} | {thr} | {p99} |"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
