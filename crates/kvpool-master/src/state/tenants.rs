@@ -42,7 +42,7 @@ pub struct Quota {
 impl Default for Quota {
     /// No limit on objects, bytes, pins or puts in flight (the pool's
     /// `--max-hard-pinned-ratio` bounds all tenants' pins together, and
-    /// each client's `--max-pending-per-client` its puts); 1,000 client
+    /// each client's `--max-pending-puts-per-client` its puts); 1,000 client
     /// ids, so that no tenant can take the registrations every other
     /// engine needs; as many connections as one address.
     fn default() -> Self {

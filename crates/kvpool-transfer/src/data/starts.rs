@@ -11,6 +11,7 @@
 //! what this store wrote (wire writes and its own copies); a write clears
 //! the starts it covers, so a bit never points into a later object's bytes.
 
+use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvpool_format::REGION_ALIGN;
@@ -21,13 +22,26 @@ pub(super) struct Starts {
 }
 
 impl Starts {
-    /// No starts yet, for a segment of `len` bytes.
+    /// No starts yet, for a segment of `len` bytes. The words come zeroed
+    /// from the allocator, so the kernel backs them only once written.
     pub(super) fn new(len: u64) -> Starts {
-        let granules = len.div_ceil(REGION_ALIGN);
-        let words = granules.div_ceil(64) as usize;
-        Starts {
-            bits: (0..words).map(|_| AtomicU64::new(0)).collect(),
+        let words = len.div_ceil(REGION_ALIGN).div_ceil(64) as usize;
+        let Ok(layout) = Layout::array::<AtomicU64>(words) else {
+            panic!("a bitmap of {words} words for a {len}-byte segment");
+        };
+        if layout.size() == 0 {
+            return Starts { bits: Box::new([]) };
         }
+        // SAFETY: the layout is non-empty; zeroed bytes are valid
+        // `AtomicU64`s (zero), and the box frees with the same layout.
+        let bits = unsafe {
+            let ptr = std::alloc::alloc_zeroed(layout).cast::<AtomicU64>();
+            if ptr.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, words))
+        };
+        Starts { bits }
     }
 
     /// Offsets of the starts strictly inside `offset..offset + len`, first
