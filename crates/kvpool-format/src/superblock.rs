@@ -23,8 +23,8 @@
 //! A format-1 superblock still opens; the store rewrites it as format 2
 //! with a fresh secret, leaving every object in place.
 
+use crate::xxh3_64;
 use kvpool_proto::msg::SegmentId;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Bytes reserved at the start of a segment for the superblock; the object
 /// area starts here.
