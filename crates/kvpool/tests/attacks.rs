@@ -989,6 +989,23 @@ async fn grants_of_removed(
     (link, held, conn)
 }
 
+/// Where the first replica of each of `kept`'s objects starts, in order.
+async fn starts_of(link: &MasterLink, kept: &[(String, Vec<u8>)]) -> Vec<(SegmentId, u64)> {
+    let located = link
+        .call_once(&msg::GetReplicaList {
+            keys: kept.iter().map(|(k, _)| k.clone()).collect(),
+        })
+        .await
+        .expect("locate");
+    located
+        .into_iter()
+        .map(|l| {
+            let l: msg::ObjectLocation = msg::from_wire(l).expect("the victim is there");
+            (l.replicas[0].segment, l.replicas[0].offset)
+        })
+        .collect()
+}
+
 /// The first attack of the tenancy issue: a client keeps the write grants
 /// of its own puts, removes its objects, waits until another client's
 /// objects take the freed regions, and writes through the old grants
@@ -1024,20 +1041,10 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
             .expect("victim put");
         kept.push((key, v));
     }
-    let located = link
-        .call_once(&msg::GetReplicaList {
-            keys: kept.iter().map(|(k, _)| k.clone()).collect(),
-        })
-        .await
-        .expect("locate");
-    let victims: std::collections::HashMap<(SegmentId, u64), String> = located
-        .into_iter()
-        .zip(&kept)
-        .map(|(l, (k, _))| {
-            let l = msg::from_wire(l).expect("the victim is there");
-            ((l.replicas[0].segment, l.replicas[0].offset), k.clone())
-        })
-        .collect();
+    let victims: std::collections::HashMap<(SegmentId, u64), String> =
+        (starts_of(&link, &kept).await.into_iter())
+            .zip(kept.iter().map(|(k, _)| k.clone()))
+            .collect();
     let reused: Vec<_> = held
         .iter()
         .filter_map(|(key, generation, rep)| {
@@ -1124,19 +1131,7 @@ async fn old_grants_forge_nothing_inside_regions_after_the_store_forgot() {
             .expect("victim put");
         kept.push((key, v));
     }
-    let located = link
-        .call_once(&msg::GetReplicaList {
-            keys: kept.iter().map(|(k, _)| k.clone()).collect(),
-        })
-        .await
-        .expect("locate");
-    let starts: Vec<(SegmentId, u64)> = located
-        .into_iter()
-        .map(|l| {
-            let l: msg::ObjectLocation = msg::from_wire(l).expect("the victim is there");
-            (l.replicas[0].segment, l.replicas[0].offset)
-        })
-        .collect();
+    let starts = starts_of(&link, &kept).await;
     // The victims at the very starts of old regions go (so only the check
     // of what starts inside stands between the grant and the rest).
     let at_start: Vec<String> = (starts.iter().zip(&kept))
