@@ -26,9 +26,8 @@ impl Starts {
     /// from the allocator, so the kernel backs them only once written.
     pub(super) fn new(len: u64) -> Starts {
         let words = len.div_ceil(REGION_ALIGN).div_ceil(64) as usize;
-        let Ok(layout) = Layout::array::<AtomicU64>(words) else {
-            panic!("a bitmap of {words} words for a {len}-byte segment");
-        };
+        // At most 2^52 words of 8 bytes: always a valid layout.
+        let layout = Layout::array::<AtomicU64>(words).expect("a bitmap layout");
         if layout.size() == 0 {
             return Starts { bits: Box::new([]) };
         }
