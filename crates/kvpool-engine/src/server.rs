@@ -77,9 +77,11 @@ impl EngineServer {
         }
         let serve = serve_framed(
             listener,
-            ("engine", Limits::default()),
+            "engine",
+            Limits::default(),
             security,
-            (shutdown.clone(), None),
+            shutdown.clone(),
+            None,
             move |mut conn, token| {
                 let (regions, notifies) = (regions.clone(), notifies.clone());
                 async move {

@@ -215,15 +215,23 @@ pub async fn accept_loop<H, HFut, T, S, SFut>(
     S: Fn(T) -> SFut + Send + Sync + 'static,
     SFut: Future<Output = ()> + Send + 'static,
 {
-    let limits = budget_limits();
-    accept_within(listener, shutdown, (limits, tenant_cap), handshake, serve).await
+    accept_within(
+        listener,
+        shutdown,
+        budget_limits(),
+        tenant_cap,
+        handshake,
+        serve,
+    )
+    .await
 }
 
 /// [`accept_loop`] under budgets of the given sizes.
 pub async fn accept_within<H, HFut, T, S, SFut>(
     listener: TcpListener,
     shutdown: CancellationToken,
-    (limits, tenant_cap): (BudgetLimits, Option<TenantCap>),
+    limits: BudgetLimits,
+    tenant_cap: Option<TenantCap>,
     handshake: H,
     serve: S,
 ) where
@@ -291,9 +299,11 @@ pub async fn accept_within<H, HFut, T, S, SFut>(
 /// connections, where the server knows their quotas.
 pub async fn serve_framed<F, Fut>(
     listener: TcpListener,
-    (name, limits): (&'static str, Limits),
+    name: &'static str,
+    limits: Limits,
     security: Security,
-    (shutdown, tenant_cap): (CancellationToken, Option<TenantCap>),
+    shutdown: CancellationToken,
+    tenant_cap: Option<TenantCap>,
     serve: F,
 ) where
     F: Fn(FramedConn, CancellationToken) -> Fut + Send + Sync + 'static,
@@ -328,9 +338,11 @@ pub async fn serve_control<H: ControlHandler>(
     let cap: TenantCap = Arc::new(move |name| h.tenant_connections(name));
     serve_framed(
         listener,
-        (name, limits),
+        name,
+        limits,
         security,
-        (shutdown, Some(cap)),
+        shutdown,
+        Some(cap),
         move |mut conn, token| {
             let handler = handler.clone();
             async move {
@@ -443,11 +455,7 @@ mod tests {
         };
         let token = stop.clone();
         tokio::spawn(accept_within(
-            listener,
-            token,
-            (limits, None),
-            handshake,
-            serve,
+            listener, token, limits, None, handshake, serve,
         ));
         (addr, stop)
     }

@@ -50,9 +50,11 @@ pub async fn serve_data(
     kvpool_net::planted::announce();
     serve_framed(
         listener,
-        ("store", limits),
+        "store",
+        limits,
         security,
-        (shutdown, None),
+        shutdown,
+        None,
         move |mut conn, token| {
             let table = table.clone();
             let grants = grants.clone();
@@ -387,39 +389,17 @@ fn admit_write<'k>(
         return Err(refused(&table.metrics, Refusal::Invalidated, segment, g));
     }
     drop(revoked);
-    let span =
-        (s.region.len() - req.offset).min(kvpool_format::header_len(u16::MAX as usize) as u64);
-    // SAFETY: in bounds; the region is this grant's alone, so the header
-    // there is the previous object's and nobody else's write.
-    let there = unsafe { s.region.slice(req.offset, span) };
-    if let Some((h, _)) = kvpool_format::scan::header_at(there) {
-        if h.generation > g.generation {
-            return Err(refused(
-                &table.metrics,
-                Refusal::Generation(h.generation),
-                segment,
-                g,
-            ));
-        }
-    }
-    // A newer object placed inside the range: the grant outlived its
-    // object (the store may have forgotten, or not yet heard, that it went).
-    for at in s.starts.inside(req.offset, len) {
-        if !s.region.contains(at, FIXED_LEN as u64) {
-            break;
-        }
-        // SAFETY: in bounds (checked above); a torn read of a header being
-        // written reads another generation, and the next check catches it.
-        let fixed = unsafe { s.region.slice(at, FIXED_LEN as u64) };
-        if let Some(newer) = kvpool_format::scan::fixed_generation(fixed) {
-            if newer > g.generation {
-                return Err(refused(
-                    &table.metrics,
-                    Refusal::Inside(at, newer),
-                    segment,
-                    g,
-                ));
-            }
+    // A newer object at the range's start or inside it: the grant outlived
+    // its object (the store may have forgotten, or not yet heard, that it
+    // went; see `starts`).
+    for at in std::iter::once(req.offset).chain(s.starts.inside(req.offset, len)) {
+        let there = header_bytes(&s, at).and_then(kvpool_format::scan::header_at);
+        if let Some((h, _)) = there.filter(|(h, _)| h.generation > g.generation) {
+            let why = Refusal::Newer {
+                at,
+                generation: h.generation,
+            };
+            return Err(refused(&table.metrics, why, segment, g));
         }
     }
     Ok((s, bound))
@@ -436,14 +416,18 @@ fn key_in_region(
     let Some(s) = table.served(segment) else {
         return check(None);
     };
+    // A torn key fails the signature, which is all it is used for.
+    check(header_bytes(&s, offset).and_then(kvpool_format::scan::key_at))
+}
+
+/// The bytes a header at `offset` of `s` may take (up to the segment's
+/// end), `None` past it. A writer may be changing them: only checks that a
+/// torn header fails may read them (its checksum, a grant's signature).
+fn header_bytes(s: &Served, offset: u64) -> Option<&[u8]> {
     let max = kvpool_format::header_len(u16::MAX as usize) as u64;
-    let Some(span) = s.region.len().checked_sub(offset).map(|n| n.min(max)) else {
-        return check(None);
-    };
-    // SAFETY: in bounds. A writer may be changing these bytes: a torn key
-    // fails the signature, which is all they are used for.
-    let there = unsafe { s.region.slice(offset, span) };
-    check(kvpool_format::scan::key_at(there))
+    let span = s.region.len().checked_sub(offset)?.min(max);
+    // SAFETY: in bounds (checked above).
+    Some(unsafe { s.region.slice(offset, span) })
 }
 
 /// Why a write was refused by the fence checks.
@@ -451,10 +435,13 @@ fn key_in_region(
 enum Refusal {
     /// Granted under an earlier mount of the segment.
     Fence,
-    /// A newer version (this generation) lies in the region.
-    Generation(u64),
-    /// A newer version (offset, generation) starts inside the range.
-    Inside(u64, u64),
+    /// A newer version starts at the range's start or inside it.
+    Newer {
+        /// Where it starts.
+        at: u64,
+        /// Its generation.
+        generation: u64,
+    },
     /// The payload's header names another version than the grant.
     Header(Option<u64>),
     /// The master invalidated this version (removed, replaced, or given up
@@ -473,13 +460,13 @@ fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvEr
                 g.fence
             ),
         ),
-        Refusal::Generation(newer) => (
+        Refusal::Newer { at, generation } if at == g.offset => (
             "generation",
-            format!("region holds a newer object (generation {newer})"),
+            format!("region holds a newer object (generation {generation})"),
         ),
-        Refusal::Inside(at, newer) => (
+        Refusal::Newer { at, generation } => (
             "generation",
-            format!("a newer object (generation {newer}) starts inside the range, at {at}"),
+            format!("a newer object (generation {generation}) starts inside the range, at {at}"),
         ),
         Refusal::Header(named) => (
             "generation",
