@@ -181,15 +181,25 @@ async fn an_oversized_hello_is_refused_before_it_is_read() {
 
 /// Puts `n` keys through a client of `cluster` and returns them.
 async fn stored(cluster: &Cluster, n: usize) -> Vec<(String, Vec<u8>)> {
-    let client = cluster.client().await;
-    let mut kept = Vec::new();
-    for i in 0..n {
+    let objects = (0..n).map(|i| {
         let key = format!("victim-{i}");
         let value = common::value_for(&key, 4096);
+        (key, value)
+    });
+    put_all(&cluster.client().await, objects).await
+}
+
+/// Puts every `(key, value)` through `client` and returns them.
+async fn put_all(
+    client: &kvpool_client::Client,
+    objects: impl IntoIterator<Item = (String, Vec<u8>)>,
+) -> Vec<(String, Vec<u8>)> {
+    let mut kept = Vec::new();
+    for (key, value) in objects {
         client
             .put(&key, &value, &ReplicateConfig::default())
             .await
-            .expect("put");
+            .unwrap_or_else(|e| panic!("put {key}: {e}"));
         kept.push((key, value));
     }
     kept
@@ -1026,21 +1036,12 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
     let (link, held, mut conn) = grants_of_removed(&cluster, N, &value).await;
 
     // The victim's objects, of the same size, take the freed regions.
-    let victim = cluster.client().await;
-    let mut kept = Vec::new();
-    for i in 0..N {
+    let victims = (0..N).map(|i| {
         let key = format!("vic-{i:03}");
-        let v = common::value_for(&key, 256)
-            .into_iter()
-            .cycle()
-            .take(VALUE)
-            .collect::<Vec<u8>>();
-        victim
-            .put(&key, &v, &ReplicateConfig::default())
-            .await
-            .expect("victim put");
-        kept.push((key, v));
-    }
+        let v = common::value_for(&key, 256);
+        (key, v.into_iter().cycle().take(VALUE).collect())
+    });
+    let kept = put_all(&cluster.client().await, victims).await;
     let victims: std::collections::HashMap<(SegmentId, u64), String> =
         (starts_of(&link, &kept).await.into_iter())
             .zip(kept.iter().map(|(k, _)| k.clone()))
@@ -1088,13 +1089,7 @@ async fn old_grants_forge_nothing_in_regions_others_reuse() {
         .expect_err("a header naming the victim");
         assert_eq!(e.code, Code::TransferFail, "{victim_key}: {e}");
     }
-    for (key, v) in &kept {
-        let got = victim
-            .get(key)
-            .await
-            .unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert!(got == *v, "{key}: forged bytes");
-    }
+    all_there(&cluster, &kept).await;
 }
 
 /// Attack 1 past what the store remembers: with its invalidation memory
@@ -1121,16 +1116,12 @@ async fn old_grants_forge_nothing_inside_regions_after_the_store_forgot() {
     let victim = cluster
         .client_with(|c| c.protocol = kvpool_client::Protocol::Tcp)
         .await;
-    let mut kept = Vec::new();
-    for i in 0..400 {
+    let victims = (0..400).map(|i| {
         let key = format!("small-{i:03}");
         let v = common::value_for(&key, 2000);
-        victim
-            .put(&key, &v, &ReplicateConfig::default())
-            .await
-            .expect("victim put");
-        kept.push((key, v));
-    }
+        (key, v)
+    });
+    let mut kept = put_all(&victim, victims).await;
     let starts = starts_of(&link, &kept).await;
     // The victims at the very starts of old regions go (so only the check
     // of what starts inside stands between the grant and the rest).
@@ -1172,13 +1163,7 @@ async fn old_grants_forge_nothing_inside_regions_after_the_store_forgot() {
         attacked >= N / 2,
         "only {attacked} of {N} old regions hold a victim past their start: the attack was not set up"
     );
-    for (key, v) in &kept {
-        let got = victim
-            .get(key)
-            .await
-            .unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert!(got == *v, "{key}: overwritten bytes");
-    }
+    all_there(&cluster, &kept).await;
 }
 
 /// Attack 2 of the tenancy issue, "plant headers that win after a master

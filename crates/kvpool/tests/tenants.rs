@@ -31,6 +31,28 @@ async fn link_as(cluster: &Cluster, key: Credentials) -> std::sync::Arc<MasterLi
     link
 }
 
+/// The master's `/metrics` page.
+async fn metrics(cluster: &Cluster) -> String {
+    let (status, body) = http_get(&cluster.metrics_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    body
+}
+
+/// Puts `value` under `{prefix}0..n` through `client`, every one of which
+/// must go through (a tenant not held back by another's quota).
+async fn puts_go_through(
+    client: &Client,
+    prefix: &str,
+    n: usize,
+    value: &[u8],
+    cfg: &ReplicateConfig,
+) {
+    for i in 0..n {
+        let key = format!("{prefix}{i}");
+        (client.put(&key, value, cfg).await).unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+}
+
 /// The value `who` stores under `key`.
 fn value(who: &str, key: &str) -> Vec<u8> {
     common::value_for(&format!("{who}/{key}"), 4096)
@@ -242,12 +264,7 @@ async fn a_tenant_is_held_to_its_quota() {
     };
     over(acme.put("k10", &small, &cfg).await, "an eleventh object");
     // Another tenant is not held back.
-    for i in 0..20 {
-        other
-            .put(&format!("k{i}"), &small, &cfg)
-            .await
-            .expect("other tenant");
-    }
+    puts_go_through(&other, "k", 20, &small, &cfg).await;
     // Room comes back with a removal; bytes count as well as objects.
     acme.remove("k0", true).await.expect("remove");
     over(
@@ -265,8 +282,7 @@ async fn a_tenant_is_held_to_its_quota() {
     assert_eq!(e.code, Code::QuotaExceeded, "{e}");
 
     // Usage is visible in the metrics.
-    let (status, body) = http_get(&cluster.metrics_addr, "/metrics").await;
-    assert_eq!(status, 200);
+    let body = metrics(&cluster).await;
     for line in [
         "kvpool_tenant_objects{tenant=\"acme\"} 10",
         "kvpool_tenant_clients{tenant=\"acme\"} 3",
@@ -331,14 +347,8 @@ async fn a_tenants_hard_pins_are_held_to_its_quota() {
     acme.put("plain", &page, &ReplicateConfig::default())
         .await
         .expect("an unpinned put is not held back");
-    for i in 0..8 {
-        other
-            .put(&format!("pin{i}"), &page, &pinned)
-            .await
-            .expect("another tenant's pins");
-    }
-    let (status, body) = http_get(&cluster.metrics_addr, "/metrics").await;
-    assert_eq!(status, 200);
+    puts_go_through(&other, "pin", 8, &page, &pinned).await;
+    let body = metrics(&cluster).await;
     let acme_pins = body
         .lines()
         .find_map(|l| l.strip_prefix("kvpool_tenant_pinned_bytes{tenant=\"acme\"} "))
@@ -401,14 +411,8 @@ async fn a_tenants_puts_in_flight_are_held_to_its_quota() {
         .expect_err("a ninth put in flight, from another client");
     assert_eq!(e.code, Code::QuotaExceeded, "{e}");
     let other = client_as(&cluster, admin.for_tenant("other").expect("key")).await;
-    for i in 0..16 {
-        other
-            .put(&format!("k{i}"), &page, &cfg)
-            .await
-            .expect("another tenant");
-    }
-    let (status, body) = http_get(&cluster.metrics_addr, "/metrics").await;
-    assert_eq!(status, 200);
+    puts_go_through(&other, "k", 16, &page, &cfg).await;
+    let body = metrics(&cluster).await;
     assert!(
         body.contains("kvpool_tenant_puts_in_flight{tenant=\"acme\"} 8"),
         "acme's puts in flight in the metrics"
@@ -425,7 +429,7 @@ async fn a_tenants_puts_in_flight_are_held_to_its_quota() {
     assert_eq!(acme2.get("k").await.expect("get"), page);
     // A committed put holds no room: the quota bounds puts in flight, not objects.
     acme2.put("k2", &page, &cfg).await.expect("after a commit");
-    let (_, body) = http_get(&cluster.metrics_addr, "/metrics").await;
+    let body = metrics(&cluster).await;
     assert!(body.contains("kvpool_tenant_puts_in_flight{tenant=\"acme\"} 7"));
 }
 
