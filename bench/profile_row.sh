@@ -31,12 +31,12 @@ RPC=$(port)
 "$KVPOOL" master --rpc-port "$RPC" --metrics-port 0 >"$OUT/master.log" 2>&1 & PIDS+=($!)
 "$KVPOOL" store --master "127.0.0.1:$RPC" --segment-size "$SEGMENT" --data-dir "$DATA" >"$OUT/store.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 60); do "$KVPOOL" status --master "127.0.0.1:$RPC" 2>/dev/null | grep -q "segments: 1" && break; sleep 0.5; done
-run() { "$KVPOOL" bench --master "127.0.0.1:$RPC" --protocol "$PROTOCOL" --sizes "$SIZE" --batch "$BATCH" \
-  --concurrency "$CONC" --duration "$DURATION" "$@" 2>/dev/null | grep -E "^(put|get) " || true; }
+bench=(bench --master "127.0.0.1:$RPC" --protocol "$PROTOCOL" --sizes "$SIZE" --batch "$BATCH"
+  --concurrency "$CONC" --duration "$DURATION")
 # A get phase reads what the put phase before it in the same run wrote:
 # perf starts half a second into the get phase. A first unprofiled run
 # warms the pages up.
-run --prefix warm --ops put,get >/dev/null
+"$KVPOOL" "${bench[@]}" --prefix warm --ops put,get >/dev/null 2>&1
 secs="${DURATION%s}"
 if [ "$OP" = get ]; then
   profiled=(--prefix p --ops put,get); delay=(-D $((secs * 1000 + 500)))
@@ -47,14 +47,13 @@ echo "kvpool bench --protocol $PROTOCOL --sizes $SIZE --batch $BATCH --concurren
 echo
 echo "| op | size | batch | workers | items/s | GB/s | p50 us | p99 us |"
 echo "|---|---|---|---|---|---|---|---|"
-perf record -q -F 1999 -a -g "${delay[@]}" -o "$OUT/perf.data" -- "$KVPOOL" bench --master "127.0.0.1:$RPC" --protocol "$PROTOCOL" \
-  --sizes "$SIZE" --batch "$BATCH" --concurrency "$CONC" --duration "$DURATION" "${profiled[@]}" 2>/dev/null |
+perf record -q -F 1999 -a -g "${delay[@]}" -o "$OUT/perf.data" -- "$KVPOOL" "${bench[@]}" "${profiled[@]}" 2>/dev/null |
   awk -v op="$OP" '$1 == op && $3 ~ /^[0-9]+$/ { printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8 }' | tee "$OUT/bench.md"
 echo
 perf report -i "$OUT/perf.data" --stdio --no-children -g none --sort comm,dso,sym -F sample,comm,dso,sym 2>/dev/null |
   awk '
     /^#/ || NF < 4 { next }
-    { n = $1; all += n; sym = $0 }
+    { n = $1; sym = $0 }
     $2 == "swapper" || sym ~ /pv_native_safe_halt|default_idle|cpuidle/ { cat["idle"] += n; next }
     sym ~ /_copy_to_iter|_copy_from_iter|copy_user|skb_copy_datagram/ { cat["kernel copies (socket buffers)"] += n; next }
     sym ~ /memmove|memcpy|memset/ { cat["user-space copies (memcpy)"] += n; next }

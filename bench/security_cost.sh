@@ -88,7 +88,9 @@ for name in "${POOLS[@]}"; do pool "$name" "${PORT[$name]}"; done
 : >"$OUT/raw.tsv"; : >"$OUT/cpu.tsv"
 # The hypervisor's share of the CPU while the rounds run (steal time): on a
 # shared VM it is what makes rounds spread.
-read -r _ u n sy i io irq sirq st _ </proc/stat; STAT0=("$u" "$n" "$sy" "$i" "$io" "$irq" "$sirq" "$st")
+# shellcheck source=bench/steal.sh
+source "$ROOT/bench/steal.sh"
+TICKS0="$(cpu_ticks)"
 TICK="$(getconf CLK_TCK)"
 # cpu_of PID... -> clock ticks (user + system) the processes have used so far
 cpu_of() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
@@ -111,9 +113,7 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-read -r _ u n sy i io irq sirq st _ </proc/stat; STAT1=("$u" "$n" "$sy" "$i" "$io" "$irq" "$sirq" "$st")
-total=0; for k in 0 1 2 3 4 5 6 7; do total=$((total + STAT1[k] - STAT0[k])); done
-STEAL="$(awk -v s=$((STAT1[7] - STAT0[7])) -v t="$total" 'BEGIN { printf "%.1f", t ? 100 * s / t : 0 }')"
+STEAL="$(steal_share "$TICKS0" "$(cpu_ticks)")"
 python3 - "$OUT/raw.tsv" "$OUT/cpu.tsv" "$BEFORE_AS" "$STEAL" <<'EOF' | tee "$OUT/security.md"
 import collections, statistics, sys
 rows = collections.defaultdict(dict)

@@ -15,12 +15,8 @@ import os
 import statistics
 import sys
 
+from compare import size
 
-def size(n):
-    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k}{unit}"
-    return f"{n}B"
 
 
 def rows(path):
