@@ -114,14 +114,9 @@ impl PreAuth {
 }
 
 impl Budgets {
-    /// Empty budgets of these sizes.
-    pub fn new(limits: BudgetLimits) -> Arc<Budgets> {
-        Budgets::with_tenant_cap(limits, None)
-    }
-
     /// Empty budgets of these sizes, where `tenant_cap` (if any) sets each
     /// tenant's share instead of [`BudgetLimits::per_ip`].
-    pub fn with_tenant_cap(limits: BudgetLimits, tenant_cap: Option<TenantCap>) -> Arc<Budgets> {
+    pub fn new(limits: BudgetLimits, tenant_cap: Option<TenantCap>) -> Arc<Budgets> {
         Arc::new(Budgets {
             limits,
             tenant_cap,
@@ -278,12 +273,15 @@ mod tests {
     }
 
     fn budgets(per_ip: usize, total: usize, pre_ip: usize, pre_total: usize) -> Arc<Budgets> {
-        Budgets::new(BudgetLimits {
-            per_ip,
-            total,
-            preauth_per_ip: pre_ip,
-            preauth_total: pre_total,
-        })
+        Budgets::new(
+            BudgetLimits {
+                per_ip,
+                total,
+                preauth_per_ip: pre_ip,
+                preauth_total: pre_total,
+            },
+            None,
+        )
     }
 
     #[test]
@@ -399,7 +397,7 @@ mod tests {
             "big" => Some(3),
             _ => None,
         });
-        let b = Budgets::with_tenant_cap(limits, Some(cap));
+        let b = Budgets::new(limits, Some(cap));
         let admit = |t: &str| b.arrive(ip(1)).unwrap().0.admit(Some(Arc::from(t)));
         let _s = admit("small").expect("its one connection");
         assert_eq!(admit("small").err(), Some(Refused::PerIp(1)));

@@ -242,7 +242,7 @@ pub async fn accept_within<H, HFut, T, S, SFut>(
     SFut: Future<Output = ()> + Send + 'static,
 {
     let tracker = TaskTracker::new();
-    let budgets = Budgets::with_tenant_cap(limits, tenant_cap);
+    let budgets = Budgets::new(limits, tenant_cap);
     let serve = Arc::new(serve);
     loop {
         tokio::select! {
