@@ -160,6 +160,8 @@ export KVPOOL_TEST_MOONCAKE="$WITH_MOONCAKE"
 export KVPOOL_TEST_LMCACHE="$WITH_LMCACHE"
 export KVPOOL_TEST_VLLM="$WITH_VLLM"
 export KVPOOL_VLLM_SITE="$VLLM_SITE"
+# SGLang builds its page-hash extension with the venv's ninja on first use.
+export PATH="$VENV/bin:$PATH"
 # Run from the tests directory so `import kvpool` resolves to the installed
 # package, not to the source tree.
 set +e

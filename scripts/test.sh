@@ -41,8 +41,11 @@ trap timing_summary EXIT
 # The HA tests start a real etcd (Debian's etcd-server); the chaos campaign
 # builds its hosts with iproute2 (ip, tc); the status page test opens the
 # page in headless Chromium; the alert tests run promtool and a real
-# Prometheus (Debian's prometheus).
+# Prometheus (Debian's prometheus); SGLang's radix cache hashes pages with
+# a C++ extension it compiles on first use (g++, OpenSSL's headers).
 need=()
+command -v g++ >/dev/null || need+=(g++)
+[ -f /usr/include/openssl/sha.h ] || need+=(libssl-dev)
 command -v etcd >/dev/null || need+=(etcd-server)
 { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || need+=(prometheus)
 { command -v ip >/dev/null && command -v tc >/dev/null; } || need+=(iproute2)

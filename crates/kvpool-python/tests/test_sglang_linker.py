@@ -1,0 +1,183 @@
+"""SGLang 0.5.23's direct external linker (``UnifiedCacheLinker``: device pools
+to the pool, no host tier) on kvpool's ``KvpoolLinker``, driven by SGLang's own
+code: the server args name the linker as ``--unified-cache-external-linker-backend
+dynamic`` does, SGLang's ``create_unified_radix_cache`` builds the radix cache
+and loads the linker through its factory, and the tree's own calls
+(``insert`` -> offload, ``match_prefix`` -> lookup, ``init_load_back`` -> load,
+``ready_to_load_host_cache`` -> start, the pool's per-layer wait, then
+``finish_external_linker_loads``) move real KV pages between two engines'
+device pools (CPU tensors, a DeepSeek sparse-attention pool of 3 layers:
+latent KV per token plus indexer rows per page) through a real pool.
+
+Runs when SGLang is installed (scripts/test-python.sh installs it);
+KVPOOL_TEST_SGLANG=1 makes a missing SGLang a failure, =0 skips."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import pytest
+
+from conftest import Cluster, load_bench_script, new_cluster, require_sglang
+
+require_sglang()
+
+import kvpool  # noqa: E402
+from kvpool.sglang import KvpoolLinker  # noqa: E402
+
+#: The engines (``Engine``) are the linker benchmark's (bench/sglang_linker.py).
+linker_bench = load_bench_script("sglang_linker")
+Engine, PAGE, prompt, same_kv = linker_bench.Engine, linker_bench.PAGE, linker_bench.prompt, linker_bench.same_kv
+
+
+@pytest.fixture
+def pool() -> Iterator[Cluster]:
+    c = new_cluster(store_size="128MiB")
+    yield c
+    c.stop()
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "shm"])
+def test_pages_one_engine_offloads_load_into_another_byte_exact(pool: Cluster, protocol: str) -> None:
+    prefill = Engine(pool.master, protocol)
+    assert isinstance(prefill.linker, KvpoolLinker)
+    tokens = prompt(1, pages=8)
+    slots = prefill.compute(tokens)
+    prefill.settle()
+    assert prefill.linker.stats["offload"] == 1
+
+    # A second engine (another replica, or this one after a restart) gets the
+    # same prompt and a few tokens more: the 8 full pages are a pool hit.
+    other = Engine(pool.master, protocol)
+    req, hit, dst = other.admit("r1", tokens + [7, 8, 9])
+    assert hit == 8 * PAGE and dst is not None and len(dst) == hit
+    assert not same_kv(prefill, slots, other, dst)  # nothing there before the load
+    assert other.forward([req]) == []
+    assert same_kv(prefill, slots, other, dst)
+    assert other.linker.stats == {"lookup": 1, "load": 1, "offload": 0}
+
+    # A prompt that shares 5 pages and then diverges hits exactly those.
+    third = Engine(pool.master, protocol)
+    req, hit, dst = third.admit("r2", tokens[: 5 * PAGE] + prompt(2, pages=3))
+    assert hit == 5 * PAGE
+    assert third.forward([req]) == []
+    assert same_kv(prefill, slots[: 5 * PAGE], third, dst)
+
+    # Two requests in one batch load in one read, each into its own slots.
+    fourth = Engine(pool.master, protocol)
+    more = prompt(3, pages=4)
+    more_slots = prefill.compute(more)
+    prefill.settle()
+    a, hit_a, dst_a = fourth.admit("a", tokens)
+    b, hit_b, dst_b = fourth.admit("b", more)
+    assert (hit_a, hit_b) == (8 * PAGE, 4 * PAGE)
+    assert fourth.forward([a, b]) == []
+    assert same_kv(prefill, slots, fourth, dst_a) and same_kv(prefill, more_slots, fourth, dst_b)
+    for engine in (prefill, other, third, fourth):
+        engine.cache.linker.close()
+
+
+def test_pages_a_lookup_found_stay_until_their_load(pool: Cluster) -> None:
+    prefill = Engine(pool.master)
+    tokens = prompt(4, pages=4)
+    slots = prefill.compute(tokens)
+    prefill.settle()
+
+    decode = Engine(pool.master)
+    req, hit, dst = decode.admit("r", tokens)
+    assert hit == 4 * PAGE
+    # The lookup took read leases, as Mooncake's does: a removal (an
+    # operator's, or eviction) between the lookup and the load skips them.
+    c = kvpool.Client(pool.master)
+    try:
+        assert c.remove_all() == 0
+    finally:
+        c.close()
+    assert decode.forward([req]) == []
+    assert same_kv(prefill, slots, decode, dst)
+    prefill.cache.linker.close()
+    decode.cache.linker.close()
+
+
+def test_a_load_from_a_dead_store_aborts_its_requests_and_the_linker_goes_on() -> None:
+    pool = new_cluster(store_size="64MiB")
+    try:
+        prefill = Engine(pool.master)
+        tokens = prompt(5, pages=4)
+        prefill.compute(tokens)
+        prefill.settle()
+
+        decode = Engine(pool.master)
+        req, hit, _ = decode.admit("lost", tokens)
+        assert hit == 4 * PAGE
+        store = pool.procs[-1]
+        store.kill()  # the store holding the pages dies between lookup and load
+        store.wait()
+        failed = decode.forward([req])  # every layer wait returns; nothing raises
+        assert failed == [req]
+        assert req.skip_radix_cache_insert
+        assert "External KV cache load failed" in str(req.discard_output_reason.message)
+
+        # A new store: the same linkers offload and load again.
+        pool.start_store("64MiB")
+        again = prompt(6, pages=2)
+        deadline = time.monotonic() + 30
+        while prefill.linker.stats["offload"] < 2:
+            assert time.monotonic() < deadline, pool.logs()
+            slots = prefill.compute(again)
+            prefill.settle()
+            again = [t + 1 for t in again]
+        again = [t - 1 for t in again]
+        req, hit, dst = decode.admit("next", again)
+        assert hit == 2 * PAGE
+        assert decode.forward([req]) == []
+        assert same_kv(prefill, slots, decode, dst)
+        prefill.cache.linker.close()
+        decode.cache.linker.close()
+    finally:
+        pool.stop()
+
+
+def test_a_queued_load_is_cancelled_with_its_request(pool: Cluster) -> None:
+    prefill = Engine(pool.master)
+    tokens = prompt(6, pages=3)
+    prefill.compute(tokens)
+    prefill.settle()
+
+    decode = Engine(pool.master)
+    req, hit, _ = decode.admit("aborted", tokens)
+    assert hit == 3 * PAGE
+    decode.cache.linker.release_request("aborted")  # the scheduler's abort
+    assert decode.linker.pending_loads == {} and decode.cache.linker.inflight_load_rids == []
+    assert decode.cache.ready_to_load_host_cache() == -1  # nothing left to start
+    assert decode.linker.stats["load"] == 0
+    prefill.cache.linker.close()
+    decode.cache.linker.close()
+
+
+def test_offloads_to_a_dead_pool_fail_and_are_not_published() -> None:
+    pool = new_cluster(store_size="64MiB")
+    try:
+        engine = Engine(pool.master)
+        pool.kill_master()
+        engine.compute(prompt(7, pages=2))
+        engine.settle(timeout=60.0)  # the offload comes back as failed; nothing raised
+        assert engine.linker.stats["offload"] == 0
+        # The tree holds no storage claim for the node, so a lookup on the
+        # engine itself still reads its device copy, not the pool.
+        req, hit, _ = engine.admit("local", prompt(7, pages=2))
+        assert hit == 0
+        engine.cache.linker.close()
+    finally:
+        pool.stop()
+
+
+def test_reset_and_close_wait_for_transfers_in_flight(pool: Cluster) -> None:
+    engine = Engine(pool.master)
+    engine.compute(prompt(8, pages=8))
+    engine.cache.reset()  # SGLang's flush_cache: quiesces the linker first
+    assert engine.linker.offload_queue.unfinished_tasks == 0
+    assert engine.linker.num_completed_offloads() == 0 and engine.cache.linker.pending_offloads == []
+    engine.cache.linker.close()
+    assert not engine.linker.load_thread.is_alive() and not engine.linker.offload_thread.is_alive()
