@@ -316,6 +316,44 @@ def test_a_source_changed_mid_put_reads_back_over_shared_memory(master, prefix):
         s.close()
 
 
+def test_get_sessions_read_each_object_once_within_their_bound(store, prefix, monkeypatch):
+    """Ranged reads in a get session (SGLang's Mooncake linker reads one
+    layer of every object per call) read each object from the pool once and
+    copy later ranges from the kept value; past the sessions' bound they read
+    the pool per call. A force removal after the first call shows which."""
+    from kvpool.mooncake import _sessions
+
+    values = {f"{prefix}sess{i}": np.random.default_rng(i).integers(0, 256, 4096, dtype=np.uint8) for i in range(3)}
+    for k, v in values.items():
+        assert store.put_from(k, v.ctypes.data, v.nbytes) == 0
+    dst = np.zeros((3, 4096), dtype=np.uint8)
+
+    def layer(n: int) -> list:
+        """Bytes [1024 n, 1024 n + 1024) of every object, as one call."""
+        keys = list(values)
+        ptrs = [[dst[i].ctypes.data + 1024 * n] for i in range(3)]
+        return store.batch_get_into_multi_buffer_ranges(keys, ptrs, [[1024]] * 3, [[1024 * n]] * 3)
+
+    assert store.batch_get_session_start(list(values)) == [0, 0, 0]
+    assert layer(0) == [1024] * 3
+    assert store.batch_remove(list(values), True) == [0, 0, 0]
+    assert [layer(n) for n in (1, 2, 3)] == [[1024] * 3] * 3  # from the kept values
+    assert all((dst[i] == v).all() for i, v in enumerate(values.values()))
+    assert store.batch_get_into_multi_buffer_ranges([next(iter(values))], [[dst.ctypes.data]], [[8]], [[4090]]) == [
+        INVALID_PARAMS]  # past the end
+    assert store.batch_get_session_end(list(values)) == 0
+    assert layer(0) == [INVALID_PARAMS] * 3  # the session is over
+
+    # With no room to keep values, every call reads the pool.
+    monkeypatch.setattr(_sessions, "SESSION_KEEP_BYTES", 0)
+    for k, v in values.items():
+        assert store.put_from(k, v.ctypes.data, v.nbytes) == 0
+    assert store.batch_get_session_start(list(values)) == [0, 0, 0]
+    assert layer(0) == [1024] * 3
+    assert store.batch_remove(list(values), True) == [0, 0, 0]
+    assert layer(1) == [-704] * 3
+
+
 def test_tensor_dtypes_shapes_and_scalars_round_trip(store, prefix):
     torch = pytest.importorskip("torch")
     for dt in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",

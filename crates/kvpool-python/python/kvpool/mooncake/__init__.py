@@ -41,7 +41,7 @@ import os
 import random
 import socket
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _native, _tensor
 from ..client import _connect, _track_lender
@@ -161,7 +161,8 @@ class MooncakeDistributedStore(
         self._registered: List[Tuple[int, int]] = []
         self._lock = threading.Lock()
         self._put_sessions: Dict[str, _PutSession] = {}
-        self._get_sessions: Set[str] = set()
+        #: Keys in get sessions, with their values once kept (``_sessions``).
+        self._get_sessions: Dict[str, Any] = {}
         self._prefer: List[str] = []
         self._node_segments: Tuple[float, List[str]] = (float("-inf"), [])
         self._pool: Tuple[int, int, int] = (0, 0, 0)  # address, size, used

@@ -197,7 +197,7 @@ class _ObjectsMixin:
         if not key:
             return OBJECT_NOT_FOUND
         with self._lock:
-            self._get_sessions.discard(key)
+            self._get_sessions.pop(key, None)
         return self._rc(c.remove, key, force)
 
     def batch_remove(self, keys: List[str], force: bool = False) -> List[int]:

@@ -13,6 +13,14 @@ from ..errors import KvpoolError
 from ._codes import INVALID_PARAMS, OBJECT_ALREADY_EXISTS, OBJECT_NOT_FOUND, OK
 
 
+#: Bytes of objects all get sessions of a store keep after their first
+#: ranged read. Further ranges of a kept object (SGLang's Mooncake linker
+#: reads one layer of every object per call) are copied from memory: kvpool
+#: checks checksums over whole objects, so each ranged read of the pool
+#: moves the whole object. Objects past this bound are read per call.
+SESSION_KEEP_BYTES = 1 << 30
+
+
 class _PutSession:
     """An object reserved by ``batch_put_session_start``, filled by ranges."""
 
@@ -124,7 +132,7 @@ class _SessionsMixin:
         with self._lock:
             for k, rc in zip(keys, codes):
                 if rc == 1:
-                    self._get_sessions.add(k)
+                    self._get_sessions.setdefault(k, None)
                     out.append(OK)
                 else:
                     out.append(OBJECT_NOT_FOUND if rc == 0 else rc)
@@ -136,7 +144,7 @@ class _SessionsMixin:
             return INVALID_PARAMS
         with self._lock:
             for k in keys:
-                self._get_sessions.discard(k)
+                self._get_sessions.pop(k, None)
         return OK
 
     def batch_get_into_multi_buffer_ranges(
@@ -164,12 +172,57 @@ class _SessionsMixin:
                 continue
             ask.append(i)
             ranges.append(rs)
-        if ask:
+        if not ask:
+            return out
+        kept = self._keep_for_session(c, [keys[i] for i in ask])
+        read: List[Tuple[int, List[Tuple[int, int, int]]]] = []
+        for i, rs in zip(ask, ranges):
+            value = kept.get(keys[i])
+            if value is None:
+                read.append((i, rs))
+            else:
+                out[i] = _total([_copy_range(value, *r) for r in rs])
+        if read:
             try:
-                got = c.read_ranges([keys[i] for i in ask], ranges)
+                got = c.read_ranges([keys[i] for i, _ in read], [rs for _, rs in read])
             except KvpoolError as e:
-                got = [[e.code] * len(r) for r in ranges]
-            for i, codes in zip(ask, got):
-                bad = [cd for cd in codes if cd < 0]
-                out[i] = bad[0] if bad else sum(codes)
+                got = [[e.code] * len(rs) for _, rs in read]
+            for (i, _), codes in zip(read, got):
+                out[i] = _total(codes)
         return out
+
+    def _keep_for_session(self, c: Any, keys: List[str]) -> Dict[str, Any]:
+        """The kept values of ``keys`` (of open get sessions), reading those
+        not kept yet while the sessions' bound allows; a key missing from
+        the answer is read per call."""
+        with self._lock:
+            held = {k: self._get_sessions.get(k) for k in keys}
+            room = SESSION_KEEP_BYTES - sum(v.size() for v in self._get_sessions.values() if v is not None)
+        want = sorted({k for k, v in held.items() if v is None})
+        if want and room > 0:
+            try:
+                got = c.batch_get_buffer(want)
+            except KvpoolError:
+                got = []
+            with self._lock:
+                for k, v in zip(want, got):
+                    # Kept only while the session is open and within the bound.
+                    if not isinstance(v, int) and k in self._get_sessions and v.size() <= room:
+                        room -= v.size()
+                        self._get_sessions[k] = held[k] = v
+        return {k: v for k, v in held.items() if v is not None}
+
+
+def _total(codes: List[int]) -> int:
+    """A key's answer from its ranges' answers: the bytes copied, or the first error."""
+    bad = [cd for cd in codes if cd < 0]
+    return bad[0] if bad else sum(codes)
+
+
+def _copy_range(value: Any, dst: int, off: int, size: int) -> int:
+    """Copies ``size`` bytes at ``off`` of a kept value to ``dst``: ``size``,
+    or −600 past the value's end."""
+    if off < 0 or off + size > value.size():
+        return INVALID_PARAMS
+    ctypes.memmove(dst, value.ptr() + off, size)
+    return size
