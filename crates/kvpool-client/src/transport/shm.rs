@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kvpool_format::copy_sealed;
@@ -34,7 +35,19 @@ struct ShmMap {
     /// This process's writer id on the segment, taken at the first write
     /// (`None`: none free, writes go over TCP).
     writer: OnceLock<Option<ShmWriter>>,
+    /// One bit per [`CHUNK`] of the mapping whose page tables this process
+    /// has built.
+    populated: Box<[AtomicU64]>,
 }
+
+/// How much of a segment's mapping a first touch populates at once.
+///
+/// Populating a whole mapping up front (a background pass over 8 GiB) held
+/// the process's memory-map lock while transfers waited: 256 KiB puts over
+/// shared memory ran at 1.3-1.4 GB/s until it ended, against 2.8-3.1 GB/s
+/// faulting page by page. A chunk populated when first touched costs one
+/// call instead of 512 faults, and nothing for chunks never touched.
+const CHUNK: u64 = 2 << 20;
 
 impl ShmMap {
     fn check(&self, offset: u64, len: u64) -> KvResult<()> {
@@ -49,6 +62,21 @@ impl ShmMap {
 
     /// Whether this process can write the segment (it holds a writer id,
     /// taken now if not yet).
+    /// Builds the page tables of the chunks `[offset, offset + len)` covers
+    /// that this process has not touched yet.
+    fn populate(&self, offset: u64, len: u64) {
+        let (first, last) = (offset / CHUNK, (offset + len).saturating_sub(1) / CHUNK);
+        for chunk in first..=last {
+            let (word, bit) = (&self.populated[(chunk / 64) as usize], 1u64 << (chunk % 64));
+            // Two threads may both populate a chunk; that is only repeated work.
+            if word.load(Ordering::Relaxed) & bit == 0 {
+                self.region
+                    .populate(chunk * CHUNK, CHUNK.min(self.region.len() - chunk * CHUNK));
+                word.fetch_or(bit, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn writable(&self) -> bool {
         self.writer().is_some()
     }
@@ -75,6 +103,7 @@ impl ShmMap {
                 "no shared-memory writer id for this segment",
             ));
         };
+        self.populate(offset, len);
         // SAFETY: in bounds (checked); the master gave this region to this
         // put alone, and the copy runs only under its grant's fence.
         let dst = unsafe { self.region.slice_mut(offset, len) };
@@ -91,6 +120,7 @@ impl ShmMap {
     fn read(&self, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<()> {
         let len: u64 = dst.iter().map(|d| d.len() as u64).sum();
         self.check(offset, len)?;
+        self.populate(offset, len);
         // SAFETY: in bounds (checked); a concurrent rewrite of the region is
         // caught by the header and checksum verification that follows.
         let src = unsafe { self.region.slice(offset, len) };
@@ -255,15 +285,13 @@ fn map(info: &SegmentInfo) -> Option<Arc<ShmMap>> {
         .ok()?;
     (mapped_segment_id(&region) == Some(info.id)).then(|| {
         tracing::debug!(segment = %info.id, %path, "reaching segment through shared memory");
-        let region = Arc::new(region);
-        let r = region.clone();
-        // Faulting the pages in up front keeps first reads at memcpy speed.
-        std::thread::spawn(move || r.prefault());
+        let chunks = region.len().div_ceil(CHUNK).div_ceil(64) as usize;
         Arc::new(ShmMap {
-            region,
+            region: Arc::new(region),
             base: info.base,
             path: path.into(),
             writer: OnceLock::new(),
+            populated: (0..chunks).map(|_| AtomicU64::new(0)).collect(),
         })
     })
 }
