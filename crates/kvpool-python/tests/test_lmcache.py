@@ -157,6 +157,24 @@ def test_lmcache_basic_check_passes(master: str, ours: str) -> None:
     assert "FAIL" not in out and "Test Failed" not in out, out
 
 
+@pytest.mark.parametrize("protocol", ["shm", "tcp"])
+def test_lmcache_bench_l2_stores_and_loads_every_key(master: str, ours: str, protocol: str) -> None:
+    """LMCache's adapter benchmark (``lmcache bench l2``), as bench/lmcache_l2.sh
+    runs it but short: 4 store tasks in flight, every key stored and loaded."""
+    lmcache = os.path.join(os.path.dirname(sys.executable), "lmcache")
+    r = subprocess.run(
+        [lmcache, "bench", "l2", "--l2-adapter", spec(master, key_prefix=f"{ours}bench/", protocol=protocol),
+         "--num-keys", "16", "--in-flight", "4", "--data-size-kb", "256", "--rounds", "2", "--format", "json"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, LMCACHE_DISABLE_BANNER="1"),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.JSONDecoder().raw_decode(r.stdout[r.stdout.index('{\n  "title"'):])[0]["metrics"]
+    ops = {v["operation"]: v for k, v in report.items() if k.startswith("op_")}
+    for op in ("Store", "Load"):
+        assert ops[op]["total_keys"] == 16 * 4 * 2 and ops[op]["total_success"] == ops[op]["total_keys"], ops[op]
+        assert ops[op]["throughput_avg_mbps"] > 0
+
+
 def test_partial_hits_give_per_key_bitmaps(master: str, ours: str) -> None:
     a = make_adapter(master, key_prefix=ours)
     try:
