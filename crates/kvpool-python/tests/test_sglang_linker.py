@@ -156,19 +156,43 @@ def test_a_queued_load_is_cancelled_with_its_request(pool: Cluster) -> None:
     decode.cache.linker.close()
 
 
-def test_offloads_to_a_dead_pool_fail_and_are_not_published() -> None:
+def test_a_dead_master_turns_lookups_into_misses_and_transfers_into_failures_at_once() -> None:
     pool = new_cluster(store_size="64MiB")
     try:
-        engine = Engine(pool.master)
+        prefill = Engine(pool.master)
+        tokens = prompt(9, pages=2)
+        prefill.compute(tokens)
+        prefill.settle()
+        decode = Engine(pool.master)
+
         pool.kill_master()
-        engine.compute(prompt(7, pages=2))
-        engine.settle(timeout=60.0)  # the offload comes back as failed; nothing raised
-        assert engine.linker.stats["offload"] == 0
-        # The tree holds no storage claim for the node, so a lookup on the
-        # engine itself still reads its device copy, not the pool.
-        req, hit, _ = engine.admit("local", prompt(7, pages=2))
-        assert hit == 0
-        engine.cache.linker.close()
+        deadline = time.monotonic() + 10
+        while prefill.linker.health.up or decode.linker.health.up:
+            assert time.monotonic() < deadline, "the linkers did not notice the master is gone"
+            time.sleep(0.05)
+        # Without the health check each of these waits out the client's
+        # retries (about 10 s per call) on the scheduler's thread.
+        req, hit, _ = decode.admit("while-down", tokens)
+        assert hit == 0  # a miss: the engine computes the prompt itself
+        prefill.compute(prompt(10, pages=2))
+        prefill.settle(timeout=5.0)  # the offload failed at once
+        assert prefill.linker.stats["offload"] == 1  # only the one before the master died
+
+        pool.start_master()
+        pool.wait_segments(1)
+        deadline = time.monotonic() + 10
+        while not (prefill.linker.health.up and decode.linker.health.up):
+            assert time.monotonic() < deadline, "the linkers did not notice the master is back"
+            time.sleep(0.05)
+        again = prompt(11, pages=2)
+        slots = prefill.compute(again)
+        prefill.settle()
+        req, hit, dst = decode.admit("after", again)
+        assert hit == 2 * PAGE
+        assert decode.forward([req]) == []
+        assert same_kv(prefill, slots, decode, dst)
+        prefill.cache.linker.close()
+        decode.cache.linker.close()
     finally:
         pool.stop()
 
@@ -181,3 +205,4 @@ def test_reset_and_close_wait_for_transfers_in_flight(pool: Cluster) -> None:
     assert engine.linker.num_completed_offloads() == 0 and engine.cache.linker.pending_offloads == []
     engine.cache.linker.close()
     assert not engine.linker.load_thread.is_alive() and not engine.linker.offload_thread.is_alive()
+    assert not engine.linker.health._thread.is_alive()

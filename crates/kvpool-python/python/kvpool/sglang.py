@@ -30,10 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from typing import Any, Dict, List, Optional
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolTransfer  # type: ignore[import-untyped]
+from sglang.srt.mem_cache.hicache_storage import (  # type: ignore[import-untyped]
+    HiCacheStorageConfig,
+    PoolTransfer,
+    PoolTransferResult,
+)
 from sglang.srt.mem_cache.hybrid_cache.linker_pool_assembler import (  # type: ignore[import-untyped]
     resolve_hybrid_device_pool_group,
 )
@@ -129,7 +134,11 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
     rows, and then releases every layer to the forward. Mooncake's linker
     instead asks for one layer's byte range per call; kvpool verifies each
     object's checksum whole, so a ranged read fetches the whole object, and
-    per-layer calls would move every object once per layer."""
+    per-layer calls would move every object once per layer.
+
+    While the pool does not answer (see :class:`_PoolHealth`), lookups find
+    nothing and loads and offloads fail at once, instead of each waiting
+    out the client's retries on the scheduler's or a transfer's thread."""
 
     def __init__(
         self,
@@ -140,7 +149,8 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
         extra_config: Optional[Dict[str, Any]] = None,
         forward_stream: Any = None,
     ) -> None:
-        storage = KvpoolStore(_linker_storage_config(params, components, extra_config))
+        storage = _LinkerStore(_linker_storage_config(params, components, extra_config))
+        storage.health = self.health = _PoolHealth(storage)
         super().__init__(
             server_args,
             params,
@@ -162,6 +172,72 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
             return
         for layer in range(self.num_layers):
             self.layer_done_counter.complete(counter_index, layer)
+
+    def close(self) -> None:
+        self.health.close()
+        super().close()
+
+
+#: How often a linker asks the master whether the pool answers, and how long
+#: it waits for the answer, in seconds.
+HEALTH_INTERVAL, HEALTH_TIMEOUT = 1.0, 0.5
+
+
+class _PoolHealth:
+    """Whether the pool answers, from a thread asking the master every
+    :data:`HEALTH_INTERVAL` seconds. An unreachable cache must cost a miss,
+    not a wait: the scheduler looks pages up on its own thread, and every
+    call to a master that does not answer waits out the client's retries
+    (about 10 s)."""
+
+    def __init__(self, store: Any) -> None:
+        self.up = True
+        self._store = store
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="kvpool-linker-health")
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(HEALTH_INTERVAL):
+            client = self._store.store._client
+            up = client is not None and client.ping(HEALTH_TIMEOUT)
+            if up != self.up:
+                if up:
+                    logger.info("kvpool answers again: the linker looks pages up and moves them")
+                else:
+                    logger.warning("kvpool does not answer: the linker's lookups miss and its transfers fail at once")
+            self.up = up
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _LinkerStore(KvpoolStore):
+    """The linker's storage: while :attr:`health` says the pool does not
+    answer, lookups find nothing and loads and offloads fail at once."""
+
+    health: _PoolHealth
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Any = None, extra_info: Any = None) -> Any:
+        if not self.health.up:
+            return PoolTransferResult.empty()
+        return super().batch_exists_v2(keys, pool_transfers, extra_info)
+
+    def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> Dict[Any, List[bool]]:
+        if not self.health.up:
+            return _all_failed(transfers)
+        return super().batch_get_v2(transfers, extra_info)
+
+    def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> Dict[Any, List[bool]]:
+        if not self.health.up:
+            return _all_failed(transfers)
+        return super().batch_set_v2(transfers, extra_info)
+
+
+def _all_failed(transfers: List[PoolTransfer]) -> Dict[Any, List[bool]]:
+    """Every page of every pool failed, in the form the v2 transfers answer."""
+    return {t.name: [False] * len(t.keys) for t in transfers}
 
 
 def _linker_storage_config(params: Any, components: Any, extra_config: Optional[Dict[str, Any]]) -> Any:
