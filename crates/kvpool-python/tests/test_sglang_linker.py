@@ -31,8 +31,33 @@ linker_bench = load_bench_script("sglang_linker")
 Engine, PAGE, prompt, same_kv = linker_bench.Engine, linker_bench.PAGE, linker_bench.prompt, linker_bench.same_kv
 
 
+def offload_then_load(prefill: Engine, decode: Engine, tokens: list, rid: str) -> None:
+    """``prefill`` computes ``tokens`` and offloads them; ``decode`` hits all
+    of them in the pool and loads them byte for byte."""
+    slots = prefill.compute(tokens)
+    prefill.settle()
+    req, hit, dst = decode.admit(rid, tokens)
+    assert hit == len(tokens)
+    assert decode.forward([req]) == []
+    assert same_kv(prefill, slots, decode, dst)
+
+
+def queued_hit(pool: Cluster, seed: int, pages: int, rid: str) -> tuple:
+    """A prefill engine computes and offloads a prompt of ``pages`` pages; a
+    decode engine matches all of it in the pool and queues its load.
+    Returns both engines, the request, and the prompt's slots in each."""
+    prefill, decode = Engine(pool.master), Engine(pool.master)
+    tokens = prompt(seed, pages)
+    slots = prefill.compute(tokens)
+    prefill.settle()
+    req, hit, dst = decode.admit(rid, tokens)
+    assert hit == pages * PAGE
+    return prefill, decode, req, slots, dst
+
+
 @pytest.fixture
 def pool() -> Iterator[Cluster]:
+    """A pool of this test's own, which it may kill parts of."""
     c = new_cluster(store_size="128MiB")
     yield c
     c.stop()
@@ -79,14 +104,7 @@ def test_pages_one_engine_offloads_load_into_another_byte_exact(pool: Cluster, p
 
 
 def test_pages_a_lookup_found_stay_until_their_load(pool: Cluster) -> None:
-    prefill = Engine(pool.master)
-    tokens = prompt(4, pages=4)
-    slots = prefill.compute(tokens)
-    prefill.settle()
-
-    decode = Engine(pool.master)
-    req, hit, dst = decode.admit("r", tokens)
-    assert hit == 4 * PAGE
+    prefill, decode, req, slots, dst = queued_hit(pool, 4, pages=4, rid="r")
     # The lookup took read leases, as Mooncake's does: a removal (an
     # operator's, or eviction) between the lookup and the load skips them.
     c = kvpool.Client(pool.master)
@@ -100,54 +118,32 @@ def test_pages_a_lookup_found_stay_until_their_load(pool: Cluster) -> None:
     decode.cache.linker.close()
 
 
-def test_a_load_from_a_dead_store_aborts_its_requests_and_the_linker_goes_on() -> None:
-    pool = new_cluster(store_size="64MiB")
-    try:
-        prefill = Engine(pool.master)
-        tokens = prompt(5, pages=4)
-        prefill.compute(tokens)
+def test_a_load_from_a_dead_store_aborts_its_requests_and_the_linker_goes_on(pool: Cluster) -> None:
+    prefill, decode, req, _, _ = queued_hit(pool, 5, pages=4, rid="lost")
+    store = pool.procs[-1]
+    store.kill()  # the store holding the pages dies between lookup and load
+    store.wait()
+    failed = decode.forward([req])  # every layer wait returns; nothing raises
+    assert failed == [req]
+    assert req.skip_radix_cache_insert
+    assert "External KV cache load failed" in str(req.discard_output_reason.message)
+
+    # A new store: the same linkers offload and load again, once the
+    # master places pages on it rather than on the dead one.
+    pool.start_store("128MiB")
+    deadline, attempt = time.monotonic() + 30, 0
+    while prefill.linker.stats["offload"] < 2:
+        assert time.monotonic() < deadline, pool.logs()
+        attempt += 1
+        prefill.compute(prompt(100 + attempt, pages=1))
         prefill.settle()
-
-        decode = Engine(pool.master)
-        req, hit, _ = decode.admit("lost", tokens)
-        assert hit == 4 * PAGE
-        store = pool.procs[-1]
-        store.kill()  # the store holding the pages dies between lookup and load
-        store.wait()
-        failed = decode.forward([req])  # every layer wait returns; nothing raises
-        assert failed == [req]
-        assert req.skip_radix_cache_insert
-        assert "External KV cache load failed" in str(req.discard_output_reason.message)
-
-        # A new store: the same linkers offload and load again.
-        pool.start_store("64MiB")
-        again = prompt(6, pages=2)
-        deadline = time.monotonic() + 30
-        while prefill.linker.stats["offload"] < 2:
-            assert time.monotonic() < deadline, pool.logs()
-            slots = prefill.compute(again)
-            prefill.settle()
-            again = [t + 1 for t in again]
-        again = [t - 1 for t in again]
-        req, hit, dst = decode.admit("next", again)
-        assert hit == 2 * PAGE
-        assert decode.forward([req]) == []
-        assert same_kv(prefill, slots, decode, dst)
-        prefill.cache.linker.close()
-        decode.cache.linker.close()
-    finally:
-        pool.stop()
+    offload_then_load(prefill, decode, prompt(6, pages=2), "next")
+    prefill.cache.linker.close()
+    decode.cache.linker.close()
 
 
 def test_a_queued_load_is_cancelled_with_its_request(pool: Cluster) -> None:
-    prefill = Engine(pool.master)
-    tokens = prompt(6, pages=3)
-    prefill.compute(tokens)
-    prefill.settle()
-
-    decode = Engine(pool.master)
-    req, hit, _ = decode.admit("aborted", tokens)
-    assert hit == 3 * PAGE
+    prefill, decode, _, _, _ = queued_hit(pool, 6, pages=3, rid="aborted")
     decode.cache.linker.release_request("aborted")  # the scheduler's abort
     assert decode.linker.pending_loads == {} and decode.cache.linker.inflight_load_rids == []
     assert decode.cache.ready_to_load_host_cache() == -1  # nothing left to start
@@ -156,45 +152,35 @@ def test_a_queued_load_is_cancelled_with_its_request(pool: Cluster) -> None:
     decode.cache.linker.close()
 
 
-def test_a_dead_master_turns_lookups_into_misses_and_transfers_into_failures_at_once() -> None:
-    pool = new_cluster(store_size="64MiB")
-    try:
-        prefill = Engine(pool.master)
-        tokens = prompt(9, pages=2)
-        prefill.compute(tokens)
-        prefill.settle()
-        decode = Engine(pool.master)
+def test_a_dead_master_turns_lookups_into_misses_and_transfers_into_failures_at_once(pool: Cluster) -> None:
+    prefill = Engine(pool.master)
+    tokens = prompt(9, pages=2)
+    prefill.compute(tokens)
+    prefill.settle()
+    decode = Engine(pool.master)
 
-        pool.kill_master()
-        deadline = time.monotonic() + 10
-        while prefill.linker.health.up or decode.linker.health.up:
-            assert time.monotonic() < deadline, "the linkers did not notice the master is gone"
-            time.sleep(0.05)
-        # Without the health check each of these waits out the client's
-        # retries (about 10 s per call) on the scheduler's thread.
-        req, hit, _ = decode.admit("while-down", tokens)
-        assert hit == 0  # a miss: the engine computes the prompt itself
-        prefill.compute(prompt(10, pages=2))
-        prefill.settle(timeout=5.0)  # the offload failed at once
-        assert prefill.linker.stats["offload"] == 1  # only the one before the master died
+    pool.kill_master()
+    deadline = time.monotonic() + 10
+    while prefill.linker.health.up or decode.linker.health.up:
+        assert time.monotonic() < deadline, "the linkers did not notice the master is gone"
+        time.sleep(0.05)
+    # Without the health check each of these waits out the client's
+    # retries (about 10 s per call) on the scheduler's thread.
+    req, hit, _ = decode.admit("while-down", tokens)
+    assert hit == 0  # a miss: the engine computes the prompt itself
+    prefill.compute(prompt(10, pages=2))
+    prefill.settle(timeout=5.0)  # the offload failed at once
+    assert prefill.linker.stats["offload"] == 1  # only the one before the master died
 
-        pool.start_master()
-        pool.wait_segments(1)
-        deadline = time.monotonic() + 10
-        while not (prefill.linker.health.up and decode.linker.health.up):
-            assert time.monotonic() < deadline, "the linkers did not notice the master is back"
-            time.sleep(0.05)
-        again = prompt(11, pages=2)
-        slots = prefill.compute(again)
-        prefill.settle()
-        req, hit, dst = decode.admit("after", again)
-        assert hit == 2 * PAGE
-        assert decode.forward([req]) == []
-        assert same_kv(prefill, slots, decode, dst)
-        prefill.cache.linker.close()
-        decode.cache.linker.close()
-    finally:
-        pool.stop()
+    pool.start_master()
+    pool.wait_segments(1)
+    deadline = time.monotonic() + 10
+    while not (prefill.linker.health.up and decode.linker.health.up):
+        assert time.monotonic() < deadline, "the linkers did not notice the master is back"
+        time.sleep(0.05)
+    offload_then_load(prefill, decode, prompt(11, pages=2), "after")
+    prefill.cache.linker.close()
+    decode.cache.linker.close()
 
 
 def test_reset_and_close_wait_for_transfers_in_flight(pool: Cluster) -> None:
