@@ -28,7 +28,7 @@ use crate::fanout::{cores, split};
 
 /// A store's segment file mapped into this process.
 struct ShmMap {
-    region: Arc<MappedRegion>,
+    region: MappedRegion,
     /// Start of the object area; nothing below it is ever written.
     base: u64,
     path: PathBuf,
@@ -60,8 +60,6 @@ impl ShmMap {
         Ok(())
     }
 
-    /// Whether this process can write the segment (it holds a writer id,
-    /// taken now if not yet).
     /// Builds the page tables of the chunks `[offset, offset + len)` covers
     /// that this process has not touched yet.
     fn populate(&self, offset: u64, len: u64) {
@@ -77,6 +75,8 @@ impl ShmMap {
         }
     }
 
+    /// Whether this process can write the segment (it holds a writer id,
+    /// taken now if not yet).
     fn writable(&self) -> bool {
         self.writer().is_some()
     }
@@ -287,7 +287,7 @@ fn map(info: &SegmentInfo) -> Option<Arc<ShmMap>> {
         tracing::debug!(segment = %info.id, %path, "reaching segment through shared memory");
         let chunks = region.len().div_ceil(CHUNK).div_ceil(64) as usize;
         Arc::new(ShmMap {
-            region: Arc::new(region),
+            region,
             base: info.base,
             path: path.into(),
             writer: OnceLock::new(),
