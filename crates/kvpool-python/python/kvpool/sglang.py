@@ -150,7 +150,6 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
         forward_stream: Any = None,
     ) -> None:
         storage = _LinkerStore(_linker_storage_config(params, components, extra_config))
-        storage.health = self.health = _PoolHealth(storage)
         super().__init__(
             server_args,
             params,
@@ -159,6 +158,8 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
             storage=storage,
             forward_stream=forward_stream,
         )
+        # Started once the linker exists, so a failed construction leaves no thread.
+        storage.health = self.health = _PoolHealth(storage)
 
     def load_layer_wise(self, counter_index: int, request_transfers: List[List[PoolTransfer]]) -> None:
         try:
