@@ -174,6 +174,12 @@ impl Client {
         &self.inner.cfg
     }
 
+    /// How long since the master last answered this client's heartbeats
+    /// (see [`kvpool_net::master::MasterLink::silent_for`]).
+    pub fn master_silent_for(&self) -> Duration {
+        self.inner.link.silent_for()
+    }
+
     /// How the location cache has served reads so far.
     pub fn cache_stats(&self) -> CacheStats {
         self.inner.cache.stats()

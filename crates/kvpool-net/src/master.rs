@@ -118,6 +118,8 @@ pub struct MasterLink {
     /// Registrations that succeeded: a new one means a master that did not
     /// know this client (a restart or a failover).
     registrations: std::sync::atomic::AtomicU64,
+    /// When the master last answered a registration or a heartbeat.
+    heard: Mutex<std::time::Instant>,
 }
 
 /// Pools to the master currently believed to lead.
@@ -157,6 +159,7 @@ impl MasterLink {
             io: Mutex::new(None),
             held: Mutex::new(None),
             registrations: Default::default(),
+            heard: Mutex::new(std::time::Instant::now()),
         };
         if let MasterAddr::Static(a) = &link.target {
             *link.conns.lock() = Some(link.pools_for(a));
@@ -319,7 +322,16 @@ impl MasterLink {
             })
             .await?;
         (self.registrations).fetch_add(1, std::sync::atomic::Ordering::Release);
+        *self.heard.lock() = std::time::Instant::now();
         Ok(reply)
+    }
+
+    /// How long since the master last answered this client's registration
+    /// or heartbeats (which go at least once a second): what a caller that
+    /// would rather skip the pool than wait out the retries of a call to an
+    /// unreachable or stalled master looks at.
+    pub fn silent_for(&self) -> Duration {
+        self.heard.lock().elapsed()
     }
 
     /// How many times this client registered: it changes when a master
@@ -374,6 +386,16 @@ impl MasterLink {
                 // looks it up in etcd within the attempt, and cutting that
                 // short would repeat the look-up without ever finishing it.
                 let r = tokio::time::timeout(link.policy.timeout, beat).await;
+                if matches!(
+                    r,
+                    Ok(Ok(_))
+                        | Ok(Err(KvError {
+                            code: Code::ClientNotFound,
+                            ..
+                        }))
+                ) {
+                    *link.heard.lock() = std::time::Instant::now();
+                }
                 match r {
                     Ok(Ok(reply)) if reply.known => {}
                     Ok(Ok(_))

@@ -166,6 +166,8 @@ class Client:
         """This client's counters by Prometheus series name."""
     def metrics_text(self) -> str:
         """This client's counters as Prometheus text."""
+    def master_silent_for(self) -> float:
+        """Seconds since the master last answered this client's heartbeats."""
     def ping(self, timeout: float = 2.0) -> bool:
         """Whether the master answers within ``timeout`` seconds."""
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -136,7 +135,7 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
     object's checksum whole, so a ranged read fetches the whole object, and
     per-layer calls would move every object once per layer.
 
-    While the pool does not answer (see :class:`_PoolHealth`), lookups find
+    While the master does not answer (see :data:`SILENCE`), lookups find
     nothing and loads and offloads fail at once, instead of each waiting
     out the client's retries on the scheduler's or a transfer's thread."""
 
@@ -158,8 +157,6 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
             storage=storage,
             forward_stream=forward_stream,
         )
-        # Started once the linker exists, so a failed construction leaves no thread.
-        storage.health = self.health = _PoolHealth(storage)
 
     def load_layer_wise(self, counter_index: int, request_transfers: List[List[PoolTransfer]]) -> None:
         try:
@@ -174,64 +171,45 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
         for layer in range(self.num_layers):
             self.layer_done_counter.complete(counter_index, layer)
 
-    def close(self) -> None:
-        self.health.close()
-        super().close()
 
-
-#: How often a linker asks the master whether the pool answers, and how long
-#: it waits for the answer, in seconds.
-HEALTH_INTERVAL, HEALTH_TIMEOUT = 1.0, 0.5
-
-
-class _PoolHealth:
-    """Whether the pool answers, from a thread asking the master every
-    :data:`HEALTH_INTERVAL` seconds. An unreachable cache must cost a miss,
-    not a wait: the scheduler looks pages up on its own thread, and every
-    call to a master that does not answer waits out the client's retries
-    (about 10 s)."""
-
-    def __init__(self, store: Any) -> None:
-        self.up = True
-        self._store = store
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True, name="kvpool-linker-health")
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(HEALTH_INTERVAL):
-            client = self._store.store._client
-            up = client is not None and client.ping(HEALTH_TIMEOUT)
-            if up != self.up:
-                if up:
-                    logger.info("kvpool answers again: the linker looks pages up and moves them")
-                else:
-                    logger.warning("kvpool does not answer: the linker's lookups miss and its transfers fail at once")
-            self.up = up
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
+#: Seconds without an answer to the client's heartbeats (a master asks for
+#: one a second at most) after which a linker takes the pool as unreachable.
+SILENCE = 3.0
 
 
 class _LinkerStore(KvpoolStore):
-    """The linker's storage: while :attr:`health` says the pool does not
-    answer, lookups find nothing and loads and offloads fail at once."""
+    """The linker's storage: while the master does not answer, lookups find
+    nothing and loads and offloads fail at once. An unreachable cache must
+    cost a miss, not a wait: the scheduler looks pages up on its own thread,
+    and every call to a master that does not answer waits out the client's
+    retries (about 10 s)."""
 
-    health: _PoolHealth
+    _was_reachable = True
+
+    def reachable(self) -> bool:
+        """Whether the master answered the client's heartbeats lately."""
+        client = self.store._client
+        now = client is not None and client.master_silent_for() < SILENCE
+        if now != self._was_reachable:
+            if now:
+                logger.info("kvpool answers again: the linker looks pages up and moves them")
+            else:
+                logger.warning("kvpool does not answer: the linker's lookups miss and its transfers fail at once")
+            self._was_reachable = now
+        return now
 
     def batch_exists_v2(self, keys: List[str], pool_transfers: Any = None, extra_info: Any = None) -> Any:
-        if not self.health.up:
+        if not self.reachable():
             return PoolTransferResult.empty()
         return super().batch_exists_v2(keys, pool_transfers, extra_info)
 
     def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> Dict[Any, List[bool]]:
-        if not self.health.up:
+        if not self.reachable():
             return _all_failed(transfers)
         return super().batch_get_v2(transfers, extra_info)
 
     def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> Dict[Any, List[bool]]:
-        if not self.health.up:
+        if not self.reachable():
             return _all_failed(transfers)
         return super().batch_set_v2(transfers, extra_info)
 

@@ -844,6 +844,14 @@ impl Client {
         Ok(d)
     }
 
+    /// Seconds since the master last answered this client's heartbeats
+    /// (at least one a second while it answers): a caller that would rather
+    /// skip the pool than wait out the retries of a call to an unreachable
+    /// or stalled master checks it first.
+    fn master_silent_for(&self, py: Python<'_>) -> PyResult<f64> {
+        Ok(self.client(py)?.master_silent_for().as_secs_f64())
+    }
+
     /// Whether the master answers within `timeout` seconds.
     #[pyo3(signature = (timeout = 2.0))]
     fn ping(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
