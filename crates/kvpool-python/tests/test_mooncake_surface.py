@@ -344,14 +344,19 @@ def test_get_sessions_read_each_object_once_within_their_bound(store, prefix, mo
     assert store.batch_get_session_end(list(values)) == 0
     assert layer(0) == [INVALID_PARAMS] * 3  # the session is over
 
-    # With no room to keep values, every call reads the pool.
-    monkeypatch.setattr(_sessions, "SESSION_KEEP_BYTES", 0)
-    for k, v in values.items():
-        assert store.put_from(k, v.ctypes.data, v.nbytes) == 0
-    assert store.batch_get_session_start(list(values)) == [0, 0, 0]
-    assert layer(0) == [1024] * 3
-    assert store.batch_remove(list(values), True) == [0, 0, 0]
-    assert layer(1) == [-704] * 3
+    # With no room to keep values (none, or less than an object), every call
+    # reads the pool.
+    for room in (0, 1):
+        monkeypatch.setattr(_sessions, "SESSION_KEEP_BYTES", room)
+        dst[:] = 0
+        for k, v in values.items():
+            assert store.put_from(k, v.ctypes.data, v.nbytes) == 0
+        assert store.batch_get_session_start(list(values)) == [0, 0, 0]
+        assert layer(0) == [1024] * 3
+        assert all((dst[i, :1024] == v[:1024]).all() for i, v in enumerate(values.values()))
+        assert store.batch_remove(list(values), True) == [0, 0, 0]
+        assert layer(1) == [-704] * 3
+        assert store.batch_get_session_end(list(values)) == 0
 
 
 def test_tensor_dtypes_shapes_and_scalars_round_trip(store, prefix):

@@ -174,10 +174,10 @@ class _SessionsMixin:
             ranges.append(rs)
         if not ask:
             return out
-        kept = self._keep_for_session(c, [keys[i] for i in ask])
+        values = self._session_values(c, [keys[i] for i in ask])
         read: List[Tuple[int, List[Tuple[int, int, int]]]] = []
         for i, rs in zip(ask, ranges):
-            value = kept.get(keys[i])
+            value = values.get(keys[i])
             if value is None:
                 read.append((i, rs))
             else:
@@ -191,10 +191,11 @@ class _SessionsMixin:
                 out[i] = _total(codes)
         return out
 
-    def _keep_for_session(self, c: Any, keys: List[str]) -> Dict[str, Any]:
-        """The kept values of ``keys`` (of open get sessions), reading those
-        not kept yet while the sessions' bound allows; a key missing from
-        the answer is read per call."""
+    def _session_values(self, c: Any, keys: List[str]) -> Dict[str, Any]:
+        """The values of ``keys`` (of open get sessions) for one ranged
+        call: those kept, and the others read whole now, which the sessions
+        keep while their bound allows. With the bound reached nothing is read
+        here, and a key missing from the answer is read per call."""
         with self._lock:
             held = {k: self._get_sessions.get(k) for k in keys}
             room = SESSION_KEEP_BYTES - sum(v.size() for v in self._get_sessions.values() if v is not None)
@@ -206,10 +207,13 @@ class _SessionsMixin:
                 got = []
             with self._lock:
                 for k, v in zip(want, got):
+                    if isinstance(v, int):
+                        continue  # read per call, which answers its code
+                    held[k] = v
                     # Kept only while the session is open and within the bound.
-                    if not isinstance(v, int) and k in self._get_sessions and v.size() <= room:
+                    if k in self._get_sessions and v.size() <= room:
                         room -= v.size()
-                        self._get_sessions[k] = held[k] = v
+                        self._get_sessions[k] = v
         return {k: v for k, v in held.items() if v is not None}
 
 
