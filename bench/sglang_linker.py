@@ -22,6 +22,7 @@ and the `kvpool` package. `tests/test_sglang_linker.py` drives the same engines.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 import types
@@ -176,9 +177,12 @@ def main() -> None:
     args = ap.parse_args()
     tokens = (args.pages * 2 * args.rounds + 2) * PAGE
     shape = dict(layers=args.layers, tokens=tokens, kv_dim=(512, 64))
+    mb = args.pages * PAGE * sum(shape["kv_dim"]) * 2 * args.layers / 1e6
+    # Fresh prompts in every run, so no object read is an earlier run's.
+    seeds = itertools.count(int(time.time()) % 10**6 * 1000)
     print("| transport | load path | MB per load | load ms (median) | GB/s |")
     print("|---|---|---|---|---|")
-    for n, proto in enumerate(args.protocol or ["tcp", "shm"]):
+    for proto in args.protocol or ["tcp", "shm"]:
         src = Engine(args.master, proto, **shape)
         for way, load in (("kvpool", None), ("per-layer ranges", MooncakeDirectLinker.load_layer_wise)):
             dst = Engine(args.master, proto, **shape)
@@ -186,8 +190,7 @@ def main() -> None:
                 dst.linker.load_layer_wise = types.MethodType(load, dst.linker)
             took = []
             for r in range(args.rounds):
-                # Fresh prompts per run, so no object is another run's.
-                toks = prompt(int(time.time() * 1000) % 10**6 * 100 + n * 50 + r * 2 + (load is not None), args.pages)
+                toks = prompt(next(seeds), args.pages)
                 slots = src.compute(toks)
                 src.settle()
                 req, hit, dst_slots = dst.admit(f"r{r}", toks)
@@ -197,7 +200,6 @@ def main() -> None:
                 took.append(time.perf_counter() - t0)
                 assert same_kv(src, slots, dst, dst_slots)
             dst.cache.linker.close()
-            mb = args.pages * PAGE * sum(shape["kv_dim"]) * 2 * args.layers / 1e6
             ms = statistics.median(took[1:]) * 1e3
             print(f"| {proto} | {way} | {mb:.1f} | {ms:.1f} | {mb / ms:.2f} |")
         src.cache.linker.close()
