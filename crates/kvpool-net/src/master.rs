@@ -287,6 +287,14 @@ impl MasterLink {
         request_id::within(id, call)
     }
 
+    /// [`Self::call`] under `policy` instead of the link's own: for a call
+    /// the master may take long to answer, which sent again after a
+    /// timeout would only queue behind the first.
+    pub async fn call_with<R: Rpc>(&self, policy: &CallPolicy, req: &R) -> KvResult<R::Response> {
+        let call = with_retries(policy, move || self.attempt(req, false));
+        request_id::within(request_id::current_or_fresh(), call).await
+    }
+
     /// A typed call with one attempt bounded by the policy timeout.
     pub async fn call_once<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
         let attempt = self.attempt(req, false);

@@ -397,6 +397,13 @@ impl DataNode {
 /// exact inventory, as before, and open at once.
 const QUICK_SCAN: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// How long the last part of an inventory waits for its answer: the master
+/// then reconciles the whole inventory (25 s for 10M objects on a busy
+/// 2-core machine). Sent again after the usual 10 s, it found the master
+/// still reconciling; masters before this build reconciled the part sent
+/// again alone, rejecting its objects, which the store then destroyed.
+const RECONCILE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Sends one part of a segment's inventory.
 async fn report(
     link: &MasterLink,
@@ -410,7 +417,15 @@ async fn report(
         objects,
         last,
     };
-    link.call(&req).await
+    if !last {
+        return link.call(&req).await;
+    }
+    let patient = kvpool_net::CallPolicy {
+        timeout: RECONCILE_WAIT,
+        retry_for: RECONCILE_WAIT,
+        ..link.policy().clone()
+    };
+    link.call_with(&patient, &req).await
 }
 
 /// Scans one segment and mounts it (before the scan ends when it takes

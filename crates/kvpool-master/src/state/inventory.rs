@@ -45,6 +45,9 @@ impl MasterState {
                     format!("segment {id} belongs to another client"),
                 ));
             }
+            if s.reconciling {
+                return Err(super::segments::reconciling(id));
+            }
             let Some(inv) = s.recovering.as_mut() else {
                 return Err(KvError::new(
                     Code::InvalidParams,
@@ -72,6 +75,7 @@ impl MasterState {
             // Still `recovering` (empty) until reconciled: it takes no new
             // objects while the rest runs without the segment lock.
             let all = std::mem::take(inv);
+            s.reconciling = true;
             // A segment that holds no live region yet was new to this master.
             let fresh = s.alloc.lock().live_regions() == 0;
             (all, fresh, s.info.clone(), std::mem::take(&mut s.wanted))

@@ -26,6 +26,8 @@ pub(super) struct SegmentSlot {
     pub(super) alloc: Mutex<OffsetAllocator>,
     /// Waiting for the rest of its inventory: takes no new objects yet.
     pub(super) recovering: Option<Vec<InventoryItem>>,
+    /// Its whole inventory is being reconciled (see `report_objects`).
+    pub(super) reconciling: bool,
     /// Objects its inventory announced: the parts reported may not hold
     /// many more (a part sent again after a lost answer counts twice).
     pub(super) announced: u64,
@@ -187,6 +189,9 @@ impl MasterState {
                     format!("segment {} is mounted with another size", info.id),
                 ));
             }
+            if s.reconciling {
+                return Err(reconciling(info.id));
+            }
             // Grants from now on name the new fence; the old ones' writes are
             // refused by the store. This master's own records of them (puts
             // in flight, abandoned puts' regions) keep their regions reserved
@@ -236,6 +241,7 @@ impl MasterState {
                 info,
                 owner: client,
                 recovering,
+                reconciling: false,
                 announced: objects,
                 draining: false,
                 io: None,
@@ -252,6 +258,7 @@ impl MasterState {
     pub(super) fn open_segment(&self, id: SegmentId) {
         if let Some(s) = self.segments.write().get_mut(&id) {
             s.recovering = None;
+            s.reconciling = false;
         }
         self.arrived(id);
     }
@@ -564,4 +571,18 @@ pub(super) fn rebuild(
 /// Compares two secrets in time that does not depend on where they differ.
 fn same_secret(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The answer to a store that mounts or reports a segment again while the
+/// master reconciles its inventory (a big one takes seconds): the store's
+/// call timed out and was sent again. Retryable: once the reconcile ends,
+/// a new mount reports the whole inventory again. Serving it meanwhile
+/// would reconcile the part sent again alone, rejecting every object in
+/// it that the running reconcile has not reached yet (and the store then
+/// destroys them), and open the segment before its objects are known.
+pub(super) fn reconciling(id: SegmentId) -> KvError {
+    KvError::new(
+        Code::UnavailableInCurrentStatus,
+        format!("the inventory of segment {id} is being reconciled; mount it again once that ends"),
+    )
 }
