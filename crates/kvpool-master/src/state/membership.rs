@@ -51,7 +51,14 @@ impl MasterState {
     /// a client TTL plus the store grace from `now`.
     pub fn expect_segments(&self, listed: Option<Vec<SegmentId>>, now: Instant) {
         let deadline = now + self.cfg.client_ttl + self.cfg.store_grace;
-        let mounted: HashSet<SegmentId> = self.segments.read().keys().copied().collect();
+        // Only segments whose inventory is reconciled are back: one that
+        // re-mounted while the list was being read (this master serves
+        // mounts from its election on) may still be reporting what it
+        // holds, and until then its keys are unknown here.
+        let mounted: HashSet<SegmentId> = (self.segments.read().iter())
+            .filter(|(_, s)| s.recovering.is_none())
+            .map(|(id, _)| *id)
+            .collect();
         let mut m = self.membership.lock();
         m.known = listed.is_some();
         let listed = listed.unwrap_or_default();
