@@ -21,7 +21,8 @@
 //! replica a read tries), `retry` (per-key retries), `fanout` (running a
 //! batch's jobs over connections and cores), `rpc` (master calls),
 //! `query` (metadata-only calls), `cache` (the location cache), `metrics`
-//! (what the client counts, for the engine to export).
+//! (what the client counts, for the engine to export), `groups` (a pool
+//! split over several masters by key: the scaling prototype).
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ mod cache;
 mod config;
 mod fanout;
 mod get;
+pub mod groups;
 mod hedge;
 mod metrics;
 mod placement;

@@ -71,7 +71,7 @@ fn digest(i: u64) -> String {
 }
 
 /// Counts with an optional k/M/G suffix (powers of ten).
-fn parse_count(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_count(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mul) = match s.chars().last() {
         Some('k' | 'K') => (&s[..s.len() - 1], 1_000),
@@ -121,7 +121,7 @@ fn rss() -> u64 {
 }
 
 /// Key number `i` of a fill in `shape` (`plain` keys are `key_len` bytes).
-fn key(shape: KeyShape, key_len: usize, i: u64) -> String {
+pub(crate) fn key(shape: KeyShape, key_len: usize, i: u64) -> String {
     match shape {
         KeyShape::Plain => {
             let digits = key_len.saturating_sub(2).max(1);

@@ -83,6 +83,9 @@ pub enum Command {
     /// Fill the master's metadata in this process (no stores, no data) and
     /// print memory per object and latency as the key count grows.
     BenchMeta(crate::bench_meta::BenchMetaArgs),
+    /// Fill and check a pool split over several masters by key (the
+    /// scaling prototype, docs/scaling.md).
+    BenchGroups(crate::bench_groups::BenchGroupsArgs),
     /// Run a KV-cache reuse workload (Zipf or multi-turn) and print the hit
     /// rate and read latency by tier.
     BenchReuse(crate::bench_reuse::BenchReuseArgs),

@@ -1,8 +1,10 @@
 //! The `kvpool` binary: parses flags, starts tracing, and dispatches to the
-//! library crates. `master`, `store`, `up` (both in one process), `status`
-//! `bench` (a load generator) and `bench-meta` (the master's metadata alone).
+//! library crates. `master`, `store`, `up` (both in one process), `status`,
+//! `bench` (a load generator), `bench-meta` (the master's metadata alone) and
+//! `bench-groups` (a pool split over several masters).
 
 mod bench;
+mod bench_groups;
 mod bench_meta;
 mod bench_reuse;
 mod cli;
@@ -201,6 +203,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // Measured as `kvpool master` holds it.
             kvpool_master::map_large_allocations();
             tokio::task::block_in_place(|| bench_meta::run(b))?
+        }
+        Command::BenchGroups(b) => {
+            if !bench_groups::run(b).await? {
+                return Ok(ExitCode::FAILURE);
+            }
         }
         Command::BenchReuse(b) => {
             if !bench_reuse::run(b).await? {

@@ -430,3 +430,115 @@ async fn reads_of_recently_read_objects_go_on_while_the_leader_is_dead() {
     let hits = client.cache_stats().hits;
     assert!(hits > 0, "no read was served from a cached location");
 }
+
+/// The scaling prototype (docs/scaling.md): a pool split by key over two
+/// groups, each two masters and a store. Each key lands in the group its
+/// slot names and only there, batches answer in the caller's order, the
+/// slot map in etcd is written once, and one group's leader killed costs
+/// no acknowledged write of either group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_split_over_two_groups_keeps_each_groups_guarantees() {
+    use kvpool_client::groups::{publish_map, GroupedClient, SlotMap};
+
+    let dir = scratch_dir();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let (_etcd, endpoint) = spawn_etcd(&logs).await;
+    let clusters = ["grp-a", "grp-b"];
+    let (mut groups, mut stores) = (Vec::new(), Vec::new());
+    for c in clusters {
+        let masters = spawn_ha_masters(&logs, &endpoint, c, &[]).await;
+        let addr = format!("etcd://{endpoint}/{c}");
+        let name = format!("{c}-store");
+        stores.push(spawn_store(
+            &name,
+            &addr,
+            "64MiB",
+            &dir.path().join(&name),
+            &logs,
+        ));
+        wait_for_segments(&addr, 1, &mut []).await;
+        groups.push(masters);
+    }
+    let pool = format!("etcd://{endpoint}/split");
+    let map = SlotMap::even(clusters.map(|c| format!("etcd://{endpoint}/{c}")).to_vec()).unwrap();
+    assert_eq!(publish_map(&pool, &map).await.unwrap(), map);
+    // A second writer finds the map there and changes nothing.
+    let other = SlotMap::even(vec![format!("etcd://{endpoint}/grp-b")]).unwrap();
+    assert_eq!(publish_map(&pool, &other).await.unwrap(), map);
+
+    let client = GroupedClient::connect(&pool, ClientConfig::new(""))
+        .await
+        .unwrap_or_else(|e| panic!("grouped client on {pool}: {e}"));
+    let rc = ReplicateConfig::default();
+    let keys: Vec<String> = (0..600).map(|i| format!("split-{i}")).collect();
+    let values: Vec<Vec<u8>> = keys.iter().map(|k| value_for(k, 4096)).collect();
+    let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
+    let items: Vec<(&str, &[&[u8]])> = keys
+        .iter()
+        .zip(&parts)
+        .map(|(k, p)| (k.as_str(), &p[..]))
+        .collect();
+    for (k, r) in keys.iter().zip(client.batch_put(&items, &rc, false).await) {
+        r.unwrap_or_else(|e| panic!("put of {k}: {e}"));
+    }
+    // Each group holds exactly the keys its slots name, and no other.
+    for g in 0..2 {
+        let mine: Vec<&str> = keys
+            .iter()
+            .map(String::as_str)
+            .filter(|k| map.group_of(k) == g)
+            .collect();
+        assert!(
+            mine.len() > 200,
+            "the slots split 600 keys unevenly: {}",
+            mine.len()
+        );
+        assert_eq!(
+            client.group(g).status().await.unwrap().keys,
+            mine.len() as u64,
+            "group {g}"
+        );
+        let theirs: Vec<&str> = keys
+            .iter()
+            .map(String::as_str)
+            .filter(|k| map.group_of(k) != g)
+            .collect();
+        for r in client.group(g).batch_exist(&theirs).await {
+            assert!(!r.unwrap(), "group {g} holds a key of the other group");
+        }
+    }
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let got = client.batch_get(&refs).await;
+    for ((k, v), r) in keys.iter().zip(&values).zip(got) {
+        assert_eq!(&r.unwrap_or_else(|e| panic!("get of {k}: {e}")), v, "{k}");
+    }
+
+    // Group a's leader dies; a batch over both groups is acknowledged whole
+    // (group a's part once its standby leads) and reads back new bytes.
+    let rpcs: Vec<String> = groups[0].iter().map(|m| m.rpc.clone()).collect();
+    let leader = leader_of(&rpcs).await;
+    groups[0][leader].process.kill9();
+    let newer: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| value_for(&format!("{k}-2"), 4096))
+        .collect();
+    let parts: Vec<[&[u8]; 1]> = newer.iter().map(|v| [v.as_slice()]).collect();
+    let items: Vec<(&str, &[&[u8]])> = keys
+        .iter()
+        .zip(&parts)
+        .map(|(k, p)| (k.as_str(), &p[..]))
+        .collect();
+    for (k, r) in keys.iter().zip(client.batch_put(&items, &rc, true).await) {
+        r.unwrap_or_else(|e| panic!("upsert of {k} across the failover: {e}"));
+    }
+    let got = client.batch_get(&refs).await;
+    for ((k, v), r) in keys.iter().zip(&newer).zip(got) {
+        assert_eq!(
+            &r.unwrap_or_else(|e| panic!("get of {k}: {e}")),
+            v,
+            "{k} after the failover"
+        );
+    }
+    client.close().await;
+}
