@@ -401,8 +401,13 @@ const QUICK_SCAN: std::time::Duration = std::time::Duration::from_millis(200);
 /// then reconciles the whole inventory (25 s for 10M objects on a busy
 /// 2-core machine). Sent again after the usual 10 s, it found the master
 /// still reconciling; masters before this build reconciled the part sent
-/// again alone, rejecting its objects, which the store then destroyed.
-const RECONCILE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+/// again alone, rejecting its objects, which the store then destroyed (now
+/// they refuse it, and the store mounts again once the reconcile is over,
+/// reporting the whole inventory twice). Not longer: a master paused
+/// meanwhile holds the store this long, and a new leader gives up on a
+/// segment a client TTL and the store grace (40 s by default) after its
+/// election.
+const RECONCILE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Sends one part of a segment's inventory.
 async fn report(
