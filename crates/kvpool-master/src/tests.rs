@@ -338,8 +338,7 @@ fn recovery_waits_for_the_segments_the_previous_leader_listed() {
 /// election on). Its segment is still expected back until its inventory
 /// is reconciled: before, the leader took it for back at once and answered
 /// "not found" for every key the inventory had not reported yet, acknowledged
-/// writes included (found by `bench/groups.sh` killing a leader of 10M
-/// objects under a verified workload).
+/// writes included (found reading the code behind chaos finding 17).
 #[test]
 fn a_segment_mounted_before_the_list_is_read_is_back_only_with_its_inventory() {
     let master = Master::new(StateConfig::default());
