@@ -180,7 +180,11 @@ impl GroupedClient {
     /// `cfg` (its `master` replaced by each group's address).
     pub async fn connect(pool: &str, cfg: ClientConfig) -> KvResult<GroupedClient> {
         let (endpoints, name) = parse_pool(pool)?;
-        let map = read_map(&Etcd::new(endpoints, None)?, name).await?;
+        Self::with_map(read_map(&Etcd::new(endpoints, None)?, name).await?, cfg).await
+    }
+
+    /// Connects to every group of `map` (as [`publish_map`] answered it).
+    pub async fn with_map(map: SlotMap, cfg: ClientConfig) -> KvResult<GroupedClient> {
         let connects = map.groups.iter().map(|master| {
             let cfg = ClientConfig {
                 master: master.clone(),
@@ -205,6 +209,11 @@ impl GroupedClient {
         &self.clients[g]
     }
 
+    /// The client of `key`'s group.
+    fn client_of(&self, key: &str) -> &Client {
+        &self.clients[self.map.group_of(key)]
+    }
+
     /// Runs `call` once per group on that group's share of `n` items (their
     /// indexes, in order), all groups at once, and puts each answer back in
     /// its item's place. (`Client` clones share everything: the clone only
@@ -214,18 +223,17 @@ impl GroupedClient {
         F: Fn(Client, Vec<usize>) -> Fut,
         Fut: Future<Output = Vec<T>>,
     {
-        let mut parts: Vec<Vec<usize>> = vec![Vec::new(); self.clients.len()];
+        let mut by_group: Vec<Vec<usize>> = vec![Vec::new(); self.clients.len()];
         for i in 0..n {
-            parts[key(i)].push(i);
+            by_group[key(i)].push(i);
         }
-        let calls = parts
-            .iter()
-            .enumerate()
+        let parts: Vec<(usize, Vec<usize>)> = (by_group.into_iter().enumerate())
             .filter(|(_, idx)| !idx.is_empty())
-            .map(|(g, idx)| call(self.clients[g].clone(), idx.clone()));
+            .collect();
+        let calls = (parts.iter()).map(|(g, idx)| call(self.clients[*g].clone(), idx.clone()));
         let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
         let done = join_all(calls).await;
-        for (idx, answers) in parts.iter().filter(|p| !p.is_empty()).zip(done) {
+        for ((_, idx), answers) in parts.iter().zip(done) {
             for (&i, a) in idx.iter().zip(answers) {
                 out[i] = Some(a);
             }
@@ -272,33 +280,27 @@ impl GroupedClient {
 
     /// Stores `value` under `key` (write-once).
     pub async fn put(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> KvResult<()> {
-        self.clients[self.map.group_of(key)]
-            .put(key, value, config)
-            .await
+        self.client_of(key).put(key, value, config).await
     }
 
     /// Stores `value` under `key`, replacing any existing value.
     pub async fn upsert(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> KvResult<()> {
-        self.clients[self.map.group_of(key)]
-            .upsert(key, value, config)
-            .await
+        self.client_of(key).upsert(key, value, config).await
     }
 
     /// Reads `key`'s value.
     pub async fn get(&self, key: &str) -> KvResult<Vec<u8>> {
-        self.clients[self.map.group_of(key)].get(key).await
+        self.client_of(key).get(key).await
     }
 
     /// Whether `key` exists.
     pub async fn exist(&self, key: &str) -> KvResult<bool> {
-        self.clients[self.map.group_of(key)].exist(key).await
+        self.client_of(key).exist(key).await
     }
 
     /// Removes `key`.
     pub async fn remove(&self, key: &str, force: bool) -> KvResult<()> {
-        self.clients[self.map.group_of(key)]
-            .remove(key, force)
-            .await
+        self.client_of(key).remove(key, force).await
     }
 
     /// Closes every group's client.

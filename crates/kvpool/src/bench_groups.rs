@@ -10,7 +10,6 @@
 //! failed and the longest time each group went without an acknowledged
 //! write, and fails on any violation.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -119,23 +118,35 @@ impl KeyModel {
     }
 }
 
-/// What the checking workers saw, per group.
-#[derive(Default)]
+/// What the checking workers saw.
 struct Seen {
     ops: u64,
     acked_writes: u64,
     failed_calls: u64,
     violations: Vec<String>,
-    /// Each group's last acknowledged write and longest time without one.
-    last_ack: HashMap<usize, Instant>,
-    longest_gap: HashMap<usize, Duration>,
+    /// Per group: its last acknowledged write (the start before the first)
+    /// and its longest time without one.
+    last_ack: Vec<Instant>,
+    longest_gap: Vec<Duration>,
 }
 
 impl Seen {
-    fn acked(&mut self, group: usize, at: Instant, start: Instant) {
-        let last = self.last_ack.insert(group, at).unwrap_or(start);
-        let gap = self.longest_gap.entry(group).or_default();
-        *gap = (*gap).max(at - last);
+    fn new(groups: usize, start: Instant) -> Seen {
+        Seen {
+            ops: 0,
+            acked_writes: 0,
+            failed_calls: 0,
+            violations: Vec::new(),
+            last_ack: vec![start; groups],
+            longest_gap: vec![Duration::ZERO; groups],
+        }
+    }
+
+    /// Measures `group`'s time without an acknowledged write up to `at`
+    /// (a write acknowledged then, or the end of the run).
+    fn mark(&mut self, group: usize, at: Instant) {
+        let since = at - std::mem::replace(&mut self.last_ack[group], at);
+        self.longest_gap[group] = self.longest_gap[group].max(since);
     }
 }
 
@@ -149,19 +160,22 @@ pub async fn run(a: BenchGroupsArgs) -> anyhow::Result<bool> {
         a.batch >= 1 && a.concurrency >= 1 && a.check_keys >= 1,
         "--batch, --concurrency and --check-keys must be at least 1"
     );
-    if !a.groups.is_empty() {
+    let mut cfg = ClientConfig::new("");
+    cfg.hostname = "kvpool-bench-groups".into();
+    cfg.security = a.security.to_security()?;
+    let pool = if a.groups.is_empty() {
+        GroupedClient::connect(&a.pool, cfg).await?
+    } else {
         let (endpoints, _) = parse_pool(&a.pool)?;
         let masters = a
             .groups
             .iter()
             .map(|g| format!("etcd://{endpoints}/{g}"))
             .collect();
-        publish_map(&a.pool, &SlotMap::even(masters)?).await?;
-    }
-    let mut cfg = ClientConfig::new("");
-    cfg.hostname = "kvpool-bench-groups".into();
-    cfg.security = a.security.to_security()?;
-    let pool = Arc::new(GroupedClient::connect(&a.pool, cfg).await?);
+        let map = publish_map(&a.pool, &SlotMap::even(masters)?).await?;
+        GroupedClient::with_map(map, cfg).await?
+    };
+    let pool = Arc::new(pool);
     let map = pool.map();
     println!(
         "kvpool bench-groups: {} group(s), slots {:?}, map epoch {}",
@@ -265,7 +279,7 @@ async fn fill_and_time(
 /// The verified workload, then a final read of every key.
 async fn check(pool: &Arc<GroupedClient>, a: &BenchGroupsArgs, len: usize) -> anyhow::Result<bool> {
     let start = Instant::now();
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let seen = Arc::new(Mutex::new(Seen::new(pool.map().groups.len(), start)));
     let mut workers = Vec::new();
     for w in 0..a.concurrency {
         let (pool, seen, check, nkeys) = (pool.clone(), seen.clone(), a.check, a.check_keys);
@@ -294,7 +308,7 @@ async fn check(pool: &Arc<GroupedClient>, a: &BenchGroupsArgs, len: usize) -> an
                         m.acked = v;
                         m.maybe.clear();
                         s.acked_writes += 1;
-                        s.acked(group, Instant::now(), start);
+                        s.mark(group, Instant::now());
                     }
                     Err(_) => {
                         m.maybe.push(v);
@@ -342,12 +356,8 @@ async fn check(pool: &Arc<GroupedClient>, a: &BenchGroupsArgs, len: usize) -> an
     }
     let mut s = seen.lock();
     for g in 0..pool.map().groups.len() {
-        let last = s.last_ack.get(&g).copied().unwrap_or(start);
-        let gap = s.longest_gap.entry(g).or_default();
-        *gap = (*gap).max(end - last);
+        s.mark(g, end);
     }
-    let mut gaps: Vec<(usize, Duration)> = s.longest_gap.iter().map(|(g, d)| (*g, *d)).collect();
-    gaps.sort();
     println!(
         "check: {:.1} s, {} calls, {} acknowledged writes, {} failed calls, {} keys unreadable at the end, {} violation(s)",
         (end - start).as_secs_f64(),
@@ -357,8 +367,7 @@ async fn check(pool: &Arc<GroupedClient>, a: &BenchGroupsArgs, len: usize) -> an
         unreadable,
         s.violations.len()
     );
-    let gaps: Vec<String> = gaps
-        .iter()
+    let gaps: Vec<String> = (s.longest_gap.iter().enumerate())
         .map(|(g, d)| format!("group {g} {:.2} s", d.as_secs_f64()))
         .collect();
     println!(
