@@ -3,9 +3,30 @@
 //! the one place that turns an address into a Rust slice.
 
 use kvpool_proto::{Code, KvError, KvResult};
+use parking_lot::RwLock;
 
 /// Pages [`Region::readable`] probes with one system call.
 const PROBES_PER_CALL: usize = 1024;
+
+/// Regions this process registered for zero-copy calls (Mooncake's
+/// `register_buffer`), one entry per registration. Their owner promised
+/// they stay mapped until unregistered, as Mooncake requires of registered
+/// memory, so [`Region::readable`] takes that word instead of probing them:
+/// the probe costs 0.55 µs a page (measured here), a quarter of a 4 MiB
+/// `put_from` over loopback TCP.
+static REGISTERED: RwLock<Vec<Region>> = RwLock::new(Vec::new());
+
+/// Notes `region` as registered memory (see [`REGISTERED`]).
+pub fn note_registered(region: Region) {
+    REGISTERED.write().push(region);
+}
+
+/// Forgets one registration of `region`; whether there was one.
+pub fn note_unregistered(region: Region) -> bool {
+    let mut all = REGISTERED.write();
+    let found = all.iter().position(|r| *r == region);
+    found.map(|i| all.swap_remove(i)).is_some()
+}
 
 /// A region of caller memory: `len` bytes at address `ptr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +75,7 @@ impl Region {
     /// the kernel or a sandbox refuses the call itself, the caller's word is
     /// taken, as before.
     pub fn readable(&self) -> KvResult<()> {
-        if self.len == 0 {
+        if self.len == 0 || self.is_registered() {
             return Ok(());
         }
         // SAFETY: sysconf has no memory effects.
@@ -109,6 +130,14 @@ impl Region {
                 ),
             ));
         }
+    }
+
+    /// Whether the region lies inside one registered region.
+    fn is_registered(&self) -> bool {
+        REGISTERED
+            .read()
+            .iter()
+            .any(|r| r.ptr <= self.ptr && self.end() <= r.end())
     }
 
     /// The region as a shared slice.
@@ -211,6 +240,35 @@ mod tests {
         // SAFETY: empty regions never touch memory.
         unsafe {
             assert!(empty.as_slice().is_empty());
+        }
+    }
+
+    #[test]
+    fn registered_memory_is_taken_at_its_owners_word_until_unregistered() {
+        // SAFETY: an anonymous mapping, used only through the probes.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+            let at = libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(at, libc::MAP_FAILED);
+            let whole = Region::new(at as u64, 2 * page as u64).unwrap();
+            let inner = Region::new(at as u64 + 8, page as u64).unwrap();
+            let past = Region::new(at as u64 + page as u64, 2 * page as u64).unwrap();
+            assert_eq!(inner.readable().unwrap_err().code, Code::TransferFail);
+            note_registered(whole);
+            assert_eq!(inner.readable(), Ok(()));
+            // Only regions wholly inside a registered one skip the probe.
+            assert_eq!(past.readable().unwrap_err().code, Code::TransferFail);
+            assert!(note_unregistered(whole));
+            assert!(!note_unregistered(whole));
+            assert_eq!(inner.readable().unwrap_err().code, Code::TransferFail);
+            libc::munmap(at, 2 * page);
         }
     }
 

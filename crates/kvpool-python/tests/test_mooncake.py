@@ -3,6 +3,7 @@ return conventions (checked against Mooncake 0.3.13's behaviour)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 
@@ -349,6 +350,42 @@ def test_register_and_unregister(store):
     assert store.register_buffer(0, 64) == INVALID_PARAMS
     assert store.unregister_buffer(p) == 0
     assert store.unregister_buffer(p) == INVALID_PARAMS
+
+
+def test_registrations_end_with_unregister_close_or_the_store(master, prefix):
+    """Registered memory is used without a page probe while registered
+    (the owner keeps it mapped); unregistering, closing the store or
+    dropping it ends that, so memory freed afterwards is probed again."""
+    from kvpool import _native
+
+    bufs = [np.zeros(8192, dtype=np.uint8) for _ in range(3)]
+    ptrs = [b.ctypes.data for b in bufs]
+
+    def noted(p: int) -> bool:
+        # Forgetting a note that exists answers True: note it again.
+        if _native.note_unregistered(p, 8192):
+            _native.note_registered(p, 8192)
+            return True
+        return False
+
+    s = MooncakeDistributedStore()
+    assert setup7(s, master) == 0
+    for p in ptrs:
+        assert s.register_buffer(p, 8192) == 0
+    assert all(noted(p) for p in ptrs)
+    assert s.put_from(prefix + "r", ptrs[0] + 100, 4000) == 0
+    assert s.unregister_buffer(ptrs[0]) == 0
+    assert not noted(ptrs[0]) and noted(ptrs[1])
+    s.close()
+    assert not any(noted(p) for p in ptrs)
+
+    s = MooncakeDistributedStore()
+    assert setup7(s, master) == 0
+    assert s.register_buffer(ptrs[2], 8192) == 0
+    assert noted(ptrs[2])
+    del s  # dropped without close()
+    gc.collect()
+    assert not noted(ptrs[2])
 
 
 def test_put_from_get_into(store, prefix):

@@ -54,6 +54,13 @@ def store_about(endpoint: str, settings: Dict[str, Any], timeout: float = 5.0) -
     """What the storage process at ``endpoint`` serves: ``master`` and ``segments``, asked with the
     key and TLS of ``settings`` (as :func:`resolve_settings` returns them)."""
 
+def note_registered(ptr: int, size: int) -> None:
+    """Notes memory registered for zero-copy calls (kept mapped until
+    :func:`note_unregistered`): raw addresses inside it skip the page probe."""
+
+def note_unregistered(ptr: int, size: int) -> bool:
+    """Forgets one :func:`note_registered` of the same region; whether there was one."""
+
 @final
 class Buffer:
     """Bytes read from the pool: writable buffer protocol, ``ptr()``, ``size()``, ``len()``."""

@@ -1,6 +1,7 @@
 //! Module functions beside the client: host memory by address (Mooncake's
 //! `MooncakeHostMemAllocator` and allocation-function addresses) and the
-//! question an engine asks a storage process it attaches to.
+//! question an engine asks a storage process it attaches to, and the
+//! registered-memory notes that spare zero-copy calls their page probes.
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use super::client::segment_dict;
 use super::convert::settings_from_dict;
 use super::{raise, wait};
 use crate::hostmem;
+use crate::memory::{self, Region};
 
 /// A zeroed block of `size` bytes of host memory; its address, or 0 when
 /// `size` is 0 or the memory cannot be had.
@@ -32,6 +34,23 @@ pub fn host_free(ptr: usize) -> i32 {
 #[pyfunction]
 pub fn host_alloc_functions() -> (usize, usize) {
     (hostmem::alloc_fn_addr(), hostmem::free_fn_addr())
+}
+
+/// Notes `size` bytes at `ptr` as memory registered for zero-copy calls,
+/// which its owner keeps mapped until [`note_unregistered`]: raw addresses
+/// inside it are then used without probing their pages.
+#[pyfunction]
+pub fn note_registered(py: Python<'_>, ptr: u64, size: u64) -> PyResult<()> {
+    let region = Region::new(ptr, size).map_err(|e| raise(py, e))?;
+    memory::note_registered(region);
+    Ok(())
+}
+
+/// Forgets one [`note_registered`] of the same region; whether there was one.
+#[pyfunction]
+pub fn note_unregistered(py: Python<'_>, ptr: u64, size: u64) -> PyResult<bool> {
+    let region = Region::new(ptr, size).map_err(|e| raise(py, e))?;
+    Ok(memory::note_unregistered(region))
 }
 
 /// What the storage process whose data plane is at `endpoint` serves, and

@@ -93,5 +93,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(extras::host_free, m)?)?;
     m.add_function(wrap_pyfunction!(extras::host_alloc_functions, m)?)?;
     m.add_function(wrap_pyfunction!(extras::store_about, m)?)?;
+    m.add_function(wrap_pyfunction!(extras::note_registered, m)?)?;
+    m.add_function(wrap_pyfunction!(extras::note_unregistered, m)?)?;
     Ok(())
 }

@@ -41,6 +41,7 @@ import os
 import random
 import socket
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _native, _tensor
@@ -159,6 +160,8 @@ class MooncakeDistributedStore(
         self._settings: Dict[str, Any] = {}
         self._hostname = ""
         self._registered: List[Tuple[int, int]] = []
+        # A store dropped without close() forgets its registrations too.
+        weakref.finalize(self, _buffers._forget, self._registered)
         self._lock = threading.Lock()
         self._put_sessions: Dict[str, _PutSession] = {}
         #: Keys in get sessions, with their values once kept (``_sessions``).

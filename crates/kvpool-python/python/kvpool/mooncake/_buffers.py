@@ -5,10 +5,17 @@ only inside registered regions) and the bump allocator over the memory pool
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
+from .. import _native
 from ..config import _index
 from ._codes import INVALID_PARAMS, OK
+
+
+def _forget(registered: List[Tuple[int, int]]) -> None:
+    """Ends the page-probe exemption of every region in ``registered``."""
+    while registered:
+        _native.note_unregistered(*registered.pop())
 
 
 class _BuffersMixin:
@@ -21,6 +28,9 @@ class _BuffersMixin:
         empty region or one that overlaps a registered region (Mooncake's
         rule). Ranged reads (``get_into_ranges``) write only inside
         registered regions; the other zero-copy calls take any memory.
+        Registered memory must stay mapped until it is unregistered (as
+        Mooncake requires): raw addresses inside it are used without the
+        page probe that answers an unmapped address with −800.
         ``buffer_ptr`` and ``size`` are unsigned 64-bit ints: a negative,
         float or str raises TypeError, as Mooncake's binding does."""
         ptr = _index("register_buffer() buffer_ptr", buffer_ptr)
@@ -33,6 +43,7 @@ class _BuffersMixin:
             if any(p < ptr + size and ptr < p + n for p, n in self._registered):
                 return INVALID_PARAMS
             self._registered.append((ptr, size))
+            _native.note_registered(ptr, size)
         return OK
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
@@ -42,9 +53,10 @@ class _BuffersMixin:
         if self._client is None:
             return INVALID_PARAMS
         with self._lock:
-            for i, (p, _) in enumerate(self._registered):
+            for i, (p, n) in enumerate(self._registered):
                 if p == ptr:
                     del self._registered[i]
+                    _native.note_unregistered(p, n)
                     return OK
         return INVALID_PARAMS
 

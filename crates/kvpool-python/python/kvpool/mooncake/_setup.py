@@ -14,6 +14,7 @@ from .. import _native
 from ..client import _connect
 from ..errors import KvpoolError
 from ..config import _flag
+from ._buffers import _forget
 from ._codes import _CODES, INVALID_PARAMS, NO_AVAILABLE_HANDLE, NOT_SUPPORTED, OK, logger
 
 #: Ports Mooncake picks its own from when ``local_hostname`` has none.
@@ -232,6 +233,7 @@ class _SetupMixin:
             c, self._client = self._client, None
             self._put_sessions.clear()
             self._get_sessions.clear()
+            _forget(self._registered)
         if c is not None:
             try:
                 c.close()
