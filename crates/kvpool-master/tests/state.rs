@@ -2384,6 +2384,72 @@ fn an_inventory_cannot_outbid_this_masters_versions() {
     assert!(next > g && next < u64::MAX / 2, "{next} after {g}");
 }
 
+/// An inventory big enough to be reconciled by several threads decides
+/// each object as one thread would: new keys are taken, while a key held
+/// in a newer version, a claim newer than this master's own version, a key
+/// removed meanwhile and a generation nobody issued are rejected, their
+/// regions freed.
+#[test]
+fn a_big_inventory_is_decided_object_by_object() {
+    const N: u64 = 60_000;
+    const SMALL: u64 = 128;
+    let p = Pool::new(config());
+    let (s1, w, s2) = (p.client(1), p.client(2), p.client(3));
+    p.mount(s1, 1, "a", MIB);
+    let now = p.at(0);
+    let (g7, _) = p.commit(w, "k7", OBJ, now);
+    let (g9, _) = p.commit(w, "k9", OBJ, now);
+    let (g11, _) = p.commit(w, "k11", OBJ, now);
+    p.remove("k11", true, now).unwrap();
+    let used = p.used();
+    let size = BASE + N * SMALL;
+    p.st.mount(s2, segment(2, "b", size), N, now).unwrap();
+    let claim = |i: u64| match i {
+        7 => g7 - 1,
+        9 => g9 + 1,
+        11 => g11,
+        13 => u64::MAX,
+        _ => i + 1,
+    };
+    let items: Vec<InventoryItem> = (0..N)
+        .map(|i| {
+            inventory(
+                &format!("k{i}"),
+                claim(i),
+                &region_at(BASE + i * SMALL, SMALL),
+            )
+        })
+        .collect();
+    let parts: Vec<_> = items.chunks(16_384).collect();
+    for part in &parts[..parts.len() - 1] {
+        p.st.report_objects(s2, SegmentId(2), part.to_vec(), false, now)
+            .unwrap();
+    }
+    let last = parts[parts.len() - 1].to_vec();
+    let v =
+        p.st.report_objects(s2, SegmentId(2), last, true, now)
+            .unwrap();
+    let rejected: Vec<(u64, u64)> = [7, 9, 11, 13]
+        .iter()
+        .map(|&i| (BASE + i * SMALL, claim(i)))
+        .collect();
+    assert_eq!((v.accepted, v.rejected), (N - 4, rejected));
+    for i in [0, 5, 12, N / 2, N - 1] {
+        let got = p.get(&format!("k{i}"), now).unwrap();
+        assert_eq!(
+            (got.generation, segment_ids(&got.replicas)),
+            (i + 1, vec![2])
+        );
+    }
+    for (k, g) in [("k7", g7), ("k9", g9)] {
+        let got = p.get(k, now).unwrap();
+        assert_eq!((got.generation, segment_ids(&got.replicas)), (g, vec![1]));
+    }
+    assert_eq!(code(p.get("k11", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.get("k13", now)), OBJECT_NOT_FOUND);
+    assert_eq!(p.used(), used + (N - 4) * SMALL);
+}
+
 // ------------------------------------------------------------ limits
 
 /// `config()` with the client limits `f` sets.

@@ -3,15 +3,18 @@
 //! through batched put start/end (as `PutStart`/`PutEnd` requests do) and,
 //! at each checkpoint, prints the resident memory per object and the
 //! latency of single gets and puts, so how memory and latency grow with the
-//! key count is measured up to 100M keys on one machine.
+//! key count is measured up to 100M keys on one machine. With
+//! `--recovery` it times a new leader reconciling one store's inventory
+//! instead.
 
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use hdrhistogram::Histogram;
 use kvpool_master::state::{MasterState, StateConfig};
+use kvpool_proto::limits::MAX_BATCH_KEYS;
 use kvpool_proto::msg::{
-    ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
+    ClientId, InventoryItem, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
 };
 use kvpool_proto::units::parse_size;
 
@@ -43,6 +46,11 @@ pub struct BenchMetaArgs {
     /// Single gets and single puts timed at each checkpoint.
     #[arg(long, default_value_t = 20_000)]
     pub samples: usize,
+    /// Instead of filling, time what sets a failover's length: a new
+    /// leader taking one store's inventory of `--keys` objects, in parts as
+    /// a store sends it, and reconciling it on the last part.
+    #[arg(long)]
+    pub recovery: bool,
 }
 
 /// Names of the keys a fill puts.
@@ -226,6 +234,73 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
+/// A new leader taking one store's inventory of `a.keys` objects, and
+/// what the reconcile on its last part costs.
+fn recovery(a: &BenchMetaArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.keys > 0, "--recovery needs --keys of at least 1");
+    let st = MasterState::new(StateConfig::default());
+    let client = ClientId(1);
+    let now = tokio::time::Instant::now();
+    st.register_client(client, "bench-meta", now)?;
+    let key_len = key(a.key_shape, a.key_len, 0).len();
+    let region_len = (a.value_size + 64 + key_len as u64).div_ceil(64) * 64;
+    let info = SegmentInfo {
+        id: SegmentId(1),
+        name: "seg-0".into(),
+        endpoint: "10.0.0.1:1".into(),
+        base: 4096,
+        size: a.keys * region_len,
+        path: None,
+        tier: Default::default(),
+    };
+    st.mount(client, info, a.keys, now)
+        .map_err(|e| anyhow::anyhow!("mount: {e}"))?;
+    println!(
+        "bench-meta --recovery: one store's inventory of {} keys of {} B ({:?})",
+        a.keys, key_len, a.key_shape
+    );
+    let before = rss();
+    let (mut parts, mut i) = (Duration::ZERO, 0);
+    loop {
+        let n = (a.keys - i).min(MAX_BATCH_KEYS as u64);
+        let items: Vec<InventoryItem> = (i..i + n)
+            .map(|k| InventoryItem {
+                key: key(a.key_shape, a.key_len, k),
+                generation: k + 1,
+                value_len: a.value_size,
+                offset: 4096 + k * region_len,
+                region_len,
+            })
+            .collect();
+        i += n;
+        let last = i == a.keys;
+        let t = Instant::now();
+        let v = st
+            .report_objects(client, SegmentId(1), items, last, now)
+            .map_err(|e| anyhow::anyhow!("inventory: {e}"))?;
+        if !last {
+            parts += t.elapsed();
+            continue;
+        }
+        let took = t.elapsed();
+        anyhow::ensure!(
+            v.accepted == a.keys && v.rejected.is_empty(),
+            "{} objects accepted and {} rejected of {}",
+            v.accepted,
+            v.rejected.len(),
+            a.keys
+        );
+        println!(
+            "parts before the last: {:.2} s; the last part's reconcile: {:.2} s, {:.2} µs per object; {:.1} MiB more resident",
+            parts.as_secs_f64(),
+            took.as_secs_f64(),
+            took.as_secs_f64() * 1e6 / a.keys as f64,
+            rss().saturating_sub(before) as f64 / (1 << 20) as f64
+        );
+        return Ok(());
+    }
+}
+
 /// Runs the benchmark and prints one row per checkpoint.
 pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.key_len >= 4, "--key-len must be at least 4");
@@ -243,6 +318,9 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     };
     checkpoints.retain(|&c| c < a.keys);
     checkpoints.push(a.keys);
+    if a.recovery {
+        return recovery(&a);
+    }
 
     let before = rss();
     let st = MasterState::new(StateConfig {

@@ -3,7 +3,7 @@
 //! objects it forgot, versions it superseded meanwhile).
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvpool_proto::msg::{ClientId, InventoryItem, InventoryVerdict, SegmentId};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -13,10 +13,62 @@ use crate::alloc::Region;
 use crate::refusals::Refusal;
 
 use super::segments::rebuild;
+use super::table::ObjectTable;
 use super::*;
 
 /// Replicas a reconcile names one by one in the log; the rest are counted.
 const LOST_LOGGED: usize = 100;
+
+/// Inventories from this many objects are reconciled by several threads.
+const PARALLEL_FROM: usize = 50_000;
+
+// Shard numbers are kept as u16 while the items are sorted by shard.
+const _: () = assert!(SHARDS <= 1 << 16);
+
+/// Threads one reconcile uses at most.
+const MAX_THREADS: usize = 8;
+
+/// Objects a reconcile takes under one lock of a shard, so that calls on
+/// that shard wait for no more than these.
+const PER_LOCK: usize = 256;
+
+/// What the threads of one fresh reconcile share.
+struct Run<'a> {
+    id: SegmentId,
+    no: SegNo,
+    now: Instant,
+    at: Tick,
+    /// The highest generation an item may claim.
+    bound: u64,
+    items: &'a [InventoryItem],
+    regions: &'a [Region],
+    /// Indexes of `items` by shard: shard `s`'s are `order[starts[s]..starts[s + 1]]`.
+    order: &'a [u32],
+    starts: &'a [usize],
+    /// Rejections logged so far, of [`LOST_LOGGED`].
+    logged: AtomicUsize,
+}
+
+/// What one thread of a fresh reconcile decided.
+#[derive(Default)]
+struct Part {
+    accepted: u64,
+    /// `(offset, generation)` of each rejected item, and its region.
+    rejected: Vec<((u64, u64), Region)>,
+}
+
+/// Hands the memory the allocator holds free back to the system. A big
+/// inventory's keys (about 130 B an object) are freed only once the
+/// reconcile is done, when the objects they became have taken memory of
+/// their own, so the allocator would keep them as free memory for good:
+/// 1.1 GB more resident after a reconcile of 10M objects.
+fn give_back_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory; it has no other effect.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 impl MasterState {
     /// Takes part of a remounted segment's inventory; on the last part,
@@ -151,6 +203,10 @@ impl MasterState {
     /// store back after its TTL): its objects become readable unless the map
     /// already has a newer version of the key. Every reported region is
     /// already reserved in the segment's allocator; rejected ones are freed.
+    ///
+    /// It sets how long a failover lasts (about 2 µs an object on one core,
+    /// most of it cache misses in a table bigger than the caches), so a big
+    /// inventory is split by shard over several threads.
     pub(super) fn reconcile_fresh(
         &self,
         id: SegmentId,
@@ -158,77 +214,183 @@ impl MasterState {
         regions: Vec<Region>,
         now: Instant,
     ) -> InventoryVerdict {
-        let mut v = InventoryVerdict::default();
         let Some(no) = self.numbers.read().get(id) else {
-            return v;
+            return InventoryVerdict::default();
         };
-        let at = self.tick(now);
-        let bound = self.generation_bound();
         debug_assert_eq!(items.len(), regions.len());
-        let mut logged = 0;
-        for (it, region) in items.into_iter().zip(regions) {
-            let mut shard = self.shard(&it.key).lock();
-            let objects = &mut shard.objects;
-            let first = self.first_generation.load(Ordering::Relaxed);
-            let found = objects.find(&it.key);
-            let held = found.map(|i| objects.at(i).generation);
-            let keep = match found {
-                // Never issued by anyone: forged (or a clock far off).
-                _ if it.generation > bound => Err("never issued"),
-                // Removed while its store was away.
-                _ if self.tombstoned(&it.key, it.generation) => Err("removed"),
-                Some(i) if objects.at(i).generation > it.generation => {
-                    Err("older than the version known")
+        let big = items.len() >= PARALLEL_FROM;
+        let threads = if !big {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
+        };
+        // The items in shard order (a counting sort): each thread takes
+        // whole shards, and each shard's lock once per run of its items.
+        // Hashing the keys is the first read of each one (a cache miss
+        // each), so that is split over the threads too.
+        let mut shard_of = vec![0u16; items.len()];
+        let hash = |its: &[InventoryItem], out: &mut [u16]| {
+            for (it, s) in its.iter().zip(out) {
+                *s = self.shard_of(&it.key) as u16;
+            }
+        };
+        let per = items.len().div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            let mut parts = items.chunks(per).zip(shard_of.chunks_mut(per));
+            let mine = parts.next();
+            for (its, out) in parts {
+                scope.spawn(move || hash(its, out));
+            }
+            if let Some((its, out)) = mine {
+                hash(its, out);
+            }
+        });
+        let mut starts = vec![0usize; SHARDS + 1];
+        for &s in &shard_of {
+            starts[usize::from(s) + 1] += 1;
+        }
+        for s in 0..SHARDS {
+            starts[s + 1] += starts[s];
+        }
+        let mut next = starts.clone();
+        let mut order = vec![0u32; items.len()];
+        for (i, &s) in shard_of.iter().enumerate() {
+            order[next[usize::from(s)]] = i as u32;
+            next[usize::from(s)] += 1;
+        }
+        drop((shard_of, next));
+        let run = Run {
+            id,
+            no,
+            now,
+            at: self.tick(now),
+            bound: self.generation_bound(),
+            items: &items,
+            regions: &regions,
+            order: &order,
+            starts: &starts,
+            logged: AtomicUsize::new(0),
+        };
+        let parts: Vec<Part> = std::thread::scope(|scope| {
+            let run = &run;
+            let spawned: Vec<_> = (1..threads)
+                .map(|t| {
+                    let shards = SHARDS * t / threads..SHARDS * (t + 1) / threads;
+                    scope.spawn(move || self.reconcile_shards(run, shards))
+                })
+                .collect();
+            let mut parts = vec![self.reconcile_shards(run, 0..SHARDS / threads)];
+            for h in spawned {
+                parts.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            }
+            parts
+        });
+        drop((order, starts, items, regions));
+        if big {
+            give_back_free_memory();
+        }
+        let mut v = InventoryVerdict::default();
+        let mut freed = Vec::new();
+        for p in parts {
+            v.accepted += p.accepted;
+            v.rejected.extend(p.rejected.iter().map(|(it, _)| *it));
+            freed.extend(p.rejected.into_iter().map(|(_, r)| (id, r)));
+        }
+        v.rejected.sort_unstable();
+        self.free_now(&freed, None);
+        self.open_segment(id);
+        v
+    }
+
+    /// Reconciles the items of `shards` (see [`reconcile_fresh`](Self::reconcile_fresh)).
+    fn reconcile_shards(&self, run: &Run<'_>, shards: std::ops::Range<usize>) -> Part {
+        let mut part = Part::default();
+        let mut replaced = Vec::new();
+        for s in shards {
+            let mine = &run.order[run.starts[s]..run.starts[s + 1]];
+            for (n, chunk) in mine.chunks(PER_LOCK).enumerate() {
+                let mut shard = self.shards[s].lock();
+                if n == 0 {
+                    shard.objects.reserve(mine.len());
                 }
-                // This master issued the version it holds, so it would have
-                // issued the newer one too, and committed it: forged, or a
-                // put that never committed.
-                Some(i)
-                    if objects.at(i).generation >= first
-                        && it.generation > objects.at(i).generation =>
-                {
-                    Err("newer than this master's own version: never committed")
-                }
-                Some(i) if objects.at(i).generation == it.generation => {
-                    objects.add_replica(i, no, region);
-                    Ok(())
-                }
-                _ => {
-                    let old = objects.insert(
-                        &it.key,
-                        Version {
-                            value_len: it.value_len,
-                            generation: it.generation,
-                            replicas: vec![(no, region)],
-                            lease_until: at,
-                            soft_pin_until: Tick(0),
-                            last_access: at,
-                            committed_at: at,
-                            hard_pin: None,
-                        },
-                    );
-                    drop(shard);
-                    if let Some(old) = old {
-                        self.release(&it.key, self.unpack(old), now);
+                for &i in chunk {
+                    let (it, region) = (&run.items[i as usize], run.regions[i as usize]);
+                    match self.take_item(&mut shard.objects, run, it, region) {
+                        Ok(old) => {
+                            part.accepted += 1;
+                            replaced.extend(old.map(|old| (i, old)));
+                        }
+                        Err(why) => {
+                            if run.logged.fetch_add(1, Ordering::Relaxed) < LOST_LOGGED {
+                                let held = shard.objects.get(&it.key).map(|s| s.generation);
+                                tracing::info!(segment = %run.id, key = it.key, generation = it.generation,
+                                    offset = it.offset, known = ?held, "inventory object not taken: {why}");
+                            }
+                            part.rejected.push(((it.offset, it.generation), region));
+                        }
                     }
-                    Ok(())
                 }
-            };
-            match keep {
-                Ok(()) => v.accepted += 1,
-                Err(why) => {
-                    if logged < LOST_LOGGED {
-                        logged += 1;
-                        tracing::info!(segment = %id, key = it.key, generation = it.generation, offset = it.offset,
-                            known = ?held, "inventory object not taken: {why}");
-                    }
-                    self.free_now(&[(id, region)], None);
-                    v.rejected.push((it.offset, it.generation));
+                drop(shard);
+                for (i, old) in replaced.drain(..) {
+                    self.release(&run.items[i as usize].key, self.unpack(old), run.now);
                 }
             }
         }
-        self.open_segment(id);
-        v
+        part
+    }
+
+    /// One reported object, taken into `objects` (its shard's table): the
+    /// version it replaced, if any, or why it was not taken.
+    fn take_item(
+        &self,
+        objects: &mut ObjectTable,
+        run: &Run<'_>,
+        it: &InventoryItem,
+        region: Region,
+    ) -> Result<Option<Version<SegNo>>, &'static str> {
+        let first = self.first_generation.load(Ordering::Relaxed);
+        let found = objects.find(&it.key);
+        match found {
+            // Never issued by anyone: forged (or a clock far off).
+            _ if it.generation > run.bound => Err("never issued"),
+            // Removed while its store was away.
+            _ if self.tombstoned(&it.key, it.generation) => Err("removed"),
+            Some(i) if objects.at(i).generation > it.generation => {
+                Err("older than the version known")
+            }
+            // This master issued the version it holds, so it would have
+            // issued the newer one too, and committed it: forged, or a put
+            // that never committed.
+            Some(i)
+                if objects.at(i).generation >= first
+                    && it.generation > objects.at(i).generation =>
+            {
+                Err("newer than this master's own version: never committed")
+            }
+            Some(i) if objects.at(i).generation == it.generation => {
+                objects.add_replica(i, run.no, region);
+                Ok(None)
+            }
+            found => {
+                let v = Version {
+                    value_len: it.value_len,
+                    generation: it.generation,
+                    replicas: vec![(run.no, region)],
+                    lease_until: run.at,
+                    soft_pin_until: Tick(0),
+                    last_access: run.at,
+                    committed_at: run.at,
+                    hard_pin: None,
+                };
+                Ok(match found {
+                    Some(_) => objects.insert(&it.key, v),
+                    None => {
+                        objects.insert_new(&it.key, v);
+                        None
+                    }
+                })
+            }
+        }
     }
 
     /// A segment this master still has, remounted by a restarted store: the

@@ -392,10 +392,15 @@ impl MasterState {
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
+        &self.shards[self.shard_of(key)]
+    }
+
+    /// The index of `key`'s shard.
+    fn shard_of(&self, key: &str) -> usize {
         // Its own seed: the shard tables hash with others, so the keys of
         // one shard do not all share the low bits their table indexes by.
         let h = self.shard_hasher.hash_one(key);
-        &self.shards[(h as usize) % SHARDS]
+        (h as usize) % SHARDS
     }
 
     /// The cluster as seen now.

@@ -387,6 +387,14 @@ impl ObjectTable {
             self.tell(Kind::Stored, i, v.replicas[0].0);
             return Some(old);
         }
+        self.insert_new(key, v);
+        None
+    }
+
+    /// Inserts `key`, which the table does not hold (the caller just
+    /// looked): one hash lookup fewer than [`insert`](Self::insert).
+    pub(super) fn insert_new(&mut self, key: &str, v: Version<SegNo>) {
+        debug_assert!(self.find(key).is_none());
         self.ledger.tenant_charge(key, v.value_len);
         let (key_at, key_len) = self.store_key(key.as_bytes());
         let i = match self.vacant {
@@ -411,7 +419,13 @@ impl ObjectTable {
         self.index
             .insert_unique(spread(h), i, |&j| spread(at(slots, j).hash));
         self.tell(Kind::Stored, i, v.replicas[0].0);
-        None
+    }
+
+    /// Room for `more` objects beyond those held, so that a bulk insert
+    /// (a reconcile) does not rehash the index as it grows.
+    pub(super) fn reserve(&mut self, more: usize) {
+        let slots = &self.slots;
+        self.index.reserve(more, |&j| spread(at(slots, j).hash));
     }
 
     /// Takes `key`'s object out.
