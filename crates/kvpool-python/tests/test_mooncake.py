@@ -348,6 +348,7 @@ def test_register_and_unregister(store):
     p = buf.ctypes.data
     assert store.register_buffer(p, 64) == 0
     assert store.register_buffer(0, 64) == INVALID_PARAMS
+    assert store.register_buffer((1 << 64) - 4096, 8192) == INVALID_PARAMS  # wraps around
     assert store.unregister_buffer(p) == 0
     assert store.unregister_buffer(p) == INVALID_PARAMS
 

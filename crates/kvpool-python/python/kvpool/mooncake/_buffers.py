@@ -9,6 +9,7 @@ from typing import List, Optional, Tuple
 
 from .. import _native
 from ..config import _index
+from ..errors import KvpoolError
 from ._codes import INVALID_PARAMS, OK
 
 
@@ -42,8 +43,11 @@ class _BuffersMixin:
         with self._lock:
             if any(p < ptr + size and ptr < p + n for p, n in self._registered):
                 return INVALID_PARAMS
+            try:
+                _native.note_registered(ptr, size)
+            except KvpoolError:  # wraps around the address space
+                return INVALID_PARAMS
             self._registered.append((ptr, size))
-            _native.note_registered(ptr, size)
         return OK
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
