@@ -35,6 +35,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, Tensor
 from lmcache.v1.mp_observability.event import EventType  # noqa: E402
 
 import kvpool  # noqa: E402
+from kvpool import _native  # noqa: E402
 from kvpool.lmcache import KvpoolL2Adapter, KvpoolL2AdapterConfig  # noqa: E402
 
 MODEL = "org/test-model"
@@ -195,6 +196,43 @@ def test_partial_hits_give_per_key_bitmaps(master: str, ours: str) -> None:
         assert not small.tensor.any()
     finally:
         a.close()
+
+
+def test_the_l1_arena_is_registered_for_the_adapters_life(master: str, ours: str) -> None:
+    """Objects in LMCache's L1 arena move without a page probe while the
+    adapter lives (the arena is registered with it, as with Mooncake's
+    adapter), and round-trip; closing the adapter ends the registration."""
+    from lmcache.v1.distributed.internal_api import L1MemoryDesc
+
+    arena = torch.zeros(4 * OBJ, dtype=torch.float32)
+    desc = L1MemoryDesc(ptr=arena.data_ptr(), size=arena.numel() * 4, align_bytes=4096)
+
+    def noted() -> bool:
+        if _native.note_unregistered(desc.ptr, desc.size):
+            _native.note_registered(desc.ptr, desc.size)
+            return True
+        return False
+
+    def slot(i: int) -> TensorMemoryObj:
+        t = arena[i * OBJ:(i + 1) * OBJ]
+        meta = MemoryObjMetadata(shape=torch.Size([OBJ]), dtype=torch.float32, address=t.data_ptr(),
+                                 phy_size=OBJ_BYTES, fmt=MemoryFormat.KV_2LTD, ref_count=1)
+        return TensorMemoryObj(t, meta, parent_allocator=None)
+
+    cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[spec(master, key_prefix=ours)]))
+    a = create_l2_adapter(cfg.adapters[0], l1_memory_desc=desc)
+    try:
+        assert noted()
+        arena[:2 * OBJ] = torch.arange(2 * OBJ, dtype=torch.float32)
+        ks = keys("l1", 2)
+        assert store(a, ks, [slot(0), slot(1)]).is_successful()
+        assert lookup(a, ks) == [True, True]
+        assert load(a, ks, [slot(2), slot(3)]) == [True, True]
+        a.submit_unlock(ks)
+        assert torch.equal(arena[2 * OBJ:], arena[:2 * OBJ])
+    finally:
+        a.close()
+    assert not noted()
 
 
 def test_store_tasks_in_flight_together_all_complete(master: str, ours: str) -> None:

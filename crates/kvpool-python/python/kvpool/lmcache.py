@@ -23,7 +23,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lmcache.lmcache_native import Bitmap  # type: ignore[import-untyped]
 from lmcache.v1.distributed.api import KeyEntry, KeyListPage, ObjectKey  # type: ignore[import-untyped]
@@ -37,7 +37,7 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase  # typ
 
 from . import _native
 from .client import Client
-from .errors import NotFound
+from .errors import KvpoolError, NotFound
 
 __all__ = ["KvpoolL2Adapter", "KvpoolL2AdapterConfig"]
 
@@ -144,8 +144,6 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     config_class_name = "KvpoolL2AdapterConfig"
 
     def __init__(self, config: Any = None, l1_memory_desc: Any = None) -> None:
-        # l1_memory_desc (LMCache's L1 arena) is not needed: kvpool reads
-        # and writes any host address without registering it first.
         if not isinstance(config, KvpoolL2AdapterConfig):
             config = KvpoolL2AdapterConfig.from_dict(dict(config or {}))
         # No aggregate capacity, so supports_global_eviction is False: the
@@ -159,6 +157,20 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         # The native client answers per-key codes for batches instead of
         # raising BatchError, which is what bitmaps need.
         self._native: _native.Client = self._client._native
+        # kvpool reads and writes any host address, but an address it was
+        # not told about is first checked page by page (so that unmapped
+        # memory fails the task instead of the process). LMCache's L1 arena
+        # is registered with an L2 adapter for the adapter's life, as
+        # Mooncake's adapter registers it: the memory objects inside it are
+        # used as given.
+        self._l1: Optional[Tuple[int, int]] = None
+        ptr, size = (int(getattr(l1_memory_desc, a, 0) or 0) for a in ("ptr", "size"))
+        if ptr > 0 and size > 0:
+            try:
+                _native.note_registered(ptr, size)
+                self._l1 = (ptr, size)
+            except KvpoolError:
+                logger.warning("LMCache's L1 arena at %#x of %d bytes is not a valid region; probing its pages", ptr, size)
         # LMCache waits on these with poll() and drains them with a
         # non-blocking read: one counter per kind of task.
         flags = os.EFD_NONBLOCK | os.EFD_CLOEXEC
@@ -365,6 +377,9 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._client.close()
         for fd in (self._store_efd, self._lookup_efd, self._load_efd):
             os.close(fd)
+        if self._l1 is not None:
+            _native.note_unregistered(*self._l1)
+            self._l1 = None
 
     # ------------------------------------------------------------ helpers
 
