@@ -282,17 +282,27 @@ impl MasterLink {
         id: RequestId,
         req: &'a R,
     ) -> impl Future<Output = KvResult<R::Response>> + 'a {
-        // Not an async fn: one layer less in the futures that nest it.
-        let call = with_retries(&self.policy, move || self.attempt(req, false));
-        request_id::within(id, call)
+        self.call_under(&self.policy, id, req)
     }
 
     /// [`Self::call`] under `policy` instead of the link's own: for a call
     /// the master may take long to answer, which sent again after a
     /// timeout would only queue behind the first.
     pub async fn call_with<R: Rpc>(&self, policy: &CallPolicy, req: &R) -> KvResult<R::Response> {
+        self.call_under(policy, request_id::current_or_fresh(), req)
+            .await
+    }
+
+    /// A call with `policy`'s timeout and retries, as part of the call `id`.
+    fn call_under<'a, R: Rpc>(
+        &'a self,
+        policy: &'a CallPolicy,
+        id: RequestId,
+        req: &'a R,
+    ) -> impl Future<Output = KvResult<R::Response>> + 'a {
+        // Not an async fn: one layer less in the futures that nest it.
         let call = with_retries(policy, move || self.attempt(req, false));
-        request_id::within(request_id::current_or_fresh(), call).await
+        request_id::within(id, call)
     }
 
     /// A typed call with one attempt bounded by the policy timeout.

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::alloc::Region;
 use crate::refusals::Refusal;
 
-use super::segments::rebuild;
+use super::segments::{rebuild, Recovery};
 use super::table::ObjectTable;
 use super::*;
 
@@ -97,14 +97,15 @@ impl MasterState {
                     format!("segment {id} belongs to another client"),
                 ));
             }
-            if s.reconciling {
-                return Err(super::segments::reconciling(id));
-            }
-            let Some(inv) = s.recovering.as_mut() else {
-                return Err(KvError::new(
-                    Code::InvalidParams,
-                    format!("segment {id} announced no inventory"),
-                ));
+            let inv = match s.recovering.as_mut() {
+                Some(Recovery::Reporting(inv)) => inv,
+                Some(Recovery::Reconciling) => return Err(super::segments::reconciling(id)),
+                None => {
+                    return Err(KvError::new(
+                        Code::InvalidParams,
+                        format!("segment {id} announced no inventory"),
+                    ))
+                }
             };
             let reported = (inv.len() + items.len()) as u64;
             if reported > s.announced.saturating_mul(2) {
@@ -124,10 +125,10 @@ impl MasterState {
             if !last {
                 return Ok(InventoryVerdict::default());
             }
-            // Still `recovering` (empty) until reconciled: it takes no new
-            // objects while the rest runs without the segment lock.
+            // Still recovering until reconciled: it takes no new objects
+            // while the rest runs without the segment lock.
             let all = std::mem::take(inv);
-            s.reconciling = true;
+            s.recovering = Some(Recovery::Reconciling);
             // A segment that holds no live region yet was new to this master.
             let fresh = s.alloc.lock().live_regions() == 0;
             (all, fresh, s.info.clone(), std::mem::take(&mut s.wanted))

@@ -20,14 +20,22 @@ use crate::refusals::Refusal;
 use super::*;
 
 /// A mounted segment: who lends it, its allocator, and its state.
+/// Where a remounted segment's inventory stands.
+pub(super) enum Recovery {
+    /// Parts reported so far; more to come.
+    Reporting(Vec<InventoryItem>),
+    /// Every part arrived and the whole is being reconciled (see
+    /// `report_objects`): a mount or a part sent again meanwhile is refused.
+    Reconciling,
+}
+
 pub(super) struct SegmentSlot {
     pub(super) info: SegmentInfo,
     pub(super) owner: ClientId,
     pub(super) alloc: Mutex<OffsetAllocator>,
-    /// Waiting for the rest of its inventory: takes no new objects yet.
-    pub(super) recovering: Option<Vec<InventoryItem>>,
-    /// Its whole inventory is being reconciled (see `report_objects`).
-    pub(super) reconciling: bool,
+    /// Its inventory, while it is reported and reconciled: takes no new
+    /// objects until both are done.
+    pub(super) recovering: Option<Recovery>,
     /// Objects its inventory announced: the parts reported may not hold
     /// many more (a part sent again after a lost answer counts twice).
     pub(super) announced: u64,
@@ -148,7 +156,7 @@ impl MasterState {
                 ),
             ));
         }
-        let recovering = (objects > 0).then(Vec::new);
+        let recovering = (objects > 0).then(|| Recovery::Reporting(Vec::new()));
         let segs = self.segments.read();
         let max = self.cfg.limits.max_segments_per_client;
         if segs.get(&info.id).is_none_or(|s| s.owner != client)
@@ -189,7 +197,7 @@ impl MasterState {
                     format!("segment {} is mounted with another size", info.id),
                 ));
             }
-            if s.reconciling {
+            if matches!(s.recovering, Some(Recovery::Reconciling)) {
                 return Err(reconciling(info.id));
             }
             // Grants from now on name the new fence; the old ones' writes are
@@ -241,7 +249,6 @@ impl MasterState {
                 info,
                 owner: client,
                 recovering,
-                reconciling: false,
                 announced: objects,
                 draining: false,
                 io: None,
@@ -258,7 +265,6 @@ impl MasterState {
     pub(super) fn open_segment(&self, id: SegmentId) {
         if let Some(s) = self.segments.write().get_mut(&id) {
             s.recovering = None;
-            s.reconciling = false;
         }
         self.arrived(id);
     }
