@@ -21,7 +21,7 @@ use kvpool_proto::units::{parse_duration, parse_size};
 use kvpool_proto::Code;
 use parking_lot::Mutex;
 
-use crate::bench_meta::{key, KeyShape};
+use crate::bench_meta::{key, us, KeyShape};
 
 /// Flags of `kvpool bench-groups`.
 #[derive(Args, Debug, Clone)]
@@ -58,6 +58,7 @@ pub struct BenchGroupsArgs {
     pub security: crate::cli::SecurityArgs,
 }
 
+/// The bytes the fill stores under key number `i`.
 fn fill_value(i: u64, len: usize) -> Vec<u8> {
     (0..len).map(|b| (i as usize + b) as u8).collect()
 }
@@ -148,10 +149,6 @@ impl Seen {
         let since = at - std::mem::replace(&mut self.last_ack[group], at);
         self.longest_gap[group] = self.longest_gap[group].max(since);
     }
-}
-
-fn us(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64 / 1000.0
 }
 
 /// Runs the benchmark; false if the check found a violation.

@@ -14,7 +14,8 @@ use hdrhistogram::Histogram;
 use kvpool_master::state::{MasterState, StateConfig};
 use kvpool_proto::limits::MAX_BATCH_KEYS;
 use kvpool_proto::msg::{
-    ClientId, InventoryItem, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo,
+    ClientId, InventoryItem, InventoryVerdict, PutEndItem, PutGrant, PutItem, ReplicateConfig,
+    SegmentId, SegmentInfo,
 };
 use kvpool_proto::units::parse_size;
 
@@ -230,7 +231,8 @@ impl Filler {
     }
 }
 
-fn us(h: &Histogram<u64>, q: f64) -> f64 {
+/// Quantile `q` of a histogram of nanoseconds, in microseconds.
+pub(crate) fn us(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
@@ -260,8 +262,11 @@ fn recovery(a: &BenchMetaArgs) -> anyhow::Result<()> {
         a.keys, key_len, a.key_shape
     );
     let before = rss();
-    let (mut parts, mut i) = (Duration::ZERO, 0);
-    loop {
+    // Every part but the last only queues its items; the last reconciles.
+    let (mut parts, mut took) = (Duration::ZERO, Duration::ZERO);
+    let mut v = InventoryVerdict::default();
+    let mut i = 0;
+    while i < a.keys {
         let n = (a.keys - i).min(MAX_BATCH_KEYS as u64);
         let items: Vec<InventoryItem> = (i..i + n)
             .map(|k| InventoryItem {
@@ -275,36 +280,35 @@ fn recovery(a: &BenchMetaArgs) -> anyhow::Result<()> {
         i += n;
         let last = i == a.keys;
         let t = Instant::now();
-        let v = st
+        v = st
             .report_objects(client, SegmentId(1), items, last, now)
             .map_err(|e| anyhow::anyhow!("inventory: {e}"))?;
-        if !last {
-            parts += t.elapsed();
-            continue;
-        }
-        let took = t.elapsed();
-        anyhow::ensure!(
-            v.accepted == a.keys && v.rejected.is_empty(),
-            "{} objects accepted and {} rejected of {}",
-            v.accepted,
-            v.rejected.len(),
-            a.keys
-        );
-        println!(
-            "parts before the last: {:.2} s; the last part's reconcile: {:.2} s, {:.2} µs per object; {:.1} MiB more resident",
-            parts.as_secs_f64(),
-            took.as_secs_f64(),
-            took.as_secs_f64() * 1e6 / a.keys as f64,
-            rss().saturating_sub(before) as f64 / (1 << 20) as f64
-        );
-        return Ok(());
+        *(if last { &mut took } else { &mut parts }) += t.elapsed();
     }
+    anyhow::ensure!(
+        v.accepted == a.keys && v.rejected.is_empty(),
+        "{} objects accepted and {} rejected of {}",
+        v.accepted,
+        v.rejected.len(),
+        a.keys
+    );
+    println!(
+        "parts before the last: {:.2} s; the last part's reconcile: {:.2} s, {:.2} µs per object; {:.1} MiB more resident",
+        parts.as_secs_f64(),
+        took.as_secs_f64(),
+        took.as_secs_f64() * 1e6 / a.keys as f64,
+        rss().saturating_sub(before) as f64 / (1 << 20) as f64
+    );
+    Ok(())
 }
 
 /// Runs the benchmark and prints one row per checkpoint.
 pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.key_len >= 4, "--key-len must be at least 4");
     anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
+    if a.recovery {
+        return recovery(&a);
+    }
     let mut checkpoints = if a.checkpoints.is_empty() {
         let mut v = vec![10_000];
         let mut p = 100_000;
@@ -318,9 +322,6 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     };
     checkpoints.retain(|&c| c < a.keys);
     checkpoints.push(a.keys);
-    if a.recovery {
-        return recovery(&a);
-    }
 
     let before = rss();
     let st = MasterState::new(StateConfig {
