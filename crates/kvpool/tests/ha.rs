@@ -470,18 +470,9 @@ async fn a_pool_split_over_two_groups_keeps_each_groups_guarantees() {
     let client = GroupedClient::connect(&pool, ClientConfig::new(""))
         .await
         .unwrap_or_else(|e| panic!("grouped client on {pool}: {e}"));
-    let rc = ReplicateConfig::default();
     let keys: Vec<String> = (0..600).map(|i| format!("split-{i}")).collect();
     let values: Vec<Vec<u8>> = keys.iter().map(|k| value_for(k, 4096)).collect();
-    let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
-    let items: Vec<(&str, &[&[u8]])> = keys
-        .iter()
-        .zip(&parts)
-        .map(|(k, p)| (k.as_str(), &p[..]))
-        .collect();
-    for (k, r) in keys.iter().zip(client.batch_put(&items, &rc, false).await) {
-        r.unwrap_or_else(|e| panic!("put of {k}: {e}"));
-    }
+    put_every(&client, &keys, &values, false, "put").await;
     // Each group holds exactly the keys its slots name, and no other.
     for g in 0..2 {
         let mine: Vec<&str> = keys
@@ -523,15 +514,7 @@ async fn a_pool_split_over_two_groups_keeps_each_groups_guarantees() {
         .iter()
         .map(|k| value_for(&format!("{k}-2"), 4096))
         .collect();
-    let parts: Vec<[&[u8]; 1]> = newer.iter().map(|v| [v.as_slice()]).collect();
-    let items: Vec<(&str, &[&[u8]])> = keys
-        .iter()
-        .zip(&parts)
-        .map(|(k, p)| (k.as_str(), &p[..]))
-        .collect();
-    for (k, r) in keys.iter().zip(client.batch_put(&items, &rc, true).await) {
-        r.unwrap_or_else(|e| panic!("upsert of {k} across the failover: {e}"));
-    }
+    put_every(&client, &keys, &newer, true, "upsert across the failover").await;
     let got = client.batch_get(&refs).await;
     for ((k, v), r) in keys.iter().zip(&newer).zip(got) {
         assert_eq!(
@@ -541,4 +524,25 @@ async fn a_pool_split_over_two_groups_keeps_each_groups_guarantees() {
         );
     }
     client.close().await;
+}
+
+/// One batch put of `values` under `keys` through the grouped `client`,
+/// every key acknowledged (`what` names the call in a failure).
+async fn put_every(
+    client: &kvpool_client::groups::GroupedClient,
+    keys: &[String],
+    values: &[Vec<u8>],
+    upsert: bool,
+    what: &str,
+) {
+    let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
+    let items: Vec<(&str, &[&[u8]])> = keys
+        .iter()
+        .zip(&parts)
+        .map(|(k, p)| (k.as_str(), &p[..]))
+        .collect();
+    let rc = ReplicateConfig::default();
+    for (k, r) in keys.iter().zip(client.batch_put(&items, &rc, upsert).await) {
+        r.unwrap_or_else(|e| panic!("{what} of {k}: {e}"));
+    }
 }
