@@ -171,7 +171,7 @@ impl FramedConn {
         let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
         let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
         let (r, w) = stream.into_split();
-        FramedConn::from_halves(Box::new(r), Box::new(w), peer, limits)
+        FramedConn::from_halves(Box::new(Eager(r)), Box::new(w), peer, limits)
     }
 
     /// The client's side of the handshake on a fresh connection to `addr`.
@@ -276,7 +276,7 @@ impl FramedConn {
         tune_socket(&stream);
         let (r, w) = stream.into_split();
         Ok(FramedConn::from_halves(
-            Box::new(r),
+            Box::new(Eager(r)),
             Box::new(w),
             peer,
             limits,
@@ -827,9 +827,12 @@ fn tune_socket(stream: &TcpStream) {
     let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
 }
 
+mod eager;
 mod handshake;
 mod pool;
 
+pub use eager::read_eagerly;
+use eager::Eager;
 pub use handshake::{accept, accept_unix};
 use handshake::{refuse_plaintext, refused_auth};
 pub use pool::ConnPool;
