@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import time
 import uuid
 
 import pytest
 
-from conftest import require_sglang
+from conftest import new_cluster, require_sglang
 
 torch = require_sglang()
 
@@ -341,3 +342,44 @@ def test_pages_on_the_disk_tier_round_trip(disk_cluster):
         dst_idx = pages(8, 4)
         assert reader.batch_get_v1(keys[r * 4:(r + 1) * 4], dst_idx) == [True] * 4
         assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+
+
+def test_a_silent_master_costs_hicache_a_miss_not_a_wait():
+    """While the master does not answer, HiCache's lookups miss and its reads
+    and writes fail at once; once it answers again, the pages are there.
+    Without the check each call waits out the client's retries (about 10 s)
+    on HiCache's prefetch and backup threads."""
+    pool = new_cluster(store_size="64MiB")
+    try:
+        src_pool, dst_pool = mha_pool(), mha_pool()
+        torch.manual_seed(17)
+        src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+        writer, reader = pair(pool.master, src_pool, dst_pool, mla=False)
+        keys = page_keys(4)
+        src_idx, dst_idx = pages(1, 4), pages(8, 4)
+        assert writer.batch_set_v1(keys, src_idx) == [True] * 4
+
+        pool.master_proc.send_signal(signal.SIGSTOP)
+        stores = [getattr(b, "_backend", b) for b in (writer, reader)]
+        deadline = time.monotonic() + 10
+        while any(s.reachable() for s in stores):
+            assert time.monotonic() < deadline, "the backends did not notice the paused master"
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert reader.batch_exists(keys) == 0
+        assert reader.batch_get_v1(keys, dst_idx) == [False] * 4
+        assert writer.batch_set_v1(page_keys(2), pages(1, 2)) == [False] * 2
+        # Three calls, each of which would wait about 10 s without the check.
+        assert time.monotonic() - started < 5
+
+        pool.master_proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while not all(s.reachable() for s in stores):
+            assert time.monotonic() < deadline, "the backends did not hear from the master again"
+            time.sleep(0.05)
+        assert reader.batch_exists(keys) == 4
+        assert reader.batch_get_v1(keys, dst_idx) == [True] * 4
+        assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+    finally:
+        pool.master_proc.send_signal(signal.SIGCONT)
+        pool.stop()

@@ -36,7 +36,6 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import (  # type: ignore[import-untyped]
     HiCacheStorageConfig,
     PoolTransfer,
-    PoolTransferResult,
 )
 from sglang.srt.mem_cache.hybrid_cache.linker_pool_assembler import (  # type: ignore[import-untyped]
     resolve_hybrid_device_pool_group,
@@ -52,6 +51,7 @@ from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import (  # type
 )
 
 from .config import ReplicateConfig
+from .errors import Unavailable
 from .mooncake import MooncakeDistributedStore, MooncakeHostMemAllocator
 
 __all__ = ["KvpoolStore", "KvpoolHostTensorAllocator", "KvpoolLinker"]
@@ -89,13 +89,29 @@ class _StandalonePool:
         return self._hybrid
 
 
+#: Seconds without an answer to the client's heartbeats (a master asks for
+#: one a second at most) after which the pool is taken as unreachable.
+SILENCE = 3.0
+
+#: What a read or write of an unreachable pool answers per key.
+RPC_FAIL = Unavailable.code
+
+
 class KvpoolStore(MooncakeStore):  # type: ignore[misc]
     """SGLang's Mooncake HiCache backend, storing into kvpool.
 
     With ``standalone_storage`` (and ``client_server_address`` naming a
     ``kvpool store`` data address) the engine attaches to that long-lived
     storage process through ``setup_dummy`` and lends no memory itself, so
-    an engine restart keeps the cache the store holds."""
+    an engine restart keeps the cache the store holds.
+
+    While the master does not answer (see :data:`SILENCE`), lookups find
+    nothing and reads and writes fail at once. An unreachable cache must
+    cost a miss, not a wait: every call to a master that does not answer
+    waits out the client's retries (about 10 s), on HiCache's prefetch and
+    backup threads, or on the scheduler's thread for a linker's lookup."""
+
+    _was_reachable = True
 
     def __init__(self, storage_config: Any = None, kwargs: Optional[Any] = None) -> None:
         # SGLang builds dynamic backends as cls(storage_config, kwargs); the
@@ -119,6 +135,35 @@ class KvpoolStore(MooncakeStore):  # type: ignore[misc]
     def _import_mooncake_store(self) -> type:
         return MooncakeDistributedStore
 
+    def reachable(self) -> bool:
+        """Whether the master answered the client's heartbeats lately."""
+        client = self.store._client
+        now = client is not None and client.master_silent_for() < SILENCE
+        if now != self._was_reachable:
+            if now:
+                logger.info("kvpool answers again: lookups, reads and writes go to the pool")
+            else:
+                logger.warning("kvpool does not answer: lookups miss and reads and writes fail at once")
+            self._was_reachable = now
+        return now
+
+    # Every lookup, read and write of SGLang's Mooncake backend (v1 and v2
+    # calls, the linker's too) goes through these three.
+    def _batch_exist(self, key_strs: List[str]) -> List[int]:
+        if not self.reachable():
+            return [0] * len(key_strs)
+        return super()._batch_exist(key_strs)
+
+    def _get_batch_zero_copy_impl(self, key_strs: List[str], *args: Any, **kwargs: Any) -> List[int]:
+        if not self.reachable():
+            return [RPC_FAIL] * len(key_strs)
+        return super()._get_batch_zero_copy_impl(key_strs, *args, **kwargs)
+
+    def _put_batch_zero_copy_impl(self, key_strs: List[str], *args: Any, **kwargs: Any) -> List[int]:
+        if not self.reachable():
+            return [RPC_FAIL] * len(key_strs)
+        return super()._put_batch_zero_copy_impl(key_strs, *args, **kwargs)
+
     def _import_mooncake_group_semantics(self) -> Any:
         # Groups are a hint kvpool does not use: SGLang keeps its plain batch path.
         return ReplicateConfig, False
@@ -136,8 +181,7 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
     per-layer calls would move every object once per layer.
 
     While the master does not answer (see :data:`SILENCE`), lookups find
-    nothing and loads and offloads fail at once, instead of each waiting
-    out the client's retries on the scheduler's or a transfer's thread."""
+    nothing and loads and offloads fail at once (see :class:`KvpoolStore`)."""
 
     def __init__(
         self,
@@ -148,7 +192,7 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
         extra_config: Optional[Dict[str, Any]] = None,
         forward_stream: Any = None,
     ) -> None:
-        storage = _LinkerStore(_linker_storage_config(params, components, extra_config))
+        storage = KvpoolStore(_linker_storage_config(params, components, extra_config))
         super().__init__(
             server_args,
             params,
@@ -171,52 +215,6 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
         for layer in range(self.num_layers):
             self.layer_done_counter.complete(counter_index, layer)
 
-
-#: Seconds without an answer to the client's heartbeats (a master asks for
-#: one a second at most) after which a linker takes the pool as unreachable.
-SILENCE = 3.0
-
-
-class _LinkerStore(KvpoolStore):
-    """The linker's storage: while the master does not answer, lookups find
-    nothing and loads and offloads fail at once. An unreachable cache must
-    cost a miss, not a wait: the scheduler looks pages up on its own thread,
-    and every call to a master that does not answer waits out the client's
-    retries (about 10 s)."""
-
-    _was_reachable = True
-
-    def reachable(self) -> bool:
-        """Whether the master answered the client's heartbeats lately."""
-        client = self.store._client
-        now = client is not None and client.master_silent_for() < SILENCE
-        if now != self._was_reachable:
-            if now:
-                logger.info("kvpool answers again: the linker looks pages up and moves them")
-            else:
-                logger.warning("kvpool does not answer: the linker's lookups miss and its transfers fail at once")
-            self._was_reachable = now
-        return now
-
-    def batch_exists_v2(self, keys: List[str], pool_transfers: Any = None, extra_info: Any = None) -> Any:
-        if not self.reachable():
-            return PoolTransferResult.empty()
-        return super().batch_exists_v2(keys, pool_transfers, extra_info)
-
-    def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> Dict[Any, List[bool]]:
-        if not self.reachable():
-            return _all_failed(transfers)
-        return super().batch_get_v2(transfers, extra_info)
-
-    def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None) -> Dict[Any, List[bool]]:
-        if not self.reachable():
-            return _all_failed(transfers)
-        return super().batch_set_v2(transfers, extra_info)
-
-
-def _all_failed(transfers: List[PoolTransfer]) -> Dict[Any, List[bool]]:
-    """Every page of every pool failed, in the form the v2 transfers answer."""
-    return {t.name: [False] * len(t.keys) for t in transfers}
 
 
 def _linker_storage_config(params: Any, components: Any, extra_config: Optional[Dict[str, Any]]) -> Any:
