@@ -14,6 +14,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -446,6 +447,44 @@ def test_dead_pool_answers_misses_and_failures(pool: Cluster, prefix: str) -> No
         a.close()
     with pytest.raises(kvpool.KvpoolError):
         make_adapter(pool.master, timeout=1, retries=0)
+
+
+def test_a_paused_master_costs_misses_at_once_and_hits_after(pool: Cluster, prefix: str) -> None:
+    """With the client's default retries (about 10 s a call), tasks against a
+    master that does not answer fail at once once it has been silent for
+    3 s, and the keys are found and loaded again once it answers."""
+    a = make_adapter(pool.master, key_prefix=prefix)
+    try:
+        ks = keys("paused", 3)
+        stored = [obj(1.0), obj(2.0), obj(3.0)]
+        assert store(a, ks, stored).is_successful()
+        a.submit_unlock(ks)
+        pool.master_proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while a._reach.check(a._native):
+            assert time.monotonic() < deadline, "the adapter did not notice the paused master"
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert lookup(a, ks) == [False] * 3
+        dst = [obj(0.0) for _ in range(3)]
+        assert load(a, ks, dst) == [False] * 3
+        assert not store(a, keys("paused-new", 1), [obj(4.0)]).is_successful()
+        # Three tasks, each of which would wait out the retries without the check.
+        assert time.monotonic() - started < 5
+        assert a.report_status()["last_error"]
+
+        pool.master_proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while not a._reach.check(a._native):
+            assert time.monotonic() < deadline, "the adapter did not hear from the master again"
+            time.sleep(0.05)
+        assert lookup(a, ks) == [True] * 3
+        assert load(a, ks, dst) == [True] * 3
+        assert all(torch.equal(d.tensor, s.tensor) for d, s in zip(dst, stored))
+        a.submit_unlock(ks)
+    finally:
+        pool.master_proc.send_signal(signal.SIGCONT)
+        a.close()
 
 
 def test_config_rejects_unknown_params() -> None:

@@ -36,6 +36,7 @@ from lmcache.v1.distributed.l2_adapters.base import (  # type: ignore[import-unt
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase  # type: ignore[import-untyped]
 
 from . import _native
+from ._reach import Reachability
 from .client import Client
 from .errors import KvpoolError, NotFound
 
@@ -157,6 +158,7 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         # The native client answers per-key codes for batches instead of
         # raising BatchError, which is what bitmaps need.
         self._native: _native.Client = self._client._native
+        self._reach = Reachability(logger)
         # kvpool reads and writes any host address, but an address it was
         # not told about is first checked page by page (so that unmapped
         # memory fails the task instead of the process). LMCache's L1 arena
@@ -424,7 +426,14 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
 
         def task() -> None:
             try:
-                result = run()
+                # A pool whose master does not answer costs a miss or a
+                # failed store at once, not the client's retries.
+                if self._reach.check(self._native):
+                    result = run()
+                else:
+                    with self._lock:
+                        self._last_error = "the pool's master does not answer"
+                    result = failed()
             except Exception as e:  # noqa: BLE001 - a failed task is reported, not raised
                 self._failed(f"task {task_id}: {e}")
                 result = failed()

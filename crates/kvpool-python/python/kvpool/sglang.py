@@ -50,6 +50,7 @@ from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import (  # type
     MooncakeStore,
 )
 
+from ._reach import Reachability
 from .config import ReplicateConfig
 from .errors import Unavailable
 from .mooncake import MooncakeDistributedStore, MooncakeHostMemAllocator
@@ -89,10 +90,6 @@ class _StandalonePool:
         return self._hybrid
 
 
-#: Seconds without an answer to the client's heartbeats (a master asks for
-#: one a second at most) after which the pool is taken as unreachable.
-SILENCE = 3.0
-
 #: What a read or write of an unreachable pool answers per key.
 RPC_FAIL = Unavailable.code
 
@@ -105,18 +102,16 @@ class KvpoolStore(MooncakeStore):  # type: ignore[misc]
     storage process through ``setup_dummy`` and lends no memory itself, so
     an engine restart keeps the cache the store holds.
 
-    While the master does not answer (see :data:`SILENCE`), lookups find
-    nothing and reads and writes fail at once. An unreachable cache must
-    cost a miss, not a wait: every call to a master that does not answer
-    waits out the client's retries (about 10 s), on HiCache's prefetch and
-    backup threads, or on the scheduler's thread for a linker's lookup."""
-
-    _was_reachable = True
+    While the master does not answer (see :mod:`kvpool._reach`), lookups
+    find nothing and reads and writes fail at once, instead of waiting out
+    the client's retries on HiCache's prefetch and backup threads, or on
+    the scheduler's thread for a linker's lookup."""
 
     def __init__(self, storage_config: Any = None, kwargs: Optional[Any] = None) -> None:
         # SGLang builds dynamic backends as cls(storage_config, kwargs); the
         # host pool arrives later through register_mem_pool_host(). When
         # constructed like the built-in backend, the second argument is the pool.
+        self._reach = Reachability(logger)
         mem_pool = kwargs.get("mem_pool_host") if isinstance(kwargs, dict) else kwargs
         if self._standalone(storage_config) and not isinstance(
             getattr(mem_pool, "allocator", None), MooncakeHostTensorAllocator
@@ -137,15 +132,7 @@ class KvpoolStore(MooncakeStore):  # type: ignore[misc]
 
     def reachable(self) -> bool:
         """Whether the master answered the client's heartbeats lately."""
-        client = self.store._client
-        now = client is not None and client.master_silent_for() < SILENCE
-        if now != self._was_reachable:
-            if now:
-                logger.info("kvpool answers again: lookups, reads and writes go to the pool")
-            else:
-                logger.warning("kvpool does not answer: lookups miss and reads and writes fail at once")
-            self._was_reachable = now
-        return now
+        return self._reach.check(self.store._client)
 
     # Every lookup, read and write of SGLang's Mooncake backend (v1 and v2
     # calls, the linker's too) goes through these three.
@@ -180,8 +167,8 @@ class KvpoolLinker(MooncakeDirectLinker):  # type: ignore[misc]
     object's checksum whole, so a ranged read fetches the whole object, and
     per-layer calls would move every object once per layer.
 
-    While the master does not answer (see :data:`SILENCE`), lookups find
-    nothing and loads and offloads fail at once (see :class:`KvpoolStore`)."""
+    While the master does not answer, lookups find nothing and loads and
+    offloads fail at once (see :class:`KvpoolStore`)."""
 
     def __init__(
         self,
