@@ -61,17 +61,37 @@ impl ShmMap {
     }
 
     /// Builds the page tables of the chunks `[offset, offset + len)` covers
-    /// that this process has not touched yet.
-    fn populate(&self, offset: u64, len: u64) {
+    /// that this process has not touched yet, and of the chunk after them
+    /// in the background: the master places objects one after another, so
+    /// the next transfer here likely starts there, and finds it built.
+    fn populate(self: &Arc<Self>, offset: u64, len: u64) {
         let (first, last) = (offset / CHUNK, (offset + len).saturating_sub(1) / CHUNK);
         for chunk in first..=last {
-            let (word, bit) = (&self.populated[(chunk / 64) as usize], 1u64 << (chunk % 64));
-            // Two threads may both populate a chunk; that is only repeated work.
-            if word.load(Ordering::Relaxed) & bit == 0 {
-                self.region
-                    .populate(chunk * CHUNK, CHUNK.min(self.region.len() - chunk * CHUNK));
-                word.fetch_or(bit, Ordering::Relaxed);
+            self.populate_chunk(chunk);
+        }
+        let next = last + 1;
+        if next * CHUNK < self.region.len() && !self.claimed(next) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let map = self.clone();
+                rt.spawn_blocking(move || map.populate_chunk(next));
             }
+        }
+    }
+
+    /// Whether this process built (or is building) `chunk`'s page tables.
+    fn claimed(&self, chunk: u64) -> bool {
+        let (word, bit) = (&self.populated[(chunk / 64) as usize], 1u64 << (chunk % 64));
+        word.load(Ordering::Relaxed) & bit != 0
+    }
+
+    /// Builds `chunk`'s page tables unless this process has claimed it
+    /// already. A transfer that meets a chunk still being built goes on and
+    /// faults in the pages it needs itself.
+    fn populate_chunk(&self, chunk: u64) {
+        let (word, bit) = (&self.populated[(chunk / 64) as usize], 1u64 << (chunk % 64));
+        if word.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            let at = chunk * CHUNK;
+            self.region.populate(at, CHUNK.min(self.region.len() - at));
         }
     }
 
@@ -94,7 +114,7 @@ impl ShmMap {
 
     /// Copies the concatenation of `parts` to `offset`, the start of the
     /// region `grant` is for, if the segment's fence is still the grant's.
-    fn write(&self, offset: u64, parts: &[&[u8]], grant: &Grant) -> KvResult<()> {
+    fn write(self: &Arc<Self>, offset: u64, parts: &[&[u8]], grant: &Grant) -> KvResult<()> {
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         self.check(offset, len)?;
         let (Some(writer), Some(fence)) = (self.writer(), SharedFence::new(&self.region)) else {
@@ -117,7 +137,7 @@ impl ShmMap {
     }
 
     /// Fills `dst` in order from `offset`.
-    fn read(&self, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<()> {
+    fn read(self: &Arc<Self>, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<()> {
         let len: u64 = dst.iter().map(|d| d.len() as u64).sum();
         self.check(offset, len)?;
         self.populate(offset, len);
@@ -307,4 +327,52 @@ fn mapped_segment_id(region: &MappedRegion) -> Option<SegmentId> {
     // the store creates the segment.
     let sb = unsafe { region.slice(0, kvpool_format::DATA_BASE) };
     kvpool_format::segment_id(sb, region.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A mapping of `chunks` chunks, none built yet.
+    fn mapping(chunks: u64) -> Arc<ShmMap> {
+        let region = MappedRegion::anonymous(chunks * CHUNK).unwrap();
+        Arc::new(ShmMap {
+            populated: (0..chunks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            region,
+            base: 0,
+            path: PathBuf::new(),
+            writer: OnceLock::new(),
+        })
+    }
+
+    /// A transfer builds the chunks it touches itself and the one after
+    /// them in the background; nothing past that, nothing past the end,
+    /// and nothing in the background without a runtime.
+    #[test]
+    fn a_transfer_builds_its_chunks_and_the_next_one_meanwhile() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let map = mapping(4);
+        rt.block_on(async { map.populate(CHUNK - 10, 20) });
+        assert!(map.claimed(0) && map.claimed(1));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !map.claimed(2) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the next chunk was not built"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!map.claimed(3));
+        // The last chunk has no next one.
+        rt.block_on(async { map.populate(3 * CHUNK, 10) });
+        assert!(map.claimed(3));
+
+        let bare = mapping(2);
+        bare.populate(0, 10);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(bare.claimed(0) && !bare.claimed(1));
+    }
 }
