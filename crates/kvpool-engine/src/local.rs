@@ -23,8 +23,6 @@
 //! hosts where processes must not reach each other's memory); `0`, TCP.
 
 use std::io;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::SocketAddr;
 
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio::net::{UnixListener, UnixStream};
@@ -54,54 +52,16 @@ impl SameHost {
     }
 }
 
-/// The abstract socket name of the engine reached at TCP `addr` (`ip:port`).
-fn socket_addr(addr: &str) -> io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(format!("kvpool-engine/{addr}").as_bytes())
-}
-
-/// This process's effective user.
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// Listens beside the engine serving TCP `addr`; `None` when the name is
 /// taken (peers then use TCP).
 pub fn listen(addr: &str) -> Option<UnixListener> {
-    let bound = socket_addr(addr)
-        .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
-        .and_then(|l| {
-            l.set_nonblocking(true)?;
-            UnixListener::from_std(l)
-        });
-    match bound {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::debug!(%addr, error = %e, "no same-host socket: peers on this host use TCP");
-            None
-        }
-    }
-}
-
-/// Who connected to the same-host socket: `Some(pid)` for a process of
-/// this user (the pid is `None` when the kernel cannot name it here, e.g.
-/// from another pid namespace), `None` for another user, refused.
-pub fn caller(stream: &UnixStream) -> Option<Option<i32>> {
-    let cred = stream.peer_cred().ok()?;
-    (cred.uid() == euid()).then(|| cred.pid().filter(|&p| p > 0))
+    kvpool_net::local::listen(kvpool_net::local::ENGINE, addr)
 }
 
 /// Connects to the same-host socket of the engine at `peer` (`ip:port`);
-/// `None` when nothing of this user listens there (the peer is on another
-/// host or in another network namespace, or has the path off).
+/// `None` when nothing of this user listens there.
 pub async fn connect(peer: &str) -> Option<UnixStream> {
-    let addr = socket_addr(peer).ok()?;
-    // A connect to a listening Unix socket completes at once (or fails).
-    let std = std::os::unix::net::UnixStream::connect_addr(&addr).ok()?;
-    std.set_nonblocking(true).ok()?;
-    let stream = UnixStream::from_std(std).ok()?;
-    let cred = stream.peer_cred().ok()?;
-    (cred.uid() == euid()).then_some(stream)
+    kvpool_net::local::connect(kvpool_net::local::ENGINE, peer)
 }
 
 /// Which way [`copy`] moves bytes.

@@ -22,7 +22,6 @@ use kvpool_proto::msg::{self, EngineAboutReply, EngineReadReq, EngineWriteReq};
 use kvpool_proto::{Code, KvError, KvResult, Plane, Request};
 use tokio::net::TcpListener;
 use tokio::net::UnixListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -132,33 +131,15 @@ async fn serve_unix(
     security: Security,
     shutdown: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_UNIX_CONNS));
     let security = Arc::new(security);
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    debug!(error = %e, "same-host accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Some(pid) = local::caller(&stream) else {
-            debug!("refused a same-host connection from another user");
-            continue;
-        };
+    let token = shutdown.clone();
+    kvpool_net::local::serve(listener, MAX_UNIX_CONNS, shutdown, move |stream, pid| {
         // Without copies the caller's pid is not needed: its copy requests
         // are refused and it sends the bytes instead.
         let pid = pid.filter(|_| copies);
         let (regions, notifies) = (regions.clone(), notifies.clone());
-        let (security, token) = (security.clone(), shutdown.clone());
-        tokio::spawn(async move {
+        let (security, token) = (security.clone(), token.clone());
+        async move {
             let peer = format!("pid {}", pid.unwrap_or(0));
             let limits = Limits::default();
             let Some(mut conn) = accept_unix(stream, peer, "engine", limits, &security).await
@@ -168,9 +149,9 @@ async fn serve_unix(
             if let Err(e) = engine_conn(&mut conn, &regions, &notifies, pid, &token).await {
                 debug!(peer = conn.peer(), error = %e, "engine connection closed");
             }
-            drop(slot);
-        });
-    }
+        }
+    })
+    .await;
 }
 
 /// Least rate a peer must read a read's payload at, so a peer that stops

@@ -5,7 +5,8 @@
 //! connection budgets they keep ([`admission`]), the id that
 //! follows one call through every process ([`request_id`]),
 //! data-plane capabilities ([`capability`]), TLS ([`tls`]), HTTP ports
-//! served within limits ([`http`]),
+//! served within limits ([`http`]), same-host Unix sockets beside TCP
+//! servers ([`local`]),
 //! the link every client and store keeps to the master ([`master`]), and the
 //! etcd client behind `etcd://` master addresses and leader election
 //! ([`etcd`]).
@@ -21,6 +22,7 @@ pub mod conn;
 pub mod deadline;
 pub mod etcd;
 pub mod http;
+pub mod local;
 pub mod master;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;

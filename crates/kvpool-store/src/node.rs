@@ -17,7 +17,7 @@ use kvpool_proto::msg::{
     SegmentIo, Tier, UnmountSegment,
 };
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::data::{serve_data, SegmentTable};
+use kvpool_transfer::data::{serve_data, serve_data_unix, SegmentTable};
 use kvpool_transfer::{DiskFile, MappedRegion};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -89,6 +89,16 @@ impl DataNode {
             tasks: TaskTracker::new(),
         };
         setup(&node);
+        // Same-host clients that cannot map a segment skip the TCP stack.
+        if let Some(unix) = kvpool_net::local::listen(kvpool_net::local::STORE, &node.endpoint) {
+            node.tasks.spawn(serve_data_unix(
+                unix,
+                node.table.clone(),
+                Limits::default(),
+                security.clone(),
+                shutdown.clone(),
+            ));
+        }
         node.tasks.spawn(serve_data(
             listener,
             node.table.clone(),

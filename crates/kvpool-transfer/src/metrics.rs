@@ -68,6 +68,8 @@ pub struct DataMetrics {
     pub connections_open: Gauge,
     /// Connections that completed the handshake since start.
     pub connections_accepted: Counter,
+    /// Of those, connections on the same-host socket (no TCP).
+    pub same_host_connections: Counter,
     /// Objects the master asked this store to destroy.
     pub invalidations_received: Counter,
     /// Of those, objects destroyed (the rest were gone or newer already).
@@ -94,6 +96,7 @@ impl Default for DataMetrics {
             latency: Family::new_with_constructor(latency_histogram),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
+            same_host_connections: Counter::default(),
             invalidations_received: Counter::default(),
             invalidations_applied: Counter::default(),
             invalidations_refused: Counter::default(),
@@ -182,6 +185,11 @@ impl DataMetrics {
             "connections_accepted",
             "Data-plane connections that completed the handshake",
             self.connections_accepted.clone(),
+        );
+        registry.register(
+            "same_host_connections",
+            "Data-plane connections from this host's processes on the same-host socket, without TCP",
+            self.same_host_connections.clone(),
         );
         registry.register(
             "invalidations_received",

@@ -19,7 +19,7 @@ use kvpool_net::auth::Security;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{Grant, ReadReq, SegmentId, SegmentInfo, Tier, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
-use kvpool_transfer::data::{serve_data, SegmentTable};
+use kvpool_transfer::data::{serve_data, serve_data_unix, SegmentTable};
 use kvpool_transfer::MappedRegion;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -31,9 +31,11 @@ const SIZE: u64 = 8 << 20;
 /// Room per object in the tests' layout.
 const SLOT: u64 = 128 << 10;
 
-/// One segment file, served over TCP and mappable here.
+/// One segment file, served over TCP and the same-host socket, and
+/// mappable here.
 struct Fixture {
     _dir: tempfile::TempDir,
+    table: Arc<SegmentTable>,
     peer: String,
     fence: u64,
     region: Arc<MappedRegion>,
@@ -65,9 +67,17 @@ async fn fixture() -> Fixture {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let peer = listener.local_addr().unwrap().to_string();
     let stop = CancellationToken::new();
+    let unix = kvpool_net::local::listen(kvpool_net::local::STORE, &peer).unwrap();
+    tokio::spawn(serve_data_unix(
+        unix,
+        table.clone(),
+        Limits::default(),
+        Security::default(),
+        stop.clone(),
+    ));
     tokio::spawn(serve_data(
         listener,
-        table,
+        table.clone(),
         Limits::default(),
         Security::default(),
         stop.clone(),
@@ -83,6 +93,7 @@ async fn fixture() -> Fixture {
     };
     Fixture {
         _dir: dir,
+        table,
         peer,
         fence,
         region,
@@ -96,8 +107,9 @@ fn transports(f: &Fixture) -> Vec<Box<dyn Transport>> {
     let shm = ShmTransport::default();
     shm.map_new(&[SEGMENT], std::slice::from_ref(&f.info));
     assert!(shm.reaches(SEGMENT, Dir::Write), "segment not mapped");
-    let tcp = TcpTransport::new(Duration::from_secs(5), Security::default());
-    vec![Box::new(shm), Box::new(tcp)]
+    let tcp = TcpTransport::new(Duration::from_secs(5), Security::default(), false);
+    let same_host = TcpTransport::new(Duration::from_secs(5), Security::default(), true);
+    vec![Box::new(shm), Box::new(tcp), Box::new(same_host)]
 }
 
 fn spread() -> Spread {
@@ -234,6 +246,30 @@ async fn round_trip(lens: &[usize], sent: fn(&[u8]) -> u64) {
             assert_eq!(read[&i], Ok(v.len()), "{:?} item {i}", transport.kind());
         }
         assert_eq!(got, bytes, "{:?}", transport.kind());
+    }
+}
+
+/// The TCP transport reaches a store on this host through its same-host
+/// socket when asked to (`protocol = auto`), and over TCP otherwise
+/// (`protocol = tcp`): the store counts its same-host connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_on_this_host_is_reached_through_its_socket_unless_tcp_is_asked() {
+    let f = fixture().await;
+    let same_host = || f.table.metrics().same_host_connections.get();
+    for (t, (asked, connections)) in [(false, 0), (true, 1)].into_iter().enumerate() {
+        let transport = TcpTransport::new(Duration::from_secs(5), Security::default(), asked);
+        let (key, value) = object(t, 70_000);
+        let bytes = encoded(&key, &value);
+        let written =
+            run(transport.write(vec![write(&f, 0, t as u64, f.fence, &bytes)], spread())).await;
+        assert_eq!(written[&0], Ok(()));
+        let mut got = vec![0; bytes.len()];
+        let (head, rest) = got.split_at_mut(header_len(key.len()));
+        let ops = vec![read(&f, 0, t as u64, bytes.len() as u64, vec![head, rest])];
+        let read = run_reads(transport.read(ops, &verify, spread())).await;
+        assert_eq!(read[&0], Ok(value.len()));
+        assert_eq!(got, bytes);
+        assert_eq!(same_host(), connections, "same host asked: {asked}");
     }
 }
 

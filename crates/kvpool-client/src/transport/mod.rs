@@ -165,7 +165,13 @@ impl Transports {
     /// Nothing connected or mapped yet; both happen on first use.
     pub(crate) fn new(cfg: &ClientConfig) -> Self {
         Transports {
-            tcp: TcpTransport::new(cfg.connect_timeout.min(cfg.timeout), cfg.security.clone()),
+            // `protocol = tcp` means TCP: only `auto` (and `shm`, for what
+            // it cannot map) takes a store's same-host socket.
+            tcp: TcpTransport::new(
+                cfg.connect_timeout.min(cfg.timeout),
+                cfg.security.clone(),
+                cfg.protocol != Protocol::Tcp,
+            ),
             shm: ShmTransport::default(),
         }
     }

@@ -49,17 +49,22 @@ pub struct TcpTransport {
     stores: Mutex<HashMap<String, Store>>,
     connect_timeout: Duration,
     security: Security,
+    /// Whether stores on this host are reached through their same-host
+    /// socket ([`kvpool_net::local`]) when they have one.
+    same_host: bool,
 }
 
 impl TcpTransport {
     /// No pools yet; connections get `connect_timeout` to connect and
     /// handshake, and connect with `security` (TLS, and the key stores ask
-    /// for).
-    pub fn new(connect_timeout: Duration, security: Security) -> Self {
+    /// for); with `same_host`, through a store's same-host socket where it
+    /// has one here.
+    pub fn new(connect_timeout: Duration, security: Security, same_host: bool) -> Self {
         TcpTransport {
             stores: Mutex::new(HashMap::new()),
             connect_timeout,
             security,
+            same_host,
         }
     }
 
@@ -78,19 +83,24 @@ impl TcpTransport {
     /// The pool for the store at `endpoint`, made on first use.
     fn pool(&self, endpoint: &str) -> Arc<ConnPool> {
         let mut stores = self.stores.lock();
-        let store = stores.entry(endpoint.to_string()).or_insert_with(|| Store {
-            pool: Arc::new(
-                ConnPool::new(
-                    endpoint,
-                    "client",
-                    Limits::default(),
-                    self.connect_timeout,
-                    IDLE_CONNS_PER_STORE,
-                )
-                .with_security(self.security.clone())
-                .with_breaker(),
-            ),
-            slow_until: None,
+        let store = stores.entry(endpoint.to_string()).or_insert_with(|| {
+            let pool = ConnPool::new(
+                endpoint,
+                "client",
+                Limits::default(),
+                self.connect_timeout,
+                IDLE_CONNS_PER_STORE,
+            )
+            .with_security(self.security.clone())
+            .with_breaker();
+            let pool = match self.same_host {
+                true => pool.with_same_host(kvpool_net::local::STORE),
+                false => pool,
+            };
+            Store {
+                pool: Arc::new(pool),
+                slow_until: None,
+            }
         });
         store.pool.clone()
     }

@@ -15,6 +15,9 @@ pub struct ConnPool {
     /// Set by [`ConnPool::with_breaker`]: connect failures and silent
     /// answers open it.
     breaker: Option<Arc<Mutex<Breaker>>>,
+    /// Set by [`ConnPool::with_same_host`]: the kind of server whose
+    /// same-host socket is tried before TCP.
+    same_host: Option<&'static str>,
 }
 
 impl ConnPool {
@@ -35,7 +38,18 @@ impl ConnPool {
             max_idle,
             idle: Mutex::new(Vec::new()),
             breaker: None,
+            same_host: None,
         }
+    }
+
+    /// Connects through the peer's same-host socket when it has one here
+    /// (a `kind` server of this user in this network namespace, see
+    /// [`crate::local`]), over TCP otherwise: the same frames, handshake
+    /// and secret, without the TCP stack (and without TLS: the kernel
+    /// carries the bytes).
+    pub fn with_same_host(mut self, kind: &'static str) -> Self {
+        self.same_host = Some(kind);
+        self
     }
 
     /// Fails connects at once while the peer is known to be unreachable
@@ -116,6 +130,7 @@ impl ConnPool {
             limits: self.limits,
             timeout: self.connect_timeout,
             breaker: self.breaker.clone(),
+            same_host: self.same_host,
         }
     }
 
@@ -192,6 +207,7 @@ struct Dial {
     limits: Limits,
     timeout: Duration,
     breaker: Option<Arc<Mutex<Breaker>>>,
+    same_host: Option<&'static str>,
 }
 
 impl Dial {
@@ -201,17 +217,23 @@ impl Dial {
     /// reset or silent opens it (a refusal of our key or version is an
     /// answer, not an absence).
     async fn dial(&self) -> KvResult<FramedConn> {
-        let mut r = tokio::time::timeout(
-            self.timeout,
-            FramedConn::connect_with(&self.addr, &self.role, self.limits, &self.security),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(KvError::new(
-                Code::RpcTimeout,
-                format!("connect {} timed out", self.addr),
-            ))
-        });
+        let (addr, role, limits, security) = (&self.addr, &self.role, self.limits, &self.security);
+        // Boxed: a connect is rare, and the callers' futures nest deep.
+        let connect: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match self
+            .same_host
+            .and_then(|kind| crate::local::connect(kind, addr))
+        {
+            Some(unix) => Box::pin(FramedConn::connect_unix(unix, addr, role, limits, security)),
+            None => Box::pin(FramedConn::connect_with(addr, role, limits, security)),
+        };
+        let mut r = tokio::time::timeout(self.timeout, connect)
+            .await
+            .unwrap_or_else(|_| {
+                Err(KvError::new(
+                    Code::RpcTimeout,
+                    format!("connect {} timed out", self.addr),
+                ))
+            });
         if let Some(b) = &self.breaker {
             match &mut r {
                 Ok(conn) => {

@@ -16,7 +16,8 @@
 //!   `on_disk` implement it, one file per medium;
 //! - `media`: reads, invalidations ([`invalidate_object`]) and the copies
 //!   between a store's tiers, written once against `Medium`;
-//! - `serve`: the server ([`serve_data`]): per-connection dispatch, the
+//! - `serve`: the server ([`serve_data`], and [`serve_data_unix`] for
+//!   same-host peers): per-connection dispatch, the
 //!   plane and role checks, and the admission of writes against their grants;
 //! - `pipeline`: the client side ([`write_regions`], [`read_regions`],
 //!   [`read_regions_shared`]).
@@ -39,7 +40,7 @@ mod tests;
 
 pub use media::invalidate_object;
 pub use pipeline::{read_regions, read_regions_shared, write_regions, ReadOp, WriteOp};
-pub use serve::serve_data;
+pub use serve::{serve_data, serve_data_unix};
 pub use table::SegmentTable;
 pub use table::{INVALIDATIONS_KEPT, INVALIDATIONS_KEPT_ENV};
 

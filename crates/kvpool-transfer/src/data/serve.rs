@@ -14,13 +14,13 @@ use std::time::Instant;
 use kvpool_format::{seal, value_start, ValueHasher, FIXED_LEN};
 use kvpool_net::auth::{Role, Security};
 use kvpool_net::capability::{unix_ms, CapabilityKey};
-use kvpool_net::conn::FramedConn;
+use kvpool_net::conn::{accept_unix, FramedConn};
 use kvpool_net::request_id;
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, Capability, Grant, RequestId, SegmentId, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult, Plane, Request};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, Instrument};
 
@@ -43,9 +43,7 @@ pub async fn serve_data(
     security: Security,
     shutdown: CancellationToken,
 ) {
-    let grants = (security.credentials.as_ref())
-        .and_then(CapabilityKey::new)
-        .map(Arc::new);
+    let grants = grant_key(&security);
     #[cfg(feature = "planted-bugs")]
     kvpool_net::planted::announce();
     serve_framed(
@@ -55,21 +53,69 @@ pub async fn serve_data(
         security,
         shutdown,
         None,
-        move |mut conn, token| {
-            let table = table.clone();
-            let grants = grants.clone();
-            async move {
-                let m = table.metrics.clone();
-                m.connections_accepted.inc();
-                m.connections_open.inc();
-                if let Err(e) = data_conn(&mut conn, &table, grants.as_deref(), &token).await {
-                    debug!(peer = conn.peer(), error = %e, "data connection closed");
-                }
-                m.connections_open.dec();
-            }
+        move |conn, token| {
+            let (table, grants) = (table.clone(), grants.clone());
+            async move { serve_conn(conn, &table, grants.as_deref(), &token).await }
         },
     )
     .await;
+}
+
+/// Connections served at once on the same-host socket; more wait to be
+/// accepted (only this user's processes can connect there).
+const MAX_UNIX_CONNS: usize = 1024;
+
+/// Serves `table`'s segments to same-host peers on the Unix socket beside
+/// the TCP listener ([`kvpool_net::local`]): the same requests, handshake
+/// and grants as over TCP, without the TCP stack (no TLS: the kernel
+/// carries the bytes). Until `shutdown`; the requests being served then
+/// are finished first.
+pub async fn serve_data_unix(
+    listener: UnixListener,
+    table: Arc<SegmentTable>,
+    limits: Limits,
+    security: Security,
+    shutdown: CancellationToken,
+) {
+    let grants = grant_key(&security);
+    let security = Arc::new(security);
+    let token = shutdown.clone();
+    kvpool_net::local::serve(listener, MAX_UNIX_CONNS, shutdown, move |stream, pid| {
+        let (table, grants) = (table.clone(), grants.clone());
+        let (security, token) = (security.clone(), token.clone());
+        async move {
+            let peer = format!("pid {}", pid.unwrap_or(0));
+            if let Some(conn) = accept_unix(stream, peer, "store", limits, &security).await {
+                table.metrics.same_host_connections.inc();
+                serve_conn(conn, &table, grants.as_deref(), &token).await;
+            }
+        }
+    })
+    .await;
+}
+
+/// The key grants are checked with, when `security` holds a secret.
+fn grant_key(security: &Security) -> Option<Arc<CapabilityKey>> {
+    (security.credentials.as_ref())
+        .and_then(CapabilityKey::new)
+        .map(Arc::new)
+}
+
+/// Serves one handshaken connection until it closes, counted in the
+/// table's metrics.
+async fn serve_conn(
+    mut conn: FramedConn,
+    table: &SegmentTable,
+    grants: Option<&CapabilityKey>,
+    shutdown: &CancellationToken,
+) {
+    let m = &table.metrics;
+    m.connections_accepted.inc();
+    m.connections_open.inc();
+    if let Err(e) = data_conn(&mut conn, table, grants, shutdown).await {
+        debug!(peer = conn.peer(), error = %e, "data connection closed");
+    }
+    m.connections_open.dec();
 }
 
 /// Requests one connection takes ahead while the oldest waits on the
