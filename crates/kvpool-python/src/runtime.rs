@@ -106,14 +106,17 @@ impl std::task::Wake for Wake {
 }
 
 /// How long a caller waiting alone spins before it sleeps:
-/// `KVPOOL_SPIN_US` microseconds (0: never spin), default 50.
+/// `KVPOOL_SPIN_US` microseconds (0: never spin), default 200, which
+/// covers a round trip to a server that sleeps between requests (about
+/// 40-50 us here) several times over: the 50 it was before left a 4 KiB
+/// put waiting for wake-ups in about half its round trips.
 fn spin_for() -> Duration {
     static SPIN: OnceLock<Duration> = OnceLock::new();
     *SPIN.get_or_init(|| {
         let us = std::env::var("KVPOOL_SPIN_US")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(50);
+            .unwrap_or(200);
         Duration::from_micros(us)
     })
 }
@@ -147,7 +150,7 @@ impl Drop for Inside {
 /// while it spins it polls its future again with eager reads
 /// ([`kvpool_net::conn::read_eagerly`]): it takes an answer from the socket
 /// itself instead of waiting for the worker that the kernel wakes for it
-/// (a 4 KiB get from 85 to 60 us). Beside other waiting callers nobody
+/// (a repeat 4 KiB get from 49-69 to 43-47 us p50). Beside other waiting callers nobody
 /// spins, since on a small machine the spinner would take a core they and
 /// the servers need.
 pub fn block_on<F: Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
