@@ -371,8 +371,8 @@ async fn cached_locations_never_outlive_updates() {
 }
 
 /// A segment that cannot be mapped (a client's in-process memory) is an
-/// error with protocol shm and served over TCP with auto; segment files are
-/// owner-only.
+/// error with protocol shm (at once: no retries) and served over TCP with
+/// auto; segment files are owner-only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmappable_segments_fall_back_or_fail_clearly() {
     let cluster = Cluster::builder().start().await;
@@ -396,9 +396,17 @@ async fn unmappable_segments_fall_back_or_fail_clearly() {
         .iter()
         .any(|s| s.info.name == "lender" && s.info.path.is_none() && s.regions == 1));
 
+    // Final at once (no transport this client allows will reach it on a
+    // retry), for reads and for writes placed there.
     let forced = client(&cluster, Protocol::Shm).await;
     assert_eq!(
         forced.get("lent").await.expect_err("not mappable").code,
+        Code::TransferFail
+    );
+    assert_eq!(
+        (forced.put("forced", b"x", &rc).await)
+            .expect_err("placed where shm cannot reach")
+            .code,
         Code::TransferFail
     );
     let auto = client(&cluster, Protocol::Auto).await;

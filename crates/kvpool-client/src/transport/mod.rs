@@ -199,10 +199,12 @@ impl Client {
     /// why there is none. [`Client::prepare`] must have run for it.
     pub(crate) fn route(&self, segment: SegmentId, tier: Tier, dir: Dir) -> KvResult<Kind> {
         let t = &self.inner.transports;
+        // Final for the call: no transport this client allows will reach
+        // the segment on another try (a retry would only spend the budget).
         route(self.inner.cfg.protocol, tier, |k| {
             t.get(k).reaches(segment, dir)
         })
-        .ok_or_else(|| unreachable(segment))
+        .ok_or_else(|| unreachable(segment).settled())
     }
 
     /// Makes every transport ready to be asked about `segments`: maps the
