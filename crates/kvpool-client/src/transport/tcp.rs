@@ -93,9 +93,10 @@ impl TcpTransport {
             )
             .with_security(self.security.clone())
             .with_breaker();
-            let pool = match self.same_host {
-                true => pool.with_same_host(kvpool_net::local::STORE),
-                false => pool,
+            let pool = if self.same_host {
+                pool.with_same_host(kvpool_net::local::STORE)
+            } else {
+                pool
             };
             Store {
                 pool: Arc::new(pool),
