@@ -150,9 +150,9 @@ impl Drop for Inside {
 /// while it spins it polls its future again with eager reads
 /// ([`kvpool_net::conn::read_eagerly`]): it takes an answer from the socket
 /// itself instead of waiting for the worker that the kernel wakes for it
-/// (a repeat 4 KiB get from 49-69 to 43-47 us p50). Beside other waiting callers nobody
-/// spins, since on a small machine the spinner would take a core they and
-/// the servers need.
+/// (a repeat 4 KiB get from 49-69 to 43-47 us p50). Beside other waiting
+/// callers nobody spins, since on a small machine the spinner would take a
+/// core they and the servers need.
 pub fn block_on<F: Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
     let _ctx = rt.enter();
     let _inside = Inside::enter();

@@ -78,9 +78,14 @@ impl ShmMap {
         }
     }
 
+    /// The word of [`Self::populated`] that holds `chunk`'s bit, and the bit.
+    fn bit(&self, chunk: u64) -> (&AtomicU64, u64) {
+        (&self.populated[(chunk / 64) as usize], 1u64 << (chunk % 64))
+    }
+
     /// Whether this process built (or is building) `chunk`'s page tables.
     fn claimed(&self, chunk: u64) -> bool {
-        let (word, bit) = (&self.populated[(chunk / 64) as usize], 1u64 << (chunk % 64));
+        let (word, bit) = self.bit(chunk);
         word.load(Ordering::Relaxed) & bit != 0
     }
 
@@ -88,7 +93,7 @@ impl ShmMap {
     /// already. A transfer that meets a chunk still being built goes on and
     /// faults in the pages it needs itself.
     fn populate_chunk(&self, chunk: u64) {
-        let (word, bit) = (&self.populated[(chunk / 64) as usize], 1u64 << (chunk % 64));
+        let (word, bit) = self.bit(chunk);
         if word.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
             let at = chunk * CHUNK;
             self.region.populate(at, CHUNK.min(self.region.len() - at));

@@ -19,7 +19,6 @@ use crate::refusals::Refusal;
 
 use super::*;
 
-/// A mounted segment: who lends it, its allocator, and its state.
 /// Where a remounted segment's inventory stands.
 pub(super) enum Recovery {
     /// Parts reported so far; more to come.
@@ -29,6 +28,7 @@ pub(super) enum Recovery {
     Reconciling,
 }
 
+/// A mounted segment: who lends it, its allocator, and its state.
 pub(super) struct SegmentSlot {
     pub(super) info: SegmentInfo,
     pub(super) owner: ClientId,
