@@ -368,14 +368,12 @@ impl Ctx {
                 };
                 vec![unit(&r)]
             } else {
-                let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
-                let batch: Vec<(&str, &[&[u8]])> = items
-                    .iter()
-                    .zip(&parts)
-                    .map(|(w, p)| (w.key.as_str(), p.as_slice()))
+                let batch: Vec<(&str, &[u8])> = (items.iter())
+                    .zip(&values)
+                    .map(|(w, v)| (w.key.as_str(), v.as_slice()))
                     .collect();
                 client
-                    .batch_put(&batch, &rc, upsert)
+                    .batch_put_values(&batch, &rc, upsert)
                     .await
                     .iter()
                     .map(unit)

@@ -243,6 +243,21 @@ impl GroupedClient {
             .collect()
     }
 
+    /// [`GroupedClient::batch_put`] of values that are one part each.
+    pub async fn batch_put_values(
+        &self,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<KvResult<()>> {
+        let group = |i: usize| self.map.group_of(items[i].0);
+        self.split(items.len(), group, |c, idx| async move {
+            let part: Vec<(&str, &[u8])> = idx.iter().map(|&i| items[i]).collect();
+            c.batch_put_values(&part, config, upsert).await
+        })
+        .await
+    }
+
     /// Stores many objects, each in its key's group; one result per key.
     pub async fn batch_put(
         &self,

@@ -84,6 +84,20 @@ impl Client {
         one(self.batch_put(&[(key, &[value])], config, true).await)
     }
 
+    /// [`Client::batch_put`] of values that are one part each.
+    pub async fn batch_put_values(
+        &self,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<KvResult<()>> {
+        let parts: Vec<[&[u8]; 1]> = items.iter().map(|(_, v)| [*v]).collect();
+        let items: Vec<Item> = (items.iter().zip(&parts))
+            .map(|((k, _), p)| (*k, &p[..]))
+            .collect();
+        self.batch_put(&items, config, upsert).await
+    }
+
     /// Stores many objects (each the concatenation of its parts); one result
     /// per key, in order. `upsert` replaces existing values.
     pub async fn batch_put(

@@ -213,13 +213,13 @@ async fn fill_and_time(
                 let to = (from + batch).min(n);
                 let keys: Vec<String> = (from..to).map(|i| key(KeyShape::Sglang, 0, i)).collect();
                 let values: Vec<Vec<u8>> = (from..to).map(|i| fill_value(i, len)).collect();
-                let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
-                let items: Vec<(&str, &[&[u8]])> = keys
-                    .iter()
-                    .zip(&parts)
-                    .map(|(k, p)| (k.as_str(), &p[..]))
+                let items: Vec<(&str, &[u8])> = (keys.iter().map(String::as_str))
+                    .zip(values.iter().map(Vec::as_slice))
                     .collect();
-                for (k, r) in keys.iter().zip(pool.batch_put(&items, &rc, false).await) {
+                for (k, r) in keys
+                    .iter()
+                    .zip(pool.batch_put_values(&items, &rc, false).await)
+                {
                     r.map_err(|e| anyhow::anyhow!("put of {k}: {e}"))?;
                 }
                 from += batch * step;

@@ -50,13 +50,15 @@ async fn write_all(client: &Client, keys: &[String]) {
                 }
             }
             _ => {
-                let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [&v[..]]).collect();
-                let items: Vec<(&str, &[&[u8]])> = chunk
+                let items: Vec<(&str, &[u8])> = chunk
                     .iter()
-                    .zip(&parts)
-                    .map(|(k, p)| (k.as_str(), &p[..]))
+                    .map(String::as_str)
+                    .zip(values.iter().map(Vec::as_slice))
                     .collect();
-                for (k, r) in chunk.iter().zip(client.batch_put(&items, &rc, false).await) {
+                for (k, r) in chunk
+                    .iter()
+                    .zip(client.batch_put_values(&items, &rc, false).await)
+                {
                     r.unwrap_or_else(|e| panic!("batch_put({k}): {e}"));
                 }
             }

@@ -160,14 +160,13 @@ fn tier_used(s: &ClusterStatus, tier: Tier) -> (u64, u64) {
 async fn fill(c: &Client, keys: &[String], batch: usize) {
     for part in keys.chunks(batch) {
         let values: Vec<Vec<u8>> = part.iter().map(|k| value(k)).collect();
-        let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
-        let items: Vec<(&str, &[&[u8]])> = part
+        let items: Vec<(&str, &[u8])> = part
             .iter()
             .map(String::as_str)
-            .zip(parts.iter().map(|p| &p[..]))
+            .zip(values.iter().map(Vec::as_slice))
             .collect();
         for (k, r) in part.iter().zip(
-            c.batch_put(&items, &ReplicateConfig::default(), false)
+            c.batch_put_values(&items, &ReplicateConfig::default(), false)
                 .await,
         ) {
             r.unwrap_or_else(|e| panic!("put {k}: {e}"));

@@ -243,15 +243,14 @@ async fn acknowledged(client: &Client) -> Vec<String> {
     let keys: Vec<String> = (0..OBJECTS).map(|i| format!("acked/{i}")).collect();
     for chunk in keys.chunks(16) {
         let values: Vec<Vec<u8>> = chunk.iter().map(|k| value_for(k, SIZE)).collect();
-        let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [&v[..]]).collect();
-        let items: Vec<(&str, &[&[u8]])> = chunk
+        let items: Vec<(&str, &[u8])> = chunk
             .iter()
-            .zip(&parts)
-            .map(|(k, p)| (k.as_str(), &p[..]))
+            .map(String::as_str)
+            .zip(values.iter().map(Vec::as_slice))
             .collect();
         for (k, r) in chunk.iter().zip(
             client
-                .batch_put(&items, &ReplicateConfig::default(), true)
+                .batch_put_values(&items, &ReplicateConfig::default(), true)
                 .await,
         ) {
             r.unwrap_or_else(|e| panic!("put {k} under the new leader: {e}"));

@@ -535,14 +535,14 @@ async fn put_every(
     upsert: bool,
     what: &str,
 ) {
-    let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
-    let items: Vec<(&str, &[&[u8]])> = keys
-        .iter()
-        .zip(&parts)
-        .map(|(k, p)| (k.as_str(), &p[..]))
+    let items: Vec<(&str, &[u8])> = (keys.iter().map(String::as_str))
+        .zip(values.iter().map(Vec::as_slice))
         .collect();
     let rc = ReplicateConfig::default();
-    for (k, r) in keys.iter().zip(client.batch_put(&items, &rc, upsert).await) {
+    for (k, r) in keys
+        .iter()
+        .zip(client.batch_put_values(&items, &rc, upsert).await)
+    {
         r.unwrap_or_else(|e| panic!("{what} of {k}: {e}"));
     }
 }

@@ -76,10 +76,9 @@ async fn over_limit_batches_are_refused_whole_and_nothing_is_lost() {
     let client = cluster.client().await;
     let keys: Vec<String> = (0..100).map(|i| format!("kept/{i}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let parts: Vec<[&[u8]; 1]> = refs.iter().map(|k| [k.as_bytes()]).collect();
-    let items: Vec<(&str, &[&[u8]])> = refs.iter().zip(&parts).map(|(k, p)| (*k, &p[..])).collect();
+    let items: Vec<(&str, &[u8])> = refs.iter().map(|k| (*k, k.as_bytes())).collect();
     let put = client
-        .batch_put(&items, &ReplicateConfig::default(), false)
+        .batch_put_values(&items, &ReplicateConfig::default(), false)
         .await;
     assert!(put.iter().all(|r| r.is_ok()), "{put:?}");
 
@@ -284,10 +283,13 @@ async fn a_100k_key_batch_through_the_client_is_split_transparently() {
     let keys: Vec<String> = (0..N).map(|i| format!("batch/{i:06}")).collect();
     let values: Vec<Vec<u8>> = (0..N as u32).map(|i| i.to_le_bytes().repeat(4)).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [&v[..]]).collect();
-    let items: Vec<(&str, &[&[u8]])> = refs.iter().zip(&parts).map(|(k, p)| (*k, &p[..])).collect();
+    let items: Vec<(&str, &[u8])> = refs
+        .iter()
+        .copied()
+        .zip(values.iter().map(Vec::as_slice))
+        .collect();
     let put = client
-        .batch_put(&items, &ReplicateConfig::default(), false)
+        .batch_put_values(&items, &ReplicateConfig::default(), false)
         .await;
     assert_eq!(put.len(), N);
     assert!(

@@ -21,13 +21,15 @@ async fn put_objects(client: &Client, prefix: &str, n: usize, rc: &ReplicateConf
     let keys: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
     for chunk in keys.chunks(100) {
         let values: Vec<Vec<u8>> = chunk.iter().map(|k| value_for(k, VALUE_MAX)).collect();
-        let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
-        let items: Vec<(&str, &[&[u8]])> = chunk
+        let items: Vec<(&str, &[u8])> = chunk
             .iter()
-            .zip(&parts)
-            .map(|(k, p)| (k.as_str(), p.as_slice()))
+            .map(String::as_str)
+            .zip(values.iter().map(Vec::as_slice))
             .collect();
-        for (k, r) in chunk.iter().zip(client.batch_put(&items, rc, false).await) {
+        for (k, r) in chunk
+            .iter()
+            .zip(client.batch_put_values(&items, rc, false).await)
+        {
             r.unwrap_or_else(|e| panic!("put {k}: {e}"));
         }
     }

@@ -25,17 +25,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn round_trip(client: &Client, prefix: &str, n: usize) -> Vec<String> {
     let keys: Vec<String> = (0..n).map(|i| format!("{prefix}/{i}")).collect();
     let values: Vec<Vec<u8>> = keys.iter().map(|k| value_for(k, 64 << 10)).collect();
-    let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [v.as_slice()]).collect();
-    let items: Vec<(&str, &[&[u8]])> = keys
+    let items: Vec<(&str, &[u8])> = keys
         .iter()
         .map(String::as_str)
-        .zip(parts.iter().map(|p| &p[..]))
+        .zip(values.iter().map(Vec::as_slice))
         .collect();
     let cfg = ReplicateConfig {
         replica_num: 2.min(client.status().await.expect("status").segments.len() as u32),
         ..ReplicateConfig::default()
     };
-    for (k, r) in keys.iter().zip(client.batch_put(&items, &cfg, false).await) {
+    for (k, r) in keys
+        .iter()
+        .zip(client.batch_put_values(&items, &cfg, false).await)
+    {
         r.unwrap_or_else(|e| panic!("put {k}: {e}"));
     }
     all_there(client, &keys).await;
