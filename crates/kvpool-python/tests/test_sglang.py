@@ -127,6 +127,25 @@ def pair(master: str, src_pool, dst_pool, *, mla: bool) -> tuple:
             backend(storage_config(master, mla=mla), dst_pool))
 
 
+def filled_mha_pair(master: str, seed: int) -> tuple:
+    """Two MHA host pools, the first filled with seeded random KV, and a
+    writer on it and a reader on the second (see :func:`pair`)."""
+    src_pool, dst_pool = mha_pool(), mha_pool()
+    torch.manual_seed(seed)
+    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
+    return (src_pool, dst_pool, *pair(master, src_pool, dst_pool, mla=False))
+
+
+def pages_round_trip(master: str, seed: int) -> None:
+    """Three pages written by one instance are read back byte-exact by another."""
+    src_pool, dst_pool, writer, reader = filled_mha_pair(master, seed)
+    keys = page_keys(3)
+    src_idx, dst_idx = pages(1, 3), pages(8, 3)
+    assert writer.batch_set_v1(keys, src_idx) == [True] * 3
+    assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
+    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+
+
 def page_keys(n: int) -> list:
     salt = uuid.uuid4().hex
     return [hashlib.sha256(f"{salt}-{i}".encode()).hexdigest() for i in range(n)]
@@ -254,15 +273,7 @@ def test_a_secured_pool_needs_only_the_environment(secured_cluster, monkeypatch)
     """SGLang's own factory against a pool that requires a key: the key file
     in the environment is the whole change."""
     monkeypatch.setenv("KVPOOL_SECRET_FILE", secured_cluster.keys["client"])
-    src_pool, dst_pool = mha_pool(), mha_pool()
-    torch.manual_seed(11)
-    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer, reader = pair(secured_cluster.master, src_pool, dst_pool, mla=False)
-    keys = page_keys(3)
-    src_idx, dst_idx = pages(1, 3), pages(8, 3)
-    assert writer.batch_set_v1(keys, src_idx) == [True] * 3
-    assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
-    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+    pages_round_trip(secured_cluster.master, 11)
 
 
 def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
@@ -270,15 +281,7 @@ def test_a_tls_pool_needs_only_the_environment(tls_cluster, monkeypatch):
     plane: the key file and the CA in the environment are the whole change."""
     monkeypatch.setenv("KVPOOL_SECRET_FILE", tls_cluster.keys["client"])
     monkeypatch.setenv("KVPOOL_TLS_CA", os.path.join(tls_cluster.tls_dir, "ca.pem"))
-    src_pool, dst_pool = mha_pool(), mha_pool()
-    torch.manual_seed(12)
-    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer, reader = pair(tls_cluster.master, src_pool, dst_pool, mla=False)
-    keys = page_keys(3)
-    src_idx, dst_idx = pages(1, 3), pages(8, 3)
-    assert writer.batch_set_v1(keys, src_idx) == [True] * 3
-    assert reader.batch_get_v1(keys, dst_idx) == [True] * 3
-    assert torch.equal(token_slice(dst_pool, dst_idx), token_slice(src_pool, src_idx))
+    pages_round_trip(tls_cluster.master, 12)
 
 
 def test_standalone_storage_mode(cluster, kv):
@@ -321,10 +324,7 @@ def test_standalone_storage_mode(cluster, kv):
 def test_pages_on_the_disk_tier_round_trip(disk_cluster):
     """SGLang's own factory against a store whose memory holds a small
     fraction of what is written: the rest is read back from its disk tier."""
-    src_pool, dst_pool = mha_pool(), mha_pool()
-    torch.manual_seed(13)
-    src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-    writer, reader = pair(disk_cluster.master, src_pool, dst_pool, mla=False)
+    src_pool, dst_pool, writer, reader = filled_mha_pair(disk_cluster.master, 13)
     rounds = 64
     keys = page_keys(rounds * 4)
     src_idx = pages(0, 4)
@@ -351,10 +351,7 @@ def test_a_silent_master_costs_hicache_a_miss_not_a_wait():
     on HiCache's prefetch and backup threads."""
     pool = new_cluster(store_size="64MiB")
     try:
-        src_pool, dst_pool = mha_pool(), mha_pool()
-        torch.manual_seed(17)
-        src_pool.kv_buffer.copy_(torch.randn_like(src_pool.kv_buffer))
-        writer, reader = pair(pool.master, src_pool, dst_pool, mla=False)
+        src_pool, dst_pool, writer, reader = filled_mha_pair(pool.master, 17)
         keys = page_keys(4)
         src_idx, dst_idx = pages(1, 4), pages(8, 4)
         assert writer.batch_set_v1(keys, src_idx) == [True] * 4
