@@ -431,8 +431,8 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                 if self._reach.check(self._native):
                     result = run()
                 else:
-                    with self._lock:
-                        self._last_error = "the pool's master does not answer"
+                    # Reachability logged the change once; every task need not.
+                    self._failed("the pool's master does not answer", log=False)
                     result = failed()
             except Exception as e:  # noqa: BLE001 - a failed task is reported, not raised
                 self._failed(f"task {task_id}: {e}")
@@ -451,10 +451,13 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             n, c = bad[0]
             self._failed(f"{what}: {len(bad)} of {len(codes)} keys failed, first {n!r}: {_native.code_name(c)} ({c})")
 
-    def _failed(self, message: str) -> None:
+    def _failed(self, message: str, log: bool = True) -> None:
+        """Remembers ``message`` as the last error (``report_status``), and
+        logs it unless told not to."""
         with self._lock:
             self._last_error = message
-        logger.warning("kvpool L2 adapter: %s", message)
+        if log:
+            logger.warning("kvpool L2 adapter: %s", message)
 
     def _renew_leases(self) -> None:
         """Keeps locked keys' read leases alive until they are unlocked."""
