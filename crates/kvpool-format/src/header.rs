@@ -10,11 +10,14 @@
 //!      6    2 key length       u16 LE
 //!      8    8 value length     u64 LE
 //!     16    8 generation       u64 LE, assigned by the master per put
+//!                              (0: the object was destroyed)
 //!     24    8 value checksum   xxh3-64 of the value bytes
 //!     32    8 header checksum  xxh3-64 of bytes 0..32 followed by the key
 //!     40    k key bytes (UTF-8)
 //!   40+k    v value bytes
 //! ```
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use crate::xxh3_64;
 use kvpool_proto::{Code, KvError, KvResult};
@@ -25,6 +28,31 @@ pub const OBJECT_MAGIC: [u8; 4] = *b"KVOB";
 pub const OBJECT_FORMAT: u16 = 1;
 /// Fixed part of the header, before the key.
 pub const FIXED_LEN: usize = 40;
+/// Offset of the generation in a header: the word an invalidation clears
+/// (see [`crate::scan::invalidate`]); 8-byte aligned in every region.
+pub const GENERATION_AT: usize = 16;
+
+/// The generation word of the header at the start of `region`, as an
+/// atomic, when the region holds one at an 8-byte aligned address.
+pub(crate) fn generation_word(region: &mut [u8]) -> Option<&AtomicU64> {
+    let word = region.get_mut(GENERATION_AT..GENERATION_AT + 8)?;
+    let p = word.as_mut_ptr();
+    // SAFETY: aligned (checked), 8 bytes in bounds, and borrowed mutably
+    // for as long as the atomic lives.
+    (p.align_offset(8) == 0).then(|| unsafe { AtomicU64::from_ptr(p.cast()) })
+}
+
+/// Stores `generation` (the one in the header just copied to the start
+/// of `region`) there once more, with one atomic store. A store destroying
+/// the region's previous object compares and swaps that word (see
+/// [`crate::scan::invalidate`]): whatever the order of its swap and this
+/// writer's copy, the new header ends with its own generation, because the
+/// swap succeeds only before this store and changes nothing after it.
+pub fn publish_generation(region: &mut [u8], generation: u64) {
+    if let Some(word) = generation_word(region) {
+        word.store(generation.to_le(), SeqCst);
+    }
+}
 
 /// Header length for a key of `key_len` bytes.
 pub fn header_len(key_len: usize) -> usize {
@@ -103,12 +131,17 @@ pub fn value_start(region: &[u8]) -> Option<usize> {
 /// whether the header was sealed (see [`seal`]).
 pub fn copy_sealed(dst: &mut [u8], parts: &[&[u8]]) -> bool {
     let start = parts.first().and_then(|h| value_start(h));
+    // Some only for a whole fixed header (`value_start` checks its length).
+    let mut generation = start.and(parts.first()).map(|h| u64_at(h, GENERATION_AT));
     let mut h = ValueHasher::new();
     let mut at = 0;
     for p in parts {
         for piece in p.chunks(SEAL_CHUNK) {
             let end = at + piece.len();
             dst[at..end].copy_from_slice(piece);
+            if let Some(g) = generation.take() {
+                publish_generation(dst, g);
+            }
             if let Some(s) = start.filter(|&s| s < end) {
                 h.update(&dst[at.max(s)..end]);
             }

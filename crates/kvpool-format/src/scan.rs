@@ -10,7 +10,11 @@
 //!
 //! Both work on plain bytes: the caller hands in the segment's memory.
 
-use crate::header::{header_len, value_checksum, ObjectHeader, FIXED_LEN, OBJECT_MAGIC};
+use std::sync::atomic::Ordering::SeqCst;
+
+use crate::header::{
+    header_len, value_checksum, ObjectHeader, FIXED_LEN, GENERATION_AT, OBJECT_MAGIC,
+};
 
 /// Alignment of regions in the object area (the master allocator's).
 pub const REGION_ALIGN: u64 = 64;
@@ -68,6 +72,9 @@ fn object_at(segment: &[u8], offset: u64) -> Result<Option<Found>, ()> {
     let Ok(h) = ObjectHeader::decode(header) else {
         return Ok(None);
     };
+    if h.generation == DESTROYED {
+        return Ok(None);
+    }
     let Some(total) = hl.checked_add(h.value_len) else {
         return Err(());
     };
@@ -129,6 +136,9 @@ pub fn header_at(block: &[u8]) -> Option<(ObjectHeader, u64)> {
     }
     let key_len = u16::from_le_bytes([fixed[6], fixed[7]]) as usize;
     let h = ObjectHeader::decode(block.get(..header_len(key_len))?).ok()?;
+    if h.generation == DESTROYED {
+        return None;
+    }
     let total = (header_len(key_len) as u64).checked_add(h.value_len)?;
     Some((h, total))
 }
@@ -140,6 +150,7 @@ pub fn fixed_generation(fixed: &[u8]) -> Option<u64> {
     let fixed = fixed.get(..FIXED_LEN)?;
     (fixed[..4] == OBJECT_MAGIC)
         .then(|| u64::from_le_bytes(fixed[16..24].try_into().unwrap_or([0; 8])))
+        .filter(|&g| g != DESTROYED)
 }
 
 /// The key bytes of the header at the start of `block`, if its magic is
@@ -154,22 +165,50 @@ pub fn key_at(block: &[u8]) -> Option<&[u8]> {
     block.get(FIXED_LEN..FIXED_LEN + key_len)
 }
 
+/// The generation a destroyed header carries; the master never issues it.
+pub const DESTROYED: u64 = 0;
+
 /// Destroys the object whose header starts at `object[0]` if that header
 /// still carries `generation`, so a freed region can never be found again by
-/// a scan. A region already reused by a newer object (another generation),
-/// or fewer than [`FIXED_LEN`] bytes, is left alone. Only the magic is
-/// cleared, so a writer of a new object here, which rewrites the whole
-/// header after this, cannot be damaged by it.
+/// a scan nor read through an old location: its generation becomes
+/// [`DESTROYED`], which also breaks the header's checksum. A region already
+/// reused by a newer object (another generation), or fewer than
+/// [`FIXED_LEN`] bytes, is left alone.
+///
+/// The master hands a freed memory region out again before its old object
+/// is destroyed, so a writer may be copying a new object here meanwhile,
+/// from another process. The generation is therefore changed with one
+/// compare-and-swap, and a writer stores its own generation once more,
+/// atomically, after copying its header
+/// ([`crate::header::publish_generation`]): either the swap comes first and
+/// the writer's store overwrites it, or the swap finds the new generation
+/// and does nothing. Where the old header lies inside the new object's
+/// value, the swap either comes before the value's bytes there or finds
+/// them (which hold the old magic and generation only if the writer put
+/// them there). (Zeroing the magic after checking the generation, as
+/// this did before, could land after a writer's header: the new object
+/// was lost, or a value covering the old header got four zero bytes.)
 pub fn invalidate(object: &mut [u8], generation: u64) -> bool {
-    let Some(fixed) = object.get_mut(..FIXED_LEN) else {
-        return false;
-    };
-    let gen = u64::from_le_bytes(fixed[16..24].try_into().unwrap_or([0; 8]));
-    if fixed[..4] != OBJECT_MAGIC || gen != generation {
+    if generation == DESTROYED || object.len() < FIXED_LEN || object[..4] != OBJECT_MAGIC {
         return false;
     }
-    fixed[..4].fill(0);
-    true
+    match crate::header::generation_word(object) {
+        Some(word) => word
+            .compare_exchange(generation.to_le(), DESTROYED, SeqCst, SeqCst)
+            .is_ok(),
+        // Unaligned: a private copy (a disk block read into a buffer),
+        // which nobody else writes.
+        None => {
+            let Some(word) = object.get_mut(GENERATION_AT..GENERATION_AT + 8) else {
+                return false;
+            };
+            if word != generation.to_le_bytes() {
+                return false;
+            }
+            word.copy_from_slice(&DESTROYED.to_le_bytes());
+            true
+        }
+    }
 }
 
 #[cfg(test)]

@@ -134,11 +134,17 @@ impl ShmMap {
         let dst = unsafe { self.region.slice_mut(offset, len) };
         // Sealed with the checksum of the bytes as copied, as a store does
         // with what it receives: a source changed meanwhile still reads back.
-        let copy = || {
-            copy_sealed(dst, parts);
-        };
+        let mut sealed = false;
+        let copy = || sealed = copy_sealed(dst, parts);
         (writer.write(&fence, grant.fence, (offset, len), copy))
-            .map_err(|r| KvError::new(Code::TransferFail, r.0))
+            .map_err(|r| KvError::new(Code::TransferFail, r.0))?;
+        if !sealed {
+            return Err(KvError::new(
+                Code::TransferFail,
+                "the object's header was damaged while its value was copied",
+            ));
+        }
+        Ok(())
     }
 
     /// Fills `dst` in order from `offset`.

@@ -181,9 +181,9 @@ pub fn invalidate_object(region: &MappedRegion, offset: u64, generation: u64) ->
     if !region.contains(offset, FIXED_LEN as u64) {
         return false;
     }
-    // SAFETY: in bounds (checked above). Only the magic is written: a
-    // concurrent writer of a new object here rewrites the whole header after
-    // this, and a reader of the old object then fails its header check.
+    // SAFETY: in bounds (checked above). Only the generation changes, with
+    // one compare-and-swap, which a concurrent writer of a new object here
+    // cannot lose its header to (see `kvpool_format::scan::invalidate`).
     let header = unsafe { region.slice_mut(offset, FIXED_LEN as u64) };
     kvpool_format::scan::invalidate(header, generation)
 }

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvpool_format::{seal, value_start, ValueHasher, FIXED_LEN};
+use kvpool_format::{publish_generation, seal, value_start, ValueHasher, FIXED_LEN};
 use kvpool_net::auth::{Role, Security};
 use kvpool_net::capability::{unix_ms, CapabilityKey};
 use kvpool_net::conn::{accept_unix, FramedConn};
@@ -493,6 +493,9 @@ enum Refusal {
     /// The master invalidated this version (removed, replaced, or given up
     /// before the write came).
     Invalidated,
+    /// The header no longer checked when the value was in, so it could not
+    /// be sealed.
+    Damaged,
 }
 
 /// Counts and logs a write refused by the fence checks; the error for it,
@@ -521,6 +524,10 @@ fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvEr
         Refusal::Invalidated => (
             "invalidated",
             "the master invalidated this version (removed, replaced or given up)".to_string(),
+        ),
+        Refusal::Damaged => (
+            "damaged",
+            "the object's header was damaged while its value was written".to_string(),
         ),
     };
     m.write_refused(reason);
@@ -572,6 +579,7 @@ async fn write_object(
     let dst = unsafe { s.region.slice_mut(req.offset, len) };
     let landed = s.fence.enter(g.fence).map(|_inside| {
         dst[..FIXED_LEN].copy_from_slice(&head);
+        publish_generation(dst, g.generation);
         dst[FIXED_LEN..head_len].copy_from_slice(&key);
     });
     if landed.is_none() {
@@ -592,12 +600,25 @@ async fn write_object(
         || !conn
             .read_payload_fenced(&mut dst[head_len..], || s.fence.enter(g.fence), &mut hash)
             .await?
-        || s.fence
-            .enter(g.fence)
-            .map(|_inside| seal(dst, sum.digest()))
-            .is_none()
     {
         return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g)));
+    }
+    match s
+        .fence
+        .enter(g.fence)
+        .map(|_inside| seal(dst, sum.digest()))
+    {
+        None => return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g))),
+        // The header was damaged while the value came: nothing reads it.
+        Some(false) => {
+            return Ok(Err(refused(
+                &table.metrics,
+                Refusal::Damaged,
+                req.segment,
+                g,
+            )))
+        }
+        Some(true) => {}
     }
     s.starts.wrote(req.offset, len);
     Ok(table.landed(req.segment, req.offset, &s.region))

@@ -480,3 +480,67 @@ async fn garbage_header_is_answered_and_server_keeps_serving() {
         .is_ok());
     token.cancel();
 }
+
+#[test]
+fn an_invalidation_racing_a_new_writer_never_damages_the_new_object() {
+    // The master returns a freed memory region to its allocator at once and
+    // queues the old object's destruction: a client writing a new object
+    // there through shared memory copies while the store destroys the old
+    // header, started together here round after round. Whatever the
+    // interleaving, the new object is intact and holds its own bytes, both
+    // where it starts at the old header and where the old header lies
+    // inside its value.
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    const ROUNDS: u64 = 100_000;
+    const OLD: u64 = 4096;
+    let region = Arc::new(MappedRegion::anonymous(1 << 20).unwrap());
+    // Round i: the writer sets `go` to i, the invalidator answers by
+    // setting `started` to i, then `done` once it has invalidated.
+    let [go, started, done] = [(); 3].map(|_| Arc::new(AtomicU64::new(0)));
+    let invalidator = {
+        let (region, go, started, done) =
+            (region.clone(), go.clone(), started.clone(), done.clone());
+        std::thread::spawn(move || {
+            for i in 1..=2 * ROUNDS {
+                while go.load(SeqCst) != i {
+                    std::hint::spin_loop();
+                }
+                started.store(i, SeqCst);
+                invalidate_object(&region, OLD, i);
+                done.store(i, SeqCst);
+            }
+        })
+    };
+    let mut damaged = [0; 2];
+    for i in 1..=2 * ROUNDS {
+        // Generation i is intact at OLD; generation i + 1 is written at OLD,
+        // or (odd rounds) from 64 bytes before it.
+        let at = if i % 2 == 0 { OLD } else { OLD - 64 };
+        let value = vec![(i % 251) as u8 + 1; 4000];
+        let new = object("k", i + 1, &value);
+        let old = object("k", i, &value);
+        // SAFETY: in bounds; the invalidator waits for this round.
+        let area = unsafe { region.slice_mut(OLD - 64, 8192) };
+        area.fill(0);
+        area[64..64 + old.len()].copy_from_slice(&old);
+        go.store(i, SeqCst);
+        while started.load(SeqCst) != i {
+            std::hint::spin_loop();
+        }
+        // SAFETY: in bounds; nothing else writes here.
+        let dst = unsafe { region.slice_mut(at, new.len() as u64) };
+        let (head, tail) = new.split_at(kvpool_format::value_start(&new).unwrap());
+        let sealed = kvpool_format::copy_sealed(dst, &[head, tail]);
+        while done.load(SeqCst) != i {
+            std::hint::spin_loop();
+        }
+        let ok = sealed && dst[..] == new[..];
+        damaged[(i % 2) as usize] += u64::from(!ok);
+    }
+    invalidator.join().unwrap();
+    assert_eq!(
+        damaged,
+        [0, 0],
+        "new objects damaged (at the old header, around it)"
+    );
+}
