@@ -52,9 +52,11 @@ class Engine:
     server args name."""
 
     def __init__(self, master: str, protocol: str = "tcp", *, layers: int = 3, tokens: int = 2048,
-                 kv_dim: Tuple[int, int] = (32, 16)) -> None:
+                 kv_dim: Tuple[int, int] = (32, 16), tp_group: Any = None) -> None:
         """``layers`` of latent KV rows ``kv_dim`` = (latent, rope) wide
-        (DeepSeek V3.2: 61 layers of (512, 64)), ``tokens`` slots."""
+        (DeepSeek V3.2: 61 layers of (512, 64)), ``tokens`` slots;
+        ``tp_group``: the process group of the engine's tensor-parallel
+        ranks (``None``: one rank)."""
         server_args = ServerArgs(
             model_path="dummy",
             device="cpu",
@@ -85,6 +87,7 @@ class Engine:
             req_to_token_pool=ReqToTokenPool(8, tokens, "cpu", False),
             token_to_kv_pool_allocator=self.alloc,
             page_size=PAGE,
+            tp_cache_group=tp_group,
         )
         worker = SimpleNamespace(
             model_runner=SimpleNamespace(forward_stream=None),

@@ -15,12 +15,15 @@ KVPOOL_TEST_SGLANG=1 makes a missing SGLang a failure, =0 skips."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from conftest import Cluster, load_bench_script, new_cluster, require_sglang
+from conftest import Cluster, free_port, load_bench_script, new_cluster, require_sglang
 
 require_sglang()
 
@@ -30,6 +33,7 @@ from kvpool.sglang import KvpoolLinker  # noqa: E402
 #: The engines (``Engine``) are the linker benchmark's (bench/sglang_linker.py).
 linker_bench = load_bench_script("sglang_linker")
 Engine, PAGE, prompt, same_kv = linker_bench.Engine, linker_bench.PAGE, linker_bench.prompt, linker_bench.same_kv
+TP_PEER = Path(__file__).with_name("linker_tp_peer.py")
 
 
 def offload_then_load(prefill: Engine, decode: Engine, tokens: list, rid: str) -> None:
@@ -201,3 +205,36 @@ def test_reset_and_close_wait_for_transfers_in_flight(pool: Cluster) -> None:
     assert engine.linker.num_completed_offloads() == 0 and engine.cache.linker.pending_offloads == []
     engine.cache.linker.close()
     assert not engine.linker.load_thread.is_alive() and not engine.linker.offload_thread.is_alive()
+
+
+def test_two_tensor_parallel_ranks_share_pages_and_agree_on_hits_and_failures(pool: Cluster) -> None:
+    # Two ranks, each a process with the ranks' gloo group as SGLang's
+    # tp_cache_group (linker_tp_peer.py): pages offloaded by rank 0 alone and
+    # loaded on both; a page gone before rank 1's lookup (after rank 0's)
+    # cutting the hit on both; a load failed on rank 1 (rank 0's landed)
+    # aborting the request on both.
+    port = free_port()
+    peers = [
+        subprocess.Popen(
+            [sys.executable, str(TP_PEER), str(rank), str(port), pool.master, "tcp"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for rank in range(2)
+    ]
+    outs = []
+    for p in peers:
+        try:
+            outs.append(p.communicate(timeout=180)[0])
+        except subprocess.TimeoutExpired:
+            for q in peers:
+                q.kill()
+            raise
+    both = "\n".join(f"--- rank {rank}:\n{out[-3000:]}" for rank, out in enumerate(outs))
+    for rank, (p, out) in enumerate(zip(peers, outs)):
+        assert p.returncode == 0, f"rank {rank} failed\n{both}"
+        assert [line for line in out.splitlines() if line.startswith("ok ")] == [
+            "ok offloaded by rank 0 alone",
+            "ok loaded on every rank",
+            "ok a page gone for rank 1 cut the hit on every rank",
+            "ok a load failed on rank 1 aborted the request on every rank",
+        ], both
