@@ -676,7 +676,9 @@ fn check_unreadable(
     t0: u64,
     flag: &mut dyn FnMut(Violation, String),
 ) {
-    for run in h.gets.split(|g| g.failed.is_none()) {
+    let gap = cfg.unreadable_bound_ns / 3;
+    let runs = h.gets.split(|g| g.failed.is_none());
+    for run in runs.flat_map(|run| observed(run, gap)) {
         // Several writes may be outlasted by one run: blame the latest
         // acknowledged, the value the gets should have returned.
         let mut blamed: Option<(&KWrite, &[KGet], u64)> = None;
@@ -748,6 +750,24 @@ fn check_unreadable(
             format!("unreadable g{}", first.op),
         );
     }
+}
+
+/// `run` (failing gets, in invocation order) cut wherever nobody read the
+/// key for longer than `gap`: the object may have been readable meanwhile
+/// (its store faulted twice, say, and no get came between), so what
+/// follows is another run, not the same outage.
+fn observed(run: &[KGet], gap: u64) -> impl Iterator<Item = &[KGet]> {
+    let mut seen = 0;
+    let mut cuts = vec![0];
+    for (i, g) in run.iter().enumerate() {
+        if i > 0 && g.inv > seen + gap {
+            cuts.push(i);
+        }
+        seen = seen.max(g.done);
+    }
+    cuts.push(run.len());
+    let parts: Vec<&[KGet]> = cuts.windows(2).map(|w| &run[w[0]..w[1]]).collect();
+    parts.into_iter()
 }
 
 mod render;

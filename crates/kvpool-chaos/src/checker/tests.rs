@@ -409,6 +409,27 @@ fn failures_within_the_bound_between_good_reads_are_no_violation() {
 }
 
 #[test]
+fn failures_with_an_unobserved_gap_between_are_two_runs() {
+    // Two outages of the object's store, nobody reading the key between:
+    // it may have been readable then (a chaos run saw failures at 62 s and
+    // at 98-104 s, on two faults of its store, and a good read after).
+    let mut h = H::default();
+    h.put(0, 10 * S, "k", 1, Outcome::Ok);
+    h.failing_gets(11, 28, "k");
+    h.failing_gets(40, 58, "k");
+    let r = h.check();
+    assert_eq!(r.total(), 0, "{}", render(&r, 10));
+    // A key read now and then (every 9 s) is observed throughout.
+    let mut h = H::default();
+    h.put(0, 10 * S, "k", 1, Outcome::Ok);
+    for t in (11..=56).step_by(9) {
+        h.failing_gets(t, t, "k");
+    }
+    let r = h.check();
+    assert_eq!(counts(&r), [0, 1, 0, 0, 0], "{}", render(&r, 10));
+}
+
+#[test]
 fn failures_after_a_write_that_could_replace_the_acked_one_are_excused() {
     let mut h = H::default();
     h.put(0, 10 * S, "k", 1, Outcome::Ok);
