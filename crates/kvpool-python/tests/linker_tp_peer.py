@@ -67,15 +67,26 @@ def load(engine: Engine, rid: str, tokens: list) -> tuple:
     return hit, [r.rid for r in failed], dst
 
 
-# Every rank computes the same rows (seeded alike); rank 0 alone offloads.
-torch.manual_seed(1)
+def prefilled(seed: int, pages: int) -> tuple:
+    """The prefill engine computes a prompt of ``pages`` pages (the same rows
+    on every rank, seeded alike) and offloads it; a fresh decode engine
+    comes to load it. Returns the prompt, its slots and the decode engine."""
+    torch.manual_seed(seed)
+    tokens = prompt(seed, pages=pages)
+    slots = prefill.compute(tokens)
+    prefill.settle()
+    decode = Engine(master, protocol, tp_group=group)
+    engines.append(decode)
+    return tokens, slots, decode
+
+
 prefill = Engine(master, protocol, tp_group=group)
-tokens = prompt(1, pages=8)
-slots = prefill.compute(tokens)
-prefill.settle()
+engines = [prefill]
+
+# Rank 0 alone offloads; every rank loads.
+tokens, slots, decode = prefilled(1, 8)
 assert prefill.linker.stats["offload"] == (1 if rank == 0 else 0), prefill.linker.stats
 step("offloaded by rank 0 alone")
-decode = Engine(master, protocol, tp_group=group)
 hit, failed, dst = load(decode, "all", tokens)
 assert (hit, failed) == (8 * PAGE, []), (hit, failed)
 assert same_kv(prefill, slots, decode, dst)
@@ -84,11 +95,7 @@ step("loaded on every rank")
 # Rank 1 looks up after page 5 is gone (evicted, or its store lost), rank
 # 0 before: every rank loads the five pages all of them found, never a
 # prefix one rank lacks.
-torch.manual_seed(2)
-tokens = prompt(2, pages=8)
-slots = prefill.compute(tokens)
-prefill.settle()
-decode = Engine(master, protocol, tp_group=group)
+tokens, slots, decode = prefilled(2, 8)
 if rank == 0:
     decode.linker.lookup = then_signal(decode.linker.lookup, "looked")
 else:
@@ -101,11 +108,7 @@ step("a page gone for rank 1 cut the hit on every rank")
 
 # Rank 0's load lands; rank 1 reads after the pages are gone and fails:
 # the request is aborted on every rank, rank 0's included.
-torch.manual_seed(3)
-tokens = prompt(3, pages=4)
-slots = prefill.compute(tokens)
-prefill.settle()
-decode = Engine(master, protocol, tp_group=group)
+tokens, slots, decode = prefilled(3, 4)
 req, hit, dst = decode.admit("gone", tokens)
 assert hit == 4 * PAGE, hit
 if rank == 0:
@@ -117,7 +120,7 @@ failed = decode.forward([req])
 assert [r.rid for r in failed] == ["gone"], failed
 step("a load failed on rank 1 aborted the request on every rank")
 
-for engine in (prefill, decode):
+for engine in engines:
     engine.cache.linker.close()
 client.close()
 dist.destroy_process_group()
