@@ -495,8 +495,8 @@ enum Refusal {
     /// The master invalidated this version (removed, replaced, or given up
     /// before the write came).
     Invalidated,
-    /// The header no longer checked when the value was in, so it could not
-    /// be sealed.
+    /// The header did not check when the value was in (sent so, or
+    /// damaged meanwhile), so it could not be sealed.
     Damaged,
 }
 
@@ -529,7 +529,8 @@ fn refused(m: &DataMetrics, why: Refusal, segment: SegmentId, g: &Grant) -> KvEr
         ),
         Refusal::Damaged => (
             "damaged",
-            "the object's header was damaged while its value was written".to_string(),
+            "the object's header does not check (sent so, or damaged while the value came)"
+                .to_string(),
         ),
     };
     m.write_refused(reason);
@@ -611,7 +612,7 @@ async fn write_object(
         .map(|_inside| seal(dst, sum.digest()))
     {
         None => return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g))),
-        // The header was damaged while the value came: nothing reads it.
+        // A header that does not check: nothing would read the object.
         Some(false) => {
             return Ok(Err(refused(
                 &table.metrics,

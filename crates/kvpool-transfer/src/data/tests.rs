@@ -481,6 +481,29 @@ async fn garbage_header_is_answered_and_server_keeps_serving() {
     token.cancel();
 }
 
+#[tokio::test]
+async fn a_write_whose_header_does_not_check_is_refused() {
+    // A header whose own checksum is wrong cannot be sealed, and an object
+    // nobody could read must not be acknowledged.
+    let (addr, table, token) = server().await;
+    let (region, _) = table.get(SegmentId(7)).unwrap();
+    let mut o = object("k", 3, b"value");
+    o[33] ^= 1;
+    let mut c = FramedConn::connect(&addr, "test", Limits::default())
+        .await
+        .unwrap();
+    let r = write_regions(&mut c, &[write_op(0, 3, fence(&table), &o)])
+        .await
+        .unwrap();
+    let e = r[0].as_ref().unwrap_err();
+    assert_eq!(e.code, Code::TransferFail);
+    assert!(e.message.contains("does not check"), "{}", e.message);
+    // SAFETY: in bounds.
+    let (found, _) = kvpool_format::scan::scan(unsafe { region.slice(0, region.len()) }, 0);
+    assert!(found.is_empty(), "{found:?}");
+    token.cancel();
+}
+
 #[test]
 fn an_invalidation_racing_a_new_writer_never_damages_the_new_object() {
     // The master returns a freed memory region to its allocator at once and
