@@ -107,6 +107,12 @@ pub struct ClientConfig {
     /// The key proved to the master and stores (and asked of peers of the
     /// embedded segment); lending memory takes a store key.
     pub security: Security,
+    /// After the master has not answered this client's heartbeats for this
+    /// long, master calls fail at once (RPC_FAIL) instead of waiting out
+    /// their retries, until it answers again. Off by default: an engine
+    /// thread that must not block (a scheduler's lookup) sets it above a
+    /// failover's length (2.5 s at p99 here).
+    pub fail_fast_after: Option<Duration>,
 }
 
 impl ClientConfig {
@@ -127,6 +133,7 @@ impl ClientConfig {
             location_cache: 65_536,
             hedge_reads: false,
             security: Security::default(),
+            fail_fast_after: None,
         }
     }
 }

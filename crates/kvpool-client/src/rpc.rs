@@ -38,6 +38,21 @@ impl Client {
     /// under the request id of the call it is part of (or a fresh one) and
     /// in a `request` span carrying it, as the master logs it.
     pub(crate) async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
+        if let Some(after) = self.inner.cfg.fail_fast_after {
+            let silent = self.inner.link.silent_for();
+            if silent >= after {
+                // Settled: the call's retries would wait for the master too.
+                return Err(KvError::new(
+                    Code::RpcFail,
+                    format!(
+                        "the master has not answered for {:.1}s (fail_fast_after {:.1}s)",
+                        silent.as_secs_f64(),
+                        after.as_secs_f64()
+                    ),
+                )
+                .settled());
+            }
+        }
         let id = request_id::current_or_fresh();
         let call = self.inner.link.call_as(id, req);
         call.instrument(request_id::span(id, R::OPCODE)).await

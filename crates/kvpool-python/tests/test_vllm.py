@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -455,6 +456,34 @@ def test_dead_store_reported(vllm, engines, own_cluster: Cluster, prefix):
     assert errors == set(dst) and finished == {"r"}
     rec = a.stats()["load_get"][0]
     assert rec["num_failed_keys"] == 4
+
+
+def test_silent_master_fails_fast_when_the_config_asks(vllm, engines, own_cluster: Cluster, prefix):
+    """vLLM calls the store from its scheduler's lookup and its workers'
+    threads; with ``fail_fast_after`` in the config file, a paused master
+    costs a miss and a failed load at once instead of the client's retries
+    (10 s per call), and lookups find the blocks again once it answers."""
+    a = Engine(vllm, own_cluster.master, prefix, file_extra={"fail_fast_after": 1.5})
+    engines.append(a)
+    hashes = hashes_for(prefix, 4)
+    for i in range(4):
+        a.fill(1 + i, i)
+    a.save("w", [1, 2, 3, 4], hashes)
+    assert a.lookup(4 * BLOCK + 1, hashes) == 4 * BLOCK
+    own_cluster.master_proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(3)  # past fail_fast_after, heartbeats unanswered
+        t0 = time.monotonic()
+        assert a.lookup(4 * BLOCK + 1, hashes) == 0
+        errors, finished = a.load("r", [10, 11, 12, 13], hashes)
+        assert time.monotonic() - t0 < 5
+        assert errors == {10, 11, 12, 13} and finished == {"r"}
+    finally:
+        own_cluster.master_proc.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 15
+    while a.lookup(4 * BLOCK + 1, hashes) != 4 * BLOCK:
+        assert time.monotonic() < deadline, "lookups did not find the blocks again"
+        time.sleep(0.2)
 
 
 def test_embedded_mode_and_file_defaults(vllm, engines, master, prefix, monkeypatch):

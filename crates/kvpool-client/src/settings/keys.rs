@@ -75,6 +75,7 @@ pub(super) const KEYS: &[Key] = &[
     key("connect_timeout", &[], "KVPOOL_CONNECT_TIMEOUT", &[]),
     key("hedge_reads", &[], "KVPOOL_HEDGE_READS", &[]),
     key("retries", &[], "KVPOOL_RETRIES", &["MC_RETRY_CNT"]),
+    key("fail_fast_after", &[], "KVPOOL_FAIL_FAST_AFTER", &[]),
     key("conns_per_store", &[], "KVPOOL_CONNS_PER_STORE", &[]),
     key("location_cache", &[], "KVPOOL_LOCATION_CACHE", &[]),
     key(

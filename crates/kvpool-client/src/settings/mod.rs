@@ -65,6 +65,9 @@ pub struct Settings {
     pub connect_timeout: Option<Duration>,
     /// Most extra attempts after transient failures (`None`: client default).
     pub retries: Option<u32>,
+    /// Master silence after which master calls fail at once (`None`: they
+    /// wait out their retries; see [`ClientConfig::fail_fast_after`]).
+    pub fail_fast_after: Option<Duration>,
     /// Parallel connections a big batch uses per store (`None`: client default).
     pub conns_per_store: Option<usize>,
     /// Keys whose locations are remembered for one-round-trip repeat reads
@@ -151,6 +154,7 @@ impl Settings {
             timeout: r.duration("timeout")?,
             connect_timeout: r.duration("connect_timeout")?,
             retries: r.count("retries", 1000)?.map(|n| n as u32),
+            fail_fast_after: r.duration("fail_fast_after")?,
             conns_per_store: r.count("conns_per_store", 256)?.map(|n| n.max(1) as usize),
             location_cache: r.count("location_cache", 1 << 26)?.map(|n| n as usize),
             hedge_reads: r.flag("hedge_reads")?,
@@ -191,6 +195,7 @@ impl Settings {
             ("timeout", secs(self.timeout)),
             ("connect_timeout", secs(self.connect_timeout)),
             ("retries", opt_int(self.retries.map(u64::from))),
+            ("fail_fast_after", secs(self.fail_fast_after)),
             (
                 "conns_per_store",
                 opt_int(self.conns_per_store.map(|n| n as u64)),
@@ -242,6 +247,7 @@ impl Settings {
         if let Some(r) = self.retries {
             c.retries = r;
         }
+        c.fail_fast_after = self.fail_fast_after;
         if let Some(n) = self.conns_per_store {
             c.conns_per_store = n;
         }

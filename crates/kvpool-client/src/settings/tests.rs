@@ -69,6 +69,7 @@ fn every_setting_reaches_the_client_config() {
             ("timeout", Raw::Float(2.5)),
             ("connect_timeout", Raw::Str("300ms".into())),
             ("retries", Raw::Int(3)),
+            ("fail_fast_after", Raw::Str("3s".into())),
             ("conns_per_store", Raw::Int(0)),
             ("location_cache", Raw::Str("10".into())),
             ("hedge_reads", Raw::Bool(true)),
@@ -85,6 +86,7 @@ fn every_setting_reaches_the_client_config() {
     assert_eq!(c.timeout, Duration::from_millis(2500));
     assert_eq!(c.connect_timeout, Duration::from_millis(300));
     assert_eq!(c.retries, 3);
+    assert_eq!(c.fail_fast_after, Some(Duration::from_secs(3)));
     assert_eq!(c.conns_per_store, 1, "at least one connection");
     assert_eq!(c.location_cache, 10);
     assert!(c.hedge_reads);

@@ -97,7 +97,9 @@ class Client:
     ``tls_ca`` (default ``KVPOOL_TLS_CA``) turns TLS on, verifying the pool
     against that CA bundle; ``tls_cert``/``tls_key`` (``KVPOOL_TLS_CERT``,
     ``KVPOOL_TLS_KEY``) add a client certificate, which lending memory over
-    TLS needs.
+    TLS needs. ``fail_fast_after`` (seconds; default ``KVPOOL_FAIL_FAST_AFTER``,
+    else off): once the master has not answered for that long, calls that
+    need it fail at once instead of waiting out their retries.
     Safe to share between threads; every call
     releases the GIL while it waits. After ``os.fork()`` the child reconnects
     on first use as a pure client (the segment stays the parent's).
@@ -112,6 +114,7 @@ class Client:
         segment_address: Optional[str] = None,
         timeout: Optional[float] = None,
         retries: Optional[int] = None,
+        fail_fast_after: Optional[float] = None,
         conns_per_store: Optional[int] = None,
         protocol: Optional[str] = None,
         location_cache: Optional[int] = None,
@@ -128,6 +131,7 @@ class Client:
                 "segment_address": segment_address,
                 "timeout": timeout,
                 "retries": retries,
+                "fail_fast_after": fail_fast_after,
                 "conns_per_store": conns_per_store,
                 "protocol": protocol,
                 "location_cache": location_cache,
