@@ -451,12 +451,6 @@ impl MasterState {
             .collect()
     }
 
-    /// Whether the object of `generation` at `offset` of segment `id` was
-    /// queued for destruction lately (see [`InvalidationQueue::recent`]).
-    pub(super) fn destroyed_at(&self, id: SegmentId, offset: u64, generation: u64) -> bool {
-        self.invalidations.lock().recent.get(&(id, offset)) == Some(&generation)
-    }
-
     /// What a reply about `keys` must wait for, if anything: their old
     /// versions destroyed on the stores. It waits at most [`FENCE_WAIT`]
     /// for a delivery, and where one fails, until no client can read the

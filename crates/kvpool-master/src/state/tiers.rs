@@ -283,7 +283,7 @@ impl MasterState {
         for (key, generation, value_len, source, region) in chosen {
             let len = object_len(&key, value_len);
             let want = in_units(len, Tier::ALL[to]);
-            let mut dest = self.allocate_among(&g.levels[to], want, generation);
+            let mut dest = self.allocate_among(&g.levels[to], want);
             // The lower tier is full: its least recently used objects go,
             // unless as much is on its way back already. A region there is
             // reused only once its store has destroyed the object in it, so
@@ -291,7 +291,7 @@ impl MasterState {
             // time for one round's worth of room.
             if dest.is_none() && below.iter().map(|&d| self.freeing(d)).sum::<u64>() < want {
                 self.evict_on(now, want, Some(&below));
-                dest = self.allocate_among(&g.levels[to], want, generation);
+                dest = self.allocate_among(&g.levels[to], want);
             }
             let Some((dest, to_region)) = dest else {
                 break;
@@ -318,43 +318,18 @@ impl MasterState {
         tickets
     }
 
-    /// Reserves `len` bytes for a copy of `generation` on the first of
-    /// `segments` that has them (see [`Self::allocate_for`]).
+    /// Reserves `len` bytes on the first of `segments` that has them.
     fn allocate_among(
         &self,
         segments: &[(SegmentId, SegNo)],
         len: u64,
-        generation: u64,
     ) -> Option<(SegmentId, Region)> {
-        (segments.iter()).find_map(|&(id, _)| Some((id, self.allocate_for(id, len, generation)?)))
+        (segments.iter()).find_map(|&(id, _)| Some((id, self.allocate_on(id, len)?)))
     }
 
-    /// Reserves `len` bytes on segment `id` for a copy of `generation`, if
-    /// it has them, never where that version was destroyed lately: a store
-    /// takes a copy landing there for one the master gave up, and refuses
-    /// it (a promotion back to the region an object was demoted from would
-    /// fail every round).
-    fn allocate_for(&self, id: SegmentId, len: u64, generation: u64) -> Option<Region> {
-        let alloc = || self.segments.read().get(&id)?.alloc.lock().alloc(len);
-        let mut passed = Vec::new();
-        // One lock at a time: freeing takes the allocator's under the
-        // invalidation queue's.
-        let found = loop {
-            let Some(r) = alloc() else {
-                break None;
-            };
-            if !self.destroyed_at(id, r.offset, generation) {
-                break Some(r);
-            }
-            passed.push(r);
-        };
-        if let Some(s) = self.segments.read().get(&id) {
-            let mut a = s.alloc.lock();
-            for r in passed {
-                a.free(r);
-            }
-        }
-        found
+    /// Reserves `len` bytes on segment `id`, if it has them.
+    fn allocate_on(&self, id: SegmentId, len: u64) -> Option<Region> {
+        self.segments.read().get(&id)?.alloc.lock().alloc(len)
     }
 
     /// Notes a read of an object that is on disk only (`i` in a locked
@@ -439,7 +414,7 @@ impl MasterState {
             let Some(dest) = target else {
                 continue;
             };
-            let Some(to) = self.allocate_for(dest, want, generation) else {
+            let Some(to) = self.allocate_on(dest, want) else {
                 continue;
             };
             if !self.tier.lock().moving.insert(key.clone()) {
@@ -536,50 +511,5 @@ impl MasterState {
     /// Objects moved back to memory since start.
     pub fn promotions(&self) -> u64 {
         self.promotions.load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use kvpool_proto::msg::{ClientId, SegmentInfo};
-
-    use super::*;
-    use crate::state::StateConfig;
-
-    #[test]
-    fn a_copy_never_goes_where_its_version_was_destroyed() {
-        // A store refuses a copy landing where the same version was
-        // destroyed (it takes it for a move the master gave up), so a move
-        // planned there would fail every round.
-        let st = MasterState::new(StateConfig {
-            client_ttl: Duration::from_secs(3600),
-            ..StateConfig::default()
-        });
-        let now = Instant::now();
-        let (c, id) = (ClientId(1), SegmentId(1));
-        st.register_client(c, "host", now).unwrap();
-        let seg = SegmentInfo {
-            id,
-            name: "a".into(),
-            endpoint: "10.0.0.1:7000".into(),
-            base: 4096,
-            size: 1 << 20,
-            path: None,
-            tier: Tier::Memory,
-        };
-        st.mount(c, seg, 0, now).unwrap();
-        let len = 64 << 10;
-        let left = st.allocate_for(id, len, 5).unwrap();
-        st.free_now(&[(id, left)], Some(5));
-        // Another version goes there (the allocator hands it out first) ...
-        let other = st.allocate_for(id, len, 6).unwrap();
-        assert_eq!(other.offset, left.offset);
-        st.free_now(&[(id, other)], None);
-        // ... the destroyed one does not, and what it passed is free again.
-        let again = st.allocate_for(id, len, 5).unwrap();
-        assert_ne!(again.offset, left.offset);
-        assert_eq!(st.allocate_for(id, len, 7).unwrap().offset, left.offset);
     }
 }

@@ -8,21 +8,19 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use std::time::Instant;
 
 use kvpool_net::auth::Security;
 use kvpool_net::conn::FramedConn;
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{ReadReq, SegmentId, Tier, TierMove, DISK_BLOCK};
 use kvpool_proto::{Code, KvResult};
-use parking_lot::RwLock;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::medium::{in_object_area, Copied, Medium};
 use super::on_disk::DiskSegment;
 use super::serve::Reply;
-use super::table::{Revoked, Served};
+use super::table::Served;
 use super::tests::object;
 use super::*;
 use crate::disk::DiskFile;
@@ -203,7 +201,6 @@ async fn tier_moves_go_both_ways_through_any_medium() {
     let dir = tempfile::tempdir().unwrap();
     let all = media(dir.path());
     let memory = all[0].1.clone();
-    let none = RwLock::new(Revoked::default());
     for (name, other) in &all[1..] {
         let o = object("m", 9, &[3u8; 5000]);
         assert!(memory.copy_in(DISK_BLOCK, &o, &intact(9)).unwrap());
@@ -216,7 +213,7 @@ async fn tier_moves_go_both_ways_through_any_medium() {
             generation: 9,
             fence: FENCE,
         };
-        media::tier_move(&*memory, &**other, &mv(DISK_BLOCK, DISK_BLOCK * 4), &none).unwrap();
+        media::tier_move(&*memory, &**other, &mv(DISK_BLOCK, DISK_BLOCK * 4)).unwrap();
         assert_eq!(
             other
                 .copy_out(DISK_BLOCK * 4, o.len() as u64)
@@ -225,13 +222,7 @@ async fn tier_moves_go_both_ways_through_any_medium() {
             &o[..],
             "{name}"
         );
-        media::tier_move(
-            &**other,
-            &*memory,
-            &mv(DISK_BLOCK * 4, DISK_BLOCK * 8),
-            &none,
-        )
-        .unwrap();
+        media::tier_move(&**other, &*memory, &mv(DISK_BLOCK * 4, DISK_BLOCK * 8)).unwrap();
         assert_eq!(
             memory
                 .copy_out(DISK_BLOCK * 8, o.len() as u64)
@@ -248,35 +239,13 @@ async fn tier_moves_go_both_ways_through_any_medium() {
                 generation: 8,
                 ..mv(DISK_BLOCK, DISK_BLOCK * 12)
             },
-            &none,
         )
         .unwrap_err();
         assert_eq!(e.code, Code::ObjectNotFound, "{name}");
         // Not between two segments of one tier.
-        let e = media::tier_move(
-            &**other,
-            &**other,
-            &mv(DISK_BLOCK * 4, DISK_BLOCK * 16),
-            &none,
-        )
-        .unwrap_err();
+        let e =
+            media::tier_move(&**other, &**other, &mv(DISK_BLOCK * 4, DISK_BLOCK * 16)).unwrap_err();
         assert_eq!(e.code, Code::InvalidParams, "{name}");
-        // A move the master gave up (its copy's destruction came first, the
-        // region may be another object's) writes nothing, either way.
-        for (src, dst, from_offset, to_offset) in [
-            (&memory, other, DISK_BLOCK, DISK_BLOCK * 20),
-            (other, &memory, DISK_BLOCK * 4, DISK_BLOCK * 24),
-        ] {
-            let given_up = RwLock::new(Revoked::default());
-            given_up
-                .write()
-                .insert(SegmentId(2), to_offset, 9, Instant::now());
-            let e = media::tier_move(&**src, &**dst, &mv(from_offset, to_offset), &given_up)
-                .unwrap_err();
-            assert_eq!(e.code, Code::TransferFail, "{name}");
-            let there = dst.copy_out(to_offset, o.len() as u64).unwrap();
-            assert!(!intact(9)(there.bytes()), "{name}: a given-up move landed");
-        }
     }
 }
 

@@ -8,12 +8,11 @@ use std::time::Instant;
 use kvpool_format::FIXED_LEN;
 use kvpool_proto::msg::{self, InvalidateReq, SegmentId, Tier, TierMove, TierMoveReq};
 use kvpool_proto::{Code, KvError, KvResult};
-use parking_lot::RwLock;
 use tracing::debug;
 
 use super::medium::{in_object_area, on_io, Medium};
 use super::serve::{Boxed, Reply};
-use super::table::{Revoked, SegmentTable};
+use super::table::SegmentTable;
 use crate::mapped::MappedRegion;
 
 /// The error for a segment this store does not serve.
@@ -81,14 +80,6 @@ pub(super) fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<R
     if !medium.fence().admits(req.fence) {
         return Err(refused());
     }
-    // Remembered here too, so that a tier move into one of these regions
-    // that comes after this is refused (see `tier_move`).
-    let now = Instant::now();
-    let mut revoked = table.revoked.write();
-    for &(off, gen) in &req.regions {
-        revoked.insert(req.segment, off, gen, now);
-    }
-    drop(revoked);
     let done = on_io(medium, move |md| md.invalidate(&req.regions));
     Ok(Reply::Pending(Box::pin(async move {
         let n = done.await.unwrap_or(0);
@@ -120,8 +111,7 @@ pub(super) async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i3
                     } else {
                         from.clone()
                     };
-                    let revoked = table.revoked.clone();
-                    let copy = on_io(io, move |_| tier_move(&*from, &*to, &m, &revoked));
+                    let copy = on_io(io, move |_| tier_move(&*from, &*to, &m));
                     Box::pin(async move { copy.await.and_then(|r| r) })
                 }
                 _ => Box::pin(std::future::ready(Err(KvError::new(
@@ -148,15 +138,9 @@ pub(super) async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i3
 
 /// Copies one object between two tiers of this store, checking that the
 /// copy still holds that generation before it is written (an object
-/// rewritten during the copy is refused, never torn), and that the master
-/// has not given the move up (`revoked`). The copy's header is written
-/// last.
-pub(super) fn tier_move(
-    from: &dyn Medium,
-    to: &dyn Medium,
-    m: &TierMove,
-    revoked: &RwLock<Revoked>,
-) -> KvResult<()> {
+/// rewritten during the copy is refused, never torn). The copy's header is
+/// written last.
+pub(super) fn tier_move(from: &dyn Medium, to: &dyn Medium, m: &TierMove) -> KvResult<()> {
     if from.tier() == to.tier() {
         return Err(KvError::new(
             Code::InvalidParams,
@@ -178,25 +162,6 @@ pub(super) fn tier_move(
             ),
         )
     })?;
-    // A move whose answer the master stopped waiting for (a source read
-    // stuck past its timeout) is given up: the copy's destruction is sent
-    // and, once done, the region freed for other objects, which a copy
-    // landing later would overwrite. Refused once that destruction came;
-    // a copy into memory (a memcpy) holds the lock it takes, so it either
-    // lands first and is destroyed, or sees it. A copy to disk is a write
-    // that may take long, which that lock must not wait for: checked
-    // before it only.
-    let gate = revoked.read();
-    if gate.holds(m.to, m.to_offset, m.generation) {
-        return Err(KvError::new(
-            Code::TransferFail,
-            format!(
-                "the move of generation {} to {} was given up by the master",
-                m.generation, m.to_offset
-            ),
-        ));
-    }
-    let _held = (to.tier() == Tier::Memory).then_some(gate);
     if to.copy_in(m.to_offset, copied.bytes(), &holds)? {
         return Ok(());
     }

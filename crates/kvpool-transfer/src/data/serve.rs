@@ -430,13 +430,11 @@ fn admit_write<'k>(
     }
     // A version the master invalidated (see `Revoked`): its region may be
     // another object's by now.
-    if table
-        .revoked
-        .read()
-        .holds(segment, req.offset, g.generation)
-    {
+    let revoked = table.revoked.read();
+    if (revoked.at.get(&(segment, req.offset))).is_some_and(|gens| gens.contains(&g.generation)) {
         return Err(refused(&table.metrics, Refusal::Invalidated, segment, g));
     }
+    drop(revoked);
     // A newer object at the range's start or inside it: the grant outlived
     // its object (the store may have forgotten, or not yet heard, that it
     // went; see `starts`).

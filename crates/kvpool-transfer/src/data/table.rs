@@ -43,7 +43,7 @@ pub struct SegmentTable {
     /// Memory-segment invalidations: a write of a version the master
     /// invalidated is refused (it may still be on its way, or its grant
     /// kept after its object went). Every write looks here.
-    pub(super) revoked: Arc<RwLock<Revoked>>,
+    pub(super) revoked: RwLock<Revoked>,
     /// What the server of these segments counts (in the table so every
     /// handler reaches it).
     pub(super) metrics: Arc<DataMetrics>,
@@ -109,11 +109,6 @@ pub(super) struct Revoked {
 }
 
 impl Revoked {
-    /// Whether the master invalidated `generation` at `offset` of `segment`.
-    pub(super) fn holds(&self, segment: SegmentId, offset: u64, generation: u64) -> bool {
-        (self.at.get(&(segment, offset))).is_some_and(|gens| gens.contains(&generation))
-    }
-
     pub(super) fn insert(
         &mut self,
         segment: SegmentId,
