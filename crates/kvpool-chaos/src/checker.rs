@@ -756,7 +756,7 @@ fn check_unreadable(
 /// key for longer than `gap`: the object may have been readable meanwhile
 /// (its store faulted twice, say, and no get came between), so what
 /// follows is another run, not the same outage.
-fn observed(run: &[KGet], gap: u64) -> impl Iterator<Item = &[KGet]> {
+fn observed(run: &[KGet], gap: u64) -> Vec<&[KGet]> {
     let mut seen = 0;
     let mut cuts = vec![0];
     for (i, g) in run.iter().enumerate() {
@@ -766,8 +766,7 @@ fn observed(run: &[KGet], gap: u64) -> impl Iterator<Item = &[KGet]> {
         seen = seen.max(g.done);
     }
     cuts.push(run.len());
-    let parts: Vec<&[KGet]> = cuts.windows(2).map(|w| &run[w[0]..w[1]]).collect();
-    parts.into_iter()
+    cuts.windows(2).map(|w| &run[w[0]..w[1]]).collect()
 }
 
 mod render;

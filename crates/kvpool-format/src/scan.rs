@@ -149,7 +149,7 @@ pub fn header_at(block: &[u8]) -> Option<(ObjectHeader, u64)> {
 pub fn fixed_generation(fixed: &[u8]) -> Option<u64> {
     let fixed = fixed.get(..FIXED_LEN)?;
     (fixed[..4] == OBJECT_MAGIC)
-        .then(|| u64::from_le_bytes(fixed[16..24].try_into().unwrap_or([0; 8])))
+        .then(|| u64::from_le_bytes(fixed[GENERATION_AT..][..8].try_into().unwrap_or([0; 8])))
         .filter(|&g| g != DESTROYED)
 }
 

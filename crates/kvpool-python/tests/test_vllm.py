@@ -314,6 +314,19 @@ def plain_store(km: Any, master: str) -> Any:
     return s
 
 
+def saved_blocks(vllm: Any, engines: List[Engine], master: str, prefix: str, **kw: Any) -> Tuple[Engine, List[bytes]]:
+    """An engine (``kw`` for :class:`Engine`) that saved 4 blocks of a prompt
+    into blocks 1-4 and finds them all; the engine and the prompt's hashes."""
+    a = Engine(vllm, master, prefix, **kw)
+    engines.append(a)
+    hashes = hashes_for(prefix, 4)
+    for i in range(4):
+        a.fill(1 + i, i)
+    a.save("w", [1, 2, 3, 4], hashes)
+    assert a.lookup(4 * BLOCK + 1, hashes) == 4 * BLOCK
+    return a, hashes
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -438,13 +451,7 @@ def test_dead_store_reported(vllm, engines, own_cluster: Cluster, prefix):
     """The storage node holding the KV dies: the load fails every block at
     once with the client's default retries (10 s for a silent master), and
     reports each one."""
-    a = Engine(vllm, own_cluster.master, prefix)
-    engines.append(a)
-    hashes = hashes_for(prefix, 4)
-    for i in range(4):
-        a.fill(1 + i, i)
-    a.save("w", [1, 2, 3, 4], hashes)
-    assert a.lookup(4 * BLOCK + 1, hashes) == 4 * BLOCK
+    a, hashes = saved_blocks(vllm, engines, own_cluster.master, prefix)
     store_proc = own_cluster.procs[-1]
     store_proc.kill()
     store_proc.wait()
@@ -463,13 +470,7 @@ def test_silent_master_fails_fast_when_the_config_asks(vllm, engines, own_cluste
     threads; with ``fail_fast_after`` in the config file, a paused master
     costs a miss and a failed load at once instead of the client's retries
     (10 s per call), and lookups find the blocks again once it answers."""
-    a = Engine(vllm, own_cluster.master, prefix, file_extra={"fail_fast_after": 1.5})
-    engines.append(a)
-    hashes = hashes_for(prefix, 4)
-    for i in range(4):
-        a.fill(1 + i, i)
-    a.save("w", [1, 2, 3, 4], hashes)
-    assert a.lookup(4 * BLOCK + 1, hashes) == 4 * BLOCK
+    a, hashes = saved_blocks(vllm, engines, own_cluster.master, prefix, file_extra={"fail_fast_after": 1.5})
     own_cluster.master_proc.send_signal(signal.SIGSTOP)
     try:
         time.sleep(3)  # past fail_fast_after, heartbeats unanswered

@@ -604,22 +604,14 @@ async fn write_object(
     {
         return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g)));
     }
-    match s
+    let sealed = s
         .fence
         .enter(g.fence)
-        .map(|_inside| seal(dst, sum.digest()))
-    {
-        None => return Ok(Err(refused(&table.metrics, Refusal::Fence, req.segment, g))),
-        // A header that does not check: nothing would read the object.
-        Some(false) => {
-            return Ok(Err(refused(
-                &table.metrics,
-                Refusal::Damaged,
-                req.segment,
-                g,
-            )))
-        }
-        Some(true) => {}
+        .map(|_inside| seal(dst, sum.digest()));
+    if sealed != Some(true) {
+        // Unsealed (a header that does not check): nothing would read it.
+        let why = sealed.map_or(Refusal::Fence, |_| Refusal::Damaged);
+        return Ok(Err(refused(&table.metrics, why, req.segment, g)));
     }
     s.starts.wrote(req.offset, len);
     Ok(table.landed(req.segment, req.offset, &s.region))
