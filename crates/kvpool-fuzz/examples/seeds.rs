@@ -161,6 +161,12 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             },
             vec![0, -704],
         ),
+        Opcode::TierMoveCancel => both(
+            TierMoveCancel {
+                requests: vec![RequestId(0x5eed), RequestId(u64::MAX)],
+            },
+            (),
+        ),
         Opcode::RegisterClient => both(
             RegisterClient {
                 client_id: ID,

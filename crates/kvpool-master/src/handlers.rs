@@ -100,6 +100,7 @@ pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<
         | Request::Invalidate(_)
         | Request::StoreAbout(_)
         | Request::TierMove(_)
+        | Request::TierMoveCancel(_)
         | Request::EngineWrite(_)
         | Request::EngineRead(_)
         | Request::EngineNotify(_)

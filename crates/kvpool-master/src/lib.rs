@@ -376,6 +376,7 @@ fn serving(op: Opcode) -> (Serves, Work) {
         | O::Invalidate
         | O::StoreAbout
         | O::TierMove
+        | O::TierMoveCancel
         | O::EngineWrite
         | O::EngineRead
         | O::EngineNotify

@@ -114,6 +114,11 @@ pub struct Metrics {
     pub keys: Family<OpLabel, Counter>,
     /// Time from a request's decoding to its answer, per operation.
     pub handling: Family<OpLabel, Histogram, fn() -> Histogram>,
+    /// Tier moves whose store did not answer in time (`--tier-move-timeout`).
+    pub tier_moves_given_up: Counter,
+    /// Given-up tier moves whose cancellation has not reached their store:
+    /// the regions reserved for them stay reserved until it does.
+    pub tier_moves_awaiting_cancel: Gauge,
     /// Longest handling time since the last scrape, in microseconds.
     longest_us: AtomicU64,
     longest: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -162,6 +167,8 @@ impl Default for Metrics {
                 // 10 µs to about 10 s.
                 Histogram::new(exponential_buckets(1e-5, 4.0, 11))
             }),
+            tier_moves_given_up: Counter::default(),
+            tier_moves_awaiting_cancel: Gauge::default(),
             longest_us: AtomicU64::new(0),
             longest: Gauge::default(),
             capacity: Gauge::default(),
@@ -253,6 +260,16 @@ impl Default for Metrics {
             "promotions",
             "Objects moved from a disk tier back to memory since start",
             m.promotions.clone(),
+        );
+        registry.register(
+            "tier_moves_given_up",
+            "Tier moves whose store did not answer within --tier-move-timeout (each is cancelled on the store before its regions are reused)",
+            m.tier_moves_given_up.clone(),
+        );
+        registry.register(
+            "tier_moves_awaiting_cancel",
+            "Given-up tier moves whose cancellation has not reached their store yet (their regions stay reserved)",
+            m.tier_moves_awaiting_cancel.clone(),
         );
         registry.register(
             "tier_capacity_bytes",

@@ -160,17 +160,37 @@ pub(crate) async fn evictor(master: Arc<Master>, shutdown: CancellationToken) {
 const MOVES_PER_REQUEST: usize = 32;
 /// `TierMove` requests in flight per store.
 const MOVE_REQUESTS_IN_FLIGHT: usize = 8;
+/// How long it waits for a store to answer a `TierMoveCancel`.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
+/// How often a cancellation that did not reach its store is tried again.
+const CANCEL_RETRY: Duration = Duration::from_secs(1);
+
+/// A `TierMove` request given up without an answer whose cancellation has
+/// not reached its store yet. Its moves stay unfinished until it does (or
+/// their destination is mounted again): the regions reserved for them are
+/// not freed, since a copy may still land there.
+struct Owed {
+    pool: Arc<kvpool_net::ConnPool>,
+    id: msg::RequestId,
+    tickets: Vec<crate::state::MoveTicket>,
+}
+
+/// What the master gets back from a store about its moves.
+type Finished = Vec<(crate::state::MoveTicket, kvpool_proto::KvResult<()>)>;
 
 /// Keeps the memory of stores with a disk tier below the demotion
 /// watermark and promotes objects read again from disk: plans a round of
 /// moves, has each store carry out its own, and finishes them with what the
 /// stores answered. A store that cannot be reached fails its moves (their
-/// copies are destroyed; the objects stay where they were).
+/// copies are destroyed; the objects stay where they were) once it is
+/// known that none of them can still land (see [`give_up`]).
 pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: CancellationToken) {
     use futures::StreamExt;
     let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut owed: Vec<Owed> = Vec::new();
+    let mut owed_tried = Instant::now();
     // A round that moved something is followed by the next at once: puts
     // may be filling memory as fast as the disk takes it.
     let mut busy = false;
@@ -184,6 +204,10 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
             return;
         }
         busy = false;
+        if !owed.is_empty() && owed_tried.elapsed() >= CANCEL_RETRY {
+            owed_tried = Instant::now();
+            owed = settle(&master, owed).await;
+        }
         if !matches!(master.role(Instant::now()), crate::Role::Leader)
             || !master.state.has_disk_tier()
         {
@@ -217,58 +241,145 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
                     )
                 })
                 .clone();
+            let master = &master;
             stores.push(async move {
                 let parts: Vec<Vec<crate::state::MoveTicket>> = tickets
                     .chunks(MOVES_PER_REQUEST)
                     .map(<[_]>::to_vec)
                     .collect();
                 futures::stream::iter(parts)
-                    .map(|part| {
-                        let pool = pool.clone();
-                        async move {
-                            let req = msg::TierMoveReq {
-                                moves: part.iter().map(|t| t.mv).collect(),
-                            };
-                            let sent =
-                                tokio::time::timeout(Duration::from_secs(60), pool.call(&req))
-                                    .await;
-                            let codes = match sent {
-                                Ok(Ok(codes)) if codes.len() == part.len() => codes,
-                                other => {
-                                    tracing::debug!(result = ?other.map(|r| r.map(|c| c.len())), "tier moves not done");
-                                    vec![kvpool_proto::Code::TransferFail.as_i32(); part.len()]
-                                }
-                            };
-                            part.into_iter()
-                                .zip(codes)
-                                .map(|(t, c)| {
-                                    let r = match c {
-                                        0 => Ok(()),
-                                        c => Err(kvpool_proto::KvError::from(
-                                            kvpool_proto::Code::from_i32(c),
-                                        )),
-                                    };
-                                    (t, r)
-                                })
-                                .collect::<Vec<_>>()
-                        }
-                    })
+                    .map(|part| move_part(master, pool.clone(), part))
                     .buffer_unordered(MOVE_REQUESTS_IN_FLIGHT)
                     .collect::<Vec<_>>()
                     .await
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>()
             });
         }
-        let done: Vec<_> = futures::future::join_all(stores)
+        let mut done = Vec::new();
+        for (finished, unsettled) in futures::future::join_all(stores)
             .await
             .into_iter()
             .flatten()
-            .collect();
-        let m = master.clone();
-        let _ =
-            tokio::task::spawn_blocking(move || m.state.finish_tier_moves(done, Instant::now()))
-                .await;
+        {
+            done.extend(finished);
+            owed.extend(unsettled);
+        }
+        finish(&master, done).await;
+        show_owed(&master, &owed);
     }
+}
+
+/// Tries again to cancel the requests in `owed`; finishes the moves of
+/// those cancelled, and returns the rest.
+async fn settle(master: &Arc<Master>, owed: Vec<Owed>) -> Vec<Owed> {
+    let tries = owed
+        .iter()
+        .map(|o| give_up(master, &o.pool, o.id, &o.tickets));
+    let given_up = futures::future::join_all(tries).await;
+    let mut done = Vec::new();
+    let mut still = Vec::new();
+    for (o, up) in owed.into_iter().zip(given_up) {
+        if up {
+            done.extend(o.tickets.into_iter().map(failed));
+        } else {
+            still.push(o);
+        }
+    }
+    finish(master, done).await;
+    show_owed(master, &still);
+    still
+}
+
+/// Sets the gauge of moves waiting for their cancellation.
+fn show_owed(master: &Master, owed: &[Owed]) {
+    let waiting = owed.iter().map(|o| o.tickets.len()).sum::<usize>();
+    (master.metrics.tier_moves_awaiting_cancel).set(waiting as i64);
+}
+
+/// Sends one `TierMove` request and returns its moves with what the store
+/// answered, or, for a request given up without an answer whose
+/// cancellation did not reach the store, nothing finished and what is owed.
+async fn move_part(
+    master: &Master,
+    pool: Arc<kvpool_net::ConnPool>,
+    part: Vec<crate::state::MoveTicket>,
+) -> (Finished, Option<Owed>) {
+    let req = msg::TierMoveReq {
+        moves: part.iter().map(|t| t.mv).collect(),
+    };
+    // The id the store knows the request by, to cancel it.
+    let id = kvpool_net::request_id::fresh();
+    let call = kvpool_net::request_id::within(id, pool.call(&req));
+    let wait = master.state.config().tier_move_timeout;
+    match tokio::time::timeout(wait, call).await {
+        Ok(Ok(codes)) if codes.len() == part.len() => {
+            let finished = part.into_iter().zip(codes).map(|(t, c)| {
+                let r = match c {
+                    0 => Ok(()),
+                    c => Err(kvpool_proto::KvError::from(kvpool_proto::Code::from_i32(c))),
+                };
+                (t, r)
+            });
+            (finished.collect(), None)
+        }
+        other => {
+            tracing::debug!(result = ?other.map(|r| r.map(|c| c.len())), "tier moves not done");
+            master.metrics.tier_moves_given_up.inc_by(part.len() as u64);
+            if give_up(master, &pool, id, &part).await {
+                (part.into_iter().map(failed).collect(), None)
+            } else {
+                let tickets = part;
+                (Vec::new(), Some(Owed { pool, id, tickets }))
+            }
+        }
+    }
+}
+
+/// A move that did not happen.
+fn failed(t: crate::state::MoveTicket) -> (crate::state::MoveTicket, kvpool_proto::KvResult<()>) {
+    (t, Err(kvpool_proto::Code::TransferFail.into()))
+}
+
+/// Makes sure none of the moves of request `id` (`tickets`) can still write
+/// anything: true once their store answered its cancellation, or once
+/// every destination was mounted again since they were planned (the store
+/// refuses them by fence then). The regions reserved for them may be
+/// freed after that, not before.
+async fn give_up(
+    master: &Master,
+    pool: &kvpool_net::ConnPool,
+    id: msg::RequestId,
+    tickets: &[crate::state::MoveTicket],
+) -> bool {
+    if (tickets.iter()).all(|t| master.state.fence_of(t.mv.to) != t.mv.fence) {
+        return true;
+    }
+    let req = msg::TierMoveCancel { requests: vec![id] };
+    match tokio::time::timeout(CANCEL_WAIT, pool.call(&req)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) if e.code == kvpool_proto::Code::NotSupported => {
+            // A store older than protocol 11 cannot be asked: its regions
+            // go after an invalidation, as they did, which a copy still on
+            // its way there can beat.
+            tracing::warn!(
+                store = pool.addr(),
+                "tier moves given up on a store too old to cancel them"
+            );
+            true
+        }
+        other => {
+            tracing::debug!(store = pool.addr(), result = ?other, "tier move cancellation not delivered");
+            false
+        }
+    }
+}
+
+/// Finishes moves with what their stores answered (off the event loop:
+/// it takes the object map's locks).
+async fn finish(master: &Arc<Master>, done: Finished) {
+    if done.is_empty() {
+        return;
+    }
+    let m = master.clone();
+    let _ =
+        tokio::task::spawn_blocking(move || m.state.finish_tier_moves(done, Instant::now())).await;
 }

@@ -144,17 +144,17 @@ async fn a_v5_client_and_this_server_speak_5_without_request_ids() {
 }
 
 #[tokio::test]
-async fn this_client_and_this_server_speak_10_and_the_request_id_arrives() {
-    assert_eq!(PROTOCOL_VERSION, 10);
+async fn this_client_and_this_server_speak_11_and_the_request_id_arrives() {
+    assert_eq!(PROTOCOL_VERSION, 11);
     let (addr, mut seen) = start(Server::ThisBuild).await;
     let mut conn = FramedConn::connect(&addr, "client", Limits::default())
         .await
         .unwrap();
-    assert_eq!(conn.version(), 10);
+    assert_eq!(conn.version(), 11);
     let id = request_id::fresh();
     beat(&mut conn, id).await;
     let want = Seen {
-        version: 10,
+        version: PROTOCOL_VERSION,
         id,
         v5_shape: false,
     };
@@ -162,7 +162,7 @@ async fn this_client_and_this_server_speak_10_and_the_request_id_arrives() {
     // Outside any call the trailer is there, with no id.
     beat(&mut conn, RequestId::NONE).await;
     let want = Seen {
-        version: 10,
+        version: PROTOCOL_VERSION,
         id: RequestId::NONE,
         v5_shape: false,
     };

@@ -31,8 +31,9 @@ use crate::code::{Code, KvError, KvResult};
 /// (6: a [`crate::msg::RequestTrailer`] after each request; 7: stores check
 /// key-bound grants, [`crate::msg::Capability::KEY`]; 8: tenant keys,
 /// [`crate::msg::AuthTenant`]; 9: [`STORES_SEAL`], `ExistLeased`, `ListKeys`;
-/// 10: the transfer engine's notifies, `EngineAbout` and same-host copies).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 10: the transfer engine's notifies, `EngineAbout` and same-host copies;
+/// 11: `TierMoveCancel`).
+pub const PROTOCOL_VERSION: u32 = 11;
 /// From this version a store seals the header of every object written to
 /// it with the checksum of the value bytes it received, so a writer need
 /// not compute one; an older store keeps the writer's.

@@ -244,6 +244,9 @@ requests! {
     /// Data plane: copy objects between a store's segments (tiering; the
     /// master's). Answers per move 0, or the code it failed with.
     TierMove = 16 => Data, Store, TierMoveReq -> Vec<i32>, batch () => moves;
+    /// Data plane: give up tier move requests (the master's, after it
+    /// stopped waiting for their answers).
+    TierMoveCancel = 17 since 11 => Data, Store, TierMoveCancel -> (), batch () => requests;
     /// Transfer engine: write the payload at an absolute address in the
     /// peer's registered memory (`kvpool-engine`; Mooncake's TE write).
     EngineWrite = 60 since 6 => Data, Client, EngineWriteReq -> ();
@@ -360,6 +363,7 @@ mod tests {
             Opcode::DrainOwn,
             Opcode::Invalidate,
             Opcode::TierMove,
+            Opcode::TierMoveCancel,
         ] {
             assert_eq!(op.needs(), Role::Store, "{op:?}");
         }

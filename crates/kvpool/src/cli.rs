@@ -339,6 +339,11 @@ pub struct MasterArgs {
     #[arg(long, env = "KVPOOL_PROMOTE_ON_READ", num_args = 0..=1, default_missing_value = "true",
           default_value_t = true, action = ArgAction::Set)]
     pub promote_on_read: bool,
+    /// How long to wait for a store to carry out a batch of tier moves
+    /// before giving it up (a disk stuck that long); the store is told, and
+    /// the regions reserved for the copies are reused only once it knows.
+    #[arg(long, env = "KVPOOL_TIER_MOVE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub tier_move_timeout: Duration,
     /// Silence after which a client is dropped and a store becomes suspect
     /// (bare number: seconds).
     #[arg(long, alias = "client_ttl", env = "KVPOOL_CLIENT_TTL", default_value = "10s", value_parser = parse_duration)]
@@ -480,6 +485,7 @@ impl MasterArgs {
                 eviction_ratio: self.eviction_ratio,
                 demote_watermark: self.demote_watermark,
                 promote: self.promote_on_read,
+                tier_move_timeout: self.tier_move_timeout,
                 client_ttl: self.client_ttl,
                 store_grace: self.store_grace,
                 pending_ttl: self.put_timeout,

@@ -39,6 +39,16 @@ struct TierPool {
 
 impl TierPool {
     async fn start(memory: &str, disk: &str, disk_dir: &Path) -> TierPool {
+        Self::start_with(memory, disk, disk_dir, &[]).await
+    }
+
+    /// [`Self::start`] with more flags for the master.
+    async fn start_with(
+        memory: &str,
+        disk: &str,
+        disk_dir: &Path,
+        master_flags: &[&str],
+    ) -> TierPool {
         let dir = scratch_dir();
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs).expect("log dir");
@@ -56,8 +66,10 @@ impl TierPool {
                 "--demote-watermark",
                 "0.5",
             ]
+            .into_iter()
+            .chain(master_flags.iter().copied())
             .map(String::from)
-            .to_vec()
+            .collect()
         })
         .await;
         let store_args: Vec<String> = [
@@ -141,6 +153,16 @@ impl TierPool {
         cfg.protocol = protocol;
         Client::connect(cfg).await.expect("client")
     }
+}
+
+/// A counter or gauge of the master's `/metrics` (0 when absent).
+async fn master_metric(pool: &TierPool, name: &str) -> u64 {
+    let (code, body) = http_get(&pool.master.metrics, "/metrics").await;
+    assert_eq!(code, 200, "/metrics");
+    let prefix = format!("{name} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |n| n.trim().parse().expect("a metric value"))
 }
 
 async fn status(c: &Client) -> ClusterStatus {
@@ -390,4 +412,62 @@ async fn a_failing_disk_is_withdrawn_and_memory_keeps_serving() {
             assert!(status(&c).await.evictions > evicted, "gone, not evicted");
         }
     }
+}
+
+/// A store that stops answering in the middle of demotions (paused longer
+/// than `--tier-move-timeout`) has its moves given up. Their copies may
+/// still land when it resumes, so the regions reserved for them are reused
+/// only once the store has confirmed the moves' cancellation: nothing is
+/// lost or damaged, and demotions go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moves_given_up_on_a_paused_store_never_land_on_other_objects() {
+    let disk = disk_dir();
+    let pool = TierPool::start_with(
+        "16MiB",
+        "96MiB",
+        disk.path(),
+        &["--tier-move-timeout", "1s"],
+    )
+    .await;
+    let c = pool.client(Protocol::Tcp).await;
+    let keys: Vec<String> = (0..112).map(|i| format!("paused/{i:03}")).collect();
+    fill(&c, &keys[..32], 16).await;
+    // 12 MiB of 16 in memory, over the 50% watermark, and the store paused
+    // before the disk takes it.
+    let more: Vec<(&str, Vec<u8>)> = keys[32..48]
+        .iter()
+        .map(|k| (k.as_str(), value(k)))
+        .collect();
+    let items: Vec<(&str, &[u8])> = more.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    for r in c
+        .batch_put_values(&items, &ReplicateConfig::default(), false)
+        .await
+    {
+        r.expect("put");
+    }
+    pool.store.freeze(true);
+    eventually("moves given up on the paused store", STARTUP, async || {
+        (master_metric(&pool, "kvpool_tier_moves_given_up_total").await > 0).then_some(())
+    })
+    .await;
+    // Its cancellations cannot reach it either: those regions stay reserved.
+    eventually(
+        "cancellations owed to the paused store",
+        STARTUP,
+        async || {
+            (master_metric(&pool, "kvpool_tier_moves_awaiting_cancel").await > 0).then_some(())
+        },
+    )
+    .await;
+    pool.store.freeze(false);
+    eventually("the cancellations delivered", STARTUP, async || {
+        (master_metric(&pool, "kvpool_tier_moves_awaiting_cancel").await == 0).then_some(())
+    })
+    .await;
+    // Demotions go on, into regions the given-up moves had reserved among
+    // others, and every object reads back byte-exact.
+    fill(&c, &keys[48..], 16).await;
+    let st = status(&c).await;
+    assert_eq!(st.evictions, 0, "nothing was dropped");
+    assert_eq!(read_back(&c, &keys, "after the pause").await, keys.len());
 }

@@ -89,6 +89,9 @@ pub struct StateConfig {
     pub demote_watermark: f64,
     /// Move an object read twice while on disk back to memory.
     pub promote: bool,
+    /// How long the tierer waits for a store's answer to a batch of tier
+    /// moves before giving it up (and cancelling it on the store).
+    pub tier_move_timeout: Duration,
     /// Silence after which a client is dropped, and a store (a client that
     /// lends segments) becomes suspect: its segments take no new objects,
     /// but its objects stay indexed and readable.
@@ -149,6 +152,7 @@ impl Default for StateConfig {
             high_watermark: 0.95,
             eviction_ratio: 0.05,
             demote_watermark: 0.9,
+            tier_move_timeout: Duration::from_secs(60),
             promote: true,
             client_ttl: Duration::from_secs(10),
             store_grace: Duration::from_secs(30),

@@ -477,8 +477,14 @@ impl MasterState {
                     counter.fetch_add(1, Ordering::Relaxed);
                     self.leave_region(t.mv.from, left, t.mv.generation, lease_until, now);
                 }
-                // Replaced, removed, evicted or failed meanwhile: the copy goes.
-                None => self.free_after_invalidation(t.mv.to, t.to, t.mv.generation),
+                // Replaced, removed, evicted or failed meanwhile: the copy
+                // goes. Unless its segment was mounted again since: the
+                // region is the new mount's allocator's then, which knows
+                // from the inventory whether anything is there.
+                None if self.fence_of(t.mv.to) == t.mv.fence => {
+                    self.free_after_invalidation(t.mv.to, t.to, t.mv.generation)
+                }
+                None => {}
             }
         }
     }

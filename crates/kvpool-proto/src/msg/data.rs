@@ -125,3 +125,15 @@ pub struct TierMoveReq {
     /// The copies, done in parallel.
     pub moves: Vec<TierMove>,
 }
+
+/// Master → store (protocol 11): tier move requests the master stopped
+/// waiting for, named by the [`RequestId`] each was sent with. Once
+/// this is answered no move of theirs writes anything (one copying now has
+/// finished, any later one is refused, however late its request arrives),
+/// so the master may give the regions it reserved for them to other
+/// objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierMoveCancel {
+    /// The requests' ids.
+    pub requests: Vec<RequestId>,
+}

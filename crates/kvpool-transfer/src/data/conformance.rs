@@ -213,7 +213,7 @@ async fn tier_moves_go_both_ways_through_any_medium() {
             generation: 9,
             fence: FENCE,
         };
-        media::tier_move(&*memory, &**other, &mv(DISK_BLOCK, DISK_BLOCK * 4)).unwrap();
+        media::tier_move(&*memory, &**other, &mv(DISK_BLOCK, DISK_BLOCK * 4), None).unwrap();
         assert_eq!(
             other
                 .copy_out(DISK_BLOCK * 4, o.len() as u64)
@@ -222,7 +222,13 @@ async fn tier_moves_go_both_ways_through_any_medium() {
             &o[..],
             "{name}"
         );
-        media::tier_move(&**other, &*memory, &mv(DISK_BLOCK * 4, DISK_BLOCK * 8)).unwrap();
+        media::tier_move(
+            &**other,
+            &*memory,
+            &mv(DISK_BLOCK * 4, DISK_BLOCK * 8),
+            None,
+        )
+        .unwrap();
         assert_eq!(
             memory
                 .copy_out(DISK_BLOCK * 8, o.len() as u64)
@@ -239,14 +245,87 @@ async fn tier_moves_go_both_ways_through_any_medium() {
                 generation: 8,
                 ..mv(DISK_BLOCK, DISK_BLOCK * 12)
             },
+            None,
         )
         .unwrap_err();
         assert_eq!(e.code, Code::ObjectNotFound, "{name}");
         // Not between two segments of one tier.
-        let e =
-            media::tier_move(&**other, &**other, &mv(DISK_BLOCK * 4, DISK_BLOCK * 16)).unwrap_err();
+        let e = media::tier_move(
+            &**other,
+            &**other,
+            &mv(DISK_BLOCK * 4, DISK_BLOCK * 16),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.code, Code::InvalidParams, "{name}");
+        // A move whose request was given up writes nothing, either way.
+        let given_up = parking_lot::Mutex::new(true);
+        for (src, dst, from_offset, to_offset) in [
+            (&memory, other, DISK_BLOCK, DISK_BLOCK * 20),
+            (other, &memory, DISK_BLOCK * 4, DISK_BLOCK * 24),
+        ] {
+            let e = media::tier_move(&**src, &**dst, &mv(from_offset, to_offset), Some(&given_up))
+                .unwrap_err();
+            assert_eq!(e.code, Code::TransferFail, "{name}");
+            let there = dst.copy_out(to_offset, o.len() as u64).unwrap();
+            assert!(!intact(9)(there.bytes()), "{name}: a given-up move landed");
+        }
     }
+}
+
+/// The master gives a tier move request up when it stops waiting for its
+/// answer, then frees the regions it reserved for it: from the answer to
+/// the cancellation on, none of its moves may write, whether the request
+/// is running or still on its way.
+#[tokio::test]
+async fn a_cancelled_tier_move_request_writes_nothing_however_late_it_comes() {
+    use kvpool_proto::msg::{RequestId, TierMoveCancel, TierMoveReq};
+    let dir = tempfile::tempdir().unwrap();
+    let all = media(dir.path());
+    let table = SegmentTable::default();
+    table.insert_medium(SegmentId(1), all[0].1.clone());
+    table.insert_medium(SegmentId(2), all[1].1.clone());
+    let o = object("c", 4, &[8u8; 6000]);
+    assert!(all[0].1.copy_in(DISK_BLOCK, &o, &intact(4)).unwrap());
+    let req = |to_offset| TierMoveReq {
+        moves: vec![TierMove {
+            from: SegmentId(1),
+            from_offset: DISK_BLOCK,
+            to: SegmentId(2),
+            to_offset,
+            len: o.len() as u64,
+            generation: 4,
+            fence: FENCE,
+        }],
+    };
+    let cancel = |ids: Vec<RequestId>| async {
+        match media::cancel_moves(&table, TierMoveCancel { requests: ids }) {
+            Reply::Pending(done) => done.await,
+            _ => panic!("a cancellation is answered once its moves are stopped"),
+        }
+    };
+    let (late, on_time) = (RequestId(7), RequestId(8));
+    cancel(vec![late, RequestId::NONE]).await;
+    let codes = media::tier_moves(&table, req(DISK_BLOCK * 4), late).await;
+    assert_eq!(codes, vec![Code::TransferFail.as_i32()]);
+    let there = all[1].1.copy_out(DISK_BLOCK * 4, o.len() as u64).unwrap();
+    assert!(
+        !intact(4)(there.bytes()),
+        "a cancelled request's move landed"
+    );
+    // Others run, and a cancellation after one finished changes nothing.
+    assert_eq!(
+        media::tier_moves(&table, req(DISK_BLOCK * 8), on_time).await,
+        vec![0]
+    );
+    cancel(vec![on_time]).await;
+    let there = all[1].1.copy_out(DISK_BLOCK * 8, o.len() as u64).unwrap();
+    assert_eq!(there.bytes(), &o[..]);
+    // A master that names no request cannot cancel it.
+    assert_eq!(
+        media::tier_moves(&table, req(DISK_BLOCK * 12), RequestId::NONE).await,
+        vec![0]
+    );
 }
 
 #[tokio::test]

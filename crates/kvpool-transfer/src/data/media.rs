@@ -3,11 +3,17 @@
 //! medium) decides only where its bytes come from and on which threads the
 //! work runs, never the checks (object area, fences, generations).
 
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvpool_format::FIXED_LEN;
-use kvpool_proto::msg::{self, InvalidateReq, SegmentId, Tier, TierMove, TierMoveReq};
+use kvpool_proto::msg::{
+    self, InvalidateReq, RequestId, SegmentId, Tier, TierMove, TierMoveCancel, TierMoveReq,
+};
 use kvpool_proto::{Code, KvError, KvResult};
+use parking_lot::Mutex;
 use tracing::debug;
 
 use super::medium::{in_object_area, on_io, Medium};
@@ -93,10 +99,120 @@ pub(super) fn invalidate(table: &SegmentTable, req: InvalidateReq) -> KvResult<R
 /// clients' reads queued meanwhile wait behind a few copies, not a batch.
 const MOVES_AT_ONCE: usize = 8;
 
+/// Tier move requests given up by the master that are remembered, so that
+/// one arriving after its cancellation is refused: cancellations are rare
+/// (a move answered in no time at all), and a request is delayed at most
+/// as long as its store is paused.
+const CANCELLED_KEPT: usize = 4096;
+
+/// Whether a running tier move request was given up. Its moves write
+/// their copies holding this lock, so a cancellation, which takes it,
+/// waits for a copy being written and no copy starts after it.
+type GivenUp = Arc<Mutex<bool>>;
+
+/// The tier move requests running here and those the master gave up, by
+/// the request id each came with.
+#[derive(Default)]
+pub(super) struct MoveBook {
+    /// Running requests, with how many run under that id (a request sent
+    /// again after a lost connection may overlap its first run).
+    running: HashMap<RequestId, (GivenUp, usize)>,
+    cancelled: HashSet<RequestId>,
+    /// [`Self::cancelled`] in the order they came, to forget the oldest.
+    cancel_order: VecDeque<RequestId>,
+}
+
+impl MoveBook {
+    /// Starts request `id`; `None` when it was given up already.
+    fn begin(&mut self, id: RequestId) -> Option<GivenUp> {
+        if self.cancelled.contains(&id) {
+            return None;
+        }
+        let (given_up, n) = self.running.entry(id).or_default();
+        *n += 1;
+        Some(given_up.clone())
+    }
+
+    /// Ends one run of request `id`.
+    fn end(&mut self, id: RequestId) {
+        if let Entry::Occupied(mut e) = self.running.entry(id) {
+            e.get_mut().1 -= 1;
+            if e.get().1 == 0 {
+                e.remove();
+            }
+        }
+    }
+
+    /// Gives request `id` up: it is refused if it comes later; returns its
+    /// flag if it runs now.
+    fn cancel(&mut self, id: RequestId) -> Option<GivenUp> {
+        if self.cancelled.insert(id) {
+            self.cancel_order.push_back(id);
+            if self.cancel_order.len() > CANCELLED_KEPT {
+                if let Some(old) = self.cancel_order.pop_front() {
+                    self.cancelled.remove(&old);
+                }
+            }
+        }
+        self.running.get(&id).map(|(given_up, _)| given_up.clone())
+    }
+}
+
+/// The error of a move whose request the master gave up.
+fn given_up() -> KvError {
+    KvError::new(
+        Code::TransferFail,
+        "the master gave this tier move up (it stopped waiting for the answer)",
+    )
+}
+
+/// Gives up the tier move requests `req` names (see [`TierMoveCancel`]):
+/// answered once none of their moves can write anything any more.
+pub(super) fn cancel_moves(table: &SegmentTable, req: TierMoveCancel) -> Reply {
+    let running: Vec<GivenUp> = {
+        let mut book = table.moves.lock();
+        (req.requests.iter())
+            .filter(|&&id| id != RequestId::NONE)
+            .filter_map(|&id| book.cancel(id))
+            .collect()
+    };
+    // Taking a flag waits for a copy being written, on a disk perhaps: off
+    // the event loop.
+    let done = tokio::task::spawn_blocking(move || {
+        for f in running {
+            *f.lock() = true;
+        }
+    });
+    Reply::Pending(Box::pin(async move {
+        let _ = done.await;
+        msg::encode(&())
+    }))
+}
+
 /// Runs a batch of copies between this store's segments, several at a
 /// time, on the I/O threads of the side that has them (the disk); one code
-/// per move (0: copied).
-pub(super) async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i32> {
+/// per move (0: copied). `id` is the request's, by which the master may
+/// give it up ([`cancel_moves`]); a request of a master that sends none
+/// cannot be given up.
+pub(super) async fn tier_moves(table: &SegmentTable, req: TierMoveReq, id: RequestId) -> Vec<i32> {
+    if id == RequestId::NONE {
+        return run_moves(table, req, None).await;
+    }
+    let begun = table.moves.lock().begin(id);
+    let Some(flag) = begun else {
+        for m in &req.moves {
+            let promote = table.medium(m.to).is_some_and(|t| t.tier() == Tier::Memory);
+            table.metrics.tier_move(promote, Code::TransferFail);
+        }
+        return vec![Code::TransferFail.as_i32(); req.moves.len()];
+    };
+    let out = run_moves(table, req, Some(flag)).await;
+    table.moves.lock().end(id);
+    out
+}
+
+/// [`tier_moves`] of a request that was not given up before it started.
+async fn run_moves(table: &SegmentTable, req: TierMoveReq, flag: Option<GivenUp>) -> Vec<i32> {
     let mut out = Vec::with_capacity(req.moves.len());
     for group in req.moves.chunks(MOVES_AT_ONCE) {
         let mut jobs = Vec::with_capacity(group.len());
@@ -111,7 +227,8 @@ pub(super) async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i3
                     } else {
                         from.clone()
                     };
-                    let copy = on_io(io, move |_| tier_move(&*from, &*to, &m));
+                    let flag = flag.clone();
+                    let copy = on_io(io, move |_| tier_move(&*from, &*to, &m, flag.as_deref()));
                     Box::pin(async move { copy.await.and_then(|r| r) })
                 }
                 _ => Box::pin(std::future::ready(Err(KvError::new(
@@ -138,9 +255,15 @@ pub(super) async fn tier_moves(table: &SegmentTable, req: TierMoveReq) -> Vec<i3
 
 /// Copies one object between two tiers of this store, checking that the
 /// copy still holds that generation before it is written (an object
-/// rewritten during the copy is refused, never torn). The copy's header is
-/// written last.
-pub(super) fn tier_move(from: &dyn Medium, to: &dyn Medium, m: &TierMove) -> KvResult<()> {
+/// rewritten during the copy is refused, never torn), and that its request
+/// was not given up (`given_up`, held while the copy is written). The
+/// copy's header is written last.
+pub(super) fn tier_move(
+    from: &dyn Medium,
+    to: &dyn Medium,
+    m: &TierMove,
+    given_up: Option<&Mutex<bool>>,
+) -> KvResult<()> {
     if from.tier() == to.tier() {
         return Err(KvError::new(
             Code::InvalidParams,
@@ -162,6 +285,13 @@ pub(super) fn tier_move(from: &dyn Medium, to: &dyn Medium, m: &TierMove) -> KvR
             ),
         )
     })?;
+    // Past this the master may have freed the destination region and
+    // given it to another object: the copy is written under the flag or
+    // not at all.
+    let flag = given_up.map(Mutex::lock);
+    if flag.as_deref() == Some(&true) {
+        return Err(self::given_up());
+    }
     if to.copy_in(m.to_offset, copied.bytes(), &holds)? {
         return Ok(());
     }
@@ -186,4 +316,35 @@ pub fn invalidate_object(region: &MappedRegion, offset: u64, generation: u64) ->
     // cannot lose its header to (see `kvpool_format::scan::invalidate`).
     let header = unsafe { region.slice_mut(offset, FIXED_LEN as u64) };
     kvpool_format::scan::invalidate(header, generation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancellation_reaches_every_run_of_its_request_and_every_later_one() {
+        let mut book = MoveBook::default();
+        let (a, b) = (RequestId(1), RequestId(2));
+        let first = book.begin(a).unwrap();
+        let again = book.begin(a).unwrap();
+        let other = book.begin(b).unwrap();
+        let flag = book.cancel(a).expect("a runs");
+        *flag.lock() = true;
+        assert!(*first.lock() && *again.lock() && !*other.lock());
+        assert!(
+            book.begin(a).is_none(),
+            "a later run of a cancelled request"
+        );
+        book.end(a);
+        book.end(a);
+        book.end(b);
+        assert!(book.running.is_empty());
+        // The oldest cancellations are forgotten past the bound.
+        for n in 3..3 + CANCELLED_KEPT as u64 {
+            assert!(book.cancel(RequestId(n)).is_none());
+        }
+        assert!(book.begin(a).is_some(), "forgotten");
+        assert!(book.begin(RequestId(3)).is_none());
+    }
 }

@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, Instrument};
 
-use super::media::{invalidate, not_served, read_for, tier_moves};
+use super::media::{cancel_moves, invalidate, not_served, read_for, tier_moves};
 use super::medium::in_object_area;
 use super::table::{SegmentTable, Served};
 use super::WINDOW;
@@ -296,9 +296,10 @@ async fn handle(
                     .and_then(|()| read_for(table, req.segment, req.offset, req.len))
             }
             Ok(Request::StoreAbout(_)) => Ok(Reply::Message(msg::encode(&*table.about.read()))),
-            Ok(Request::TierMove(req)) => {
-                Ok(Reply::Message(msg::encode(&tier_moves(table, req).await)))
-            }
+            Ok(Request::TierMove(req)) => Ok(Reply::Message(msg::encode(
+                &tier_moves(table, req, id).await,
+            ))),
+            Ok(Request::TierMoveCancel(req)) => Ok(cancel_moves(table, req)),
             Ok(Request::Invalidate(req)) => invalidate(table, req),
             // `admit` refused every other plane's request; the transfer
             // engine's are served by engines, not stores.

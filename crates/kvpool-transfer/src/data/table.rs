@@ -44,6 +44,8 @@ pub struct SegmentTable {
     /// invalidated is refused (it may still be on its way, or its grant
     /// kept after its object went). Every write looks here.
     pub(super) revoked: RwLock<Revoked>,
+    /// Tier move requests running, and those the master gave up.
+    pub(super) moves: Mutex<super::media::MoveBook>,
     /// What the server of these segments counts (in the table so every
     /// handler reaches it).
     pub(super) metrics: Arc<DataMetrics>,
