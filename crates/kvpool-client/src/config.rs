@@ -109,7 +109,8 @@ pub struct ClientConfig {
     pub security: Security,
     /// After the master has not answered this client's heartbeats for this
     /// long, master calls fail at once (RPC_FAIL) instead of waiting out
-    /// their retries, until it answers again. Off by default: an engine
+    /// their retries, until it answers again; a call already waiting ends
+    /// then too. Off by default: an engine
     /// thread that must not block (a scheduler's lookup) sets it above a
     /// failover's length (2.5 s at p99 here).
     pub fail_fast_after: Option<Duration>,

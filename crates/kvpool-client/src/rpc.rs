@@ -36,26 +36,54 @@ pub(crate) fn split_batch<I>(items: Vec<I>, key: impl Fn(&I) -> &str) -> Vec<Vec
 impl Client {
     /// One master call, retried on transient errors by the link's policy,
     /// under the request id of the call it is part of (or a fresh one) and
-    /// in a `request` span carrying it, as the master logs it.
+    /// in a `request` span carrying it, as the master logs it. With
+    /// [`crate::ClientConfig::fail_fast_after`], it fails at once while the
+    /// master is that silent, and a call already waiting stops when the
+    /// master's silence reaches it.
     pub(crate) async fn call<R: Rpc>(&self, req: &R) -> KvResult<R::Response> {
-        if let Some(after) = self.inner.cfg.fail_fast_after {
-            let silent = self.inner.link.silent_for();
-            if silent >= after {
-                // Settled: the call's retries would wait for the master too.
-                return Err(KvError::new(
-                    Code::RpcFail,
-                    format!(
-                        "the master has not answered for {:.1}s (fail_fast_after {:.1}s)",
-                        silent.as_secs_f64(),
-                        after.as_secs_f64()
-                    ),
-                )
-                .settled());
-            }
-        }
         let id = request_id::current_or_fresh();
-        let call = self.inner.link.call_as(id, req);
-        call.instrument(request_id::span(id, R::OPCODE)).await
+        let call = (self.inner.link.call_as(id, req)).instrument(request_id::span(id, R::OPCODE));
+        let Some(after) = self.inner.cfg.fail_fast_after else {
+            return call.await;
+        };
+        if let Some(e) = self.master_silent(after) {
+            return Err(e);
+        }
+        tokio::select! {
+            r = call => r,
+            e = self.until_master_silent(after) => Err(e),
+        }
+    }
+
+    /// The error of a call made while the master has not answered this
+    /// client for `after` or longer; `None` while it has.
+    fn master_silent(&self, after: std::time::Duration) -> Option<KvError> {
+        let silent = self.inner.link.silent_for();
+        // Settled: the call's retries would wait for the master too.
+        (silent >= after).then(|| {
+            KvError::new(
+                Code::RpcFail,
+                format!(
+                    "the master has not answered for {:.1}s (fail_fast_after {:.1}s)",
+                    silent.as_secs_f64(),
+                    after.as_secs_f64()
+                ),
+            )
+            .settled()
+        })
+    }
+
+    /// Waits until the master has not answered for `after`: the error a
+    /// call still waiting then ends with.
+    async fn until_master_silent(&self, after: std::time::Duration) -> KvError {
+        loop {
+            let silent = self.inner.link.silent_for();
+            if let Some(e) = self.master_silent(after) {
+                return e;
+            }
+            // Heartbeats answered meanwhile push the moment back.
+            tokio::time::sleep(after.saturating_sub(silent)).await;
+        }
     }
 
     /// A batch master call answered per key: `n` results, in request order.

@@ -280,3 +280,47 @@ async fn a_hedged_read_answers_from_the_live_replica_while_the_first_is_paused()
     assert!(took < quick, "the batch took {took:?}");
     cluster.store(0).freeze(false);
 }
+
+/// With `fail_fast_after`, a master that stops answering costs a call
+/// already waiting for it no more than that silence, not the retry budget:
+/// the call ends with RPC_FAIL once the silence reaches the setting, calls
+/// made after fail at once, and the pool answers again once the master is
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_on_a_silent_master_ends_at_fail_fast_after() {
+    let mut cluster = two_stores().await;
+    let client = cluster
+        .client_with(|c| {
+            c.protocol = Protocol::Tcp;
+            c.retry_for = Duration::from_secs(30);
+            c.retries = 1_000;
+            c.fail_fast_after = Some(Duration::from_millis(1500));
+        })
+        .await;
+    let value = vec![7u8; 4096];
+    let plain = ReplicateConfig::default();
+    client.put("ff-0", &value, &plain).await.expect("put");
+    cluster.master_process().freeze(true);
+    // Made at once, before the silence reaches the setting: it waits for
+    // the master, then ends.
+    let e = fast(
+        "a put waiting on the paused master",
+        client.put("ff-1", &value, &plain),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, Code::RpcFail, "{e}");
+    let e = fast("an exist while the master is silent", client.exist("ff-0"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::RpcFail, "{e}");
+    cluster.master_process().freeze(false);
+    // (Not "ff-1": the abandoned put may have reached the master, which
+    // holds the key for it until its put timeout.)
+    common::eventually("the master answering again", common::STARTUP, async || {
+        client.put("ff-2", &value, &plain).await.ok()
+    })
+    .await;
+    assert_eq!(client.get("ff-2").await.expect("get"), value);
+    assert_eq!(client.get("ff-0").await.expect("get"), value);
+}

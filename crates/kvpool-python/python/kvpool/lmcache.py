@@ -36,7 +36,7 @@ from lmcache.v1.distributed.l2_adapters.base import (  # type: ignore[import-unt
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase  # type: ignore[import-untyped]
 
 from . import _native
-from ._reach import Reachability
+from ._reach import SILENCE, Reachability
 from .client import Client
 from .errors import KvpoolError, NotFound
 
@@ -58,6 +58,7 @@ _CLIENT_OPTIONS = (
     "tls_ca",
     "tls_cert",
     "tls_key",
+    "fail_fast_after",
 )
 
 
@@ -154,7 +155,10 @@ class KvpoolL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         # tagged with, and the per-salt byte counts.
         super().__init__(max_capacity_bytes=0)
         self._config = config
-        self._client = Client(config.master, **config.client_options)
+        # A call already waiting on a master that went silent ends with the
+        # silence Reachability skips the pool after, not with the retries.
+        options = {"fail_fast_after": SILENCE, **config.client_options}
+        self._client = Client(config.master, **options)
         # The native client answers per-key codes for batches instead of
         # raising BatchError, which is what bitmaps need.
         self._native: _native.Client = self._client._native
