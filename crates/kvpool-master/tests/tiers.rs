@@ -228,6 +228,36 @@ fn a_second_read_on_disk_promotes() {
     assert_eq!(p.st.promotions(), 1);
 }
 
+/// A reader may hold a moved object's old location in its cache and read
+/// it without asking the master; a replace or a removal destroys only the
+/// replicas the master lists. So the copy a move leaves behind is destroyed
+/// at once, even under a live read lease: only the region's reuse waits
+/// for the lease.
+#[test]
+fn the_copy_a_move_leaves_is_destroyed_at_once_even_under_a_lease() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    let (t, moved) = (tickets[0].clone(), tickets.len() as u64);
+    // Read (and leased, 100 ms) where it is before the move finishes.
+    assert_eq!(p.where_is(&t.key, 1050), vec![(MEMORY, t.mv.from_offset)]);
+    let memory_used = p.st.tier_usage(Tier::Memory).1;
+    let done = tickets.into_iter().map(|t| (t, Ok(()))).collect();
+    p.st.finish_tier_moves(done, p.at(1060));
+    assert_eq!(p.where_is(&t.key, 1070), vec![(DISK, t.mv.to_offset)]);
+    let inv = p.invalidate();
+    assert!(
+        inv.iter().any(|(seg, regions)| *seg == SegmentId(MEMORY)
+            && regions.contains(&(t.mv.from_offset, t.mv.generation))),
+        "the leased copy left behind is not destroyed: {inv:?}"
+    );
+    // Its room stays reserved until the lease ends; the others' is free.
+    let left = memory_used - (moved - 1) * OBJ;
+    assert_eq!(p.st.tier_usage(Tier::Memory).1, left);
+}
+
 #[test]
 fn a_move_of_a_version_replaced_meanwhile_is_undone() {
     let p = Pool::new(4 * MIB, 16 * MIB);

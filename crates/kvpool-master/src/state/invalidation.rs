@@ -634,6 +634,14 @@ impl MasterState {
             .sum()
     }
 
+    /// Queues the destruction of the copy of `generation` at `r` of `seg`
+    /// on its store, keeping the region reserved.
+    pub(super) fn queue_destruction(&self, seg: SegmentId, r: Region, generation: u64) {
+        let mut inv = self.invalidations.lock();
+        inv.queue(seg, r.offset, generation);
+        inv.seq += 1;
+    }
+
     /// Destroys the copy of `generation` at `r` of `seg` on its store, and
     /// frees the region once that has been sent (not before: the same
     /// version may be copied there again, which the destruction would hit).

@@ -490,9 +490,14 @@ impl MasterState {
     }
 
     /// Frees the region an object moved away from, and destroys the copy
-    /// there. Under a live read lease both wait for it to end: the copy is
-    /// the same version, so a reader holding the old location still reads
-    /// it intact.
+    /// there at once. Under a live read lease the region's reuse waits for
+    /// the lease to end (a reader in flight there then misses and asks
+    /// again, and never meets another object's bytes), but the copy is
+    /// destroyed now all the same: a reader holding the old location in
+    /// its cache reads it without asking this master, and once the version
+    /// is replaced or removed, which destroys only the replicas the master
+    /// lists, a copy left intact here would still be served (the chaos
+    /// harness read replaced and removed versions that way).
     fn leave_region(
         &self,
         seg: SegmentId,
@@ -502,7 +507,9 @@ impl MasterState {
         now: Instant,
     ) {
         if lease_until > self.tick(now) {
+            self.queue_destruction(seg, r, generation);
             let until = self.instant(lease_until);
+            // Destroyed again before reuse, which a disk block must wait for.
             self.deferred.lock().push((until, seg, r, Some(generation)));
         } else {
             self.free_after_invalidation(seg, r, generation);
