@@ -203,9 +203,28 @@ pub struct DiskFile {
     pool: Arc<Mutex<Vec<AlignedBuf>>>,
 }
 
+/// Reserves the blocks of the disk tier's file, so that a file system
+/// filled by something else later (logs, another tier) cannot fail the
+/// tier's writes, which would withdraw it and lose its objects. Where that
+/// fails (a file system without `fallocate`, or with less room than the
+/// tier) the file stays sparse, with a warning: the tier then fails, and is
+/// withdrawn, when the file system fills. The syscall is used rather than
+/// `posix_fallocate`, whose fallback writes every block.
+fn reserve(file: &File, path: &Path, size: u64) {
+    use std::os::fd::AsRawFd;
+    let Ok(len) = libc::off_t::try_from(size) else {
+        return;
+    };
+    // SAFETY: plain syscall on an open descriptor we own.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) } != 0 {
+        let e = io::Error::last_os_error();
+        tracing::warn!(path = %path.display(), size, error = %e, "cannot reserve the disk tier's blocks; its writes fail, and the tier is withdrawn, if the file system fills");
+    }
+}
+
 impl DiskFile {
-    /// Opens (creating, sparse) the file at `path` with `size` bytes, with
-    /// O_DIRECT where the file system has it (tmpfs does not: then the page
+    /// Opens (creating) the file at `path` with `size` bytes, its blocks
+    /// reserved (see [`reserve`]), with O_DIRECT where the file system has it (tmpfs does not: then the page
     /// cache is used, which is what tmpfs is anyway), keeping at most
     /// `queue_depth` requests in flight to it.
     pub fn open(path: &Path, size: u64, queue_depth: usize) -> io::Result<DiskFile> {
@@ -236,6 +255,7 @@ impl DiskFile {
         if file.metadata()?.len() != size {
             file.set_len(size)?;
         }
+        reserve(&file, path, size);
         let disk = DiskFile {
             file,
             io: Arc::new(IoQueue::default()),
@@ -520,6 +540,18 @@ mod tests {
             .unwrap();
         let f = DiskFile::open(&dir.path().join("disk.kvp"), size, QUEUE_DEPTH).unwrap();
         (dir, f)
+    }
+
+    /// The file's blocks are reserved at open: a file system filled by
+    /// something else later cannot fail the tier's writes.
+    #[test]
+    fn the_file_is_reserved_at_open() {
+        use std::os::unix::fs::MetadataExt;
+        let size = 8 << 20;
+        let (dir, _f) = file(size);
+        let meta = std::fs::metadata(dir.path().join("disk.kvp")).unwrap();
+        assert_eq!(meta.len(), size);
+        assert!(meta.blocks() * 512 >= size, "{} blocks", meta.blocks());
     }
 
     #[test]
