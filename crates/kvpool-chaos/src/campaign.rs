@@ -86,6 +86,10 @@ pub struct CampaignConfig {
     pub think_ms: u64,
     /// Bytes each store lends.
     pub segment_size: u64,
+    /// Bytes of disk tier each store lends beside its memory (0: none). The
+    /// masters then keep memory at most half full (`--demote-watermark
+    /// 0.5`), so objects move between the tiers all campaign long.
+    pub disk_size: u64,
     /// `--ha-lease-ttl` of the masters.
     pub ha_lease_ttl: String,
     /// `--client-ttl` of the masters.
@@ -132,6 +136,7 @@ impl CampaignConfig {
             value_max: 16 << 10,
             think_ms: 10,
             segment_size: 64 << 20,
+            disk_size: 0,
             ha_lease_ttl: "2s".into(),
             client_ttl: "2s".into(),
             store_grace: "30s".into(),
@@ -485,6 +490,7 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
     sampler.set();
     pool.mark("teardown");
     let evictions = pool.status.lock().evictions > 0;
+    let tier_moves = (cfg.disk_size > 0).then(|| pool.status.lock().moves);
     for p in pool.panics() {
         pool.crashes.push(p);
     }
@@ -505,6 +511,7 @@ pub async fn run(cfg: CampaignConfig) -> anyhow::Result<CampaignResult> {
         crashes,
         step_downs,
         evictions_possible: evictions,
+        tier_moves,
         unsettled,
         report,
         dir: dir.clone(),

@@ -95,6 +95,10 @@ struct RunArgs {
     /// Segment each store lends.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     segment_size: u64,
+    /// Disk tier each store lends beside its segment (0: none); objects
+    /// then move between memory and disk under the faults.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    disk_size: u64,
     /// Faults active at once, at most.
     #[arg(long, default_value_t = 2)]
     max_concurrent: usize,
@@ -237,6 +241,7 @@ async fn run_campaigns(a: RunArgs) -> anyhow::Result<ExitCode> {
         cfg.think_ms = a.think_ms;
         cfg.value_max = u32::try_from(a.value_max)?;
         cfg.segment_size = a.segment_size;
+        cfg.disk_size = a.disk_size;
         cfg.plan.max_concurrent = a.max_concurrent;
         cfg.plan.failover_every = a.failover_every;
         cfg.store_grace = a.store_grace.clone();

@@ -48,6 +48,21 @@ pub(super) struct Pool {
 pub(super) struct StatusSamples {
     pub(super) evictions: u64,
     pub(super) last: Option<ClusterStatus>,
+    /// Demotions and promotions seen, summed over the leaders sampled (a
+    /// new leader counts from 0).
+    pub(super) moves: (u64, u64),
+}
+
+impl StatusSamples {
+    fn take(&mut self, st: ClusterStatus) {
+        self.evictions = self.evictions.max(st.evictions);
+        let grew = |now: u64, before: u64| now.checked_sub(before).unwrap_or(now);
+        if let Some(before) = &self.last {
+            self.moves.0 += grew(st.demotions, before.demotions);
+            self.moves.1 += grew(st.promotions, before.promotions);
+        }
+        self.last = Some(st);
+    }
 }
 
 impl Pool {
@@ -124,8 +139,10 @@ impl Pool {
                 continue;
             }
             if h.role == Role::Store {
-                // Room for the segment and a little more: what the disk-full fault fills.
-                net::mount_tmpfs(&pool.data_dir(h), pool.cfg.segment_size + (4 << 20))?;
+                // Room for the segment (and disk tier) and a little more:
+                // what the disk-full fault fills.
+                let room = pool.cfg.segment_size + pool.cfg.disk_size + (4 << 20);
+                net::mount_tmpfs(&pool.data_dir(h), room)?;
             }
             let p = pool.define(h, 0);
             pool.procs.insert(h, p);
@@ -179,7 +196,7 @@ impl Pool {
             }
             Role::Master => {
                 let eps = etcd_endpoints(cfg.topo.etcd);
-                vec![
+                let mut argv = vec![
                     kvpool,
                     s("master"),
                     s("--rpc-address"),
@@ -203,26 +220,44 @@ impl Pool {
                     cfg.store_grace.clone(),
                     s("--secret-file"),
                     self.keys.admin.to_string_lossy().into_owned(),
-                ]
+                ];
+                if cfg.disk_size > 0 {
+                    argv.extend([s("--demote-watermark"), s("0.5")]);
+                }
+                argv
             }
-            Role::Store => vec![
-                kvpool,
-                s("store"),
-                s("--master"),
-                self.etcd_addr.clone(),
-                s("--address"),
-                ip,
-                s("--port"),
-                STORE_PORT.to_string(),
-                s("--segment-size"),
-                cfg.segment_size.to_string(),
-                s("--data-dir"),
-                self.data_dir(h).to_string_lossy().into_owned(),
-                s("--name"),
-                h.to_string(),
-                s("--secret-file"),
-                self.keys.store.to_string_lossy().into_owned(),
-            ],
+            Role::Store => {
+                let mut argv = vec![
+                    kvpool,
+                    s("store"),
+                    s("--master"),
+                    self.etcd_addr.clone(),
+                    s("--address"),
+                    ip,
+                    s("--port"),
+                    STORE_PORT.to_string(),
+                    s("--segment-size"),
+                    cfg.segment_size.to_string(),
+                    s("--data-dir"),
+                    self.data_dir(h).to_string_lossy().into_owned(),
+                    s("--name"),
+                    h.to_string(),
+                    s("--secret-file"),
+                    self.keys.store.to_string_lossy().into_owned(),
+                ];
+                if cfg.disk_size > 0 {
+                    // On the pool's tmpfs, through the page cache (no
+                    // O_DIRECT there): the moves' logic is what is tested.
+                    let disk = self.data_dir(h).join("disk");
+                    argv.extend([
+                        s("--disk-dir"),
+                        disk.to_string_lossy().into_owned(),
+                        s("--disk-size"),
+                        cfg.disk_size.to_string(),
+                    ]);
+                }
+                argv
+            }
             Role::Client => unreachable!("workers are defined by worker()"),
         };
         self.on_bin.insert(h, bin);
@@ -344,8 +379,14 @@ impl Pool {
         Ok(st)
     }
 
-    /// Waits until a master leads and `stores` segments are mounted and live.
+    /// Waits until a master leads and the segments of `stores` stores (with
+    /// their disk tiers) are mounted and live.
     pub(super) async fn settle(&mut self, stores: usize, within: Duration) -> anyhow::Result<()> {
+        let stores = if self.cfg.disk_size > 0 {
+            2 * stores
+        } else {
+            stores
+        };
         let deadline = Instant::now() + within;
         let mut last = String::from("nothing yet");
         while Instant::now() < deadline {
@@ -524,7 +565,8 @@ impl Pool {
         }
     }
 
-    /// Samples the pool's status every 2 s (evictions, for the checker).
+    /// Samples the pool's status every 2 s (evictions, for the checker, and
+    /// tier moves, for the report).
     pub(super) async fn spawn_sampler(&self, stop: tokio_util_stop::Stop) -> anyhow::Result<()> {
         let client = self.status_client().await?;
         let samples = self.status.clone();
@@ -533,9 +575,7 @@ impl Pool {
                 if let Ok(Ok(st)) =
                     tokio::time::timeout(Duration::from_secs(3), client.status()).await
                 {
-                    let mut s = samples.lock();
-                    s.evictions = s.evictions.max(st.evictions);
-                    s.last = Some(st);
+                    samples.lock().take(st);
                 }
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }

@@ -120,6 +120,9 @@ pub struct CampaignResult {
     pub step_downs: u32,
     /// The pool evicted objects.
     pub evictions_possible: bool,
+    /// Demotions and promotions during the campaign, as sampled, when the
+    /// stores have a disk tier.
+    pub tier_moves: Option<(u64, u64)>,
     /// The pool did not settle after the faults were healed.
     pub unsettled: Option<String>,
     /// The checker's report.
@@ -233,6 +236,12 @@ impl CampaignResult {
             "evictions during the campaign: {}",
             self.evictions_possible
         );
+        if let Some((demotions, promotions)) = self.tier_moves {
+            let _ = writeln!(
+                s,
+                "tier moves during the campaign: {demotions} demotions, {promotions} promotions"
+            );
+        }
         if let Some(u) = &self.unsettled {
             let _ = writeln!(s, "the pool did not settle after healing: {u}");
         }
