@@ -6,6 +6,8 @@
 //! batch run per store and, when big, over several connections or cores.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use kvpool_format::{header_len, ObjectHeader};
 use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, Tier, WriteReq};
@@ -17,6 +19,13 @@ use crate::retry::KeyRetry;
 use crate::rpc::one;
 use crate::transport::{Dir, Job, Kind, Write, WriteOp};
 use crate::{Client, ReplicateConfig};
+
+/// How long a client tries to cancel a put operation that went
+/// unanswered (the master's default put timeout is 60 s, after which it
+/// revokes the puts itself).
+const CANCEL_FOR: Duration = Duration::from_secs(90);
+/// How often it tries while the master does not answer.
+const CANCEL_RETRY: Duration = Duration::from_millis(250);
 
 /// One object to put: its key and the parts its value is the concatenation of.
 type Item<'a> = (&'a str, &'a [&'a [u8]]);
@@ -53,6 +62,12 @@ fn plan(items: &[Item]) -> (Vec<KvResult<()>>, Vec<PutItem>, Vec<usize>) {
 /// A commit's error as the caller sees it: a put that vanished before its
 /// commit (the master restarted or failed over, or the put timed out) is
 /// transient, so it is written again.
+/// Whether a master call that failed with `e` may have been carried out
+/// all the same (its answer lost, or its caller gave up waiting).
+fn unsure(e: &KvError) -> bool {
+    matches!(e.code, Code::RpcFail | Code::RpcTimeout)
+}
+
 fn commit_error(e: KvError) -> KvError {
     match e.code {
         Code::ObjectNotFound => KvError::new(
@@ -127,15 +142,21 @@ impl Client {
         let t0 = Instant::now();
         // Every pass is this one operation to the master (see `PutStart::op`).
         let op = rand::random::<u64>() | 1;
+        // Set when a `PutStart` or `PutEnd` of this operation went
+        // unanswered: the master may hold puts in flight nobody will end.
+        let unanswered = AtomicBool::new(false);
         // Another writer holding a key, or a store restarting, is worth a retry.
         let mut retry = KeyRetry::new(items.len(), &self.inner.cfg);
         loop {
             let round: Vec<Item> = retry.todo().iter().map(|&i| items[i]).collect();
             let out = retry
-                .pass(self.put_round(&round, config, (upsert, op)))
+                .pass(self.put_round(&round, config, (upsert, op), &unanswered))
                 .await;
             if !retry.settle(out).await {
                 let out = retry.finish();
+                if unanswered.load(Ordering::Relaxed) && out.iter().any(Result::is_err) {
+                    self.cancel_put(op);
+                }
                 let len = |i: usize, _: &()| value_len(items[i].1);
                 (self.inner.metrics).record("put", &out, len, t0.elapsed());
                 return out;
@@ -143,13 +164,43 @@ impl Client {
         }
     }
 
+    /// Gives up put operation `op`, a call of which went unanswered, once
+    /// the master answers (in the background, for up to
+    /// [`CANCEL_FOR`]): otherwise a put it started would hold its key until
+    /// the master's put timeout, and this client's next put of the key
+    /// would wait out its retries behind it.
+    fn cancel_put(&self, op: u64) {
+        let client = self.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + CANCEL_FOR;
+            while Instant::now() < until {
+                if client.inner.link.silent_for() < CANCEL_RETRY * 4 {
+                    let client_id = client.client_id();
+                    let req = msg::PutCancel {
+                        client_id,
+                        ops: vec![op],
+                    };
+                    match client.call(&req).await {
+                        Ok(_) => return,
+                        // A master older than protocol 11: its put timeout.
+                        Err(e) if e.code == Code::NotSupported => return,
+                        Err(_) => {}
+                    }
+                }
+                tokio::time::sleep(CANCEL_RETRY).await;
+            }
+        });
+    }
+
     /// One pass of a batch put (an upsert or not, of operation `op`):
-    /// start, write, commit or revoke.
+    /// start, write, commit or revoke. Sets `unanswered` when the master
+    /// may hold puts in flight of it that this pass did not see through.
     async fn put_round(
         &self,
         items: &[Item<'_>],
         config: &ReplicateConfig,
         (upsert, op): (bool, u64),
+        unanswered: &AtomicBool,
     ) -> Vec<KvResult<()>> {
         let (mut results, put_items, index) = plan(items);
         if put_items.is_empty() {
@@ -174,7 +225,12 @@ impl Client {
                     generation,
                     replicas,
                 }) => granted.push((i, generation, replicas)),
-                Err(e) => results[i] = Err(e),
+                Err(e) => {
+                    if unsure(&e) {
+                        unanswered.store(true, Ordering::Relaxed);
+                    }
+                    results[i] = Err(e)
+                }
             }
         }
         // Object headers must outlive the writes that borrow them.
@@ -250,6 +306,9 @@ impl Client {
                     replicas: replicas.clone(),
                 };
                 self.inner.cache.insert(items[*i].0, location, None);
+            }
+            if r.as_ref().is_err_and(unsure) {
+                unanswered.store(true, Ordering::Relaxed);
             }
             results[*i] = r.map_err(commit_error);
         }

@@ -287,6 +287,13 @@ fn sample(op: Opcode) -> (Vec<u8>, Vec<u8>) {
             },
             vec![Ok(()), Err(code)],
         ),
+        Opcode::PutCancel => both(
+            PutCancel {
+                client_id: ID,
+                ops: vec![0x5eed_0001, u64::MAX],
+            },
+            2,
+        ),
         Opcode::GetReplicaList => both(
             GetReplicaList { keys: keys() },
             vec![

@@ -77,6 +77,7 @@ pub(crate) fn handle(cx: &mut Ctx<'_>, op: Opcode, meta: &[u8]) -> KvResult<Vec<
         Request::PutStart(m) => reply(cx, m),
         Request::PutEnd(m) => reply(cx, m),
         Request::PutRevoke(m) => reply(cx, m),
+        Request::PutCancel(m) => reply(cx, m),
         Request::GetReplicaList(m) => reply(cx, m),
         Request::Exist(m) => reply(cx, m),
         Request::ExistLeased(m) => reply(cx, m),
@@ -442,6 +443,16 @@ impl Handle for msg::PutRevoke {
             .state
             .put_revoke(self.client_id, &self.keys, cx.now);
         Ok(counted::<Self, _>(cx, v))
+    }
+}
+
+impl Handle for msg::PutCancel {
+    fn handle(self, cx: &mut Ctx<'_>) -> KvResult<u64> {
+        cx.master.metrics.record(Self::OPCODE, self.ops.len(), 0);
+        Ok(cx
+            .master
+            .state
+            .put_cancel(self.client_id, &self.ops, cx.now))
     }
 }
 

@@ -353,6 +353,8 @@ fn serving(op: Opcode) -> (Serves, Work) {
         O::MountSegment | O::ReportObjects | O::UnmountSegment => (Serves::Membership, Work::Long),
         O::PutStart => (Serves::Writes, Work::MayEvict),
         O::PutEnd | O::PutRevoke => (Serves::Writes, Work::Short),
+        // Walks every shard's puts in flight.
+        O::PutCancel => (Serves::Writes, Work::Long),
         O::GetReplicaList
         | O::Exist
         | O::ExistLeased

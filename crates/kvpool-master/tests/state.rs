@@ -445,6 +445,33 @@ fn more_replicas_than_segments_is_best_effort_without_eviction() {
 
 // ------------------------------------------------------------ writers
 
+/// A writer that gave up on an operation it never heard back from cancels
+/// it: its puts in flight are revoked (the keys free for its next put, not
+/// held until the put timeout), a late `PutStart` of it is refused, and
+/// nothing else of the writer's, or of other writers, is touched.
+#[test]
+fn a_cancelled_operation_frees_its_keys_and_is_refused_if_it_comes_late() {
+    let (p, a) = Pool::with_segment(config(), MIB);
+    let b = p.client(2);
+    let now = p.at(0);
+    let start = |c, op, key: &str| {
+        p.st.put_start_op((c, op), &[item(key, 4 * KIB)], &replicas(1), true, now)
+            .remove(0)
+    };
+    start(a, 7, "x").unwrap();
+    start(a, 7, "y").unwrap();
+    start(a, 8, "z").unwrap();
+    start(b, 7, "w").unwrap();
+    assert_eq!(code(start(a, 9, "x")), REPLICA_IS_NOT_READY);
+    assert_eq!(p.st.put_cancel(a, &[7], now), 2);
+    assert_eq!(p.st.status().pending, 2, "a's op 8 and b's op 7 stay");
+    start(a, 9, "x").unwrap();
+    // The cancelled operation's request arriving late starts nothing.
+    assert_eq!(code(start(a, 7, "v")), INVALID_PARAMS);
+    assert_eq!(p.st.put_cancel(a, &[7, 1234], now), 0);
+    assert_eq!(p.st.status().pending, 3);
+}
+
 #[test]
 fn only_the_writer_ends_or_revokes_and_retries_are_idempotent() {
     let (p, a) = Pool::with_segment(config(), MIB);

@@ -32,7 +32,7 @@ use crate::code::{Code, KvError, KvResult};
 /// key-bound grants, [`crate::msg::Capability::KEY`]; 8: tenant keys,
 /// [`crate::msg::AuthTenant`]; 9: [`STORES_SEAL`], `ExistLeased`, `ListKeys`;
 /// 10: the transfer engine's notifies, `EngineAbout` and same-host copies;
-/// 11: `TierMoveCancel`).
+/// 11: `TierMoveCancel`, `PutCancel`).
 pub const PROTOCOL_VERSION: u32 = 11;
 /// From this version a store seals the header of every object written to
 /// it with the checksum of the value bytes it received, so a writer need

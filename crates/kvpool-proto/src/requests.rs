@@ -260,6 +260,9 @@ requests! {
     /// Control: one bounded page of the keys in the caller's namespace
     /// under a prefix, with a cursor to resume from.
     ListKeys = 41 since 9 => Control, Client, ListKeys -> KeyPage;
+    /// Control: give up put operations whose outcome their caller never
+    /// learned; answers how many puts in flight were revoked.
+    PutCancel = 42 since 11 => Control, Client, PutCancel -> u64, batch ClientId => ops;
     /// Transfer engine: queue a notification for the peer's `get_notifies`.
     EngineNotify = 62 since 10 => Data, Client, EngineNotifyReq -> ();
     /// Transfer engine: what the peer's engine holds (and a probe).

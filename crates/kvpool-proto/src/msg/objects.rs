@@ -136,6 +136,18 @@ pub struct PutEnd {
     pub items: Vec<PutEndItem>,
 }
 
+/// Give up whole put operations (`PutStart::op`) whose caller stopped
+/// waiting before it knew whether they started (protocol 11): their puts
+/// in flight are revoked, and a `PutStart` of one that arrives later is
+/// refused, so they cannot hold their keys until the put timeout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutCancel {
+    /// The writer.
+    pub client_id: ClientId,
+    /// Its operations to give up.
+    pub ops: Vec<u64>,
+}
+
 /// Abandon started puts and free their regions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PutRevoke {
