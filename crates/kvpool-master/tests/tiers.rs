@@ -258,6 +258,46 @@ fn the_copy_a_move_leaves_is_destroyed_at_once_even_under_a_lease() {
     assert_eq!(p.st.tier_usage(Tier::Memory).1, left);
 }
 
+/// A key removed while a move copies it: the copy may land after the
+/// removal and is destroyed only when the move finishes, so the removal's
+/// tombstone (which makes a new leader reject inventory copies of the key)
+/// outlives the destruction of the replicas it knew.
+#[test]
+fn a_removal_during_a_move_keeps_its_tombstone_past_the_replicas() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    p.st.keep_tombstones(Vec::new(), p.at(0));
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    let moving = tickets[0].key.clone();
+    let resting = (0..40)
+        .map(|i| format!("k-{i:03}"))
+        .find(|k| tickets.iter().all(|t| &t.key != k))
+        .expect("a key not moving");
+    for k in [&moving, &resting] {
+        p.st.remove(std::slice::from_ref(k), true, p.at(1050))
+            .remove(0)
+            .unwrap();
+    }
+    p.invalidate();
+    let kept = |ms| {
+        let (_, _, tombs) = p.st.tombstones_to_write(u64::MAX, p.at(ms)).unwrap();
+        tombs.into_iter().map(|t| t.key).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        kept(1100),
+        vec![moving.clone()],
+        "only the moving key's stays"
+    );
+    let done = tickets.into_iter().map(|t| (t, Ok(()))).collect();
+    p.st.finish_tier_moves(done, p.at(1200));
+    assert!(
+        p.where_is(&moving, 1300).is_empty(),
+        "the copy was not attached"
+    );
+}
+
 #[test]
 fn a_move_of_a_version_replaced_meanwhile_is_undone() {
     let p = Pool::new(4 * MIB, 16 * MIB);

@@ -328,7 +328,12 @@ impl MasterState {
             inv.note_older(key, seq, segments.iter().copied());
             seq
         };
-        let tomb = self.tombstone(key, v.generation, segments, seq, now);
+        // A copy a tier move is making of it may land after this, and is
+        // destroyed only when the move finishes: the tombstone must not go
+        // with the replicas' destruction, so it is kept for its whole life.
+        let moving = self.tier.lock().moving.contains(key);
+        let destroyed_by = if moving { 0 } else { seq };
+        let tomb = self.tombstone(key, v.generation, segments, destroyed_by, now);
         let hard = now + self.cfg.client_ttl + self.cfg.store_grace;
         if let Some(f) = self.invalidations.lock().fences.get_mut(key) {
             f.durable = f.durable.max(tomb);

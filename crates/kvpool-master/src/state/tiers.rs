@@ -57,7 +57,7 @@ pub struct MoveTicket {
 #[derive(Default)]
 pub(super) struct TierState {
     /// Keys with a move in flight: never planned twice.
-    moving: HashSet<Box<str>>,
+    pub(super) moving: HashSet<Box<str>>,
     /// Keys read twice on disk, waiting to be promoted.
     promote: std::collections::VecDeque<Box<str>>,
     queued: HashSet<Box<str>>,
