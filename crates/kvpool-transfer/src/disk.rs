@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvpool_proto::msg::{SegmentId, SegmentIo, DISK_BLOCK};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 const BLOCK: usize = DISK_BLOCK as usize;
 
@@ -201,6 +201,13 @@ pub struct DiskFile {
     failed: AtomicBool,
     counters: Counters,
     pool: Arc<Mutex<Vec<AlignedBuf>>>,
+    /// Held exclusively while an invalidation rewrites the block it read,
+    /// shared while an object is written. A block is destroyed by reading
+    /// it and writing it back with its generation cleared: a copy landing
+    /// in between (into a region the master gave out again while the old
+    /// object's destruction was still on its way) would be overwritten by
+    /// the old block, and the new object lost.
+    rewrites: RwLock<()>,
 }
 
 /// Reserves the blocks of the disk tier's file, so that a file system
@@ -265,6 +272,7 @@ impl DiskFile {
             failed: AtomicBool::new(false),
             counters: Counters::default(),
             pool: Default::default(),
+            rewrites: RwLock::new(()),
         };
         for i in 0..queue_depth.max(1) {
             let io = disk.io.clone();
@@ -435,6 +443,7 @@ impl DiskFile {
             return Ok(false);
         }
         let started = Instant::now();
+        let _writing = self.rewrites.read();
         if span > BLOCK {
             self.file
                 .write_all_at(&buf[BLOCK..span], offset + DISK_BLOCK)
@@ -470,6 +479,7 @@ impl DiskFile {
         }
         self.check(offset, DISK_BLOCK)?;
         let mut buf = self.buffer(BLOCK);
+        let _rewriting = self.rewrites.write();
         self.file
             .read_exact_at(&mut buf[..BLOCK], offset)
             .map_err(|e| self.failure("read", offset, e))?;
@@ -552,6 +562,46 @@ mod tests {
         let meta = std::fs::metadata(dir.path().join("disk.kvp")).unwrap();
         assert_eq!(meta.len(), size);
         assert!(meta.blocks() * 512 >= size, "{} blocks", meta.blocks());
+    }
+
+    /// The destruction of a block's old object, racing a new object's copy
+    /// into the same block (the master gave the region out again before
+    /// the destruction was delivered), never leaves the new one damaged:
+    /// its read-modify-write cannot write the old block back over the copy.
+    #[test]
+    fn a_destruction_racing_a_copy_into_its_block_never_undoes_the_copy() {
+        use kvpool_format::{value_checksum, ObjectHeader};
+        let object = |key: &str, generation: u64| {
+            let value = vec![generation as u8; 6000];
+            let mut b = ObjectHeader {
+                key: key.into(),
+                value_len: value.len() as u64,
+                generation,
+                checksum: value_checksum(&[&value]),
+            }
+            .encode();
+            b.extend_from_slice(&value);
+            b
+        };
+        let (_d, f) = file(1 << 20);
+        let f = Arc::new(f);
+        let at = 4 * DISK_BLOCK;
+        let mut undone = 0;
+        for round in 1..=400u64 {
+            let (old_gen, new_gen) = (2 * round, 2 * round + 1);
+            assert!(f
+                .write_object(at, &object("old", old_gen), |_| true)
+                .unwrap());
+            let new = object("new", new_gen);
+            let destroyer = f.clone();
+            let destroy = std::thread::spawn(move || destroyer.invalidate(at, old_gen).unwrap());
+            assert!(f.write_object(at, &new, |_| true).unwrap());
+            destroy.join().unwrap();
+            if f.read(at, new.len() as u64).unwrap().bytes() != &new[..] {
+                undone += 1;
+            }
+        }
+        assert_eq!(undone, 0, "copies written over by a destruction");
     }
 
     #[test]
