@@ -30,7 +30,22 @@ pub(super) struct ClientEntry {
     pub(super) engine: bool,
     /// The tenant whose key registered it, whose quota counts it.
     pub(super) tenant: Option<Arc<str>>,
+    /// Put operations it gave up (`PutCancel`), the newest
+    /// [`CANCELLED_OPS_KEPT`]: a `PutStart` of one arriving late is refused.
+    pub(super) cancelled_ops: Vec<u64>,
 }
+
+/// The error of a call from a client this master does not know.
+fn not_registered(id: ClientId) -> KvError {
+    KvError::new(
+        Code::ClientNotFound,
+        format!("client {id} is not registered"),
+    )
+}
+
+/// Cancelled put operations remembered per client: a late `PutStart`
+/// arrives within one connection's delivery of the cancellation.
+const CANCELLED_OPS_KEPT: usize = 64;
 
 /// Most time between two heartbeats, whatever the TTL: a store that stops
 /// is noticed within a few of them, not within half a long TTL.
@@ -163,6 +178,7 @@ impl MasterState {
                     hung_up: false,
                     engine,
                     tenant,
+                    cancelled_ops: Vec::new(),
                 },
             );
             // Counted under the map's lock, so the count is the map's.
@@ -211,14 +227,23 @@ impl MasterState {
 
     /// Records a heartbeat; false when the client is unknown (it must register).
     pub fn heartbeat(&self, id: ClientId, now: Instant) -> bool {
+        self.seen_client(id, now, |_| ()).is_some()
+    }
+
+    /// Records a sign of life of client `id` and runs `f` on its entry;
+    /// `None` when it is not registered.
+    fn seen_client<T>(
+        &self,
+        id: ClientId,
+        now: Instant,
+        f: impl FnOnce(&mut ClientEntry) -> T,
+    ) -> Option<T> {
         let mut clients = self.clients.lock();
-        let Some(c) = clients.get_mut(&id) else {
-            return false;
-        };
+        let c = clients.get_mut(&id)?;
         if c.seen(id, now) {
             self.suspect_count.fetch_sub(1, Ordering::Relaxed);
         }
-        true
+        Some(f(c))
     }
 
     /// Adds `stall` to every client's silence allowance: the master itself did
@@ -259,13 +284,31 @@ impl MasterState {
 
     /// Checks that `id` is registered; its call counts as a sign of life.
     pub(super) fn require_client(&self, id: ClientId, now: Instant) -> KvResult<()> {
-        if self.heartbeat(id, now) {
-            return Ok(());
+        self.seen_client(id, now, |_| ())
+            .ok_or_else(|| not_registered(id))
+    }
+
+    /// [`Self::require_client`] for a put of `id`'s operation `op`, which
+    /// must not be one it gave up (see [`Self::cancel_ops`]).
+    pub(super) fn require_writer(&self, id: ClientId, op: u64, now: Instant) -> KvResult<()> {
+        match self.seen_client(id, now, |c| c.cancelled_ops.contains(&op)) {
+            None => Err(not_registered(id)),
+            // Its caller stopped waiting; nobody reads this answer.
+            Some(true) => Err(KvError::new(
+                Code::InvalidParams,
+                "this put was cancelled by its writer",
+            )),
+            Some(false) => Ok(()),
         }
-        Err(KvError::new(
-            Code::ClientNotFound,
-            format!("client {id} is not registered"),
-        ))
+    }
+
+    /// Remembers that client `id` gave up its put operations `ops`.
+    pub(super) fn cancel_ops(&self, id: ClientId, ops: &[u64], now: Instant) {
+        self.seen_client(id, now, |c| {
+            c.cancelled_ops.extend_from_slice(ops);
+            let over = c.cancelled_ops.len().saturating_sub(CANCELLED_OPS_KEPT);
+            c.cancelled_ops.drain(..over);
+        });
     }
 
     /// Which of `owners` (the clients lending segments) have missed

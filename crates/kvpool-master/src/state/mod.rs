@@ -199,8 +199,6 @@ pub struct MasterState {
     /// Registered clients whose peer proved only the client role.
     engine_ids: std::sync::atomic::AtomicUsize,
     deferred: Mutex<Vec<Deferred>>,
-    /// Put operations their writers gave up (see [`Self::put_cancel`]).
-    cancelled_ops: Mutex<objects::CancelledOps>,
     /// Regions reused only once the invalidation numbered with them is
     /// sent: the same version may be copied there again (a tier move), and
     /// a late invalidation would destroy that copy.
@@ -307,7 +305,6 @@ impl MasterState {
             clients: Mutex::new(HashMap::new()),
             engine_ids: Default::default(),
             deferred: Mutex::new(Vec::new()),
-            cancelled_ops: Default::default(),
             after_invalidation: Mutex::new(Vec::new()),
             invalidations: Mutex::new(InvalidationQueue::default()),
             invalidated_through: AtomicU64::new(0),

@@ -1,7 +1,7 @@
 //! The object map's operations: puts (start, end, revoke), reads (replica
 //! lists with read leases, touches, existence) and removals.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -81,35 +81,6 @@ pub type ListPos = (u32, u32);
 /// shard counts one): a page costs about a millisecond whatever matches.
 const LIST_SCAN: usize = 1 << 16;
 
-/// Put operations given up by their writers, the newest
-/// [`CANCELLED_OPS_KEPT`]: a `PutStart` of one arrives late at most by as
-/// long as its writer's connection took to deliver it.
-#[derive(Default)]
-pub(super) struct CancelledOps {
-    set: HashSet<(ClientId, u64)>,
-    order: VecDeque<(ClientId, u64)>,
-}
-
-/// Cancelled put operations remembered.
-const CANCELLED_OPS_KEPT: usize = 4096;
-
-impl CancelledOps {
-    fn insert(&mut self, client: ClientId, op: u64) {
-        if self.set.insert((client, op)) {
-            self.order.push_back((client, op));
-            if self.order.len() > CANCELLED_OPS_KEPT {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
-            }
-        }
-    }
-
-    fn contains(&self, client: ClientId, op: u64) -> bool {
-        !self.set.is_empty() && self.set.contains(&(client, op))
-    }
-}
-
 /// One lock's worth of the object map: each key's committed version, and
 /// apart from it (so the many committed objects carry no room for one) the
 /// put of a new version in flight, at most one per key.
@@ -175,12 +146,7 @@ impl MasterState {
         upsert: bool,
         now: Instant,
     ) -> Vec<KvResult<PutGrant>> {
-        if let Err(e) = self.require_client(client, now) {
-            return items.iter().map(|_| Err(e.clone())).collect();
-        }
-        if self.cancelled_ops.lock().contains(client, op) {
-            // Its caller stopped waiting; nobody reads this answer.
-            let e = KvError::new(Code::InvalidParams, "this put was cancelled by its writer");
+        if let Err(e) = self.require_writer(client, op, now) {
             return items.iter().map(|_| Err(e.clone())).collect();
         }
         // Puts in flight are reserved for the whole batch at once: the keys
@@ -262,12 +228,7 @@ impl MasterState {
     /// `msg::PutCancel`): revokes their puts in flight, and refuses a
     /// `PutStart` of one that comes later. Returns how many were revoked.
     pub fn put_cancel(&self, client: ClientId, ops: &[u64], now: Instant) -> u64 {
-        {
-            let mut cancelled = self.cancelled_ops.lock();
-            for &op in ops {
-                cancelled.insert(client, op);
-            }
-        }
+        self.cancel_ops(client, ops, now);
         let mut revoked = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
