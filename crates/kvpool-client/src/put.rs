@@ -59,15 +59,15 @@ fn plan(items: &[Item]) -> (Vec<KvResult<()>>, Vec<PutItem>, Vec<usize>) {
     (results, put_items, index)
 }
 
-/// A commit's error as the caller sees it: a put that vanished before its
-/// commit (the master restarted or failed over, or the put timed out) is
-/// transient, so it is written again.
 /// Whether a master call that failed with `e` may have been carried out
 /// all the same (its answer lost, or its caller gave up waiting).
 fn unsure(e: &KvError) -> bool {
     matches!(e.code, Code::RpcFail | Code::RpcTimeout)
 }
 
+/// A commit's error as the caller sees it: a put that vanished before its
+/// commit (the master restarted or failed over, or the put timed out) is
+/// transient, so it is written again.
 fn commit_error(e: KvError) -> KvError {
     match e.code {
         Code::ObjectNotFound => KvError::new(
@@ -164,30 +164,28 @@ impl Client {
         }
     }
 
-    /// Gives up put operation `op`, a call of which went unanswered, once
-    /// the master answers (in the background, for up to
-    /// [`CANCEL_FOR`]): otherwise a put it started would hold its key until
-    /// the master's put timeout, and this client's next put of the key
-    /// would wait out its retries behind it.
+    /// Gives up put operation `op`, a call of which went unanswered, in
+    /// the background (retried for up to [`CANCEL_FOR`] while the master
+    /// does not answer): otherwise a put it started would hold its key
+    /// until the master's put timeout, and this client's next put of the
+    /// key would wait out its retries behind it.
     fn cancel_put(&self, op: u64) {
         let client = self.clone();
         tokio::spawn(async move {
             let until = Instant::now() + CANCEL_FOR;
-            while Instant::now() < until {
-                if client.inner.link.silent_for() < CANCEL_RETRY * 4 {
-                    let client_id = client.client_id();
-                    let req = msg::PutCancel {
-                        client_id,
-                        ops: vec![op],
-                    };
-                    match client.call(&req).await {
-                        Ok(_) => return,
-                        // A master older than protocol 11: its put timeout.
-                        Err(e) if e.code == Code::NotSupported => return,
-                        Err(_) => {}
-                    }
+            let req = msg::PutCancel {
+                client_id: client.client_id(),
+                ops: vec![op],
+            };
+            loop {
+                match client.call(&req).await {
+                    Ok(_) => return,
+                    // A master older than protocol 11: it frees the keys at
+                    // its put timeout.
+                    Err(e) if e.code == Code::NotSupported => return,
+                    Err(_) if Instant::now() >= until => return,
+                    Err(_) => tokio::time::sleep(CANCEL_RETRY).await,
                 }
-                tokio::time::sleep(CANCEL_RETRY).await;
             }
         });
     }

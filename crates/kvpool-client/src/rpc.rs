@@ -46,43 +46,42 @@ impl Client {
         let Some(after) = self.inner.cfg.fail_fast_after else {
             return call.await;
         };
-        if let Some(e) = self.master_silent(after) {
-            return Err(e);
-        }
+        self.silence_left(after)?;
         tokio::select! {
             r = call => r,
             e = self.until_master_silent(after) => Err(e),
         }
     }
 
-    /// The error of a call made while the master has not answered this
-    /// client for `after` or longer; `None` while it has.
-    fn master_silent(&self, after: std::time::Duration) -> Option<KvError> {
+    /// How long until the master will have been silent for `after` (this
+    /// client's heartbeats unanswered), or the error of a call made once it
+    /// has.
+    fn silence_left(&self, after: std::time::Duration) -> KvResult<std::time::Duration> {
         let silent = self.inner.link.silent_for();
+        if silent < after {
+            return Ok(after - silent);
+        }
         // Settled: the call's retries would wait for the master too.
-        (silent >= after).then(|| {
-            KvError::new(
-                Code::RpcFail,
-                format!(
-                    "the master has not answered for {:.1}s (fail_fast_after {:.1}s)",
-                    silent.as_secs_f64(),
-                    after.as_secs_f64()
-                ),
-            )
-            .settled()
-        })
+        Err(KvError::new(
+            Code::RpcFail,
+            format!(
+                "the master has not answered for {:.1}s (fail_fast_after {:.1}s)",
+                silent.as_secs_f64(),
+                after.as_secs_f64()
+            ),
+        )
+        .settled())
     }
 
     /// Waits until the master has not answered for `after`: the error a
-    /// call still waiting then ends with.
+    /// call still waiting then ends with. Heartbeats answered meanwhile
+    /// push the moment back.
     async fn until_master_silent(&self, after: std::time::Duration) -> KvError {
         loop {
-            let silent = self.inner.link.silent_for();
-            if let Some(e) = self.master_silent(after) {
-                return e;
+            match self.silence_left(after) {
+                Ok(left) => tokio::time::sleep(left).await,
+                Err(e) => return e,
             }
-            // Heartbeats answered meanwhile push the moment back.
-            tokio::time::sleep(after.saturating_sub(silent)).await;
         }
     }
 
