@@ -166,9 +166,9 @@ const CANCEL_WAIT: Duration = Duration::from_secs(5);
 const CANCEL_RETRY: Duration = Duration::from_secs(1);
 
 /// A `TierMove` request given up without an answer whose cancellation has
-/// not reached its store yet. Its moves stay unfinished until it does (or
-/// their destination is mounted again): the regions reserved for them are
-/// not freed, since a copy may still land there.
+/// not reached its store yet (see [`settle`]). Its moves stay unfinished
+/// until it does (or their destination is mounted again): the regions
+/// reserved for them are not freed, since a copy may still land there.
 struct Owed {
     pool: Arc<kvpool_net::ConnPool>,
     id: msg::RequestId,
@@ -264,7 +264,10 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
             owed.extend(unsettled);
         }
         finish(&master, done).await;
-        show_owed(&master, &owed);
+        if !owed.is_empty() {
+            owed_tried = Instant::now();
+            owed = settle(&master, owed).await;
+        }
     }
 }
 
@@ -279,6 +282,7 @@ async fn settle(master: &Arc<Master>, owed: Vec<Owed>) -> Vec<Owed> {
     let mut still = Vec::new();
     for (o, up) in owed.into_iter().zip(given_up) {
         if up {
+            let failed = |t| (t, Err(kvpool_proto::Code::TransferFail.into()));
             done.extend(o.tickets.into_iter().map(failed));
         } else {
             still.push(o);
@@ -296,8 +300,8 @@ fn show_owed(master: &Master, owed: &[Owed]) {
 }
 
 /// Sends one `TierMove` request and returns its moves with what the store
-/// answered, or, for a request given up without an answer whose
-/// cancellation did not reach the store, nothing finished and what is owed.
+/// answered, or, for a request given up without an answer, nothing
+/// finished and its cancellation owed.
 async fn move_part(
     master: &Master,
     pool: Arc<kvpool_net::ConnPool>,
@@ -324,19 +328,10 @@ async fn move_part(
         other => {
             tracing::debug!(result = ?other.map(|r| r.map(|c| c.len())), "tier moves not done");
             master.metrics.tier_moves_given_up.inc_by(part.len() as u64);
-            if give_up(master, &pool, id, &part).await {
-                (part.into_iter().map(failed).collect(), None)
-            } else {
-                let tickets = part;
-                (Vec::new(), Some(Owed { pool, id, tickets }))
-            }
+            let tickets = part;
+            (Vec::new(), Some(Owed { pool, id, tickets }))
         }
     }
-}
-
-/// A move that did not happen.
-fn failed(t: crate::state::MoveTicket) -> (crate::state::MoveTicket, kvpool_proto::KvResult<()>) {
-    (t, Err(kvpool_proto::Code::TransferFail.into()))
 }
 
 /// Makes sure none of the moves of request `id` (`tickets`) can still write

@@ -123,14 +123,15 @@ pub(super) struct MoveBook {
 }
 
 impl MoveBook {
-    /// Starts request `id`; `None` when it was given up already.
-    fn begin(&mut self, id: RequestId) -> Option<GivenUp> {
+    /// Starts request `id`: its flag, set already when it was given up
+    /// before it came (then its moves are refused as they start).
+    fn begin(&mut self, id: RequestId) -> GivenUp {
         if self.cancelled.contains(&id) {
-            return None;
+            return Arc::new(Mutex::new(true));
         }
         let (given_up, n) = self.running.entry(id).or_default();
         *n += 1;
-        Some(given_up.clone())
+        given_up.clone()
     }
 
     /// Ends one run of request `id`.
@@ -195,24 +196,7 @@ pub(super) fn cancel_moves(table: &SegmentTable, req: TierMoveCancel) -> Reply {
 /// give it up ([`cancel_moves`]); a request of a master that sends none
 /// cannot be given up.
 pub(super) async fn tier_moves(table: &SegmentTable, req: TierMoveReq, id: RequestId) -> Vec<i32> {
-    if id == RequestId::NONE {
-        return run_moves(table, req, None).await;
-    }
-    let begun = table.moves.lock().begin(id);
-    let Some(flag) = begun else {
-        for m in &req.moves {
-            let promote = table.medium(m.to).is_some_and(|t| t.tier() == Tier::Memory);
-            table.metrics.tier_move(promote, Code::TransferFail);
-        }
-        return vec![Code::TransferFail.as_i32(); req.moves.len()];
-    };
-    let out = run_moves(table, req, Some(flag)).await;
-    table.moves.lock().end(id);
-    out
-}
-
-/// [`tier_moves`] of a request that was not given up before it started.
-async fn run_moves(table: &SegmentTable, req: TierMoveReq, flag: Option<GivenUp>) -> Vec<i32> {
+    let flag = (id != RequestId::NONE).then(|| table.moves.lock().begin(id));
     let mut out = Vec::with_capacity(req.moves.len());
     for group in req.moves.chunks(MOVES_AT_ONCE) {
         let mut jobs = Vec::with_capacity(group.len());
@@ -249,6 +233,9 @@ async fn run_moves(table: &SegmentTable, req: TierMoveReq, flag: Option<GivenUp>
             table.metrics.tier_move(promote, code);
             out.push(code.as_i32());
         }
+    }
+    if id != RequestId::NONE {
+        table.moves.lock().end(id);
     }
     out
 }
@@ -326,16 +313,13 @@ mod tests {
     fn a_cancellation_reaches_every_run_of_its_request_and_every_later_one() {
         let mut book = MoveBook::default();
         let (a, b) = (RequestId(1), RequestId(2));
-        let first = book.begin(a).unwrap();
-        let again = book.begin(a).unwrap();
-        let other = book.begin(b).unwrap();
+        let first = book.begin(a);
+        let again = book.begin(a);
+        let other = book.begin(b);
         let flag = book.cancel(a).expect("a runs");
         *flag.lock() = true;
         assert!(*first.lock() && *again.lock() && !*other.lock());
-        assert!(
-            book.begin(a).is_none(),
-            "a later run of a cancelled request"
-        );
+        assert!(*book.begin(a).lock(), "a later run of a cancelled request");
         book.end(a);
         book.end(a);
         book.end(b);
@@ -344,7 +328,7 @@ mod tests {
         for n in 3..3 + CANCELLED_KEPT as u64 {
             assert!(book.cancel(RequestId(n)).is_none());
         }
-        assert!(book.begin(a).is_some(), "forgotten");
-        assert!(book.begin(RequestId(3)).is_none());
+        assert!(!*book.begin(a).lock(), "forgotten");
+        assert!(*book.begin(RequestId(3)).lock());
     }
 }
