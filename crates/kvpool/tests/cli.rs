@@ -6,20 +6,13 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    http_get, master_link, run_kvpool, scratch_dir, spawn_master, spawn_store, wait_for_segments,
-    Process,
+    http_get, master_link, metric, run_kvpool, scratch_dir, spawn_master, spawn_store,
+    wait_for_segments, Process,
 };
 use kvpool_client::{Client, ClientConfig, ReplicateConfig};
 use kvpool_proto::msg::GetReplicaList;
 
 const SEGMENT_BYTES: u64 = 64 << 20;
-
-/// The value of an unlabelled Prometheus sample `name`.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_serves_status_http_and_bench() {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 
 use common::{
-    eventually, http_get, kvpool_command, scratch_dir, spawn_master, wait_for_segments, Process,
-    STARTUP,
+    eventually, http_get, kvpool_command, metric, scratch_dir, spawn_master, wait_for_segments,
+    Process, STARTUP,
 };
 
 /// Writes `text` to `dir/name` and returns the path.
@@ -66,13 +66,6 @@ fn entry<'a>(out: &'a str, key: &str) -> (&'a str, &'a str) {
         .unwrap_or_else(|| panic!("no `{key} = ` line in:\n{out}"));
     let (value, source) = line.split_once(" # ").expect("a source comment");
     (value[key.len() + 3..].trim(), source.trim())
-}
-
-/// The value of an unlabelled Prometheus sample `name`.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

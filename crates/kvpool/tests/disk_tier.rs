@@ -159,10 +159,7 @@ impl TierPool {
 async fn master_metric(pool: &TierPool, name: &str) -> u64 {
     let (code, body) = http_get(&pool.master.metrics, "/metrics").await;
     assert_eq!(code, 200, "/metrics");
-    let prefix = format!("{name} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map_or(0, |n| n.trim().parse().expect("a metric value"))
+    metric(&body, name).unwrap_or(0.0) as u64
 }
 
 async fn status(c: &Client) -> ClusterStatus {

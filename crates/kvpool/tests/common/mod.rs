@@ -564,6 +564,13 @@ pub fn master_link_as(master: &str, hostname: &str, key: Option<Credentials>) ->
     .expect("a valid master address")
 }
 
+/// The value of an unlabelled Prometheus sample `name`.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// A `GET` over a raw TCP connection; returns the status code and the body.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     http_request(addr, "GET", path, &[], b"").await
