@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use kvpool_master::state::{MasterState, MoveTicket, StateConfig};
+use kvpool_master::state::{MasterState, MountSpec, MoveTicket, StateConfig};
 use kvpool_proto::msg::{
-    ClientId, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId, SegmentInfo, Tier,
-    DISK_BLOCK,
+    ClientId, InventoryItem, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId,
+    SegmentInfo, Tier, DISK_BLOCK,
 };
 use kvpool_proto::{Code, KvError};
 use tokio::time::Instant;
@@ -256,6 +256,76 @@ fn the_copy_a_move_leaves_is_destroyed_at_once_even_under_a_lease() {
     // Its room stays reserved until the lease ends; the others' is free.
     let left = memory_used - (moved - 1) * OBJ;
     assert_eq!(p.st.tier_usage(Tier::Memory).1, left);
+}
+
+/// A move answered only after its destination was mounted again (its store
+/// cut off and back, the answer held up in the cut): the new mount's scan
+/// found the copy and the map, not holding it there, rejected it, so the
+/// store destroys it. The late answer must leave the object where it was,
+/// readable, and give the copy's room back; taken as moved, it lost its
+/// source too, and the object was on no store (chaos finding 22).
+#[test]
+fn a_move_answered_after_its_destination_was_mounted_again_keeps_its_source() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    assert!(!tickets.is_empty(), "nothing to demote");
+    let memory_used = p.st.tier_usage(Tier::Memory).1;
+    // Every copy landed before the store was cut off; it mounts its disk
+    // again under a new fence and reports what its scan found.
+    let mut items: Vec<InventoryItem> = tickets
+        .iter()
+        .map(|t| InventoryItem {
+            key: t.key.clone(),
+            generation: t.mv.generation,
+            value_len: OBJ - 64,
+            offset: t.mv.to_offset,
+            region_len: t.mv.len.next_multiple_of(DISK_BLOCK),
+        })
+        .collect();
+    items.sort_unstable_by_key(|i| i.offset);
+    let spec = MountSpec {
+        objects: items.len() as u64,
+        fence: 2,
+        ..MountSpec::default()
+    };
+    p.st.mount_scanned(
+        p.store,
+        segment(DISK, Tier::Disk, 16 * MIB),
+        spec,
+        p.at(1100),
+    )
+    .unwrap();
+    let verdict =
+        p.st.report_objects(p.store, SegmentId(DISK), items.clone(), true, p.at(1100))
+            .unwrap();
+    assert_eq!(verdict.accepted, 0);
+    assert_eq!(
+        verdict.rejected.len(),
+        items.len(),
+        "the copies are not the map's"
+    );
+    // Then the answers arrive.
+    let first = tickets[0].clone();
+    p.finish(tickets, 1200);
+    assert_eq!(
+        p.where_is(&first.key, 1300),
+        vec![(MEMORY, first.mv.from_offset)],
+        "the object left its source for a copy its store destroyed"
+    );
+    assert_eq!(
+        p.st.tier_usage(Tier::Memory).1,
+        memory_used,
+        "a source was freed"
+    );
+    p.invalidate();
+    assert_eq!(
+        p.st.tier_usage(Tier::Disk).1,
+        0,
+        "the copies' room was never given back"
+    );
 }
 
 /// A key removed while a move copies it: the copy may land after the

@@ -150,6 +150,7 @@ impl MasterState {
             match (slot, alloc) {
                 (Some(s), Ok((alloc, held))) => {
                     *s.alloc.lock() = alloc;
+                    s.allocator = self.allocators.fetch_add(1, Ordering::Relaxed) + 1;
                     s.held = held;
                 }
                 (None, _) => {
@@ -485,13 +486,27 @@ impl MasterState {
         }
         self.free_now(&freed, None);
         self.open_segment(id);
+        let rejected: Vec<&InventoryItem> = (items.iter().zip(&reported))
+            .filter(|(it, &r)| !r && !in_flight.contains(&(it.offset, it.generation)))
+            .map(|(it, _)| it)
+            .collect();
+        // Its store destroys them: named in the log, as lost replicas are,
+        // so that an object gone from every store can be traced.
+        for it in rejected.iter().take(LOST_LOGGED) {
+            let held = self
+                .shard(&it.key)
+                .lock()
+                .objects
+                .get(&it.key)
+                .map(|v| v.generation);
+            tracing::info!(segment = %id, key = it.key, generation = it.generation, offset = it.offset,
+                known = ?held, "inventory object not taken: not where the map holds it");
+        }
         InventoryVerdict {
             accepted: reported.iter().filter(|&&r| r).count() as u64,
-            rejected: items
+            rejected: rejected
                 .iter()
-                .zip(&reported)
-                .filter(|(it, &r)| !r && !in_flight.contains(&(it.offset, it.generation)))
-                .map(|(it, _)| (it.offset, it.generation))
+                .map(|it| (it.offset, it.generation))
                 .collect(),
         }
     }

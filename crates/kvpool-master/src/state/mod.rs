@@ -207,6 +207,8 @@ pub struct MasterState {
     invalidations: Mutex<InvalidationQueue>,
     /// Invalidations up to this sequence number have been sent to stores.
     invalidated_through: AtomicU64,
+    /// Segment allocators made so far (see [`Self::allocator_of`]).
+    allocators: AtomicU64,
     /// Removals stores may not have heard of (see `tombstones.rs`).
     tombstones: Mutex<tombstones::Tombstones>,
     /// etcd holds the tombstones through this number.
@@ -308,6 +310,7 @@ impl MasterState {
             after_invalidation: Mutex::new(Vec::new()),
             invalidations: Mutex::new(InvalidationQueue::default()),
             invalidated_through: AtomicU64::new(0),
+            allocators: AtomicU64::new(0),
             tombstones: Default::default(),
             tombstones_written: AtomicU64::new(0),
             tombstones_in_etcd: AtomicBool::new(false),

@@ -32,6 +32,8 @@ pub(super) struct PendingCopy {
     started: Instant,
     generation: u64,
     region: Region,
+    /// The fence of its segment's mount when it was reserved.
+    fence: u64,
 }
 
 /// Copies in flight, by key and target segment.
@@ -176,6 +178,7 @@ impl MasterState {
                 started: now,
                 generation: location.generation,
                 region,
+                fence: self.fence_of(id),
             },
         );
         drop(copies);
@@ -195,7 +198,7 @@ impl MasterState {
         now: Instant,
     ) -> KvResult<()> {
         validate_key(key)?;
-        let take = |id: &SegmentId| -> KvResult<Option<Region>> {
+        let take = |id: &SegmentId| -> KvResult<Option<(Region, u64)>> {
             let mut copies = self.copies.lock();
             let slot = (Box::<str>::from(key), *id);
             match copies.get(&slot) {
@@ -205,17 +208,23 @@ impl MasterState {
                     format!("the copy of {key:?} to {id} belongs to another client"),
                 )),
                 Some(p) if p.generation != generation => Ok(None),
-                Some(_) => Ok(copies.remove(&slot).map(|p| p.region)),
+                Some(_) => Ok(copies.remove(&slot).map(|p| (p.region, p.fence))),
             }
         };
         let mut done = Vec::new();
         for id in written {
-            if let Some(r) = take(id)? {
-                done.push((*id, r));
+            match take(id)? {
+                Some((r, fence)) if fence == self.fence_of(*id) => done.push((*id, r)),
+                // Its segment was mounted again since: that mount's scan
+                // may have found the copy and, the map not holding it,
+                // had it destroyed. Attached, it would be a replica on no
+                // store (and the source of a move dropped for it).
+                Some((r, _)) => self.free_now(&[(*id, r)], Some(generation)),
+                None => {}
             }
         }
         for id in failed {
-            if let Some(r) = take(id)? {
+            if let Some((r, _)) = take(id)? {
                 // Possibly half written: its header goes too.
                 self.free_now(&[(*id, r)], Some(generation));
             }
@@ -657,6 +666,35 @@ mod tests {
         st.replica_commit(c, "k", g, &[], &[], &[SegmentId(2)], now)
             .unwrap();
         assert_eq!(on(&st, "k", now), [2]);
+    }
+
+    /// A copy committed after its target was mounted again (its store cut
+    /// off and back): that mount's scan may have found it and had it
+    /// destroyed, the map not holding it then. Not attached, and the
+    /// source of the move stays.
+    #[test]
+    fn a_copy_committed_after_its_target_was_mounted_again_is_not_attached() {
+        let (st, c, now, g) = pool();
+        let used = st.status().used;
+        st.replica_add(c, "k", &["b".into()], now).unwrap();
+        let spec = crate::state::MountSpec {
+            fence: 2,
+            ..Default::default()
+        };
+        st.mount_scanned(c, segment(2, "b"), spec, now).unwrap();
+        st.replica_commit(c, "k", g, &[SegmentId(2)], &[], &[SegmentId(1)], now)
+            .unwrap();
+        assert_eq!(on(&st, "k", now), [1]);
+        assert_eq!(st.status().used, used, "the copy's region was not freed");
+        // Unmounted and mounted anew (a new allocator) meanwhile: not
+        // attached either, and nothing freed into the new allocator.
+        st.replica_add(c, "k", &["b".into()], now).unwrap();
+        st.unmount(c, SegmentId(2)).unwrap();
+        st.mount(c, segment(2, "b"), 0, now).unwrap();
+        st.replica_commit(c, "k", g, &[SegmentId(2)], &[], &[SegmentId(1)], now)
+            .unwrap();
+        assert_eq!(on(&st, "k", now), [1]);
+        assert_eq!(st.status().used, used);
     }
 
     #[test]

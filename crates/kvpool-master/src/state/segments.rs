@@ -54,6 +54,8 @@ pub(super) struct SegmentSlot {
     /// them. Those of a mount whose inventory is still coming are `wanted`.
     pub(super) held: Vec<Region>,
     pub(super) wanted: Vec<(u64, u64)>,
+    /// Which allocator it has (see [`MasterState::allocator_of`]).
+    pub(super) allocator: u64,
 }
 
 /// What a store says when it mounts a segment, besides the segment.
@@ -257,6 +259,7 @@ impl MasterState {
                 fence,
                 held,
                 wanted,
+                allocator: self.allocators.fetch_add(1, Ordering::Relaxed) + 1,
             },
         );
         Ok(())
@@ -338,6 +341,8 @@ impl MasterState {
         tracing::info!(segment = %id, "segment unmounted");
         self.deferred.lock().retain(|(_, s, _, _)| *s != id);
         self.after_invalidation.lock().retain(|(_, s, _)| *s != id);
+        // Copies to it in flight: their regions are no allocator's now.
+        self.copies.lock().retain(|(_, s), _| *s != id);
         self.forget_segment_copies(id);
         let no = self.numbers.read().get(id);
         for shard in self.shards.iter() {
@@ -547,6 +552,13 @@ impl MasterState {
     /// The fence value of segment `id`'s latest mount (0 if not mounted).
     pub fn fence_of(&self, id: SegmentId) -> u64 {
         self.segments.read().get(&id).map_or(0, |s| s.fence)
+    }
+
+    /// Which allocator segment `id` has (0 if not mounted): a new one when
+    /// the segment is mounted anew or rebuilt from an inventory. A region
+    /// reserved in another one is not this one's to free.
+    pub(super) fn allocator_of(&self, id: SegmentId) -> u64 {
+        self.segments.read().get(&id).map_or(0, |s| s.allocator)
     }
 }
 

@@ -51,6 +51,8 @@ pub struct MoveTicket {
     pub mv: TierMove,
     /// The region reserved for the copy.
     to: Region,
+    /// The allocator it was reserved in (see [`MasterState::allocator_of`]).
+    allocator: u64,
 }
 
 /// What the tier keeps between planning rounds.
@@ -313,6 +315,7 @@ impl MasterState {
                     fence: self.fence_of(dest),
                 },
                 to: to_region,
+                allocator: self.allocator_of(dest),
             });
         }
         tickets
@@ -436,6 +439,7 @@ impl MasterState {
                         fence: self.fence_of(dest),
                     },
                     to,
+                    allocator: self.allocator_of(dest),
                 },
             ));
         }
@@ -445,6 +449,14 @@ impl MasterState {
     /// Finishes planned moves with what their stores answered: a copy made
     /// of the version still current takes its replica's place (the region
     /// left behind is destroyed and freed); any other copy is destroyed.
+    ///
+    /// A copy is taken only if its destination was not mounted again since
+    /// the move was planned. The new mount's scan may have found it, and
+    /// its inventory, which the map did not hold there yet, had it
+    /// destroyed: taken then, with its source destroyed as moved, the
+    /// object would be on no store (the chaos harness lost acknowledged
+    /// objects that way when a move's answer came back late, after a
+    /// partition healed, behind its store's remount).
     pub fn finish_tier_moves(&self, done: Vec<(MoveTicket, KvResult<()>)>, now: Instant) {
         for (t, result) in done {
             self.tier.lock().moving.remove(t.key.as_str());
@@ -452,8 +464,13 @@ impl MasterState {
                 let numbers = self.numbers.read();
                 (numbers.get(t.mv.from), numbers.get(t.mv.to))
             };
+            let same_mount = self.fence_of(t.mv.to) == t.mv.fence;
+            if result.is_ok() && !same_mount {
+                tracing::info!(key = t.key, segment = %t.mv.to, offset = t.to.offset,
+                    "tier move answered after its destination was mounted again: copy not taken");
+            }
             let moved = match (result, from_no, to_no) {
-                (Ok(()), Some(from_no), Some(to_no)) => {
+                (Ok(()), Some(from_no), Some(to_no)) if same_mount => {
                     let mut sh = self.shard(&t.key).lock();
                     sh.objects
                         .find(&t.key)
@@ -477,11 +494,12 @@ impl MasterState {
                     counter.fetch_add(1, Ordering::Relaxed);
                     self.leave_region(t.mv.from, left, t.mv.generation, lease_until, now);
                 }
-                // Replaced, removed, evicted or failed meanwhile: the copy
-                // goes. Unless its segment was mounted again since: the
-                // region is the new mount's allocator's then, which knows
-                // from the inventory whether anything is there.
-                None if self.fence_of(t.mv.to) == t.mv.fence => {
+                // Replaced, removed, evicted, failed or its destination
+                // mounted again meanwhile: the copy goes, and its region
+                // once that is done. Unless the segment has another
+                // allocator since, rebuilt from an inventory, which knows
+                // whether anything is there.
+                None if self.allocator_of(t.mv.to) == t.allocator => {
                     self.free_after_invalidation(t.mv.to, t.to, t.mv.generation)
                 }
                 None => {}
