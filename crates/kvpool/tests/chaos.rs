@@ -55,9 +55,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Fixed seeds: one mixed campaign (every kind of fault, overlapping, on
-/// stores with a disk tier), one
-/// of store partitions, and rolling upgrades (one master or store at a
+/// Fixed seeds: one mixed campaign (every kind of fault, overlapping) and
+/// one of store partitions, both on stores with a disk tier, and rolling
+/// upgrades (one master or store at a
 /// time, the leader included), between this build and the previous release
 /// when `KVPOOL_PREVIOUS_BIN` names its binary (`scripts/test.sh` builds it
 /// with `scripts/previous-release.sh`), else within this build.
@@ -91,11 +91,12 @@ async fn short_campaign() -> anyhow::Result<()> {
         );
         cfg.duration = Duration::from_secs(secs);
         cfg.topo.clients = 3;
-        if scenario == Scenario::Mixed {
+        if matches!(scenario, Scenario::Mixed | Scenario::Partition) {
             // Stores with a disk tier and memory kept half full: objects
             // move between the tiers under every fault (thousands of
             // moves; the harness read replaced versions through copies
-            // moves left behind before that was fixed).
+            // moves left behind, and lost objects to moves answered after
+            // a partition healed, before those were fixed).
             cfg.segment_size = 4 << 20;
             cfg.disk_size = 32 << 20;
             cfg.keys = 2000;
