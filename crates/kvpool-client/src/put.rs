@@ -281,9 +281,14 @@ impl Client {
             }
         }
         if !revoke.is_empty() {
-            // Best effort: the master also revokes puts that are never ended.
+            // Best effort: the master also revokes puts that are never
+            // ended, at its put timeout; unanswered, the operation is
+            // cancelled instead (the keys are free again once it is).
             let keys = |keys| msg::PutRevoke { client_id, keys };
-            let _ = self.call_split(revoke, String::as_str, keys).await;
+            let revoked = self.call_split(revoke, String::as_str, keys).await;
+            if revoked.iter().any(|r| r.as_ref().is_err_and(unsure)) {
+                unanswered.store(true, Ordering::Relaxed);
+            }
         }
         if commit.is_empty() {
             return results;

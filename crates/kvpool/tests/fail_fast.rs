@@ -327,3 +327,48 @@ async fn a_call_waiting_on_a_silent_master_ends_at_fail_fast_after() {
     assert_eq!(client.get("ff-1").await.expect("get"), value);
     assert_eq!(client.get("ff-0").await.expect("get"), value);
 }
+
+/// A put whose write failed (its store paused) and whose revocation then
+/// met a silent master: the client cancels the operation once the master
+/// answers again, so the key is free long before the master's put timeout
+/// (60 s) would free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_the_master_never_answered_frees_its_key_once_it_is_back() {
+    let mut cluster = two_stores().await;
+    let client = cluster
+        .client_with(|c| {
+            c.protocol = Protocol::Tcp;
+            c.retry_for = Duration::from_secs(30);
+            // One pass: no second PutStart to go unanswered in its turn.
+            c.retries = 0;
+            c.fail_fast_after = Some(Duration::from_millis(1500));
+        })
+        .await;
+    let value = vec![5u8; 4096];
+    let paused = on(&[&Cluster::store_name(0)], 1);
+    client.put("rv-0", &value, &paused).await.expect("put");
+    cluster.store(0).freeze(true);
+    let writer = client.clone();
+    let put = tokio::spawn(async move { writer.put("rv-1", &[5u8; 4096], &paused).await });
+    // The grant is in and the write waits on the paused store's silence
+    // (2 s): the master goes silent before the write fails and the put
+    // revokes its key.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cluster.master_process().freeze(true);
+    let e = put.await.expect("joined").unwrap_err();
+    assert_eq!(e.code, Code::TransferFail, "{e}");
+    cluster.master_process().freeze(false);
+    cluster.store(0).freeze(false);
+    common::eventually(
+        "the revoked key written again",
+        common::STARTUP,
+        async || {
+            client
+                .put("rv-1", &value, &ReplicateConfig::default())
+                .await
+                .ok()
+        },
+    )
+    .await;
+    assert_eq!(client.get("rv-1").await.expect("get"), value);
+}
