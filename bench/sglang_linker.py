@@ -46,6 +46,27 @@ from kvpool.sglang import KvpoolLinker
 PAGE = 64
 
 
+def linker_server_args(master: str, protocol: str, page_size: int) -> ServerArgs:
+    """A CPU worker's server args naming ``KvpoolLinker`` as SGLang's
+    ``dynamic`` external linker, on the pool at ``master``."""
+    return ServerArgs(
+        model_path="dummy",
+        device="cpu",
+        page_size=page_size,
+        enable_unified_cache_external_linker=True,
+        unified_cache_external_linker_backend="dynamic",
+        unified_cache_external_linker_config={
+            "linker": "KvpoolLinker",
+            "linker_module_path": "kvpool.sglang",
+            "linker_extra_config": {
+                "master_server_address": master,
+                "global_segment_size": 0,
+                "protocol": protocol,
+            },
+        },
+    )
+
+
 class Engine:
     """One SGLang worker's KV side: a DSA device pool on CPU, its paged
     allocator, and the radix cache SGLang builds for it with the linker the
@@ -57,22 +78,7 @@ class Engine:
         (DeepSeek V3.2: 61 layers of (512, 64)), ``tokens`` slots;
         ``tp_group``: the process group of the engine's tensor-parallel
         ranks (``None``: one rank)."""
-        server_args = ServerArgs(
-            model_path="dummy",
-            device="cpu",
-            page_size=PAGE,
-            enable_unified_cache_external_linker=True,
-            unified_cache_external_linker_backend="dynamic",
-            unified_cache_external_linker_config={
-                "linker": "KvpoolLinker",
-                "linker_module_path": "kvpool.sglang",
-                "linker_extra_config": {
-                    "master_server_address": master,
-                    "global_segment_size": 0,
-                    "protocol": protocol,
-                },
-            },
-        )
+        server_args = linker_server_args(master, protocol, PAGE)
         # What the scheduler process does first; the factory reads the linker
         # config from it.
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))

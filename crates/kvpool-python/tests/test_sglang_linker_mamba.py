@@ -35,7 +35,6 @@ from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_unified_radix_cache  # noqa: E402
 from sglang.srt.runtime_context import SpawnRanks, publish  # noqa: E402
-from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from kvpool.sglang import KvpoolLinker  # noqa: E402
 
@@ -58,22 +57,7 @@ class MambaEngine:
     SGLang builds it (the shapes of its unit tests' Mamba2 fixture)."""
 
     def __init__(self, master: str, protocol: str, tokens: int = 256) -> None:
-        server_args = ServerArgs(
-            model_path="dummy",
-            device="cpu",
-            page_size=PAGE,
-            enable_unified_cache_external_linker=True,
-            unified_cache_external_linker_backend="dynamic",
-            unified_cache_external_linker_config={
-                "linker": "KvpoolLinker",
-                "linker_module_path": "kvpool.sglang",
-                "linker_extra_config": {
-                    "master_server_address": master,
-                    "global_segment_size": 0,
-                    "protocol": protocol,
-                },
-            },
-        )
+        server_args = linker_bench.linker_server_args(master, protocol, PAGE)
         # The dummy model config cannot give the Mamba chunk size.
         server_args._mamba_cache_chunk_size = max(FLA_CHUNK_SIZE, PAGE)
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
