@@ -171,7 +171,7 @@ impl FramedConn {
         let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
         let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
         let (r, w) = stream.into_split();
-        FramedConn::from_halves(Box::new(Eager(r)), Box::new(w), peer, limits)
+        FramedConn::from_halves(Box::new(Eager::new(r)), Box::new(w), peer, limits)
     }
 
     /// The client's side of the handshake on a fresh connection to `addr`.
@@ -276,7 +276,7 @@ impl FramedConn {
         tune_socket(&stream);
         let (r, w) = stream.into_split();
         Ok(FramedConn::from_halves(
-            Box::new(Eager(r)),
+            Box::new(Eager::new(r)),
             Box::new(w),
             peer,
             limits,
@@ -603,15 +603,17 @@ impl FramedConn {
                 );
             }
             let end = window.0.min(dst.len());
+            let due = dst.len() - at;
             let (reader, chunk) = (&mut self.reader, &mut dst[at..end]);
             let read = std::future::poll_fn(|cx| {
                 let Some(_inside) = enter() else {
                     return std::task::Poll::Ready(Ok(None));
                 };
                 let mut buf = tokio::io::ReadBuf::new(chunk);
-                std::pin::Pin::new(&mut *reader)
-                    .poll_read(cx, &mut buf)
-                    .map_ok(|()| Some(buf.filled().len()))
+                eager::payload_due(due, || {
+                    std::pin::Pin::new(&mut *reader).poll_read(cx, &mut buf)
+                })
+                .map_ok(|()| Some(buf.filled().len()))
             });
             match tokio::time::timeout_at(window.1, read).await {
                 Err(_) => return Err(self.too_slow()),
