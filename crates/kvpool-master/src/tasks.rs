@@ -207,6 +207,7 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
         if !owed.is_empty() && owed_tried.elapsed() >= CANCEL_RETRY {
             owed_tried = Instant::now();
             owed = settle(&master, owed).await;
+            show_owed(&master, &owed);
         }
         if !matches!(master.role(Instant::now()), crate::Role::Leader)
             || !master.state.has_disk_tier()
@@ -254,19 +255,21 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
                     .await
             });
         }
-        let mut done = Vec::new();
+        let (mut done, mut fresh) = (Vec::new(), Vec::new());
         for (finished, unsettled) in futures::future::join_all(stores)
             .await
             .into_iter()
             .flatten()
         {
             done.extend(finished);
-            owed.extend(unsettled);
+            fresh.extend(unsettled);
         }
         finish(&master, done).await;
-        if !owed.is_empty() {
-            owed_tried = Instant::now();
-            owed = settle(&master, owed).await;
+        // A request given up now is cancelled at once; those still owed
+        // from before wait for their turn above, not for every round.
+        if !fresh.is_empty() {
+            owed.extend(settle(&master, fresh).await);
+            show_owed(&master, &owed);
         }
     }
 }
@@ -289,7 +292,6 @@ async fn settle(master: &Arc<Master>, owed: Vec<Owed>) -> Vec<Owed> {
         }
     }
     finish(master, done).await;
-    show_owed(master, &still);
     still
 }
 
