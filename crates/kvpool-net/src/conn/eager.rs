@@ -106,15 +106,15 @@ impl<H: SocketHalf> AsyncRead for Eager<H> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let due = DUE.with(Cell::get);
-        // Never more than is certainly coming: the mark must not wait for
-        // bytes the peer will not send.
-        // Only for a caller's own thread reading (see `read_eagerly`): on
-        // the runtime's workers (stores, the Rust client) the two calls per
-        // payload cost more than they saved (`kvpool bench`, 2-4% slower).
-        let want = if due >= LOWAT_MIN && EAGER.with(Cell::get) {
-            due.min(LOWAT_MAX).min(buf.remaining())
-        } else {
-            1
+        // Set by a caller's own thread (see `read_eagerly`), whose other
+        // polls of the payload keep it: on the runtime's workers (stores,
+        // the Rust client) the two calls per payload cost more than they
+        // saved (`kvpool bench`, 2-4% slower). Never more than is certainly
+        // coming: the mark must not wait for bytes the peer will not send.
+        let want = match (due >= LOWAT_MIN, EAGER.with(Cell::get)) {
+            (true, true) => due.min(LOWAT_MAX).min(buf.remaining()),
+            (true, false) => self.lowat.min(due),
+            (false, _) => 1,
         };
         self.mark(want);
         let before = buf.filled().len();
