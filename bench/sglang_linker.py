@@ -67,6 +67,21 @@ def linker_server_args(master: str, protocol: str, page_size: int) -> ServerArgs
     )
 
 
+def linker_cache(server_args: ServerArgs, params: CacheInitParams, *, is_dsa: bool = False,
+                 is_hybrid_ssm: bool = False) -> Any:
+    """The radix cache SGLang's scheduler builds from ``params`` with the
+    linker ``server_args`` name (one rank, no host tier)."""
+    worker = SimpleNamespace(
+        model_runner=SimpleNamespace(forward_stream=None),
+        register_hicache_layer_transfer_counter=lambda counter: None,
+    )
+    return create_unified_radix_cache(TreeCacheBuildContext(
+        server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=is_hybrid_ssm,
+        enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=worker,
+        model_config=None, tp_size=1, tp_rank=0, tp_group=None, is_dsa=is_dsa,
+    ))
+
+
 class Engine:
     """One SGLang worker's KV side: a DSA device pool on CPU, its paged
     allocator, and the radix cache SGLang builds for it with the linker the
@@ -95,15 +110,7 @@ class Engine:
             page_size=PAGE,
             tp_cache_group=tp_group,
         )
-        worker = SimpleNamespace(
-            model_runner=SimpleNamespace(forward_stream=None),
-            register_hicache_layer_transfer_counter=lambda counter: None,
-        )
-        self.cache = create_unified_radix_cache(TreeCacheBuildContext(
-            server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,
-            enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=worker,
-            model_config=None, tp_size=1, tp_rank=0, tp_group=None, is_dsa=True,
-        ))
+        self.cache = linker_cache(server_args, params, is_dsa=True)
         self.linker: KvpoolLinker = self.cache.linker.cache_linker
 
     def compute(self, tokens: List[int]) -> torch.Tensor:

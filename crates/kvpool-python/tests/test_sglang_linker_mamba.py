@@ -33,7 +33,6 @@ from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, InsertPar
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool  # noqa: E402
-from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_unified_radix_cache  # noqa: E402
 from sglang.srt.runtime_context import SpawnRanks, publish  # noqa: E402
 
 from kvpool.sglang import KvpoolLinker  # noqa: E402
@@ -84,15 +83,7 @@ class MambaEngine:
             disable=False, req_to_token_pool=self.req_pool, token_to_kv_pool_allocator=self.alloc,
             page_size=PAGE, enable_mamba_extra_buffer=True,
         )
-        worker = SimpleNamespace(
-            model_runner=SimpleNamespace(forward_stream=None),
-            register_hicache_layer_transfer_counter=lambda counter: None,
-        )
-        self.cache = create_unified_radix_cache(TreeCacheBuildContext(
-            server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=True,
-            enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=worker,
-            model_config=None, tp_size=1, tp_rank=0, tp_group=None, is_dsa=False,
-        ))
+        self.cache = linker_bench.linker_cache(server_args, params, is_hybrid_ssm=True)
         self.linker: KvpoolLinker = self.cache.linker.cache_linker
 
     def state(self, slot: torch.Tensor) -> List[torch.Tensor]:
