@@ -412,12 +412,9 @@ impl Handle for msg::PutEnd {
     fn handle(self, cx: &mut Ctx<'_>) -> KvResult<Vec<WireResult<()>>> {
         cx.count_bad_keys("PutEnd", self.items.iter().map(|i| i.key.as_str()));
         let s = &cx.master.state;
-        // In a new leader's recovery, a key with no version known here may
-        // have one on a store not back yet: see `recovery_wait`.
-        let wait = s.recovery_wait(cx.now).filter(|_| {
-            let unknown = |i: &msg::PutEndItem| !s.committed(&i.key);
-            self.items.iter().any(unknown)
-        });
+        // In a new leader's recovery, any key may have a newer version than
+        // the one known here on a store not back yet: see `recovery_wait`.
+        let wait = s.recovery_wait(cx.now);
         let v = s.put_end(self.client_id, &self.items, cx.now);
         cx.fence = s.fence(self.items.iter().map(|i| i.key.as_str()), cx.now);
         if let Some(t) = wait {

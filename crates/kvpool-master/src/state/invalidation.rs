@@ -530,15 +530,17 @@ impl MasterState {
             })
     }
 
-    /// Until when the commit of a key this master knows no version of may
-    /// not be reported while segments mounted before a failover are still
-    /// expected back: one of them may hold the key's old version, which
-    /// this master has not seen and so cannot fence, and
-    /// a client holding a read lease an earlier leader granted reads it
-    /// through its cached location, without asking, for the lease's first
-    /// half. Every such lease was granted before this term began, so that
-    /// half is over by `term start + lease / 2`. `None` once nothing is
-    /// expected back, or that instant passed.
+    /// Until when a commit may not be reported while segments mounted
+    /// before a failover are still expected back: one of them may hold the
+    /// key's last version before the failover, which this master has not
+    /// seen and so cannot fence, and a client holding a read lease an
+    /// earlier leader granted reads it through its cached location, without
+    /// asking, for the lease's first half. That holds for a key known here
+    /// too: a segment back already may have brought an older version (one
+    /// whose destruction its store missed), the chaos harness's finding 23.
+    /// Every such lease was granted before this term began, so that half is
+    /// over by `term start + lease / 2`. `None` once nothing is expected
+    /// back, or that instant passed.
     pub fn recovery_wait(&self, now: Instant) -> Option<Instant> {
         if self.expecting() == 0 {
             return None;

@@ -687,11 +687,6 @@ impl MasterState {
             .collect()
     }
 
-    /// Whether some version of `key` is committed here.
-    pub fn committed(&self, key: &str) -> bool {
-        self.shard(key).lock().objects.contains(key)
-    }
-
     /// Value size of committed objects; does not touch recency or leases.
     pub fn exist(&self, keys: &[String]) -> Vec<KvResult<u64>> {
         keys.iter()
