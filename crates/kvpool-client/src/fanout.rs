@@ -93,7 +93,7 @@ where
                 .into_iter()
                 .map(|job| {
                     let handle = &handle;
-                    s.spawn(move || handle.block_on(job))
+                    s.spawn(move || block_on_eagerly(handle, job))
                 })
                 .collect();
             running
@@ -102,6 +102,51 @@ where
                 .collect()
         })
     })
+}
+
+/// Runs `fut` to completion on this thread, in `handle`'s context, reading
+/// its connections' sockets itself ([`kvpool_net::conn::read_eagerly`]):
+/// a lane's payload read then sets its socket's low-water mark, so the
+/// kernel reports it readable once per large piece, not per arriving
+/// segment, and the lane takes the bytes without a runtime worker waking
+/// first and then waking it.
+fn block_on_eagerly<F: Future>(handle: &tokio::runtime::Handle, fut: F) -> F::Output {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    /// Unparks the polling thread; `woken` keeps a wake-up that comes
+    /// before the thread parks.
+    struct Unpark {
+        woken: AtomicBool,
+        thread: std::thread::Thread,
+    }
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.woken.store(true, Ordering::Release);
+            self.thread.unpark();
+        }
+    }
+
+    let _ctx = handle.enter();
+    let unpark = Arc::new(Unpark {
+        woken: AtomicBool::new(false),
+        thread: std::thread::current(),
+    });
+    let waker = Waker::from(unpark.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = kvpool_net::conn::read_eagerly(|| fut.as_mut().poll(&mut cx)) {
+            return v;
+        }
+        while !unpark.woken.swap(false, Ordering::AcqRel) {
+            std::thread::park();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -135,10 +180,21 @@ mod tests {
         assert!(split(Vec::<u8>::new(), SPREAD_BYTES, 4).is_empty());
     }
 
+    /// Jobs on threads of their own are woken by the runtime (a timer, a
+    /// message from one of its tasks) and still answer in order.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_answer_in_order_on_threads_or_not() {
         for parallel in [false, true] {
-            let jobs: Vec<_> = (0..5).map(|i| async move { i * 10 }).collect();
+            let jobs: Vec<_> = (0..5u64)
+                .map(|i| async move {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(std::time::Duration::from_millis(5 * i)).await;
+                        let _ = tx.send(i * 10);
+                    });
+                    rx.await.unwrap()
+                })
+                .collect();
             assert_eq!(run_jobs_on(jobs, parallel).await, [0, 10, 20, 30, 40]);
         }
     }

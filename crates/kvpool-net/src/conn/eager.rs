@@ -52,8 +52,9 @@ pub(super) fn payload_due<T>(due: usize, f: impl FnOnce() -> T) -> T {
 
 /// Polls `f` with this thread reading the sockets of the connections that
 /// future reads from itself, when the runtime has not seen them readable
-/// yet. For a caller that spins on its own thread (the Python binding's
-/// `block_on`); the runtime's workers never set it.
+/// yet. For a caller's own thread: the Python binding's `block_on` while
+/// it spins, and the client's threads that each run one lane of a big
+/// batch; the runtime's workers never set it.
 pub fn read_eagerly<T>(f: impl FnOnce() -> T) -> T {
     /// Clears the flag even if `f` panics.
     struct Reset(bool);
