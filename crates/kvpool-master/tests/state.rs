@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use kvpool_master::state::{ClientLimits, Evicted, MasterState, MountSpec, StateConfig, Tombstone};
+use kvpool_master::state::{
+    ClientLimits, Evicted, FenceWait, MasterState, MountSpec, StateConfig, Tombstone,
+};
 use kvpool_master::Refusal;
 use kvpool_proto::msg::{
     ClientId, InventoryItem, ObjectLocation, PutEndItem, PutGrant, PutItem, Replica,
@@ -2417,7 +2419,7 @@ fn an_inventory_cannot_outbid_this_masters_versions() {
 /// each object as one thread would: new keys are taken, while a key held
 /// in a newer version, a claim newer than this master's own version, a key
 /// removed meanwhile and a generation nobody issued are rejected, their
-/// regions freed.
+/// regions freed once their destruction is sent.
 #[test]
 fn a_big_inventory_is_decided_object_by_object() {
     const N: u64 = 60_000;
@@ -2476,6 +2478,11 @@ fn a_big_inventory_is_decided_object_by_object() {
     }
     assert_eq!(code(p.get("k11", now)), OBJECT_NOT_FOUND);
     assert_eq!(code(p.get("k13", now)), OBJECT_NOT_FOUND);
+    // A rejected copy's region is reused once this master's destruction of
+    // it is sent (its store destroys it on the verdict too).
+    assert_eq!(p.used(), used + N * SMALL);
+    let (_, through) = p.st.take_invalidations();
+    p.st.invalidations_sent(through);
     assert_eq!(p.used(), used + (N - 4) * SMALL);
 }
 
@@ -2799,6 +2806,47 @@ fn a_new_leader_holds_commits_until_old_leases_are_past_their_first_half() {
     );
     p.mount(p.client(1), 1, "a", MIB);
     assert_eq!(p.st.recovery_wait(t0), None, "every segment is back");
+}
+
+/// That hold ends sooner once every expected segment is back and the
+/// copies they brought that the new leader rejected are destroyed (its own
+/// invalidations delivered), not while such a destruction is owed: until
+/// then an old lease may still read one.
+#[test]
+fn a_recovery_hold_ends_once_every_segment_is_back_and_its_rejected_copies_destroyed() {
+    let p = Pool::new(config());
+    let t0 = p.at(0);
+    p.st.begin_term(t0);
+    p.st.expect_segments(Some(vec![SegmentId(1), SegmentId(2)]), t0);
+    let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
+    p.mount(s1, 1, "a", MIB);
+    let hold = FenceWait::at(p.st.recovery_wait(t0).expect("a segment is away"));
+    let now = p.at(10);
+    assert!(!p.st.fence_done(&hold, now), "a segment is still away");
+    // Segment 2 comes back with an older copy of a key written since.
+    p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), now);
+    p.st.mount(s2, segment(2, "b", MIB), 1, t0).unwrap();
+    let old = inventory("k", 5, &region_at(BASE, OBJ));
+    let v = p.st.report_objects(s2, SegmentId(2), vec![old], true, now);
+    assert_eq!(v.unwrap().rejected, [(BASE, 5)]);
+    assert!(
+        !p.st.fence_done(&hold, now),
+        "every segment is back, the rejected copy not destroyed yet"
+    );
+    // Its destruction is not delivered: the store owes it.
+    let (batches, through) = p.st.take_invalidations();
+    assert_eq!(batches.len(), 1);
+    p.st.requeue_invalidations(SegmentId(2), batches[0].2.clone());
+    p.st.invalidations_sent(through);
+    assert!(!p.st.fence_done(&hold, now), "a store owes a destruction");
+    let (_, through) = p.st.take_invalidations();
+    p.st.invalidations_delivered(SegmentId(2));
+    p.st.invalidations_sent(through);
+    assert!(p.st.recovery_settled());
+    assert!(
+        p.st.fence_done(&hold, now),
+        "settled before the leases' half"
+    );
 }
 
 /// A listed segment that stays away past the client TTL and the store

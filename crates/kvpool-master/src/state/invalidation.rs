@@ -135,8 +135,8 @@ pub struct FenceWait {
     durable: u64,
     /// The reply goes at this instant whatever happened.
     pub until: Instant,
-    /// Nor before this instant, whatever happened (see
-    /// [`MasterState::recovery_wait`]).
+    /// Nor before this instant, unless the recovery it waits out settled
+    /// (see [`MasterState::recovery_wait`]).
     pub not_before: Option<Instant>,
     /// Keys whose last version was held back behind an older one (see
     /// [`MasterState::retire_last`]): its destruction is queued only once
@@ -508,7 +508,7 @@ impl MasterState {
     /// invalidation, and each held-back version of its keys was released and
     /// its own destruction sent too; or its time is up.
     pub fn fence_done(&self, w: &FenceWait, now: Instant) -> bool {
-        if w.not_before.is_some_and(|t| now < t) {
+        if w.not_before.is_some_and(|t| now < t) && !self.recovery_settled() {
             return false;
         }
         if now >= w.until || (now >= w.young && self.removal_durable(w.durable)) {
@@ -540,13 +540,30 @@ impl MasterState {
     /// whose destruction its store missed), the chaos harness's finding 23.
     /// Every such lease was granted before this term began, so that half is
     /// over by `term start + lease / 2`. `None` once nothing is expected
-    /// back, or that instant passed.
+    /// back, or that instant passed. The wait ends sooner if the recovery
+    /// settles first (see [`Self::recovery_settled`]).
     pub fn recovery_wait(&self, now: Instant) -> Option<Instant> {
         if self.expecting() == 0 {
             return None;
         }
         let t = *self.term_start.lock() + self.cfg.lease_ttl / 2;
         (now < t).then_some(t)
+    }
+
+    /// Whether every segment expected back after a failover is back (or
+    /// given up) and the copies they brought that this master rejected are
+    /// destroyed on their stores, as this master's own invalidations
+    /// confirm: their stores destroy them on the verdict, but nothing told
+    /// this master when. No segment then holds a version older than the
+    /// one known here that a lease an earlier leader granted could read, so
+    /// commits no longer wait for those leases ([`Self::recovery_wait`]).
+    /// A store that owes an invalidation keeps them waiting.
+    pub fn recovery_settled(&self) -> bool {
+        let through = self.settled_through.load(Ordering::Acquire);
+        self.expecting() == 0
+            && through != u64::MAX
+            && self.invalidated_through.load(Ordering::Acquire) >= through
+            && self.invalidations.lock().owing.is_empty()
     }
 
     /// Whether any key waits for its old version to be destroyed.

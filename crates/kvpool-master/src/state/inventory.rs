@@ -292,14 +292,18 @@ impl MasterState {
             give_back_free_memory();
         }
         let mut v = InventoryVerdict::default();
-        let mut freed = Vec::new();
         for p in parts {
             v.accepted += p.accepted;
-            v.rejected.extend(p.rejected.iter().map(|(it, _)| *it));
-            freed.extend(p.rejected.into_iter().map(|(_, r)| (id, r)));
+            // The store destroys them on this verdict; this master destroys
+            // them too, to learn when that is done (a new leader's commits
+            // wait for it, see `recovery_settled`). The regions are reused
+            // only then.
+            for (it, r) in p.rejected {
+                v.rejected.push(it);
+                self.free_after_invalidation(id, r, it.1);
+            }
         }
         v.rejected.sort_unstable();
-        self.free_now(&freed, None);
         self.open_segment(id);
         v
     }

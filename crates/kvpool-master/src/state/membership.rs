@@ -75,6 +75,20 @@ impl MasterState {
             );
         }
         self.expecting.store(m.expected.len(), Ordering::Release);
+        let left = m.expected.len();
+        drop(m);
+        self.settle_when_back(left);
+    }
+
+    /// Notes, once no segment is expected back (`left` is 0), which
+    /// invalidation batch destroys the copies the returned segments brought
+    /// and this master rejected (see [`MasterState::recovery_settled`]).
+    fn settle_when_back(&self, left: usize) {
+        let through = match left {
+            0 => self.invalidations.lock().seq,
+            _ => u64::MAX,
+        };
+        self.settled_through.store(through, Ordering::Release);
     }
 
     /// The segments the list in etcd should name: every mounted one, and
@@ -117,6 +131,9 @@ impl MasterState {
         if m.expected.remove(&id).is_some() {
             tracing::info!(segment = %id, left = m.expected.len(), "a segment mounted before the failover is back");
             self.expecting.store(m.expected.len(), Ordering::Release);
+            let left = m.expected.len();
+            drop(m);
+            self.settle_when_back(left);
         }
     }
 
@@ -135,6 +152,9 @@ impl MasterState {
             keep
         });
         self.expecting.store(m.expected.len(), Ordering::Release);
+        let left = m.expected.len();
+        drop(m);
+        self.settle_when_back(left);
     }
 
     /// How many segments listed by the previous leader are not back yet.

@@ -207,6 +207,11 @@ pub struct MasterState {
     invalidations: Mutex<InvalidationQueue>,
     /// Invalidations up to this sequence number have been sent to stores.
     invalidated_through: AtomicU64,
+    /// Once every segment expected back after a failover is back: the
+    /// invalidation batch that destroys the last copies they brought back
+    /// and this master rejected (see [`Self::recovery_settled`]); `u64::MAX`
+    /// until then.
+    settled_through: AtomicU64,
     /// Segment allocators made so far (see [`Self::allocator_of`]).
     allocators: AtomicU64,
     /// Removals stores may not have heard of (see `tombstones.rs`).
@@ -310,6 +315,7 @@ impl MasterState {
             after_invalidation: Mutex::new(Vec::new()),
             invalidations: Mutex::new(InvalidationQueue::default()),
             invalidated_through: AtomicU64::new(0),
+            settled_through: AtomicU64::new(u64::MAX),
             allocators: AtomicU64::new(0),
             tombstones: Default::default(),
             tombstones_written: AtomicU64::new(0),
