@@ -304,13 +304,14 @@ fn check_history(pool: &Pool, evictions: bool) -> anyhow::Result<(Vec<Event>, Re
         .collect();
     files.sort();
     let events = history::load(&files)?;
-    let report = checker::check(
+    let mut report = checker::check(
         &events,
         CheckConfig {
             evictions_possible: evictions,
             ..CheckConfig::default()
         },
     );
+    crate::leaders::set_aside_previous_release(&pool.cfg.dir, &events, &mut report)?;
     Ok((events, report))
 }
 

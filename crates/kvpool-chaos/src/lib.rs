@@ -6,6 +6,7 @@
 //!
 //! Modules: [`schedule`] (the faults, pure), [`value`] (self-describing
 //! values), [`history`] (the record), [`checker`] (the rules, pure),
+//! [`leaders`] (who led on which build, from the logs),
 //! [`net`] (namespaces and link faults), [`procs`] (process supervision),
 //! [`workload`] (the client processes), [`campaign`] (the coordinator).
 //! How to run it and read its reports: `docs/chaos.md`.
@@ -13,6 +14,7 @@
 pub mod campaign;
 pub mod checker;
 pub mod history;
+pub mod leaders;
 pub mod net;
 pub mod procs;
 pub mod schedule;

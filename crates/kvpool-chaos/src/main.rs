@@ -154,12 +154,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             show,
         } => {
             let mut files = Vec::new();
-            for p in paths {
+            for p in &paths {
                 if p.is_dir() {
                     let dir = if p.join("history").is_dir() {
                         p.join("history")
                     } else {
-                        p
+                        p.clone()
                     };
                     for e in std::fs::read_dir(&dir)?.flatten() {
                         if e.path().extension().is_some_and(|x| x == "jsonl") {
@@ -167,18 +167,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         }
                     }
                 } else {
-                    files.push(p);
+                    files.push(p.clone());
                 }
             }
             files.sort();
             let events = history::load(&files)?;
-            let report = checker::check(
+            let mut report = checker::check(
                 &events,
                 checker::CheckConfig {
                     evictions_possible: evictions,
                     ..checker::CheckConfig::default()
                 },
             );
+            // A campaign directory has the masters' logs beside its history.
+            if let [dir] = &paths[..] {
+                if dir.join("logs").is_dir() {
+                    kvpool_chaos::leaders::set_aside_previous_release(dir, &events, &mut report)?;
+                }
+            }
             print!("{}", checker::render(&report, show));
             if let Some(a) = campaign::availability(&events) {
                 print!("\n{a}");

@@ -144,6 +144,13 @@ fn a_stale_read_after_an_upsert_is_caught_with_its_window() {
     assert!(text.contains("w upsert k=0x2 -> ok"), "{text}");
     assert!(text.contains("r get k -> 0x1"), "{text}");
     assert!(!text.contains("other"), "{text}");
+    // The upsert's acknowledgement is named, so the leader that gave it
+    // can be: a violation set aside no longer counts.
+    let at = v.acked_at.expect("the contradicted acknowledgement");
+    let mut r = r;
+    r.set_aside(|v| v.acked_at == Some(at));
+    assert_eq!((r.total(), r.set_aside.len()), (0, 1));
+    assert!(render(&r, 10).contains("set aside: no-stale-read on k"));
 }
 
 #[test]
