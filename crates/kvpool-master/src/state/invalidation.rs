@@ -539,31 +539,28 @@ impl MasterState {
     /// too: a segment back already may have brought an older version (one
     /// whose destruction its store missed), the chaos harness's finding 23.
     /// Every such lease was granted before this term began, so that half is
-    /// over by `term start + lease / 2`. `None` once nothing is expected
-    /// back, or that instant passed. The wait ends sooner if the recovery
-    /// settles first (see [`Self::recovery_settled`]).
+    /// over by `term start + lease / 2`. `None` once that instant passed,
+    /// or the recovery settled (see [`Self::recovery_settled`]).
     pub fn recovery_wait(&self, now: Instant) -> Option<Instant> {
-        if self.expecting() == 0 {
-            return None;
-        }
         let t = *self.term_start.lock() + self.cfg.lease_ttl / 2;
-        (now < t).then_some(t)
+        (now < t && !self.recovery_settled()).then_some(t)
     }
 
-    /// Whether every segment expected back after a failover is back (or
-    /// given up) and the copies they brought that this master rejected are
+    /// Whether no segment expected back after a failover is still away and
+    /// the copies the returned ones brought that this master rejected are
     /// destroyed on their stores, as this master's own invalidations
-    /// confirm: their stores destroy them on the verdict, but nothing told
-    /// this master when. No segment then holds a version older than the
-    /// one known here that a lease an earlier leader granted could read, so
-    /// commits no longer wait for those leases ([`Self::recovery_wait`]).
-    /// A store that owes an invalidation keeps them waiting.
+    /// confirm (their stores destroy them on the verdict, but nothing told
+    /// this master when); true without a failover. No segment then holds a
+    /// version older than the one known here that a lease an earlier
+    /// leader granted could read, so commits no longer wait for those
+    /// leases ([`Self::recovery_wait`]). A store that owes an invalidation
+    /// keeps them waiting.
     pub fn recovery_settled(&self) -> bool {
         let through = self.settled_through.load(Ordering::Acquire);
         self.expecting() == 0
-            && through != u64::MAX
-            && self.invalidated_through.load(Ordering::Acquire) >= through
-            && self.invalidations.lock().owing.is_empty()
+            && (through == u64::MAX
+                || (self.invalidated_through.load(Ordering::Acquire) >= through
+                    && self.invalidations.lock().owing.is_empty()))
     }
 
     /// Whether any key waits for its old version to be destroyed.

@@ -59,6 +59,7 @@ impl MasterState {
             .filter(|(_, s)| s.recovering.is_none())
             .map(|(id, _)| *id)
             .collect();
+        let seq = self.invalidations.lock().seq;
         let mut m = self.membership.lock();
         m.known = listed.is_some();
         let listed = listed.unwrap_or_default();
@@ -74,21 +75,19 @@ impl MasterState {
                 "segments mounted before the failover are expected back"
             );
         }
-        self.expecting.store(m.expected.len(), Ordering::Release);
-        let left = m.expected.len();
-        drop(m);
-        self.settle_when_back(left);
+        self.expecting_now(&m, seq);
     }
 
-    /// Notes, once no segment is expected back (`left` is 0), which
-    /// invalidation batch destroys the copies the returned segments brought
-    /// and this master rejected (see [`MasterState::recovery_settled`]).
-    fn settle_when_back(&self, left: usize) {
-        let through = match left {
-            0 => self.invalidations.lock().seq,
-            _ => u64::MAX,
-        };
+    /// Publishes how many segments are still expected. Once none is, first
+    /// which invalidation batch (`seq`, the latest queued before) destroys
+    /// the copies the returned segments brought that this master rejected
+    /// (see [`MasterState::recovery_settled`]), so that no reader sees none
+    /// expected without it.
+    fn expecting_now(&self, m: &Membership, seq: u64) {
+        let left = m.expected.len();
+        let through = if left == 0 { seq } else { u64::MAX };
         self.settled_through.store(through, Ordering::Release);
+        self.expecting.store(left, Ordering::Release);
     }
 
     /// The segments the list in etcd should name: every mounted one, and
@@ -127,13 +126,12 @@ impl MasterState {
         if self.expecting.load(Ordering::Acquire) == 0 {
             return;
         }
+        // Its rejected copies' destructions are queued by now.
+        let seq = self.invalidations.lock().seq;
         let mut m = self.membership.lock();
         if m.expected.remove(&id).is_some() {
             tracing::info!(segment = %id, left = m.expected.len(), "a segment mounted before the failover is back");
-            self.expecting.store(m.expected.len(), Ordering::Release);
-            let left = m.expected.len();
-            drop(m);
-            self.settle_when_back(left);
+            self.expecting_now(&m, seq);
         }
     }
 
@@ -143,6 +141,7 @@ impl MasterState {
         if self.expecting.load(Ordering::Acquire) == 0 {
             return;
         }
+        let seq = self.invalidations.lock().seq;
         let mut m = self.membership.lock();
         m.expected.retain(|id, until| {
             let keep = now < *until;
@@ -151,10 +150,7 @@ impl MasterState {
             }
             keep
         });
-        self.expecting.store(m.expected.len(), Ordering::Release);
-        let left = m.expected.len();
-        drop(m);
-        self.settle_when_back(left);
+        self.expecting_now(&m, seq);
     }
 
     /// How many segments listed by the previous leader are not back yet.

@@ -210,7 +210,8 @@ pub struct MasterState {
     /// Once every segment expected back after a failover is back: the
     /// invalidation batch that destroys the last copies they brought back
     /// and this master rejected (see [`Self::recovery_settled`]); `u64::MAX`
-    /// until then.
+    /// while some are expected, or none ever was. Stored before
+    /// `expecting` (in `membership.rs`).
     settled_through: AtomicU64,
     /// Segment allocators made so far (see [`Self::allocator_of`]).
     allocators: AtomicU64,
