@@ -368,6 +368,49 @@ fn a_removal_during_a_move_keeps_its_tombstone_past_the_replicas() {
     );
 }
 
+/// A removal of a key whose tier move is in flight is answered only once
+/// its tombstone is durable (in etcd, with HA), even though the replicas'
+/// destruction was delivered: the move's copy is destroyed only when the
+/// move finishes, and if the leader dies first only the tombstone keeps
+/// the next leader from taking that copy back (chaos finding 24: a
+/// removed key back after two failovers). A key not moving goes once its
+/// destruction is delivered.
+#[test]
+fn a_removal_during_a_move_is_answered_once_its_tombstone_is_durable() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    p.st.keep_tombstones(Vec::new(), p.at(0));
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    let moving = tickets[0].key.clone();
+    let resting = (0..40)
+        .map(|i| format!("k-{i:03}"))
+        .find(|k| tickets.iter().all(|t| &t.key != k))
+        .expect("a key not moving");
+    let now = p.at(1050);
+    let mut waits = Vec::new();
+    for k in [&moving, &resting] {
+        p.st.remove(std::slice::from_ref(k), false, now)
+            .remove(0)
+            .unwrap();
+        waits.push(p.st.fence([k.as_str()], now).expect("a removal waits"));
+    }
+    p.invalidate();
+    let later = p.at(1060);
+    assert!(
+        p.st.fence_done(&waits[1], later),
+        "the resting key's is delivered"
+    );
+    assert!(
+        !p.st.fence_done(&waits[0], later),
+        "the moving key's tombstone is not in etcd yet"
+    );
+    let (_, through, _) = p.st.tombstones_to_write(u64::MAX, later).unwrap();
+    p.st.tombstones_written(through);
+    assert!(p.st.fence_done(&waits[0], later), "durable now");
+}
+
 #[test]
 fn a_move_of_a_version_replaced_meanwhile_is_undone() {
     let p = Pool::new(4 * MIB, 16 * MIB);

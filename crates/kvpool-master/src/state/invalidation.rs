@@ -119,6 +119,11 @@ pub(super) struct KeyFence {
     /// For a removal: its tombstone's number; the fence also holds until
     /// the removal is durable (see [`MasterState::removal_durable`]).
     durable: u64,
+    /// For a removal during a tier move: the reply waits for `durable`
+    /// even once the replicas' destruction is delivered, since the move's
+    /// copy outlives them until the move finishes, and a leader that dies
+    /// first leaves only the tombstone to refuse it (chaos finding 24).
+    durable_first: bool,
     /// The fence holds no longer than this.
     hard_until: Instant,
 }
@@ -133,6 +138,9 @@ pub struct FenceWait {
     young: Instant,
     /// Tombstones it waits to be durable through.
     durable: u64,
+    /// Tombstones that must be durable before the reply, delivered or not
+    /// (see `KeyFence::durable_first`), unless `until` passed.
+    durable_first: u64,
     /// The reply goes at this instant whatever happened.
     pub until: Instant,
     /// Nor before this instant, unless the recovery it waits out settled
@@ -153,6 +161,7 @@ impl FenceWait {
             segments: Vec::new(),
             young: t,
             durable: 0,
+            durable_first: 0,
             until: t,
             not_before: Some(t),
             held: Vec::new(),
@@ -254,6 +263,7 @@ impl MasterState {
                     segments: segments.collect(),
                     young_until,
                     durable: 0,
+                    durable_first: false,
                     hard_until: young_until,
                 };
                 inv.fences.insert(key.to_string(), fence);
@@ -337,6 +347,7 @@ impl MasterState {
         let hard = now + self.cfg.client_ttl + self.cfg.store_grace;
         if let Some(f) = self.invalidations.lock().fences.get_mut(key) {
             f.durable = f.durable.max(tomb);
+            f.durable_first |= moving;
             f.hard_until = f.hard_until.max(hard);
         }
     }
@@ -479,7 +490,8 @@ impl MasterState {
             let held = inv.held_back.contains_key(k);
             let owing = held || f.segments.iter().any(|s| inv.owing.contains(s));
             let durable = self.removal_durable(f.durable);
-            if f.seq <= done && !(owing && (now < f.young_until || !durable)) {
+            let first = f.durable_first && !durable;
+            if f.seq <= done && !(owing && (now < f.young_until || !durable)) && !first {
                 continue;
             }
             let w = wait.get_or_insert_with(|| FenceWait {
@@ -487,6 +499,7 @@ impl MasterState {
                 segments: Vec::new(),
                 young: now + FENCE_WAIT,
                 durable: 0,
+                durable_first: 0,
                 until: now + FENCE_WAIT,
                 not_before: None,
                 held: Vec::new(),
@@ -498,6 +511,9 @@ impl MasterState {
             w.segments.extend_from_slice(&f.segments);
             w.young = w.young.max(f.young_until);
             w.durable = w.durable.max(f.durable);
+            if f.durable_first {
+                w.durable_first = w.durable_first.max(f.durable);
+            }
             w.until = w.until.max(f.young_until).max(f.hard_until);
         }
         wait
@@ -509,6 +525,9 @@ impl MasterState {
     /// its own destruction sent too; or its time is up.
     pub fn fence_done(&self, w: &FenceWait, now: Instant) -> bool {
         if w.not_before.is_some_and(|t| now < t) && !self.recovery_settled() {
+            return false;
+        }
+        if now < w.until && !self.removal_durable(w.durable_first) {
             return false;
         }
         if now >= w.until || (now >= w.young && self.removal_durable(w.durable)) {
@@ -577,6 +596,7 @@ impl MasterState {
             segments: Vec::new(),
             young: now + FENCE_WAIT,
             durable: 0,
+            durable_first: 0,
             until: now + FENCE_WAIT,
             not_before: None,
             held: Vec::new(),
