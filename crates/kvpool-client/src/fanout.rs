@@ -111,39 +111,19 @@ where
 /// segment, and the lane takes the bytes without a runtime worker waking
 /// first and then waking it.
 fn block_on_eagerly<F: Future>(handle: &tokio::runtime::Handle, fut: F) -> F::Output {
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
-    use std::task::{Context, Poll, Wake, Waker};
-
-    /// Unparks the polling thread; `woken` keeps a wake-up that comes
-    /// before the thread parks.
-    struct Unpark {
-        woken: AtomicBool,
-        thread: std::thread::Thread,
-    }
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.wake_by_ref();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.woken.store(true, Ordering::Release);
-            self.thread.unpark();
-        }
-    }
+    use kvpool_net::conn::{read_eagerly, ThreadWaker};
+    use std::task::{Context, Poll, Waker};
 
     let _ctx = handle.enter();
-    let unpark = Arc::new(Unpark {
-        woken: AtomicBool::new(false),
-        thread: std::thread::current(),
-    });
-    let waker = Waker::from(unpark.clone());
+    let wake = ThreadWaker::for_this_thread();
+    let waker = Waker::from(wake.clone());
     let mut cx = Context::from_waker(&waker);
     let mut fut = std::pin::pin!(fut);
     loop {
-        if let Poll::Ready(v) = kvpool_net::conn::read_eagerly(|| fut.as_mut().poll(&mut cx)) {
+        if let Poll::Ready(v) = read_eagerly(|| fut.as_mut().poll(&mut cx)) {
             return v;
         }
-        while !unpark.woken.swap(false, Ordering::AcqRel) {
+        while !wake.take() {
             std::thread::park();
         }
     }

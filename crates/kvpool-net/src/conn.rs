@@ -833,8 +833,8 @@ mod eager;
 mod handshake;
 mod pool;
 
-pub use eager::read_eagerly;
 use eager::Eager;
+pub use eager::{read_eagerly, ThreadWaker};
 pub use handshake::{accept, accept_unix};
 use handshake::{refuse_plaintext, refused_auth};
 pub use pool::ConnPool;

@@ -13,10 +13,9 @@
 //! before it sleeps when it waits alone.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::task::{Context, Poll, Waker};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use kvpool_proto::{Code, KvError, KvResult};
@@ -87,24 +86,6 @@ pub fn get() -> KvResult<&'static tokio::runtime::Runtime> {
     }
 }
 
-/// Wakes a caller in [`block_on`]: sets the flag it spins on, then
-/// unparks it in case it sleeps.
-struct Wake {
-    woken: AtomicBool,
-    thread: Thread,
-}
-
-impl std::task::Wake for Wake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Release);
-        self.thread.unpark();
-    }
-}
-
 /// How long a caller waiting alone spins before it sleeps:
 /// `KVPOOL_SPIN_US` microseconds (0: never spin), default 200, which
 /// covers a round trip to a server that sleeps between requests (about
@@ -156,10 +137,7 @@ impl Drop for Inside {
 pub fn block_on<F: Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
     let _ctx = rt.enter();
     let _inside = Inside::enter();
-    let wake = Arc::new(Wake {
-        woken: AtomicBool::new(false),
-        thread: std::thread::current(),
-    });
+    let wake = kvpool_net::conn::ThreadWaker::for_this_thread();
     let waker = Waker::from(wake.clone());
     let mut cx = Context::from_waker(&waker);
     let mut fut = std::pin::pin!(fut);
@@ -172,7 +150,7 @@ pub fn block_on<F: Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
             _ => Duration::ZERO,
         };
         let started = Instant::now();
-        while !wake.woken.swap(false, Ordering::AcqRel) {
+        while !wake.take() {
             if started.elapsed() >= spin {
                 std::thread::park();
             } else if let Poll::Ready(v) =

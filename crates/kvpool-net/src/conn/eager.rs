@@ -13,7 +13,10 @@ use std::cell::Cell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake};
+use std::thread::Thread;
 
 use socket2::SockRef;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -65,6 +68,41 @@ pub fn read_eagerly<T>(f: impl FnOnce() -> T) -> T {
     }
     let _reset = Reset(EAGER.with(|e| e.replace(true)));
     f()
+}
+
+/// Wakes a caller's thread that polls a future itself (with
+/// [`read_eagerly`]): sets a flag it checks, then unparks it in case it
+/// sleeps, so a wake-up that comes before it parks is not lost.
+#[derive(Debug)]
+pub struct ThreadWaker {
+    woken: AtomicBool,
+    thread: Thread,
+}
+
+impl ThreadWaker {
+    /// A waker for the calling thread.
+    pub fn for_this_thread() -> Arc<ThreadWaker> {
+        Arc::new(ThreadWaker {
+            woken: AtomicBool::new(false),
+            thread: std::thread::current(),
+        })
+    }
+
+    /// Whether it was woken since the last call (clearing it).
+    pub fn take(&self) -> bool {
+        self.woken.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
 }
 
 /// The read half of a socket connection, whose socket can be read directly.
