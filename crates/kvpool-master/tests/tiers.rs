@@ -328,12 +328,9 @@ fn a_move_answered_after_its_destination_was_mounted_again_keeps_its_source() {
     );
 }
 
-/// A key removed while a move copies it: the copy may land after the
-/// removal and is destroyed only when the move finishes, so the removal's
-/// tombstone (which makes a new leader reject inventory copies of the key)
-/// outlives the destruction of the replicas it knew.
-#[test]
-fn a_removal_during_a_move_keeps_its_tombstone_past_the_replicas() {
+/// A pool keeping tombstones (as with HA) with 40 keys and moves planned
+/// at 1 s: the tickets, a key being moved and one that is not.
+fn moves_under_way() -> (Pool, Vec<MoveTicket>, String, String) {
     let p = Pool::new(4 * MIB, 16 * MIB);
     p.st.keep_tombstones(Vec::new(), p.at(0));
     for i in 0..40 {
@@ -345,6 +342,16 @@ fn a_removal_during_a_move_keeps_its_tombstone_past_the_replicas() {
         .map(|i| format!("k-{i:03}"))
         .find(|k| tickets.iter().all(|t| &t.key != k))
         .expect("a key not moving");
+    (p, tickets, moving, resting)
+}
+
+/// A key removed while a move copies it: the copy may land after the
+/// removal and is destroyed only when the move finishes, so the removal's
+/// tombstone (which makes a new leader reject inventory copies of the key)
+/// outlives the destruction of the replicas it knew.
+#[test]
+fn a_removal_during_a_move_keeps_its_tombstone_past_the_replicas() {
+    let (p, tickets, moving, resting) = moves_under_way();
     for k in [&moving, &resting] {
         p.st.remove(std::slice::from_ref(k), true, p.at(1050))
             .remove(0)
@@ -377,17 +384,7 @@ fn a_removal_during_a_move_keeps_its_tombstone_past_the_replicas() {
 /// destruction is delivered.
 #[test]
 fn a_removal_during_a_move_is_answered_once_its_tombstone_is_durable() {
-    let p = Pool::new(4 * MIB, 16 * MIB);
-    p.st.keep_tombstones(Vec::new(), p.at(0));
-    for i in 0..40 {
-        p.put(&format!("k-{i:03}"), i, false);
-    }
-    let tickets = p.plan(1000);
-    let moving = tickets[0].key.clone();
-    let resting = (0..40)
-        .map(|i| format!("k-{i:03}"))
-        .find(|k| tickets.iter().all(|t| &t.key != k))
-        .expect("a key not moving");
+    let (p, _, moving, resting) = moves_under_way();
     let now = p.at(1050);
     let mut waits = Vec::new();
     for k in [&moving, &resting] {
