@@ -683,19 +683,26 @@ impl MasterState {
         inv.seq += 1;
     }
 
-    /// Destroys the copy of `generation` at `r` of `seg` on its store, and
-    /// frees the region once that has been sent (not before: the same
+    /// Destroys each copy (segment, region, generation) on its store, and
+    /// frees its region once that has been sent (not before: the same
     /// version may be copied there again, which the destruction would hit).
-    pub(super) fn free_after_invalidation(&self, seg: SegmentId, r: Region, generation: u64) {
+    /// One invalidation batch for them all.
+    pub(super) fn free_after_invalidation(&self, copies: &[(SegmentId, Region, u64)]) {
+        if copies.is_empty() {
+            return;
+        }
         let mut inv = self.invalidations.lock();
-        inv.regions
-            .entry(seg)
-            .or_default()
-            .push((r.offset, generation));
+        for &(seg, r, generation) in copies {
+            inv.regions
+                .entry(seg)
+                .or_default()
+                .push((r.offset, generation));
+        }
         inv.seq += 1;
         let seq = inv.seq;
         drop(inv);
-        self.after_invalidation.lock().push((seq, seg, r));
+        let mut waiting = self.after_invalidation.lock();
+        waiting.extend(copies.iter().map(|&(seg, r, _)| (seq, seg, r)));
     }
 
     /// Puts back invalidations that could not be delivered (store down),
@@ -743,11 +750,13 @@ impl MasterState {
         // Replaced versions' headers were destroyed when they were replaced;
         // an abandoned put's region and a moved object's old copy are
         // destroyed now.
+        let mut destroy = Vec::new();
         for (_, s, r, generation) in due {
             match generation {
                 None => self.free_now(&[(s, r)], None),
-                Some(g) => self.free_after_invalidation(s, r, g),
+                Some(g) => destroy.push((s, r, g)),
             }
         }
+        self.free_after_invalidation(&destroy);
     }
 }

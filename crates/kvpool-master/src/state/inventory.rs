@@ -292,18 +292,19 @@ impl MasterState {
             give_back_free_memory();
         }
         let mut v = InventoryVerdict::default();
+        let mut destroy = Vec::new();
         for p in parts {
             v.accepted += p.accepted;
-            // The store destroys them on this verdict; this master destroys
-            // them too, to learn when that is done (a new leader's commits
-            // wait for it, see `recovery_settled`). The regions are reused
-            // only then.
-            for (it, r) in p.rejected {
-                v.rejected.push(it);
-                self.free_after_invalidation(id, r, it.1);
+            for ((offset, generation), r) in p.rejected {
+                v.rejected.push((offset, generation));
+                destroy.push((id, r, generation));
             }
         }
         v.rejected.sort_unstable();
+        // The store destroys them on this verdict; this master destroys them
+        // too, to learn when that is done (a new leader's commits wait for
+        // it, see `recovery_settled`). The regions are reused only then.
+        self.free_after_invalidation(&destroy);
         self.open_segment(id);
         v
     }

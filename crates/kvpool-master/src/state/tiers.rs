@@ -500,7 +500,7 @@ impl MasterState {
                 // allocator since, rebuilt from an inventory, which knows
                 // whether anything is there.
                 None if self.allocator_of(t.mv.to) == t.allocator => {
-                    self.free_after_invalidation(t.mv.to, t.to, t.mv.generation)
+                    self.free_after_invalidation(&[(t.mv.to, t.to, t.mv.generation)])
                 }
                 None => {}
             }
@@ -530,7 +530,7 @@ impl MasterState {
             // Destroyed again before reuse, which a disk block must wait for.
             self.deferred.lock().push((until, seg, r, Some(generation)));
         } else {
-            self.free_after_invalidation(seg, r, generation);
+            self.free_after_invalidation(&[(seg, r, generation)]);
         }
     }
 
