@@ -58,6 +58,29 @@ pub fn wall_clock() -> String {
     )
 }
 
+/// Nanoseconds since the Unix epoch of a time as [`wall_clock`] and the
+/// pool's logs write it (`2026-11-30T13:20:39.118Z`, any fraction).
+pub fn parse_wall_clock(s: &str) -> Option<u64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>().ok());
+    let (y, mo, day) = (d.next()??, d.next()??, d.next()??);
+    let mut hms = time.splitn(3, ':');
+    let (h, mi) = (
+        hms.next()?.parse::<u64>().ok()?,
+        hms.next()?.parse::<u64>().ok()?,
+    );
+    let sec: f64 = hms.next()?.parse().ok()?;
+    // Days from 1970-01-01 to the civil date (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (mo + if mo > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    Some((days * 86_400 + h * 3600 + mi * 60) * 1_000_000_000 + (sec * 1e9).round() as u64)
+}
+
 /// One object written by a put or an upsert.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Written {
@@ -279,6 +302,21 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Vec<Event>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wall_clock_times_parse_to_epoch_nanoseconds() {
+        assert_eq!(
+            parse_wall_clock("1970-01-01T00:00:01.5Z"),
+            Some(1_500_000_000)
+        );
+        // 2026-11-30 is day 20,787 of the epoch.
+        let day = 20_787u64 * 86_400 * 1_000_000_000;
+        assert_eq!(
+            parse_wall_clock("2026-11-30T13:20:39.118000Z"),
+            Some(day + ((13 * 3600 + 20 * 60 + 39) * 1_000_000_000 + 118_000_000))
+        );
+        assert_eq!(parse_wall_clock("not a time"), None);
+    }
 
     #[test]
     fn events_round_trip_through_a_file_and_a_torn_last_line_is_dropped() {

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use crate::checker::{Report, Rule};
-use crate::history::Event;
+use crate::history::{parse_wall_clock, Event};
 
 /// The binary a host runs while on the previous release (the pool copies
 /// it there; hosts start on it).
@@ -30,7 +30,7 @@ pub fn set_aside_previous_release(
     let setup = events.iter().find_map(|e| match e {
         Event::Mark { t, what } => what
             .strip_prefix("setup; wall clock ")
-            .and_then(wall_ns)
+            .and_then(parse_wall_clock)
             .map(|wall| (*t, wall)),
         _ => None,
     });
@@ -74,7 +74,7 @@ fn previous_leading(logs: &[String], t0: u64, wall0: u64) -> Vec<(u64, u64)> {
                     events.push(((secs * 1e9) as u64, m, Some(line.contains(PREVIOUS_BIN))));
                 }
             } else if line.contains("elected master leader") {
-                if let Some(wall) = line.split_whitespace().next().and_then(wall_ns) {
+                if let Some(wall) = line.split_whitespace().next().and_then(parse_wall_clock) {
                     events.push((to_history(wall), m, None));
                 }
             }
@@ -109,44 +109,9 @@ fn previous_leading(logs: &[String], t0: u64, wall0: u64) -> Vec<(u64, u64)> {
     spans
 }
 
-/// Nanoseconds since the Unix epoch of an RFC 3339 UTC time as the logs
-/// and the setup mark write it (`2026-11-30T13:20:39.118Z`).
-fn wall_ns(s: &str) -> Option<u64> {
-    let s = s.strip_suffix('Z')?;
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>().ok());
-    let (y, mo, day) = (d.next()??, d.next()??, d.next()??);
-    let mut hms = time.splitn(3, ':');
-    let (h, mi) = (
-        hms.next()?.parse::<u64>().ok()?,
-        hms.next()?.parse::<u64>().ok()?,
-    );
-    let sec: f64 = hms.next()?.parse().ok()?;
-    // Days from 1970-01-01 to the civil date (Howard Hinnant's algorithm).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (mo + if mo > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
-    Some((days * 86_400 + h * 3600 + mi * 60) * 1_000_000_000 + (sec * 1e9).round() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wall_clock_times_parse_to_epoch_nanoseconds() {
-        assert_eq!(wall_ns("1970-01-01T00:00:01.5Z"), Some(1_500_000_000));
-        // 2026-11-30 is day 20,787 of the epoch.
-        let day = 20_787u64 * 86_400 * 1_000_000_000;
-        assert_eq!(
-            wall_ns("2026-11-30T13:20:39.118000Z"),
-            Some(day + ((13 * 3600 + 20 * 60 + 39) * 1_000_000_000 + 118_000_000))
-        );
-        assert_eq!(wall_ns("not a time"), None);
-    }
 
     /// A leader on the previous release leads from its election until the
     /// next election or its own restart; one on this build does not count.
@@ -160,7 +125,7 @@ mod tests {
         // The setup mark: history time 100 s is 12:00:00.
         let (t0, wall0) = (
             100_000_000_000,
-            wall_ns("2026-11-30T12:00:00.000Z").unwrap(),
+            parse_wall_clock("2026-11-30T12:00:00.000Z").unwrap(),
         );
         let m0 = [
             start("100.5", "a"),
