@@ -108,11 +108,16 @@ async fn short_campaign() -> anyhow::Result<()> {
         let r = campaign::run(cfg).await?;
         println!("{}", r.render());
         if r.problems() > 0 {
+            // The crashes themselves: CI shows only the tail of the output.
             failures.push(format!(
-                "{scenario:?} seed {seed}: {} violations, {} crashes (see {})",
+                "{scenario:?} seed {seed}: {} violations, {} crashes (see {}){}",
                 r.report.total(),
                 r.crashes.len(),
-                r.dir.display()
+                r.dir.display(),
+                r.crashes
+                    .iter()
+                    .map(|c| format!("\n  {c}"))
+                    .collect::<String>()
             ));
         }
     }
