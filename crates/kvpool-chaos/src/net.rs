@@ -311,32 +311,43 @@ pub fn unmount_stale() {
 }
 
 /// Fills the filesystem of `dir` with a file named `name`; returns its size.
+/// Space taken by someone else meanwhile (the free space measured is gone
+/// by the time it is claimed) is measured again, a few times.
 pub fn fill_disk(dir: &Path, name: &str) -> anyhow::Result<u64> {
     use std::os::fd::AsRawFd;
     let path = dir.join(name);
     let file = std::fs::File::create(&path)?;
-    // SAFETY: statvfs fills the struct we pass.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let c = std::ffi::CString::new(dir.to_string_lossy().as_bytes())?;
-    // SAFETY: a valid C string and a struct to fill.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        bail!(
-            "statvfs {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    let free = st.f_bavail as u64 * st.f_frsize as u64;
-    if free > 0 {
-        // SAFETY: plain syscall on a descriptor we own.
-        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, free as libc::off_t) };
-        if rc != 0 {
+    let mut tries = 0;
+    loop {
+        // SAFETY: statvfs fills the struct we pass.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid C string and a struct to fill.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
             bail!(
+                "statvfs {}: {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        let free = st.f_bavail as u64 * st.f_frsize as u64;
+        if free == 0 {
+            return Ok(file.metadata()?.len());
+        }
+        let have = file.metadata()?.len();
+        // SAFETY: plain syscall on a descriptor we own.
+        let rc = unsafe {
+            libc::posix_fallocate(file.as_raw_fd(), have as libc::off_t, free as libc::off_t)
+        };
+        tries += 1;
+        match rc {
+            0 => return Ok(have + free),
+            libc::ENOSPC if tries < 5 => file.set_len(have)?,
+            _ => bail!(
                 "fill {}: {}",
                 path.display(),
                 std::io::Error::from_raw_os_error(rc)
-            );
+            ),
         }
     }
-    Ok(free)
 }

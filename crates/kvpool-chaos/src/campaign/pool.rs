@@ -510,11 +510,13 @@ impl Pool {
                     role: Role::Store,
                     idx: *s,
                 };
+                // Stopped first: a store still writing its disk tier would
+                // take space between measuring what is free and filling it.
+                self.proc(h).kill9();
                 let filled = net::fill_disk(&self.data_dir(h), "chaos-filler")?;
                 self.mark(format!(
                     "{h}: {filled} bytes of filler; restarting it on a full disk"
                 ));
-                self.proc(h).kill9();
                 self.proc(h).start()?;
             }
             (Fault::Upgrade(_), Some(h)) => {
