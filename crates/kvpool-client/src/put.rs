@@ -14,7 +14,7 @@ use kvpool_proto::msg::{self, ObjectLocation, PutGrant, PutItem, Replica, Tier, 
 use kvpool_proto::{validate_key, Code, KvError, KvResult};
 use tokio::time::Instant;
 
-use crate::fanout::SPREAD_BYTES;
+use crate::fanout::THREAD_BYTES;
 use crate::retry::KeyRetry;
 use crate::rpc::one;
 use crate::transport::{Dir, Job, Kind, Write, WriteOp};
@@ -346,7 +346,7 @@ impl Client {
             .into_iter()
             .flat_map(|(kind, ops)| transports.get(kind).write(ops, spread))
             .collect();
-        let big = tcp_bytes + shm_bytes >= SPREAD_BYTES;
+        let big = tcp_bytes + shm_bytes >= THREAD_BYTES;
         (self.inner.metrics).transferred("write", tcp_bytes, shm_bytes);
         done.extend(self.run_jobs(jobs, big).await.into_iter().flatten());
         done

@@ -24,7 +24,7 @@ use kvpool_proto::msg::{ObjectLocation, ReadReq, Tier};
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio::time::Instant;
 
-use crate::fanout::SPREAD_BYTES;
+use crate::fanout::THREAD_BYTES;
 use crate::get::{reborrow, Found, GetInto};
 use crate::placement::{due, rounds};
 use crate::transport::{Dir, Job, Kind, Read, ReadOp, Share, Verify};
@@ -228,7 +228,7 @@ impl Client {
                 })
                 .collect();
             let peered = shares.iter().any(|(_, s)| s.peer.is_some());
-            let big = tcp_bytes + shm_bytes >= SPREAD_BYTES;
+            let big = tcp_bytes + shm_bytes >= THREAD_BYTES;
             (self.inner.metrics).transferred("read", tcp_bytes, shm_bytes);
             let t0 = Instant::now();
             let mut wins = HashMap::new();

@@ -24,7 +24,7 @@ use kvpool_transfer::MappedRegion;
 use parking_lot::Mutex;
 
 use super::{Dir, Job, Kind, Read, Share, Spread, Transport, Verify, Write};
-use crate::fanout::{cores, split};
+use crate::fanout::{cores, lanes, split};
 
 /// A store's segment file mapped into this process.
 struct ShmMap {
@@ -219,7 +219,8 @@ impl ShmTransport {
             }
         }
         // Copies (and checksums) are CPU work: big batches use every core.
-        (split(mapped, bytes, cores()), missing)
+        let n = lanes(bytes, mapped.len(), cores());
+        (split(mapped, n), missing)
     }
 }
 

@@ -126,7 +126,12 @@ impl Transport for TcpTransport {
         for (peer, group) in stores {
             let bytes: u64 = group.iter().map(|(_, o)| parts_len(&o.parts)).sum();
             let pool = self.pool(&peer);
-            for chunk in split(group, bytes, spread.lanes_per_peer) {
+            let n = if bytes >= spread.one_stream_value * group.len() as u64 {
+                1
+            } else {
+                lanes(bytes, group.len(), spread.lanes_per_peer)
+            };
+            for chunk in split(group, n) {
                 jobs.push(write_job(pool.clone(), spread.timeout, chunk));
             }
         }
