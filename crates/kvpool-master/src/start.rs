@@ -203,6 +203,7 @@ fn start_ha(
     }
     master.set_role(Role::Standby);
     let (m, token) = (master.clone(), shutdown.clone());
+    let stepping_down = master.clone();
     let etcd_tls = cfg.security.etcd_tls.clone();
     let grace = if cfg.recovery_grace.is_zero() {
         // Two heartbeats or more (every TTL/4, at most 1 s apart): every
@@ -222,6 +223,7 @@ fn start_ha(
         )
         .await;
         if r.is_err() {
+            stepping_down.state.log_moves_in_flight();
             token.cancel();
         }
         r

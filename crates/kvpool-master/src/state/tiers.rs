@@ -108,6 +108,21 @@ fn object_len(key: &str, value_len: u64) -> u64 {
 }
 
 impl MasterState {
+    /// Logs the keys with a tier move in flight (the first 32 of them), for
+    /// a leader that stops leading: a move straddling a leader change is
+    /// where chaos findings 24 and 25 point, and nothing else names the
+    /// keys.
+    pub fn log_moves_in_flight(&self) {
+        const NAMED: usize = 32;
+        let tier = self.tier.lock();
+        let keys: Vec<&str> = tier.moving.iter().take(NAMED).map(|k| &**k).collect();
+        tracing::warn!(
+            moves = tier.moving.len(),
+            ?keys,
+            "tier moves in flight as this master stops leading (the first {NAMED} named)"
+        );
+    }
+
     /// Whether any store lends a tier below memory (the tier task idles
     /// otherwise).
     pub fn has_disk_tier(&self) -> bool {
