@@ -332,17 +332,15 @@ pub fn fill_disk(dir: &Path, name: &str) -> anyhow::Result<u64> {
         }
         let free = st.f_bavail as u64 * st.f_frsize as u64;
         if free == 0 {
-            return Ok(file.metadata()?.len());
+            return Ok(0);
         }
-        let have = file.metadata()?.len();
         // SAFETY: plain syscall on a descriptor we own.
-        let rc = unsafe {
-            libc::posix_fallocate(file.as_raw_fd(), have as libc::off_t, free as libc::off_t)
-        };
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, free as libc::off_t) };
         tries += 1;
         match rc {
-            0 => return Ok(have + free),
-            libc::ENOSPC if tries < 5 => file.set_len(have)?,
+            0 => return Ok(free),
+            // What a failed call allocated goes back before measuring again.
+            libc::ENOSPC if tries < 5 => file.set_len(0)?,
             _ => bail!(
                 "fill {}: {}",
                 path.display(),
