@@ -42,6 +42,16 @@ pub(crate) fn lanes(bytes: u64, items: usize, max: usize) -> usize {
     }
 }
 
+/// [`lanes`] for TCP writes: values of [`ONE_STREAM_VALUE`] or more on
+/// average keep to one connection.
+pub(crate) fn tcp_write_lanes(bytes: u64, items: usize, max: usize) -> usize {
+    if bytes >= ONE_STREAM_VALUE.saturating_mul(items as u64) {
+        1
+    } else {
+        lanes(bytes, items, max)
+    }
+}
+
 /// Cuts a group into `n` chunks (at least one, at most one an item) of
 /// nearly equal count, in order.
 pub(crate) fn split<T>(group: Vec<T>, n: usize) -> Vec<Vec<T>> {
@@ -169,6 +179,14 @@ mod tests {
         );
         assert_eq!(split(vec![1, 2], 4), [vec![1], vec![2]]);
         assert_eq!(split(vec![1, 2], 0), [vec![1, 2]]);
+    }
+
+    #[test]
+    fn tcp_writes_of_big_values_keep_to_one_connection() {
+        assert_eq!(tcp_write_lanes(32 * (512 << 10), 32, 4), 1);
+        assert_eq!(tcp_write_lanes(32 * (64 << 10), 32, 4), 4);
+        assert_eq!(tcp_write_lanes(SPREAD_BYTES - 1, 100, 4), 1);
+        assert_eq!(tcp_write_lanes(0, 0, 4), 1);
     }
 
     #[test]

@@ -116,7 +116,6 @@ fn spread() -> Spread {
     Spread {
         timeout: Duration::from_secs(10),
         lanes_per_peer: 4,
-        one_stream_value: crate::fanout::ONE_STREAM_VALUE,
     }
 }
 

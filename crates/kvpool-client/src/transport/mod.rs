@@ -67,9 +67,6 @@ pub struct Spread {
     pub timeout: Duration,
     /// Most connections (or other lanes) a batch uses per peer.
     pub lanes_per_peer: usize,
-    /// TCP writes of values this big on average take one connection
-    /// ([`crate::fanout::ONE_STREAM_VALUE`]).
-    pub one_stream_value: u64,
 }
 
 /// A transport's jobs for the reads of one peer (or, with `peer: None`,
@@ -232,7 +229,6 @@ impl Client {
         Spread {
             timeout: kvpool_net::deadline::cap(self.inner.cfg.timeout),
             lanes_per_peer: self.inner.cfg.conns_per_store,
-            one_stream_value: crate::fanout::ONE_STREAM_VALUE,
         }
     }
 }

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::{Dir, Job, Kind, Read, Share, Spread, Transport, Verify, Write};
-use crate::fanout::{lanes, split};
+use crate::fanout::{lanes, split, tcp_write_lanes};
 
 /// Idle connections kept per store, enough for many concurrent callers.
 const IDLE_CONNS_PER_STORE: usize = 64;
@@ -126,11 +126,7 @@ impl Transport for TcpTransport {
         for (peer, group) in stores {
             let bytes: u64 = group.iter().map(|(_, o)| parts_len(&o.parts)).sum();
             let pool = self.pool(&peer);
-            let n = if bytes >= spread.one_stream_value * group.len() as u64 {
-                1
-            } else {
-                lanes(bytes, group.len(), spread.lanes_per_peer)
-            };
+            let n = tcp_write_lanes(bytes, group.len(), spread.lanes_per_peer);
             for chunk in split(group, n) {
                 jobs.push(write_job(pool.clone(), spread.timeout, chunk));
             }
