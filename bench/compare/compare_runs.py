@@ -58,8 +58,7 @@ def print_limits(limits):
     for name, (label, field, unit) in LIMITS.items():
         v = [lim[name][field] for lim in limits if name in lim]
         if v:
-            v.sort()
-            print(f"| {label} | {statistics.median(v):.2f} [{v[0]:.2f}-{v[-1]:.2f}] {unit} |")
+            print(f"| {label} | {spread(v)} {unit} |")
     print()
 
 
