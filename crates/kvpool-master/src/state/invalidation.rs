@@ -154,6 +154,16 @@ pub struct FenceWait {
 }
 
 impl FenceWait {
+    /// A wait for invalidation batch `seq` to be sent, for at most
+    /// [`FENCE_WAIT`] from `now`; the fences it covers widen it.
+    fn sent_through(seq: u64, now: Instant) -> FenceWait {
+        FenceWait {
+            seq,
+            not_before: None,
+            ..FenceWait::at(now + FENCE_WAIT)
+        }
+    }
+
     /// A wait for nothing but the instant `t`.
     pub fn at(t: Instant) -> FenceWait {
         FenceWait {
@@ -494,16 +504,7 @@ impl MasterState {
             if f.seq <= done && !(owing && (now < f.young_until || !durable)) && !first {
                 continue;
             }
-            let w = wait.get_or_insert_with(|| FenceWait {
-                seq: 0,
-                segments: Vec::new(),
-                young: now + FENCE_WAIT,
-                durable: 0,
-                durable_first: 0,
-                until: now + FENCE_WAIT,
-                not_before: None,
-                held: Vec::new(),
-            });
+            let w = wait.get_or_insert_with(|| FenceWait::sent_through(0, now));
             if held {
                 w.held.push(k.to_string());
             }
@@ -591,16 +592,8 @@ impl MasterState {
     /// sent, for at most [`FENCE_WAIT`].
     pub fn fence_all(&self, now: Instant) -> Option<FenceWait> {
         let seq = self.invalidations.lock().seq;
-        (seq > self.invalidated_through.load(Ordering::Acquire)).then(|| FenceWait {
-            seq,
-            segments: Vec::new(),
-            young: now + FENCE_WAIT,
-            durable: 0,
-            durable_first: 0,
-            until: now + FENCE_WAIT,
-            not_before: None,
-            held: Vec::new(),
-        })
+        (seq > self.invalidated_through.load(Ordering::Acquire))
+            .then(|| FenceWait::sent_through(seq, now))
     }
 
     /// Takes the queued invalidations, with each segment's data endpoint,
