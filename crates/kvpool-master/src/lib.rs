@@ -300,7 +300,8 @@ impl Master {
             // Upserts go as soon as one segment takes new objects: an
             // upsert's version is newer than any an earlier leader issued,
             // so the copy of the key a late segment brings back is older
-            // and is rejected when it is reconciled. Reads, removals,
+            // and is rejected when it is reconciled (evicted meanwhile, the
+            // upsert leaves a tombstone that rejects it). Reads, removals,
             // existence and write-once puts (refused in their handler) wait
             // for every segment: each would answer for a key a late segment
             // may still hold.

@@ -111,6 +111,7 @@ pub(crate) async fn invalidator(
                     let sent = tokio::time::timeout(Duration::from_secs(2), pool.call(&req)).await;
                     if let Ok(Ok(destroyed)) = &sent {
                         tracing::debug!(segment = %id, regions = part.len(), destroyed, "invalidations delivered");
+                        tracing::trace!(target: "kvpool_keys", segment = %id, ?part, destroyed, "invalidations delivered");
                     }
                     if !matches!(sent, Ok(Ok(_))) {
                         let rest: Vec<(u64, u64)> = std::iter::once(part)

@@ -258,6 +258,75 @@ fn the_copy_a_move_leaves_is_destroyed_at_once_even_under_a_lease() {
     assert_eq!(p.st.tier_usage(Tier::Memory).1, left);
 }
 
+/// The copy a move left behind under a read lease, whose store could not
+/// be told to destroy it, is as readable as a replica to a client holding
+/// its old location: an upsert or a removal of the key must wait for it as
+/// for the replicas the master lists, until it is destroyed or no young
+/// lease can read it. The chaos harness read a replaced 1 MiB value that
+/// way, 0.4 s after the upsert answered (finding 25).
+#[test]
+fn an_undelivered_copy_left_by_a_move_fences_the_next_upsert_and_removal() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    p.st.keep_tombstones(Vec::new(), p.at(0));
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    let (upserted, removed) = (tickets[0].key.clone(), tickets[1].key.clone());
+    // Read (leased for 100 ms, young for 50) where they are, then moved.
+    for k in [&upserted, &removed] {
+        assert_eq!(p.where_is(k, 1010)[0].0, MEMORY);
+    }
+    let done = tickets.into_iter().map(|t| (t, Ok(()))).collect();
+    p.st.finish_tier_moves(done, p.at(1020));
+    // The memory segment's store is unreachable: the copies stay.
+    let deliver_disk_only = || {
+        let (inv, through) = p.st.take_invalidations();
+        for (id, _, regions) in inv {
+            if id == SegmentId(MEMORY) {
+                p.st.requeue_invalidations(id, regions);
+            } else {
+                p.st.invalidations_delivered(id);
+            }
+        }
+        p.st.invalidations_sent(through);
+    };
+    deliver_disk_only();
+    p.put(&upserted, 1030, true);
+    p.st.remove(std::slice::from_ref(&removed), true, p.at(1030))
+        .remove(0)
+        .unwrap();
+    let waits: Vec<_> = [&upserted, &removed]
+        .iter()
+        .map(|k| p.st.fence([k.as_str()], p.at(1030)).expect("fenced"))
+        .collect();
+    deliver_disk_only();
+    for w in &waits {
+        assert!(
+            !p.st.fence_done(w, p.at(1040)),
+            "the left copy is still readable through a young cached location"
+        );
+    }
+    // The removal's tombstone outlives the copies it knew of: a new leader
+    // must not take the key back from the left copy's inventory.
+    let tombs = |ms| {
+        let (_, through, tombs) = p.st.tombstones_to_write(u64::MAX, p.at(ms)).unwrap();
+        p.st.tombstones_written(through);
+        tombs.into_iter().map(|t| t.key).collect::<Vec<_>>()
+    };
+    assert_eq!(tombs(1040), vec![removed.clone()]);
+    // Delivered at last: the replies go.
+    let (inv, through) = p.st.take_invalidations();
+    for (id, ..) in inv {
+        p.st.invalidations_delivered(id);
+    }
+    p.st.invalidations_sent(through);
+    for w in &waits {
+        assert!(p.st.fence_done(w, p.at(1041)));
+    }
+    assert!(tombs(1041).is_empty(), "every copy is destroyed");
+}
+
 /// A move answered only after its destination was mounted again (its store
 /// cut off and back, the answer held up in the cut): the new mount's scan
 /// found the copy and the map, not holding it there, rejected it, so the
@@ -406,6 +475,43 @@ fn a_removal_during_a_move_is_answered_once_its_tombstone_is_durable() {
     let (_, through, _) = p.st.tombstones_to_write(u64::MAX, later).unwrap();
     p.st.tombstones_written(through);
     assert!(p.st.fence_done(&waits[0], later), "durable now");
+}
+
+/// A key upserted while a move of its old version is in flight, and then
+/// evicted: the move's copy of the old version is destroyed only when the
+/// move finishes, so the new version's bytes must stay until then. Destroyed
+/// first, they leave that copy the newest of the key on the stores, and a
+/// leader that dies before the move finishes hands the next one the
+/// replaced value (chaos finding 25: a store cut off with moves in flight,
+/// the key upserted and evicted meanwhile, the leader gone).
+#[test]
+fn a_version_evicted_while_an_older_one_moves_outlives_the_moves_copy() {
+    let (p, tickets, moving, _) = moves_under_way();
+    let t = tickets.iter().find(|t| t.key == moving).unwrap().clone();
+    let newer = p.put(&moving, 1050, true);
+    p.invalidate();
+    assert!(p.st.evict(p.at(1100), 64 * MIB).objects > 0);
+    assert!(p.where_is(&moving, 1100).is_empty(), "evicted");
+    let destroys = |inv: &[(SegmentId, Vec<(u64, u64)>)], generation: u64| {
+        inv.iter()
+            .flat_map(|(_, regions)| regions)
+            .any(|&(_, g)| g == generation)
+    };
+    assert!(
+        !destroys(&p.invalidate(), newer),
+        "the new version goes while the old one's copy may still land"
+    );
+    // The move ends: its copy goes, and then the new version.
+    p.st.finish_tier_moves(vec![(t.clone(), Ok(()))], p.at(1200));
+    let first = p.invalidate();
+    assert!(first
+        .iter()
+        .any(|(s, r)| *s == SegmentId(DISK) && r.contains(&(t.mv.to_offset, t.mv.generation))));
+    let then = p.invalidate();
+    assert!(
+        !destroys(&first, newer) && destroys(&then, newer),
+        "after the move's copy: {first:?} then {then:?}"
+    );
 }
 
 #[test]

@@ -120,7 +120,7 @@ impl MasterState {
                     going.push(i);
                 }
             }
-            self.evict_slots(sh, going, &mut out);
+            self.evict_slots(sh, going, &mut out, now);
         }
         for c in eviction::choose(at_boundary, need) {
             let (n, i) = c.key;
@@ -131,7 +131,7 @@ impl MasterState {
                 .occupied(i)
                 .is_some_and(|v| v.generation == c.generation && Self::evictable(v, at))
             {
-                self.evict_slots(sh, vec![i], &mut out);
+                self.evict_slots(sh, vec![i], &mut out, now);
             }
         }
         self.evictions.fetch_add(out.objects, Ordering::Relaxed);
@@ -142,7 +142,13 @@ impl MasterState {
     }
 
     /// Evicts the objects in `slots` of a locked shard.
-    fn evict_slots(&self, mut sh: MutexGuard<'_, Shard>, slots: Vec<u32>, out: &mut Evicted) {
+    fn evict_slots(
+        &self,
+        mut sh: MutexGuard<'_, Shard>,
+        slots: Vec<u32>,
+        out: &mut Evicted,
+        now: Instant,
+    ) {
         if slots.is_empty() {
             return;
         }
@@ -151,10 +157,15 @@ impl MasterState {
             .map(|i| (Box::from(sh.objects.key(i)), sh.objects.remove_at(i)))
             .collect();
         drop(sh);
+        let unsettled = !self.recovery_settled();
         for (key, v) in gone {
             let v = self.unpack(v);
             out.objects += 1;
             out.bytes += v.replicas.iter().map(|(_, r)| r.len).sum::<u64>();
+            tracing::trace!(target: "kvpool_keys", key = &*key, generation = v.generation, "evicted");
+            if unsettled {
+                self.tombstone_eviction(&key, v.generation, now);
+            }
             self.retire(&key, &v, true);
         }
     }

@@ -237,25 +237,31 @@ impl MasterState {
     /// without asking this master: the first half of its read lease, and
     /// of any lease an earlier leader granted before this term began.
     fn young_until(&self, v: &Version) -> Instant {
+        self.young_until_lease(v.lease_until)
+    }
+
+    /// [`Self::young_until`] of a version leased until `lease_until`.
+    pub(super) fn young_until_lease(&self, lease_until: Tick) -> Instant {
         let half = self.cfg.lease_ttl / 2;
-        let lease = self.instant(v.lease_until);
+        let lease = self.instant(lease_until);
         let leased = lease.checked_sub(half).unwrap_or(lease);
         leased.max(*self.term_start.lock() + half)
     }
 
-    /// Fences `key` until the invalidation batch `seq` of `v`'s regions is
-    /// delivered, or until `young_until` if it cannot be. A fence the key
-    /// already has is widened, not replaced: an older version may still be
-    /// undelivered when a newer one is replaced in turn.
+    /// Fences `key` until the invalidation batch `seq` of its copies on
+    /// `segments` is delivered, or until `young_until` if it cannot be. A
+    /// fence the key already has is widened, not replaced: an older version,
+    /// or a copy a move left, may still be undelivered when a newer one is
+    /// replaced in turn.
     fn fence_key(
         &self,
         inv: &mut InvalidationQueue,
         key: &str,
-        v: &Version,
+        segments: impl IntoIterator<Item = SegmentId>,
         seq: u64,
         young_until: Instant,
     ) {
-        let segments = v.replicas.iter().map(|(s, _)| *s);
+        let segments = segments.into_iter();
         match inv.fences.get_mut(key) {
             Some(f) => {
                 f.seq = f.seq.max(seq);
@@ -314,14 +320,16 @@ impl MasterState {
     /// [`Self::retire_last`]).
     pub(super) fn retire(&self, key: &str, v: &Version, last: bool) {
         let young = self.young_until(v);
-        if last && self.retire_last(key, v, young) {
+        if last && self.retire_last(key, v, young, true) {
+            tracing::trace!(target: "kvpool_keys", key, generation = v.generation,
+                "destruction held back behind an older version's");
             return;
         }
         self.free_now(&v.replicas, Some(v.generation));
         let mut inv = self.invalidations.lock();
         let seq = inv.seq;
-        self.fence_key(&mut inv, key, v, seq, young);
-        inv.note_older(key, seq, v.replicas.iter().map(|(s, _)| *s));
+        self.fence_key(&mut inv, key, v.segments(), seq, young);
+        inv.note_older(key, seq, v.segments());
     }
 
     /// Frees the regions of `key`'s version `v`, removed by a client, and
@@ -335,19 +343,22 @@ impl MasterState {
     /// may come back: the client TTL plus the store grace.
     pub(super) fn retire_removed(&self, key: &str, v: &Version, now: Instant) {
         let young = self.young_until(v);
-        let segments: Vec<SegmentId> = v.replicas.iter().map(|(s, _)| *s).collect();
         // Held back behind an older version, it is destroyed by a batch not
         // numbered yet: its tombstone is kept for its whole life (0).
-        let seq = if self.retire_last(key, v, young) {
+        let seq = if self.retire_last(key, v, young, false) {
             0
         } else {
             self.free_now(&v.replicas, Some(v.generation));
             let mut inv = self.invalidations.lock();
             let seq = inv.seq;
-            self.fence_key(&mut inv, key, v, seq, young);
-            inv.note_older(key, seq, segments.iter().copied());
+            self.fence_key(&mut inv, key, v.segments(), seq, young);
+            inv.note_older(key, seq, v.segments());
             seq
         };
+        // The tombstone stays until every copy the fence waits for is
+        // destroyed, copies left by moves included.
+        let segments: Vec<SegmentId> = (self.invalidations.lock().fences.get(key))
+            .map_or_else(|| v.segments().collect(), |f| f.segments.clone());
         // A copy a tier move is making of it may land after this, and is
         // destroyed only when the move finishes: the tombstone must not go
         // with the replicas' destruction, so it is kept for its whole life.
@@ -371,20 +382,32 @@ impl MasterState {
     /// long before (chaos finding 13: a store holding the older version was
     /// cut off, the newer one was removed, then the leader died). Returns
     /// false when nothing older waits, and `v` is retired as usual.
-    pub(super) fn retire_last(&self, key: &str, v: &Version, until: Instant) -> bool {
+    pub(super) fn retire_last(
+        &self,
+        key: &str,
+        v: &Version,
+        until: Instant,
+        behind_moves: bool,
+    ) -> bool {
+        // With `behind_moves` (no tombstone will refuse the key's older
+        // versions: an eviction), a move in flight of the key, which leaves
+        // a copy destroyed only when it finishes, holds `v` back too
+        // (chaos finding 25).
+        let moving = behind_moves && self.tier.lock().moving.contains(key);
         let sent = self.invalidated_through.load(Ordering::Acquire);
         let mut inv = self.invalidations.lock();
-        if !inv.older_pending(key, sent) {
+        if !moving && !inv.older_pending(key, sent) {
             return false;
         }
-        let older = inv.older[key].clone();
+        let older = inv.older.get(key).cloned();
         let copies = v.replicas.iter().map(|(s, r)| (*s, *r, v.generation));
         inv.held_back
             .entry(key.to_string())
             .or_default()
             .extend(copies);
-        self.fence_key(&mut inv, key, v, older.seq, until);
-        if let Some(f) = inv.fences.get_mut(key) {
+        let seq = older.as_ref().map_or(inv.seq, |o| o.seq);
+        self.fence_key(&mut inv, key, v.segments(), seq, until);
+        if let (Some(f), Some(older)) = (inv.fences.get_mut(key), older) {
             for s in older.segments {
                 if !f.segments.contains(&s) {
                     f.segments.push(s);
@@ -398,14 +421,27 @@ impl MasterState {
     /// now (see [`Self::retire_last`]).
     pub(super) fn release_held_back(&self) {
         let sent = self.invalidated_through.load(Ordering::Acquire);
-        let ready: Vec<(String, Copies)> = {
-            let mut inv = self.invalidations.lock();
+        let held: Vec<String> = {
+            let inv = self.invalidations.lock();
             if inv.held_back.is_empty() {
                 return;
             }
-            let keys: Vec<String> = (inv.held_back.keys())
+            (inv.held_back.keys())
                 .filter(|k| !inv.older_pending(k, sent))
                 .cloned()
+                .collect()
+        };
+        let still_moving = {
+            let tier = self.tier.lock();
+            held.iter()
+                .filter(|k| tier.moving.contains(k.as_str()))
+                .cloned()
+                .collect::<HashSet<String>>()
+        };
+        let ready: Vec<(String, Copies)> = {
+            let mut inv = self.invalidations.lock();
+            let keys: Vec<String> = (held.into_iter())
+                .filter(|k| !still_moving.contains(k) && !inv.older_pending(k, sent))
                 .collect();
             (keys.into_iter())
                 .filter_map(|k| inv.held_back.remove(&k).map(|c| (k, c)))
@@ -455,8 +491,8 @@ impl MasterState {
             inv.seq += 1;
             let seq = inv.seq;
             let young = self.young_until(&v);
-            self.fence_key(&mut inv, key, &v, seq, young);
-            inv.note_older(key, seq, v.replicas.iter().map(|(s, _)| *s));
+            self.fence_key(&mut inv, key, v.segments(), seq, young);
+            inv.note_older(key, seq, v.segments());
             drop(inv);
             let until = self.instant(v.lease_until);
             self.deferred
@@ -668,21 +704,33 @@ impl MasterState {
             .sum()
     }
 
-    /// Queues the destruction of the copy of `generation` at `r` of `seg`
-    /// on its store, keeping the region reserved.
-    pub(super) fn queue_destruction(&self, seg: SegmentId, r: Region, generation: u64) {
+    /// Queues the destruction of the copy of `key`'s version `generation`
+    /// at `r` of `seg` on its store, keeping the region reserved, and
+    /// fences the key until it is delivered or `young_until`: a reader
+    /// holding that location reads it without asking this master, so a
+    /// replacement or removal of the key must wait for it as for the
+    /// replicas listed (chaos finding 25).
+    pub(super) fn queue_destruction(
+        &self,
+        key: &str,
+        (seg, r): (SegmentId, Region),
+        generation: u64,
+        young_until: Instant,
+    ) {
         let mut inv = self.invalidations.lock();
         inv.queue(seg, r.offset, generation);
         inv.seq += 1;
+        let seq = inv.seq;
+        self.fence_key(&mut inv, key, [seg], seq, young_until);
     }
 
     /// Destroys each copy (segment, region, generation) on its store, and
     /// frees its region once that has been sent (not before: the same
     /// version may be copied there again, which the destruction would hit).
     /// One invalidation batch for them all.
-    pub(super) fn free_after_invalidation(&self, copies: &[(SegmentId, Region, u64)]) {
+    pub(super) fn free_after_invalidation(&self, copies: &[(SegmentId, Region, u64)]) -> u64 {
         if copies.is_empty() {
-            return;
+            return 0;
         }
         let mut inv = self.invalidations.lock();
         for &(seg, r, generation) in copies {
@@ -696,6 +744,24 @@ impl MasterState {
         drop(inv);
         let mut waiting = self.after_invalidation.lock();
         waiting.extend(copies.iter().map(|&(seg, r, _)| (seq, seg, r)));
+        seq
+    }
+
+    /// Destroys the copy a tier move of `key` made that was not taken
+    /// (its version replaced, removed or evicted meanwhile, or the move
+    /// failed), and frees its region once that is sent. A version of the
+    /// key held back behind it is destroyed only after it (see
+    /// [`Self::retire_last`]).
+    pub(super) fn destroy_move_copy(
+        &self,
+        key: &str,
+        (seg, r): (SegmentId, Region),
+        generation: u64,
+    ) {
+        let seq = self.free_after_invalidation(&[(seg, r, generation)]);
+        self.invalidations
+            .lock()
+            .note_older(key, seq, [seg].into_iter());
     }
 
     /// Puts back invalidations that could not be delivered (store down),

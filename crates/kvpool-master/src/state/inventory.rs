@@ -324,6 +324,9 @@ impl MasterState {
                     let (it, region) = (&run.items[i as usize], run.regions[i as usize]);
                     match self.take_item(&mut shard.objects, run, it, region) {
                         Ok(old) => {
+                            tracing::trace!(target: "kvpool_keys", key = it.key, generation = it.generation,
+                                segment = %run.id, offset = it.offset,
+                                replaced = ?old.as_ref().map(|o| o.generation), "taken from an inventory");
                             part.accepted += 1;
                             replaced.extend(old.map(|old| (i, old)));
                         }
@@ -361,7 +364,9 @@ impl MasterState {
             // Never issued by anyone: forged (or a clock far off).
             _ if it.generation > run.bound => Err("never issued"),
             // Removed while its store was away.
-            _ if self.tombstoned(&it.key, it.generation) => Err("removed"),
+            _ if self.tombstoned(&it.key, it.generation) => {
+                Err("removed, or older than a version evicted during a recovery")
+            }
             Some(i) if objects.at(i).generation > it.generation => {
                 Err("older than the version known")
             }

@@ -45,6 +45,13 @@ pub(super) struct Version<S = SegmentId> {
     pub(super) hard_pin: Option<Pin>,
 }
 
+impl<S: Copy> Version<S> {
+    /// The segments its replicas are on.
+    pub(super) fn segments(&self) -> impl Iterator<Item = S> + '_ {
+        self.replicas.iter().map(|(s, _)| *s)
+    }
+}
+
 impl<S> Version<S> {
     /// The same version with its replicas' segments renamed by `f`, less
     /// those it has no name for.
@@ -575,6 +582,8 @@ impl MasterState {
         self.ledger.release_puts(owner, 1);
         v.last_access = self.tick(now);
         v.committed_at = v.last_access;
+        tracing::trace!(target: "kvpool_keys", key, generation, replicas = ?v.replicas,
+            replaced = ?shard.objects.get(key).map(|o| o.generation), "committed");
         if let Some(old) = shard.objects.insert(key, v) {
             drop(shard);
             self.release(key, self.unpack(old), now);
@@ -788,6 +797,7 @@ impl MasterState {
             .map(|k| {
                 validate_key(k)?;
                 let v = self.remove_in(&mut self.shard(k).lock(), k, force, now)?;
+                tracing::trace!(target: "kvpool_keys", key = k, generation = v.generation, "removed");
                 // A forced remove frees at once, as the caller asked; a reader still
                 // in flight on it fails its header or checksum check, never returns
                 // the new bytes.

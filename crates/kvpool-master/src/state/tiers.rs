@@ -501,13 +501,17 @@ impl MasterState {
             };
             match moved {
                 Some((left, lease_until)) => {
+                    tracing::trace!(target: "kvpool_keys", key = t.key, generation = t.mv.generation,
+                        from = %t.mv.from, from_offset = t.mv.from_offset, to = %t.mv.to,
+                        to_offset = t.to.offset, "moved");
                     let counter = if t.promote {
                         &self.promotions
                     } else {
                         &self.demotions
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    self.leave_region(t.mv.from, left, t.mv.generation, lease_until, now);
+                    let from = (t.mv.from, left);
+                    self.leave_region(&t.key, from, t.mv.generation, lease_until, now);
                 }
                 // Replaced, removed, evicted, failed or its destination
                 // mounted again meanwhile: the copy goes, and its region
@@ -515,11 +519,13 @@ impl MasterState {
                 // allocator since, rebuilt from an inventory, which knows
                 // whether anything is there.
                 None if self.allocator_of(t.mv.to) == t.allocator => {
-                    self.free_after_invalidation(&[(t.mv.to, t.to, t.mv.generation)])
+                    self.destroy_move_copy(&t.key, (t.mv.to, t.to), t.mv.generation)
                 }
                 None => {}
             }
         }
+        // Versions held back behind a move that is over now.
+        self.release_held_back();
     }
 
     /// Frees the region an object moved away from, and destroys the copy
@@ -533,14 +539,15 @@ impl MasterState {
     /// harness read replaced and removed versions that way).
     fn leave_region(
         &self,
-        seg: SegmentId,
-        r: Region,
+        key: &str,
+        (seg, r): (SegmentId, Region),
         generation: u64,
         lease_until: Tick,
         now: Instant,
     ) {
         if lease_until > self.tick(now) {
-            self.queue_destruction(seg, r, generation);
+            let young = self.young_until_lease(lease_until);
+            self.queue_destruction(key, (seg, r), generation, young);
             let until = self.instant(lease_until);
             // Destroyed again before reuse, which a disk block must wait for.
             self.deferred.lock().push((until, seg, r, Some(generation)));

@@ -6,6 +6,9 @@
 //! makes every inventory copy of that version or an older one a rejected
 //! object instead.
 //!
+//! An eviction during a new leader's recovery leaves one too, until the
+//! recovery settles: see [`MasterState::tombstone_eviction`].
+//!
 //! With HA the leader keeps its tombstones in etcd beside the segment list
 //! (see `ha.rs`), and a removal whose destruction is not delivered is
 //! reported once its tombstone is written there: the removal is then
@@ -52,6 +55,9 @@ struct Tomb {
     destroyed_by: u64,
     segments: Vec<SegmentId>,
     until: Instant,
+    /// An eviction's, not a removal's: kept only until the recovery it
+    /// happened in settles (see [`MasterState::tombstone_eviction`]).
+    evicted: bool,
 }
 
 /// The tombstones of this master.
@@ -76,6 +82,29 @@ impl MasterState {
         destroyed_by: u64,
         now: Instant,
     ) -> u64 {
+        self.add_tombstone(key, generation, segments, destroyed_by, false, now)
+    }
+
+    /// Records that `key`'s version `generation` was evicted while this
+    /// master's recovery has not settled: a segment not back yet, or a copy
+    /// a returned one brought that is not destroyed yet, may hold an older
+    /// version of the key, and with the evicted one gone nothing newer would
+    /// refuse it. An upsert answered during the recovery would then be
+    /// undone (chaos finding 25). Kept until the recovery settles, and in
+    /// etcd meanwhile for a leader that takes over before that.
+    pub(super) fn tombstone_eviction(&self, key: &str, generation: u64, now: Instant) {
+        self.add_tombstone(key, generation, Vec::new(), 0, true, now);
+    }
+
+    fn add_tombstone(
+        &self,
+        key: &str,
+        generation: u64,
+        segments: Vec<SegmentId>,
+        destroyed_by: u64,
+        evicted: bool,
+        now: Instant,
+    ) -> u64 {
         let until = now + LIFE.max(self.cfg.client_ttl + self.cfg.store_grace);
         let mut t = self.tombstones.lock();
         t.seq += 1;
@@ -87,6 +116,7 @@ impl MasterState {
             destroyed_by,
             segments,
             until,
+            evicted,
         };
         match t.by_key.get_mut(key) {
             Some(old) if old.generation > generation => {}
@@ -149,6 +179,7 @@ impl MasterState {
             }
         }
         let sent = self.invalidated_through.load(Ordering::Acquire);
+        let settled = self.recovery_settled();
         let (owing, mounted) = {
             let inv = self.invalidations.lock();
             let segs = self.segments.read();
@@ -163,7 +194,7 @@ impl MasterState {
                     .segments
                     .iter()
                     .all(|s| mounted.contains(s) && !owing.contains(s));
-            now < tomb.until && !delivered
+            now < tomb.until && !delivered && !(tomb.evicted && settled)
         });
         if t.by_key.len() != before {
             t.version += 1;
