@@ -440,6 +440,7 @@ impl MasterState {
         };
         let ready: Vec<(String, Copies)> = {
             let mut inv = self.invalidations.lock();
+            // Checked again: an older version may have been queued since.
             let keys: Vec<String> = (held.into_iter())
                 .filter(|k| !still_moving.contains(k) && !inv.older_pending(k, sent))
                 .collect();
