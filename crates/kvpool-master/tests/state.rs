@@ -2892,6 +2892,94 @@ fn a_key_evicted_during_a_recovery_is_not_taken_back_from_a_late_segment() {
     assert!(kept().is_empty());
 }
 
+/// A store silent past the client TTL and the grace is given up; if it
+/// comes back with its segment, a key written meanwhile and evicted since,
+/// or removed meanwhile, must not be taken back from it (that copy is the
+/// version the write or removal ended), while a key nobody wrote is, as
+/// before.
+#[test]
+fn a_given_up_segment_does_not_bring_back_a_key_written_and_evicted_meanwhile() {
+    let p = Pool::new(StateConfig {
+        client_ttl: Duration::from_secs(10),
+        ..config()
+    });
+    let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
+    p.mount(s1, 1, "a", MIB);
+    p.mount(s2, 2, "b", MIB);
+    let t0 = p.at(0);
+    let (gk, rk) = p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), t0);
+    let (gj, rj) = p.commit_with(w, "j", OBJ, &preferring(&["a", "b"], 2), t0);
+    let (gr, rr) = p.commit_with(w, "r", OBJ, &preferring(&["a", "b"], 2), t0);
+    let now = p.at(11 * SEC);
+    assert!(p.st.heartbeat(s2, now) && p.st.heartbeat(w, now));
+    assert_eq!(p.st.sweep(now), vec![s1], "given up");
+    p.commit_with(w, "k", OBJ, &preferring(&["b"], 1), now);
+    p.remove("r", true, now).unwrap();
+    let (inv, through) = p.st.take_invalidations();
+    for (id, ..) in inv {
+        p.st.invalidations_delivered(id);
+    }
+    p.st.invalidations_sent(through);
+    // Destroyed on every segment this master has: r's tombstone goes.
+    let (_, _, tombs) = p.st.tombstones_to_write(0, now).unwrap();
+    assert!(tombs.is_empty());
+    assert!(p.st.evict(now, 64 * MIB).objects >= 1);
+    assert_eq!(code(p.get("k", now)), OBJECT_NOT_FOUND);
+    // The store comes back with what it held.
+    p.st.register_client(s1, "host-1", now).unwrap();
+    p.st.mount(s1, segment(1, "a", MIB), 2, now).unwrap();
+    let items = vec![
+        inventory("k", gk, &rk[0]),
+        inventory("j", gj, &rj[0]),
+        inventory("r", gr, &rr[0]),
+    ];
+    let v = p.st.report_objects(s1, SegmentId(1), items, true, now);
+    let v = v.unwrap();
+    assert_eq!(
+        v.rejected,
+        [(rk[0].offset, gk), (rr[0].offset, gr)],
+        "k was written and r removed meanwhile (its tombstone gone with its delivery)"
+    );
+    assert_eq!(v.accepted, 1);
+    assert_eq!(code(p.get("r", now)), OBJECT_NOT_FOUND);
+    assert_eq!(code(p.get("k", now)), OBJECT_NOT_FOUND);
+    assert_eq!(p.get("j", now).unwrap().generation, gj, "nobody wrote j");
+}
+
+/// A segment an earlier leader gave up (so left off the list it wrote)
+/// that comes back to a new leader with objects: nothing tells the new
+/// leader which of its keys were written and evicted meanwhile, so it takes
+/// copies of versions it holds and rejects the rest. Without a list in
+/// etcd (no earlier leader) it takes everything, as a restart recovery.
+#[test]
+fn a_segment_given_up_before_this_leader_brings_back_only_versions_it_holds() {
+    for listed in [true, false] {
+        let p = Pool::new(config());
+        let t0 = p.at(0);
+        p.st.begin_term(t0);
+        p.st.expect_segments(listed.then(|| vec![SegmentId(1)]), t0);
+        let (s1, s2) = (p.client(1), p.client(2));
+        p.st.mount(s1, segment(1, "a", MIB), 1, t0).unwrap();
+        let both = inventory("both", 7, &region_at(BASE, OBJ));
+        let v =
+            p.st.report_objects(s1, SegmentId(1), vec![both.clone()], true, t0);
+        assert_eq!(v.unwrap().accepted, 1);
+        p.st.mount(s2, segment(2, "b", MIB), 1, t0).unwrap();
+        let only = inventory("only-b", 5, &region_at(BASE + OBJ, OBJ));
+        let v =
+            p.st.report_objects(s2, SegmentId(2), vec![both, only], true, t0);
+        let v = v.unwrap();
+        if listed {
+            assert_eq!(v.rejected, [(BASE + OBJ, 5)], "listed: {listed}");
+            assert_eq!(code(p.get("only-b", t0)), OBJECT_NOT_FOUND);
+        } else {
+            assert_eq!(v.accepted, 2, "listed: {listed}");
+            assert!(p.get("only-b", t0).is_ok());
+        }
+        assert_eq!(p.get("both", t0).unwrap().replicas.len(), 2);
+    }
+}
+
 /// A listed segment that stays away past the client TTL and the store
 /// grace is given up, as a silent store is, and left off the next list.
 #[test]

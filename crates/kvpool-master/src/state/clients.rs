@@ -390,7 +390,7 @@ impl MasterState {
                 .map(|s| s.info.id)
                 .collect();
             for id in owned {
-                self.drop_segment(id);
+                self.give_up_segment(id, now);
             }
         }
         for shard in self.shards.iter() {
@@ -417,6 +417,7 @@ impl MasterState {
         self.free_expired_deferred(now);
         self.expire_fences(now);
         self.expire_expected(now);
+        self.expire_given_up(now);
         dead
     }
 }

@@ -47,6 +47,10 @@ struct Run<'a> {
     starts: &'a [usize],
     /// Rejections logged so far, of [`LOST_LOGGED`].
     logged: AtomicUsize,
+    /// For a segment given up: the keys it held then that nobody wrote
+    /// since (see [`MasterState::give_up_segment`]; none known if another
+    /// leader gave it up, [`MasterState::given_up_before`]).
+    given_up: Option<HashSet<u64>>,
 }
 
 /// What one thread of a fresh reconcile decided.
@@ -272,6 +276,8 @@ impl MasterState {
             order: &order,
             starts: &starts,
             logged: AtomicUsize::new(0),
+            given_up: (self.take_given_up(id, now))
+                .or_else(|| self.given_up_before(id).then(HashSet::new)),
         };
         let parts: Vec<Part> = std::thread::scope(|scope| {
             let run = &run;
@@ -382,6 +388,15 @@ impl MasterState {
             Some(i) if objects.at(i).generation == it.generation => {
                 objects.add_replica(i, run.no, region);
                 Ok(None)
+            }
+            // Written or removed since its segment was given up, and gone
+            // since: this copy is a version that write or removal ended.
+            None if run
+                .given_up
+                .as_ref()
+                .is_some_and(|keys| !keys.contains(&self.key_hash(&it.key))) =>
+            {
+                Err("written or removed since its segment was given up")
             }
             found => {
                 let v = Version {

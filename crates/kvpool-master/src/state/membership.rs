@@ -42,6 +42,8 @@ pub(super) struct Membership {
     /// The previous leader's list was read: once every segment on it is
     /// back, the recovery is complete.
     known: bool,
+    /// That list, as read.
+    listed_at_start: HashSet<SegmentId>,
 }
 
 impl MasterState {
@@ -63,6 +65,7 @@ impl MasterState {
         let mut m = self.membership.lock();
         m.known = listed.is_some();
         let listed = listed.unwrap_or_default();
+        m.listed_at_start = listed.iter().copied().collect();
         m.persisted = Some(listed.iter().copied().collect());
         m.expected = listed
             .into_iter()
@@ -143,14 +146,32 @@ impl MasterState {
         }
         let seq = self.invalidations.lock().seq;
         let mut m = self.membership.lock();
+        let mut gone = Vec::new();
         m.expected.retain(|id, until| {
             let keep = now < *until;
             if !keep {
                 tracing::warn!(segment = %id, "a segment mounted before the failover did not come back within TTL + grace; its objects are gone");
+                gone.push(*id);
             }
             keep
         });
         self.expecting_now(&m, seq);
+        drop(m);
+        // Given up with nothing known of its keys: back later, it brings
+        // none this master holds no version of.
+        for id in gone {
+            self.record_given_up(id, HashSet::new(), now);
+        }
+    }
+
+    /// Whether segment `id`, mounting here with objects, was given up
+    /// before this master led: with HA, a segment with objects that the
+    /// list this master started from does not name was dropped from it by
+    /// an earlier leader (the leader lists a segment before placing
+    /// anything on it). Nothing tells which of its keys were written since.
+    pub(super) fn given_up_before(&self, id: SegmentId) -> bool {
+        let m = self.membership.lock();
+        m.known && !m.listed_at_start.contains(&id)
     }
 
     /// How many segments listed by the previous leader are not back yet.

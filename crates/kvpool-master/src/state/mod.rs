@@ -217,6 +217,11 @@ pub struct MasterState {
     allocators: AtomicU64,
     /// Removals stores may not have heard of (see `tombstones.rs`).
     tombstones: Mutex<tombstones::Tombstones>,
+    /// Segments given up, with the keys they held that nobody wrote since
+    /// (see [`MasterState::give_up_segment`]).
+    given_up: Mutex<HashMap<SegmentId, tombstones::GivenUp>>,
+    /// Whether `given_up` holds anything: a commit looks here first.
+    any_given_up: AtomicBool,
     /// etcd holds the tombstones through this number.
     tombstones_written: AtomicU64,
     /// Tombstones are kept in etcd (HA): a removal waits for its own.
@@ -319,6 +324,8 @@ impl MasterState {
             settled_through: AtomicU64::new(u64::MAX),
             allocators: AtomicU64::new(0),
             tombstones: Default::default(),
+            given_up: Default::default(),
+            any_given_up: AtomicBool::new(false),
             tombstones_written: AtomicU64::new(0),
             tombstones_in_etcd: AtomicBool::new(false),
             evicting: Mutex::new(()),
@@ -411,10 +418,14 @@ impl MasterState {
 
     /// The index of `key`'s shard.
     fn shard_of(&self, key: &str) -> usize {
+        (self.key_hash(key) as usize) % SHARDS
+    }
+
+    /// `key`'s 64-bit hash under this master's seed.
+    fn key_hash(&self, key: &str) -> u64 {
         // Its own seed: the shard tables hash with others, so the keys of
         // one shard do not all share the low bits their table indexes by.
-        let h = self.shard_hasher.hash_one(key);
-        (h as usize) % SHARDS
+        self.shard_hasher.hash_one(key)
     }
 
     /// The cluster as seen now.

@@ -584,6 +584,7 @@ impl MasterState {
         v.committed_at = v.last_access;
         tracing::trace!(target: "kvpool_keys", key, generation, replicas = ?v.replicas,
             replaced = ?shard.objects.get(key).map(|o| o.generation), "committed");
+        self.written(key);
         if let Some(old) = shard.objects.insert(key, v) {
             drop(shard);
             self.release(key, self.unpack(old), now);
@@ -788,6 +789,8 @@ impl MasterState {
             .objects
             .remove(key)
             .ok_or_else(|| KvError::from(Code::InternalError))?;
+        // A copy on a given-up segment must not bring it back either.
+        self.written(key);
         Ok(self.unpack(v))
     }
 

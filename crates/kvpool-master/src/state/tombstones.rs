@@ -7,7 +7,9 @@
 //! object instead.
 //!
 //! An eviction during a new leader's recovery leaves one too, until the
-//! recovery settles: see [`MasterState::tombstone_eviction`].
+//! recovery settles: see [`MasterState::tombstone_eviction`]. And a segment
+//! given up is remembered with the keys it held until they are written
+//! ([`MasterState::give_up_segment`]), for the same reason.
 //!
 //! With HA the leader keeps its tombstones in etcd beside the segment list
 //! (see `ha.rs`), and a removal whose destruction is not delivered is
@@ -16,7 +18,7 @@
 //! the client TTL plus the store grace, longer than any client waits, so a
 //! remove the master had made answered a timeout).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -58,6 +60,14 @@ struct Tomb {
     /// An eviction's, not a removal's: kept only until the recovery it
     /// happened in settles (see [`MasterState::tombstone_eviction`]).
     evicted: bool,
+}
+
+/// A segment given up: the keys it held that nobody wrote since, by
+/// [`MasterState::key_hash`].
+#[derive(Debug)]
+pub(super) struct GivenUp {
+    unwritten: HashSet<u64>,
+    until: Instant,
 }
 
 /// The tombstones of this master.
@@ -217,6 +227,73 @@ impl MasterState {
             });
         }
         Some((t.version, through, out))
+    }
+
+    /// Gives up segment `id`, whose store was silent past the client TTL
+    /// and the store grace: its replicas are forgotten, and the keys it
+    /// held are remembered (for as long as a tombstone lives) until
+    /// somebody writes them. If the store comes back with the segment, a
+    /// copy of a key written meanwhile and since evicted is not taken: it
+    /// is a version the write replaced, and with the newer one gone nothing
+    /// else would refuse it (the gap finding 25 closed for a recovery).
+    pub(super) fn give_up_segment(&self, id: SegmentId, now: Instant) {
+        if let Some(no) = self.numbers.read().get(id) {
+            let mut unwritten = HashSet::new();
+            for shard in self.shards.iter() {
+                let sh = shard.lock();
+                for (i, _) in sh.objects.iter() {
+                    if sh.objects.replicas(i).any(|(s, _)| s == no) {
+                        unwritten.insert(self.key_hash(&sh.objects.key(i)));
+                    }
+                }
+            }
+            self.record_given_up(id, unwritten, now);
+        }
+        self.drop_segment(id);
+    }
+
+    /// Remembers segment `id`, given up now, with the keys it held that
+    /// nobody wrote since (`unwritten`, by hash).
+    pub(super) fn record_given_up(&self, id: SegmentId, unwritten: HashSet<u64>, now: Instant) {
+        let until = now + LIFE.max(self.cfg.client_ttl + self.cfg.store_grace);
+        self.given_up
+            .lock()
+            .insert(id, GivenUp { unwritten, until });
+        self.any_given_up.store(true, Ordering::Release);
+    }
+
+    /// Forgets given-up segments past a tombstone's life: back after that,
+    /// a segment's inventory is taken as is.
+    pub(super) fn expire_given_up(&self, now: Instant) {
+        if self.any_given_up.load(Ordering::Acquire) {
+            let mut given_up = self.given_up.lock();
+            given_up.retain(|_, g| now < g.until);
+            self.any_given_up
+                .store(!given_up.is_empty(), Ordering::Release);
+        }
+    }
+
+    /// `key` was written or removed: a copy of it on a given-up segment is
+    /// older than that.
+    pub(super) fn written(&self, key: &str) {
+        if !self.any_given_up.load(Ordering::Acquire) {
+            return;
+        }
+        let h = self.key_hash(key);
+        for g in self.given_up.lock().values_mut() {
+            g.unwritten.remove(&h);
+        }
+    }
+
+    /// The keys segment `id` held when it was given up that nobody wrote
+    /// since, if it was given up (within a tombstone's life); forgotten
+    /// here, as the segment is back.
+    pub(super) fn take_given_up(&self, id: SegmentId, now: Instant) -> Option<HashSet<u64>> {
+        let mut given_up = self.given_up.lock();
+        let g = given_up.remove(&id).filter(|g| now < g.until);
+        self.any_given_up
+            .store(!given_up.is_empty(), Ordering::Release);
+        g.map(|g| g.unwritten)
     }
 
     /// Records that etcd holds every tombstone through `through`.
