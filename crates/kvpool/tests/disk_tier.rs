@@ -427,26 +427,39 @@ async fn moves_given_up_on_a_paused_store_never_land_on_other_objects() {
     )
     .await;
     let c = pool.client(Protocol::Tcp).await;
-    let keys: Vec<String> = (0..112).map(|i| format!("paused/{i:03}")).collect();
+    let keys: Vec<String> = (0..144).map(|i| format!("paused/{i:03}")).collect();
     fill(&c, &keys[..32], 16).await;
     // 12 MiB of 16 in memory, over the 50% watermark, and the store paused
-    // before the disk takes it.
-    let more: Vec<(&str, Vec<u8>)> = keys[32..48]
-        .iter()
-        .map(|k| (k.as_str(), value(k)))
-        .collect();
-    let items: Vec<(&str, &[u8])> = more.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-    for r in c
-        .batch_put_values(&items, &ReplicateConfig::default(), false)
-        .await
-    {
-        r.expect("put");
+    // before the disk takes it. On a loaded machine the demotions may all
+    // be done before the pause: then the store resumes and takes 4 MiB
+    // more, and is paused again.
+    let mut written = 32;
+    loop {
+        assert!(written < 96, "no demotion was ever under way at a pause");
+        let more: Vec<(&str, Vec<u8>)> = keys[written..written + 16]
+            .iter()
+            .map(|k| (k.as_str(), value(k)))
+            .collect();
+        let items: Vec<(&str, &[u8])> = more.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        for r in c
+            .batch_put_values(&items, &ReplicateConfig::default(), false)
+            .await
+        {
+            r.expect("put");
+        }
+        written += 16;
+        pool.store.freeze(true);
+        let given_up = async || {
+            (master_metric(&pool, "kvpool_tier_moves_given_up_total").await > 0).then_some(())
+        };
+        let wait = tokio::time::timeout(Duration::from_secs(5), async {
+            eventually("moves given up on the paused store", STARTUP, given_up).await
+        });
+        if wait.await.is_ok() {
+            break;
+        }
+        pool.store.freeze(false);
     }
-    pool.store.freeze(true);
-    eventually("moves given up on the paused store", STARTUP, async || {
-        (master_metric(&pool, "kvpool_tier_moves_given_up_total").await > 0).then_some(())
-    })
-    .await;
     // Its cancellations cannot reach it either: those regions stay reserved.
     eventually(
         "cancellations owed to the paused store",
@@ -463,7 +476,7 @@ async fn moves_given_up_on_a_paused_store_never_land_on_other_objects() {
     .await;
     // Demotions go on, into regions the given-up moves had reserved among
     // others, and every object reads back byte-exact.
-    fill(&c, &keys[48..], 16).await;
+    fill(&c, &keys[written..], 16).await;
     let st = status(&c).await;
     assert_eq!(st.evictions, 0, "nothing was dropped");
     assert_eq!(read_back(&c, &keys, "after the pause").await, keys.len());
