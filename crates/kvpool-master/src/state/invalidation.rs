@@ -421,29 +421,18 @@ impl MasterState {
     /// now (see [`Self::retire_last`]).
     pub(super) fn release_held_back(&self) {
         let sent = self.invalidated_through.load(Ordering::Acquire);
-        let held: Vec<String> = {
-            let inv = self.invalidations.lock();
+        let ready: Vec<(String, Copies)> = {
+            let mut inv = self.invalidations.lock();
             if inv.held_back.is_empty() {
                 return;
             }
-            (inv.held_back.keys())
-                .filter(|k| !inv.older_pending(k, sent))
-                .cloned()
-                .collect()
-        };
-        let still_moving = {
+            // The tier's move list is a leaf lock (see the lock order).
             let tier = self.tier.lock();
-            held.iter()
-                .filter(|k| tier.moving.contains(k.as_str()))
+            let keys: Vec<String> = (inv.held_back.keys())
+                .filter(|k| !inv.older_pending(k, sent) && !tier.moving.contains(k.as_str()))
                 .cloned()
-                .collect::<HashSet<String>>()
-        };
-        let ready: Vec<(String, Copies)> = {
-            let mut inv = self.invalidations.lock();
-            // Checked again: an older version may have been queued since.
-            let keys: Vec<String> = (held.into_iter())
-                .filter(|k| !still_moving.contains(k) && !inv.older_pending(k, sent))
                 .collect();
+            drop(tier);
             (keys.into_iter())
                 .filter_map(|k| inv.held_back.remove(&k).map(|c| (k, c)))
                 .collect()
