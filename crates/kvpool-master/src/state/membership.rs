@@ -39,11 +39,9 @@ pub(super) struct Membership {
     /// Segments the previous leader listed that have not re-mounted here,
     /// and until when they may still come back.
     expected: HashMap<SegmentId, Instant>,
-    /// The previous leader's list was read: once every segment on it is
-    /// back, the recovery is complete.
-    known: bool,
-    /// That list, as read.
-    listed_at_start: HashSet<SegmentId>,
+    /// The previous leader's list, as read (`None`: there was none). Once
+    /// every segment on it is back, the recovery is complete.
+    listed_at_start: Option<HashSet<SegmentId>>,
 }
 
 impl MasterState {
@@ -63,9 +61,8 @@ impl MasterState {
             .collect();
         let seq = self.invalidations.lock().seq;
         let mut m = self.membership.lock();
-        m.known = listed.is_some();
+        m.listed_at_start = listed.as_ref().map(|l| l.iter().copied().collect());
         let listed = listed.unwrap_or_default();
-        m.listed_at_start = listed.iter().copied().collect();
         m.persisted = Some(listed.iter().copied().collect());
         m.expected = listed
             .into_iter()
@@ -111,7 +108,7 @@ impl MasterState {
     /// Whether every segment the previous leader listed is back.
     pub fn recovered(&self) -> bool {
         let m = self.membership.lock();
-        m.known && m.expected.is_empty()
+        m.listed_at_start.is_some() && m.expected.is_empty()
     }
 
     /// Whether `id` may take objects: without HA always, with HA once the
@@ -171,7 +168,7 @@ impl MasterState {
     /// anything on it). Nothing tells which of its keys were written since.
     pub(super) fn given_up_before(&self, id: SegmentId) -> bool {
         let m = self.membership.lock();
-        m.known && !m.listed_at_start.contains(&id)
+        (m.listed_at_start.as_ref()).is_some_and(|l| !l.contains(&id))
     }
 
     /// How many segments listed by the previous leader are not back yet.
