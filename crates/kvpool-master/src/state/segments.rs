@@ -308,7 +308,7 @@ impl MasterState {
 
     /// Unmounts a segment on an operator's request (after a drain).
     pub fn unmount_admin(&self, id: SegmentId) {
-        self.drop_segment(id);
+        self.drop_segment(id, false);
     }
 
     /// Withdraws a segment; only its owner may.
@@ -328,15 +328,18 @@ impl MasterState {
             }
             Some(_) => {}
         }
-        self.drop_segment(id);
+        self.drop_segment(id, false);
         Ok(())
     }
 
     /// Forgets a segment and every replica on it. Objects left without a
-    /// replica are gone; puts writing to it are revoked.
-    pub(super) fn drop_segment(&self, id: SegmentId) {
+    /// replica are gone; puts writing to it are revoked. With `note_keys`,
+    /// returns the hashes ([`Self::key_hash`]) of the keys that had a
+    /// replica on it.
+    pub(super) fn drop_segment(&self, id: SegmentId, note_keys: bool) -> HashSet<u64> {
+        let mut held = HashSet::new();
         if self.segments.write().remove(&id).is_none() {
-            return;
+            return held;
         }
         tracing::info!(segment = %id, "segment unmounted");
         self.deferred.lock().retain(|(_, s, _, _)| *s != id);
@@ -349,6 +352,13 @@ impl MasterState {
             let mut sh = shard.lock();
             let sh = &mut *sh;
             if let Some(no) = no {
+                if note_keys {
+                    for (i, _) in sh.objects.iter() {
+                        if sh.objects.replicas(i).any(|(s, _)| s == no) {
+                            held.insert(self.key_hash(&sh.objects.key(i)));
+                        }
+                    }
+                }
                 sh.objects.retain_replicas(|_, s, _| s != no);
             }
             let mut revoked = Vec::new();
@@ -364,6 +374,7 @@ impl MasterState {
                 self.free_now(&replicas, Some(generation));
             }
         }
+        held
     }
 
     /// Total and used bytes over all mounted memory segments: what the

@@ -237,19 +237,8 @@ impl MasterState {
     /// is a version the write replaced, and with the newer one gone nothing
     /// else would refuse it (the gap finding 25 closed for a recovery).
     pub(super) fn give_up_segment(&self, id: SegmentId, now: Instant) {
-        if let Some(no) = self.numbers.read().get(id) {
-            let mut unwritten = HashSet::new();
-            for shard in self.shards.iter() {
-                let sh = shard.lock();
-                for (i, _) in sh.objects.iter() {
-                    if sh.objects.replicas(i).any(|(s, _)| s == no) {
-                        unwritten.insert(self.key_hash(&sh.objects.key(i)));
-                    }
-                }
-            }
-            self.record_given_up(id, unwritten, now);
-        }
-        self.drop_segment(id);
+        let unwritten = self.drop_segment(id, true);
+        self.record_given_up(id, unwritten, now);
     }
 
     /// Remembers segment `id`, given up now, with the keys it held that
