@@ -2883,11 +2883,7 @@ fn a_key_evicted_during_a_recovery_is_not_taken_back_from_a_late_segment() {
         tombs.into_iter().map(|t| t.key).collect::<Vec<_>>()
     };
     assert_eq!(kept(), ["k"]);
-    let (inv, through) = p.st.take_invalidations();
-    for (id, ..) in inv {
-        p.st.invalidations_delivered(id);
-    }
-    p.st.invalidations_sent(through);
+    deliver(&p.st);
     assert!(p.st.recovery_settled());
     assert!(kept().is_empty());
 }
@@ -2915,11 +2911,7 @@ fn a_given_up_segment_does_not_bring_back_a_key_written_and_evicted_meanwhile() 
     assert_eq!(p.st.sweep(now), vec![s1], "given up");
     p.commit_with(w, "k", OBJ, &preferring(&["b"], 1), now);
     p.remove("r", true, now).unwrap();
-    let (inv, through) = p.st.take_invalidations();
-    for (id, ..) in inv {
-        p.st.invalidations_delivered(id);
-    }
-    p.st.invalidations_sent(through);
+    deliver(&p.st);
     // Destroyed on every segment this master has: r's tombstone goes.
     let (_, _, tombs) = p.st.tombstones_to_write(0, now).unwrap();
     assert!(tombs.is_empty());
