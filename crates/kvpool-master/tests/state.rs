@@ -2972,6 +2972,65 @@ fn a_segment_given_up_before_this_leader_brings_back_only_versions_it_holds() {
     }
 }
 
+/// A store given up while the list in etcd still names it (the leader
+/// has not written the list since) would be taken back as it is by a
+/// leader taking over now. So the newest version of a key it holds an
+/// older copy of, evicted meanwhile, keeps its bytes until the list drops
+/// the segment, or until the segment is back and that copy destroyed.
+/// Chaos finding 26's last case: the newer bytes went with the give-up,
+/// the leader stepped down before it could write the list, and the next
+/// leader served the replaced version from the returning store.
+#[test]
+fn a_segment_given_up_while_listed_holds_a_newer_version_back_until_unlisted() {
+    for back in [false, true] {
+        let p = Pool::new(StateConfig {
+            client_ttl: Duration::from_secs(10),
+            ..config()
+        });
+        p.st.expect_segments(Some(vec![]), p.at(0));
+        let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
+        p.mount(s1, 1, "a", MIB);
+        p.mount(s2, 2, "b", MIB);
+        p.st.membership_written(&[SegmentId(1), SegmentId(2)]);
+        let t0 = p.at(0);
+        let (g1, r1) = p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), t0);
+        p.start_with(w, "k", OBJ, &preferring(&["b"], 1), true, t0);
+        p.end(w, "k", t0).unwrap();
+        // The replaced copy's store cannot be told.
+        let (inv, through) = p.st.take_invalidations();
+        for (id, _, regions) in inv {
+            p.st.requeue_invalidations(id, regions);
+        }
+        p.st.invalidations_sent(through);
+        let now = p.at(11 * SEC);
+        assert!(p.st.heartbeat(s2, now) && p.st.heartbeat(w, now));
+        assert!(p.st.evict(now, 64 * MIB).objects >= 1);
+        assert_eq!(p.st.sweep(now), vec![s1], "given up");
+        // One round of the invalidation sender: which segments it told.
+        let round = |p: &Pool| {
+            let (inv, through) = p.st.take_invalidations();
+            p.st.invalidations_sent(through);
+            inv.into_iter().map(|(id, ..)| id).collect::<Vec<_>>()
+        };
+        assert_eq!(round(&p), [], "the newer version is held (back: {back})");
+        if back {
+            p.st.register_client(s1, "host-1", now).unwrap();
+            p.st.mount(s1, segment(1, "a", MIB), 1, now).unwrap();
+            let items = vec![inventory("k", g1, &r1[0])];
+            let v = p.st.report_objects(s1, SegmentId(1), items, true, now);
+            assert_eq!(v.unwrap().rejected, [(r1[0].offset, g1)]);
+            // A pass of the sender that has not sent the rejected copy's
+            // destruction yet releases nothing.
+            p.st.invalidations_sent(0);
+            assert_eq!(round(&p), [SegmentId(1)], "the rejected copy first");
+        } else {
+            assert_eq!(p.st.membership(), [SegmentId(2)]);
+            p.st.membership_written(&[SegmentId(2)]);
+        }
+        assert_eq!(round(&p), [SegmentId(2)], "then the newer version");
+    }
+}
+
 /// A listed segment that stays away past the client TTL and the store
 /// grace is given up, as a silent store is, and left off the next list.
 #[test]

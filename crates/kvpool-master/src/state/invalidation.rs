@@ -34,6 +34,12 @@ pub(super) struct InvalidationQueue {
     /// cut off from this master while clients may still reach it): a
     /// fence over them holds until they are delivered.
     pub(super) owing: HashSet<SegmentId>,
+    /// Segments dropped (a store given up) that the list in etcd still
+    /// names: a leader taking over now would expect them back and take
+    /// their copies as they are, so what they owe stays owed, and versions
+    /// held back behind their copies stay held, until the list drops them
+    /// or they are back (chaos finding 26).
+    away: HashSet<SegmentId>,
     /// Keys with a destroyed version whose destruction is not delivered yet
     /// (not sent, or its segment owes it): unlike a fence, this stays until
     /// delivery, however long (see [`MasterState::retire_last`]).
@@ -85,8 +91,21 @@ impl InvalidationQueue {
     /// Whether `key` has a version whose destruction is not delivered yet,
     /// with batches through `sent` sent.
     fn older_pending(&self, key: &str, sent: u64) -> bool {
-        (self.older.get(key))
-            .is_some_and(|o| o.seq > sent || o.segments.iter().any(|s| self.owing.contains(s)))
+        (self.older.get(key)).is_some_and(|o| o.seq > sent || self.owes(&o.segments))
+    }
+
+    /// Whether a destruction on one of `segments` is not delivered yet, or
+    /// cannot be relied on as done (see [`Self::away`]).
+    fn owes(&self, segments: &[SegmentId]) -> bool {
+        (segments.iter()).any(|s| self.owing.contains(s) || self.away.contains(s))
+    }
+
+    /// Forgets the copies segment `id` held of older versions: none is
+    /// waited for there any more.
+    fn forget_older_on(&mut self, id: SegmentId) {
+        for o in self.older.values_mut() {
+            o.segments.retain(|s| *s != id);
+        }
     }
 
     /// Records that `key`'s copies on `segments` are destroyed by batch `seq`.
@@ -451,14 +470,19 @@ impl MasterState {
     }
 
     /// Forgets what segment `id` owed and held back: it is gone, and its
-    /// copies with it.
+    /// copies with it. While the list in etcd still names it, the copies it
+    /// held of older versions still count as undestroyed (see
+    /// [`InvalidationQueue::away`]).
     pub(super) fn forget_segment_copies(&self, id: SegmentId) {
+        let listed = self.still_listed(id);
         {
             let mut inv = self.invalidations.lock();
             inv.regions.remove(&id);
             inv.owing.remove(&id);
-            for o in inv.older.values_mut() {
-                o.segments.retain(|s| *s != id);
+            if listed {
+                inv.away.insert(id);
+            } else {
+                inv.forget_older_on(id);
             }
             for copies in inv.held_back.values_mut() {
                 copies.retain(|c| c.0 != id);
@@ -466,6 +490,41 @@ impl MasterState {
             inv.held_back.retain(|_, c| !c.is_empty());
         }
         self.release_held_back();
+    }
+
+    /// The list in etcd names `listed` now: segments dropped while it
+    /// named them are gone for a leader taking over too.
+    pub(super) fn unlisted(&self, listed: &[SegmentId]) {
+        {
+            let mut inv = self.invalidations.lock();
+            if inv.away.is_empty() {
+                return;
+            }
+            let gone: Vec<SegmentId> = (inv.away.iter())
+                .filter(|s| !listed.contains(s))
+                .copied()
+                .collect();
+            for id in gone {
+                inv.away.remove(&id);
+                inv.forget_older_on(id);
+            }
+        }
+        self.release_held_back();
+    }
+
+    /// Segment `id`, dropped while listed, is back with its inventory
+    /// reconciled: the copies it brought of older versions are rejected,
+    /// and destroyed by the latest batch queued.
+    pub(super) fn back_from_away(&self, id: SegmentId) {
+        let mut inv = self.invalidations.lock();
+        if inv.away.remove(&id) {
+            let seq = inv.seq;
+            for o in inv.older.values_mut() {
+                if o.segments.contains(&id) {
+                    o.seq = o.seq.max(seq);
+                }
+            }
+        }
     }
 
     /// Retires `key`'s version `v`, replaced by a newer one: its headers are
@@ -648,16 +707,17 @@ impl MasterState {
     pub fn invalidations_sent(&self, seq: u64) {
         self.invalidated_through.fetch_max(seq, Ordering::AcqRel);
         let mut inv = self.invalidations.lock();
+        let mut older = std::mem::take(&mut inv.older);
+        older.retain(|_, o| o.seq > seq || inv.owes(&o.segments));
+        inv.older = older;
         let InvalidationQueue {
             fences,
             owing,
             held_back,
-            older,
             ..
         } = &mut *inv;
         let owes = |segments: &[SegmentId]| segments.iter().any(|s| owing.contains(s));
         fences.retain(|k, f| f.seq > seq || held_back.contains_key(k) || owes(&f.segments));
-        older.retain(|_, o| o.seq > seq || owes(&o.segments));
         drop(inv);
         self.release_held_back();
         let due: Vec<(SegmentId, Region)> = {
@@ -674,10 +734,9 @@ impl MasterState {
         let sent = self.invalidated_through.load(Ordering::Acquire);
         let mut inv = self.invalidations.lock();
         if inv.owing.remove(&id) {
-            let owing = std::mem::take(&mut inv.owing);
-            inv.older
-                .retain(|_, o| o.seq > sent || o.segments.iter().any(|s| owing.contains(s)));
-            inv.owing = owing;
+            let mut older = std::mem::take(&mut inv.older);
+            older.retain(|_, o| o.seq > sent || inv.owes(&o.segments));
+            inv.older = older;
             drop(inv);
             self.release_held_back();
         }

@@ -103,6 +103,13 @@ impl MasterState {
     /// Records that the list in etcd now names `ids`: those may take objects.
     pub fn membership_written(&self, ids: &[SegmentId]) {
         self.membership.lock().persisted = Some(ids.iter().copied().collect());
+        self.unlisted(ids);
+    }
+
+    /// Whether the list in etcd names `id` (never without HA).
+    pub(super) fn still_listed(&self, id: SegmentId) -> bool {
+        let m = self.membership.lock();
+        (m.persisted.as_ref()).is_some_and(|p| p.contains(&id))
     }
 
     /// Whether every segment the previous leader listed is back.
