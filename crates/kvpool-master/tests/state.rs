@@ -2938,6 +2938,46 @@ fn a_given_up_segment_does_not_bring_back_a_key_written_and_evicted_meanwhile() 
     assert_eq!(p.get("j", now).unwrap().generation, gj, "nobody wrote j");
 }
 
+/// A store given up may still serve its clients (cut off from the
+/// master, not from them), and a client holding a young read lease on a
+/// copy there reads it through its cached location without asking. A
+/// write or removal of such a key is answered only once that lease's
+/// first half is over: the chaos harness read replaced and removed values
+/// from a given-up store that way, 0.1-0.3 s after the write was
+/// acknowledged (finding 27).
+#[test]
+fn a_write_of_a_key_read_on_a_given_up_store_waits_out_its_young_leases() {
+    let p = Pool::new(StateConfig {
+        client_ttl: Duration::from_secs(10),
+        ..config()
+    });
+    let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
+    p.mount(s1, 1, "a", MIB);
+    p.mount(s2, 2, "b", MIB);
+    let t0 = p.at(0);
+    p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), t0);
+    p.commit_with(w, "r", OBJ, &preferring(&["a", "b"], 2), t0);
+    p.commit_with(w, "cold", OBJ, &preferring(&["a"], 1), t0);
+    // Read just before the give-up: leased until 11.9 s, young until 11.4 s.
+    let read = p.at(10_900);
+    assert!(p.get("k", read).is_ok() && p.get("r", read).is_ok());
+    let now = p.at(11 * SEC);
+    assert!(p.st.heartbeat(s2, now) && p.st.heartbeat(w, now));
+    assert_eq!(p.st.sweep(now), vec![s1], "given up");
+    p.commit_with(w, "k", OBJ, &preferring(&["b"], 1), now);
+    p.remove("r", true, now).unwrap();
+    p.commit_with(w, "cold", OBJ, &preferring(&["b"], 1), now);
+    // Every store this master can reach has destroyed what it was told to.
+    deliver(&p.st);
+    assert!(p.st.fence(["cold"], now).is_none(), "nobody read it lately");
+    for key in ["k", "r"] {
+        let wait = p.st.fence([key], now).expect("fenced");
+        assert!(!p.st.fence_done(&wait, now), "{key}");
+        assert!(!p.st.fence_done(&wait, p.at(11_399)), "{key}");
+        assert!(p.st.fence_done(&wait, p.at(11_400)), "{key}");
+    }
+}
+
 /// A segment an earlier leader gave up (so left off the list it wrote)
 /// that comes back to a new leader with objects: nothing tells the new
 /// leader which of its keys were written and evicted meanwhile, so it takes

@@ -40,6 +40,12 @@ pub(super) struct InvalidationQueue {
     /// held back behind their copies stay held, until the list drops them
     /// or they are back (chaos finding 26).
     away: HashSet<SegmentId>,
+    /// Segments given up, and until when a client may still read the
+    /// copies they held through a young cached location: their store may
+    /// still serve them (cut off from this master, not from its clients)
+    /// and no destruction reaches it, so fences over them hold until then
+    /// (chaos finding 27).
+    gone: HashMap<SegmentId, Instant>,
     /// Keys with a destroyed version whose destruction is not delivered yet
     /// (not sent, or its segment owes it): unlike a fence, this stays until
     /// delivery, however long (see [`MasterState::retire_last`]).
@@ -98,6 +104,15 @@ impl InvalidationQueue {
     /// cannot be relied on as done (see [`Self::away`]).
     fn owes(&self, segments: &[SegmentId]) -> bool {
         (segments.iter()).any(|s| self.owing.contains(s) || self.away.contains(s))
+    }
+
+    /// Whether a fence over `segments` waits on one of them at `now`: it
+    /// owes an invalidation, or it was given up while its copies may still
+    /// be read (see [`Self::gone`]).
+    fn fence_owes(&self, segments: &[SegmentId], now: Instant) -> bool {
+        segments
+            .iter()
+            .any(|s| self.owing.contains(s) || self.gone.get(s).is_some_and(|until| now < *until))
     }
 
     /// Forgets the copies segment `id` held of older versions: none is
@@ -492,6 +507,26 @@ impl MasterState {
         self.release_held_back();
     }
 
+    /// Fences `key`, whose copy on segment `id`, given up at `now`, was
+    /// leased until `lease_until`, while a client may still read that copy
+    /// through its cached location (see [`InvalidationQueue::gone`]).
+    pub(super) fn fence_gone_copy(
+        &self,
+        key: &str,
+        id: SegmentId,
+        lease_until: Tick,
+        now: Instant,
+    ) {
+        let young = self.young_until_lease(lease_until);
+        if young > now {
+            let mut inv = self.invalidations.lock();
+            let until = inv.gone.entry(id).or_insert(young);
+            *until = (*until).max(young);
+            let seq = inv.seq;
+            self.fence_key(&mut inv, key, [id], seq, young);
+        }
+    }
+
     /// The list in etcd names `listed` now: segments dropped while it
     /// named them are gone for a leader taking over too.
     pub(super) fn unlisted(&self, listed: &[SegmentId]) {
@@ -583,7 +618,7 @@ impl MasterState {
         {
             // A held-back version is as undelivered as the older one it waits for.
             let held = inv.held_back.contains_key(k);
-            let owing = held || f.segments.iter().any(|s| inv.owing.contains(s));
+            let owing = held || inv.fence_owes(&f.segments, now);
             let durable = self.removal_durable(f.durable);
             let first = f.durable_first && !durable;
             if f.seq <= done && !(owing && (now < f.young_until || !durable)) && !first {
@@ -624,7 +659,7 @@ impl MasterState {
             return false;
         }
         let inv = self.invalidations.lock();
-        let owes = |segments: &[SegmentId]| segments.iter().any(|s| inv.owing.contains(s));
+        let owes = |segments: &[SegmentId]| inv.fence_owes(segments, now);
         !owes(&w.segments)
             && !w.held.iter().any(|k| {
                 inv.held_back.contains_key(k)
@@ -713,10 +748,14 @@ impl MasterState {
         let InvalidationQueue {
             fences,
             owing,
+            gone,
             held_back,
             ..
         } = &mut *inv;
-        let owes = |segments: &[SegmentId]| segments.iter().any(|s| owing.contains(s));
+        // A fence over a given-up segment goes with `expire_fences`.
+        let owes = |segments: &[SegmentId]| {
+            (segments.iter()).any(|s| owing.contains(s) || gone.contains_key(s))
+        };
         fences.retain(|k, f| f.seq > seq || held_back.contains_key(k) || owes(&f.segments));
         drop(inv);
         self.release_held_back();
@@ -841,7 +880,9 @@ impl MasterState {
     /// asking this master.
     pub(super) fn expire_fences(&self, now: Instant) {
         let done = self.invalidated_through.load(Ordering::Acquire);
-        self.invalidations.lock().fences.retain(|_, f| {
+        let mut inv = self.invalidations.lock();
+        inv.gone.retain(|_, until| now < *until);
+        inv.fences.retain(|_, f| {
             f.seq > done
                 || now < f.young_until
                 || (now < f.hard_until && !self.removal_durable(f.durable))

@@ -167,7 +167,7 @@ impl MasterState {
                     // Never open it empty: new objects would overwrite the
                     // ones it holds. Unmounted, its store mounts it again.
                     drop(segs);
-                    self.drop_segment(id, false);
+                    self.drop_segment(id, None);
                     tracing::error!(segment = %id, error = %e, "inventory rejected; segment unmounted");
                     return Err(KvError::new(
                         Code::InvalidParams,

@@ -308,7 +308,7 @@ impl MasterState {
 
     /// Unmounts a segment on an operator's request (after a drain).
     pub fn unmount_admin(&self, id: SegmentId) {
-        self.drop_segment(id, false);
+        self.drop_segment(id, None);
     }
 
     /// Withdraws a segment; only its owner may.
@@ -328,15 +328,16 @@ impl MasterState {
             }
             Some(_) => {}
         }
-        self.drop_segment(id, false);
+        self.drop_segment(id, None);
         Ok(())
     }
 
     /// Forgets a segment and every replica on it. Objects left without a
-    /// replica are gone; puts writing to it are revoked. With `note_keys`,
-    /// returns the hashes ([`Self::key_hash`]) of the keys that had a
-    /// replica on it.
-    pub(super) fn drop_segment(&self, id: SegmentId, note_keys: bool) -> HashSet<u64> {
+    /// replica are gone; puts writing to it are revoked. Given up (at
+    /// `given_up`, its store silent), returns the hashes
+    /// ([`Self::key_hash`]) of the keys that had a replica on it, and fences
+    /// those a client may still read there (see [`Self::fence_gone_copy`]).
+    pub(super) fn drop_segment(&self, id: SegmentId, given_up: Option<Instant>) -> HashSet<u64> {
         let mut held = HashSet::new();
         if self.segments.write().remove(&id).is_none() {
             return held;
@@ -352,10 +353,12 @@ impl MasterState {
             let mut sh = shard.lock();
             let sh = &mut *sh;
             if let Some(no) = no {
-                if note_keys {
-                    for (i, _) in sh.objects.iter() {
+                if let Some(now) = given_up {
+                    for (i, v) in sh.objects.iter() {
                         if sh.objects.replicas(i).any(|(s, _)| s == no) {
-                            held.insert(self.key_hash(&sh.objects.key(i)));
+                            let key = sh.objects.key(i);
+                            held.insert(self.key_hash(&key));
+                            self.fence_gone_copy(&key, id, v.lease_until, now);
                         }
                     }
                 }

@@ -237,7 +237,7 @@ impl MasterState {
     /// is a version the write replaced, and with the newer one gone nothing
     /// else would refuse it (the gap finding 25 closed for a recovery).
     pub(super) fn give_up_segment(&self, id: SegmentId, now: Instant) {
-        let unwritten = self.drop_segment(id, true);
+        let unwritten = self.drop_segment(id, Some(now));
         self.record_given_up(id, unwritten, now);
     }
 
