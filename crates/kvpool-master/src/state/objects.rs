@@ -669,7 +669,8 @@ impl MasterState {
 
     /// Counts reads a client made through cached locations as if located
     /// when they happened: recency, and a read lease from then. Per item,
-    /// whether that version is still the current one.
+    /// whether that version is still the current one and its lease renewed
+    /// (see [`Self::renewable`]).
     pub fn touch(&self, items: &[TouchItem], now: Instant) -> Vec<bool> {
         items
             .iter()
@@ -680,6 +681,9 @@ impl MasterState {
                 let at = now
                     .checked_sub(Duration::from_micros(it.age_us))
                     .unwrap_or(now);
+                if !self.renewable(&it.key, at) {
+                    return false;
+                }
                 let mut shard = self.shard(&it.key).lock();
                 let objects = &mut shard.objects;
                 let Some(i) = objects

@@ -67,6 +67,10 @@ struct Tomb {
 #[derive(Debug)]
 pub(super) struct GivenUp {
     unwritten: HashSet<u64>,
+    /// A read through a cached location before this instant may have used
+    /// a copy on the segment: it renews no lease (see
+    /// [`MasterState::renewable`]).
+    young_until: Instant,
     until: Instant,
 }
 
@@ -245,9 +249,13 @@ impl MasterState {
     /// nobody wrote since (`unwritten`, by hash).
     pub(super) fn record_given_up(&self, id: SegmentId, unwritten: HashSet<u64>, now: Instant) {
         let until = now + LIFE.max(self.cfg.client_ttl + self.cfg.store_grace);
-        self.given_up
-            .lock()
-            .insert(id, GivenUp { unwritten, until });
+        let young_until = now.max(*self.term_start.lock()) + self.cfg.lease_ttl / 2;
+        let g = GivenUp {
+            unwritten,
+            young_until,
+            until,
+        };
+        self.given_up.lock().insert(id, g);
         self.any_given_up.store(true, Ordering::Release);
     }
 
@@ -272,6 +280,22 @@ impl MasterState {
         for g in self.given_up.lock().values_mut() {
             g.unwritten.remove(&h);
         }
+    }
+
+    /// Whether a read of `key` through a cached location at `at` may renew
+    /// its lease. Not if the key had a copy on a segment given up since the
+    /// location was cached, unless the read came after every location
+    /// cached before the give-up stopped being young: the location may
+    /// name that copy, which the master no longer knows and cannot fence,
+    /// while its store, cut off from the master alone, still serves it.
+    /// Renewed, the location would be read after a write of the key is
+    /// answered (chaos finding 27).
+    pub(super) fn renewable(&self, key: &str, at: Instant) -> bool {
+        if !self.any_given_up.load(Ordering::Acquire) {
+            return true;
+        }
+        let h = self.key_hash(key);
+        (self.given_up.lock().values()).all(|g| at >= g.young_until || !g.unwritten.contains(&h))
     }
 
     /// The keys segment `id` held when it was given up that nobody wrote
