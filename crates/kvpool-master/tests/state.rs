@@ -2887,13 +2887,9 @@ fn a_key_evicted_during_a_recovery_is_not_taken_back_from_a_late_segment() {
     assert!(kept().is_empty());
 }
 
-/// A store silent past the client TTL and the grace is given up; if it
-/// comes back with its segment, a key written meanwhile and evicted since,
-/// or removed meanwhile, must not be taken back from it (that copy is the
-/// version the write or removal ended), while a key nobody wrote is, as
-/// before.
-#[test]
-fn a_given_up_segment_does_not_bring_back_a_key_written_and_evicted_meanwhile() {
+/// A pool with a 10 s client TTL (no grace): stores 1 and 2 own segments
+/// "a" and "b", and client 3 writes.
+fn two_stores() -> (Pool, ClientId, ClientId, ClientId) {
     let p = Pool::new(StateConfig {
         client_ttl: Duration::from_secs(10),
         ..config()
@@ -2901,6 +2897,17 @@ fn a_given_up_segment_does_not_bring_back_a_key_written_and_evicted_meanwhile() 
     let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
     p.mount(s1, 1, "a", MIB);
     p.mount(s2, 2, "b", MIB);
+    (p, s1, s2, w)
+}
+
+/// A store silent past the client TTL and the grace is given up; if it
+/// comes back with its segment, a key written meanwhile and evicted since,
+/// or removed meanwhile, must not be taken back from it (that copy is the
+/// version the write or removal ended), while a key nobody wrote is, as
+/// before.
+#[test]
+fn a_given_up_segment_does_not_bring_back_a_key_written_and_evicted_meanwhile() {
+    let (p, s1, s2, w) = two_stores();
     let t0 = p.at(0);
     let (gk, rk) = p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), t0);
     let (gj, rj) = p.commit_with(w, "j", OBJ, &preferring(&["a", "b"], 2), t0);
@@ -2946,13 +2953,7 @@ fn a_given_up_segment_does_not_bring_back_a_key_written_and_evicted_meanwhile() 
 /// 0.1-0.5 s after the write was acknowledged (finding 27).
 #[test]
 fn a_write_of_a_key_read_on_a_given_up_store_waits_out_its_young_leases() {
-    let p = Pool::new(StateConfig {
-        client_ttl: Duration::from_secs(10),
-        ..config()
-    });
-    let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
-    p.mount(s1, 1, "a", MIB);
-    p.mount(s2, 2, "b", MIB);
+    let (p, s1, s2, w) = two_stores();
     let t0 = p.at(0);
     p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), t0);
     p.commit_with(w, "r", OBJ, &preferring(&["a", "b"], 2), t0);
@@ -3036,14 +3037,8 @@ fn a_segment_given_up_before_this_leader_brings_back_only_versions_it_holds() {
 #[test]
 fn a_segment_given_up_while_listed_holds_a_newer_version_back_until_unlisted() {
     for back in [false, true] {
-        let p = Pool::new(StateConfig {
-            client_ttl: Duration::from_secs(10),
-            ..config()
-        });
+        let (p, s1, s2, w) = two_stores();
         p.st.expect_segments(Some(vec![]), p.at(0));
-        let (s1, s2, w) = (p.client(1), p.client(2), p.client(3));
-        p.mount(s1, 1, "a", MIB);
-        p.mount(s2, 2, "b", MIB);
         p.st.membership_written(&[SegmentId(1), SegmentId(2)]);
         let t0 = p.at(0);
         let (g1, r1) = p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), t0);
