@@ -3079,6 +3079,49 @@ fn a_segment_given_up_while_listed_holds_a_newer_version_back_until_unlisted() {
     }
 }
 
+/// A new leader gives up a listed segment that did not come back, then
+/// evicts a key before it could write the shorter list to etcd. A leader
+/// taking over would expect that segment back and take an older version
+/// of the key from it, so the recovery has not settled until the list
+/// drops it: the eviction leaves a tombstone, and the evicted bytes stay
+/// until the tombstone is in etcd. The chaos harness read replaced values
+/// after such a step-down (finding 28).
+#[test]
+fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
+    let p = Pool::new(StateConfig {
+        client_ttl: Duration::from_secs(2),
+        ..config()
+    });
+    let t0 = p.at(0);
+    p.st.begin_term(t0);
+    p.st.keep_tombstones(Vec::new(), t0);
+    p.st.expect_segments(Some(vec![SegmentId(1), SegmentId(9)]), t0);
+    let s1 = p.client(1);
+    p.st.mount(s1, segment(1, "a", MIB), 1, t0).unwrap();
+    let k = inventory("k", 7, &region_at(BASE, OBJ));
+    let v = p.st.report_objects(s1, SegmentId(1), vec![k], true, t0);
+    assert_eq!(v.unwrap().accepted, 1);
+    let now = p.at(3 * SEC);
+    assert!(p.st.heartbeat(s1, now));
+    p.st.sweep(now);
+    deliver(&p.st);
+    assert_eq!(p.st.expecting(), 0, "segment 9 given up");
+    assert!(!p.st.recovery_settled(), "etcd's list still names it");
+    assert!(p.st.evict(now, MIB).objects >= 1);
+    let round = |p: &Pool| {
+        let (inv, through) = p.st.take_invalidations();
+        p.st.invalidations_sent(through);
+        inv.into_iter().map(|(id, ..)| id).collect::<Vec<_>>()
+    };
+    assert_eq!(round(&p), [], "held until its tombstone is durable");
+    let (_, through, tombs) = p.st.tombstones_to_write(0, now).unwrap();
+    assert_eq!(tombs.iter().map(|t| &*t.key).collect::<Vec<_>>(), ["k"]);
+    p.st.tombstones_written(through);
+    assert_eq!(round(&p), [SegmentId(1)], "then destroyed");
+    p.st.membership_written(&[SegmentId(1)]);
+    assert!(p.st.recovery_settled());
+}
+
 /// A listed segment that stays away past the client TTL and the store
 /// grace is given up, as a silent store is, and left off the next list.
 #[test]

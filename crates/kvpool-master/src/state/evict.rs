@@ -163,10 +163,12 @@ impl MasterState {
             out.objects += 1;
             out.bytes += v.replicas.iter().map(|(_, r)| r.len).sum::<u64>();
             tracing::trace!(target: "kvpool_keys", key = &*key, generation = v.generation, "evicted");
-            if unsettled {
-                self.tombstone_eviction(&key, v.generation, now);
-            }
-            self.retire(&key, &v, true);
+            let tomb = if unsettled {
+                self.tombstone_eviction(&key, v.generation, now)
+            } else {
+                0
+            };
+            self.retire(&key, &v, true, tomb);
         }
     }
 

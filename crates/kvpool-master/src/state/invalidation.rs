@@ -52,6 +52,9 @@ pub(super) struct InvalidationQueue {
     older: HashMap<String, Older>,
     /// Destructions of keys' last versions waiting for an older version's.
     held_back: HashMap<String, Copies>,
+    /// Of those, evictions during a recovery that also wait for their
+    /// tombstone to be durable (see [`MasterState::retire_last`]).
+    held_for_tomb: HashMap<String, u64>,
     /// `(segment, offset)` to the generation last queued for destruction
     /// there, the newest [`RECENT_MAX`]: a store refuses a later write of
     /// that generation at that offset (it cannot tell it from a late one),
@@ -351,12 +354,12 @@ impl MasterState {
     /// Frees the regions of `key`'s version `v`, which was evicted or
     /// replaced without a live lease, and fences the key until its headers
     /// are destroyed. `last`: nothing newer of the key stays (see
-    /// [`Self::retire_last`]).
-    pub(super) fn retire(&self, key: &str, v: &Version, last: bool) {
+    /// [`Self::retire_last`]); `tomb`: its eviction's tombstone, if any.
+    pub(super) fn retire(&self, key: &str, v: &Version, last: bool, tomb: u64) {
         let young = self.young_until(v);
-        if last && self.retire_last(key, v, young, true) {
-            tracing::trace!(target: "kvpool_keys", key, generation = v.generation,
-                "destruction held back behind an older version's");
+        if last && self.retire_last(key, v, young, true, tomb) {
+            tracing::trace!(target: "kvpool_keys", key, generation = v.generation, tomb,
+                "destruction held back");
             return;
         }
         self.free_now(&v.replicas, Some(v.generation));
@@ -379,7 +382,7 @@ impl MasterState {
         let young = self.young_until(v);
         // Held back behind an older version, it is destroyed by a batch not
         // numbered yet: its tombstone is kept for its whole life (0).
-        let seq = if self.retire_last(key, v, young, false) {
+        let seq = if self.retire_last(key, v, young, false, 0) {
             0
         } else {
             self.free_now(&v.replicas, Some(v.generation));
@@ -414,14 +417,19 @@ impl MasterState {
     /// the older version the newest on the stores, and a new leader
     /// rebuilding from their inventories would serve it, a value replaced
     /// long before (chaos finding 13: a store holding the older version was
-    /// cut off, the newer one was removed, then the leader died). Returns
-    /// false when nothing older waits, and `v` is retired as usual.
+    /// cut off, the newer one was removed, then the leader died). An
+    /// eviction during a recovery also waits for its tombstone (`tomb`) to
+    /// be durable: a segment the recovery gave up may hold an older
+    /// version, and a leader taking over before the tombstone is in etcd
+    /// would take it back (chaos finding 28). Returns false when nothing
+    /// waits, and `v` is retired as usual.
     pub(super) fn retire_last(
         &self,
         key: &str,
         v: &Version,
         until: Instant,
         behind_moves: bool,
+        tomb: u64,
     ) -> bool {
         // With `behind_moves` (no tombstone will refuse the key's older
         // versions: an eviction), a move in flight of the key, which leaves
@@ -429,9 +437,14 @@ impl MasterState {
         // (chaos finding 25).
         let moving = behind_moves && self.tier.lock().moving.contains(key);
         let sent = self.invalidated_through.load(Ordering::Acquire);
+        let undurable = !self.removal_durable(tomb);
         let mut inv = self.invalidations.lock();
-        if !moving && !inv.older_pending(key, sent) {
+        if !moving && !undurable && !inv.older_pending(key, sent) {
             return false;
+        }
+        if undurable {
+            let t = inv.held_for_tomb.entry(key.to_string()).or_insert(tomb);
+            *t = (*t).max(tomb);
         }
         let older = inv.older.get(key).cloned();
         let copies = v.replicas.iter().map(|(s, r)| (*s, *r, v.generation));
@@ -454,7 +467,13 @@ impl MasterState {
     /// Retires the versions held back behind older ones that are destroyed
     /// now (see [`Self::retire_last`]).
     pub(super) fn release_held_back(&self) {
+        if self.invalidations.lock().held_back.is_empty() {
+            return;
+        }
         let sent = self.invalidated_through.load(Ordering::Acquire);
+        // Settled, an eviction's tombstone has done its work, written or
+        // not (an unwritten one is dropped then).
+        let settled = self.recovery_settled();
         let ready: Vec<(String, Copies)> = {
             let mut inv = self.invalidations.lock();
             if inv.held_back.is_empty() {
@@ -463,10 +482,19 @@ impl MasterState {
             // The tier's move list is a leaf lock (see the lock order).
             let tier = self.tier.lock();
             let keys: Vec<String> = (inv.held_back.keys())
-                .filter(|k| !inv.older_pending(k, sent) && !tier.moving.contains(k.as_str()))
+                .filter(|k| {
+                    !inv.older_pending(k, sent)
+                        && !tier.moving.contains(k.as_str())
+                        && (settled
+                            || (inv.held_for_tomb.get(k.as_str()))
+                                .is_none_or(|t| self.removal_durable(*t)))
+                })
                 .cloned()
                 .collect();
             drop(tier);
+            for k in &keys {
+                inv.held_for_tomb.remove(k);
+            }
             (keys.into_iter())
                 .filter_map(|k| inv.held_back.remove(&k).map(|c| (k, c)))
                 .collect()
@@ -503,6 +531,12 @@ impl MasterState {
                 copies.retain(|c| c.0 != id);
             }
             inv.held_back.retain(|_, c| !c.is_empty());
+            let InvalidationQueue {
+                held_back,
+                held_for_tomb,
+                ..
+            } = &mut *inv;
+            held_for_tomb.retain(|k, _| held_back.contains_key(k));
         }
         self.release_held_back();
     }
@@ -530,21 +564,15 @@ impl MasterState {
     /// The list in etcd names `listed` now: segments dropped while it
     /// named them are gone for a leader taking over too.
     pub(super) fn unlisted(&self, listed: &[SegmentId]) {
-        {
-            let mut inv = self.invalidations.lock();
-            if inv.away.is_empty() {
-                return;
-            }
-            let gone: Vec<SegmentId> = (inv.away.iter())
-                .filter(|s| !listed.contains(s))
-                .copied()
-                .collect();
-            for id in gone {
-                inv.away.remove(&id);
-                inv.forget_older_on(id);
-            }
+        let mut inv = self.invalidations.lock();
+        let gone: Vec<SegmentId> = (inv.away.iter())
+            .filter(|s| !listed.contains(s))
+            .copied()
+            .collect();
+        for id in gone {
+            inv.away.remove(&id);
+            inv.forget_older_on(id);
         }
-        self.release_held_back();
     }
 
     /// Segment `id`, dropped while listed, is back with its inventory
@@ -583,7 +611,7 @@ impl MasterState {
                 .lock()
                 .extend(v.replicas.into_iter().map(|(s, r)| (until, s, r, None)));
         } else {
-            self.retire(key, &v, false);
+            self.retire(key, &v, false, 0);
         }
     }
 
@@ -694,10 +722,12 @@ impl MasterState {
     /// version older than the one known here that a lease an earlier
     /// leader granted could read, so commits no longer wait for those
     /// leases ([`Self::recovery_wait`]). A store that owes an invalidation
-    /// keeps them waiting.
+    /// keeps them waiting, and so does a segment given up that etcd's list
+    /// still names (a next leader would take its copies back).
     pub fn recovery_settled(&self) -> bool {
         let through = self.settled_through.load(Ordering::Acquire);
         self.expecting() == 0
+            && self.gone_listed.load(Ordering::Acquire) == 0
             && (through == u64::MAX
                 || (self.invalidated_through.load(Ordering::Acquire) >= through
                     && self.invalidations.lock().owing.is_empty()))

@@ -42,6 +42,10 @@ pub(super) struct Membership {
     /// The previous leader's list, as read (`None`: there was none). Once
     /// every segment on it is back, the recovery is complete.
     listed_at_start: Option<HashSet<SegmentId>>,
+    /// Expected segments given up that the list in etcd still names: a
+    /// leader taking over now would expect them back and take their copies
+    /// as they are, so the recovery has not settled (chaos finding 28).
+    gone_listed: HashSet<SegmentId>,
 }
 
 impl MasterState {
@@ -102,8 +106,16 @@ impl MasterState {
 
     /// Records that the list in etcd now names `ids`: those may take objects.
     pub fn membership_written(&self, ids: &[SegmentId]) {
-        self.membership.lock().persisted = Some(ids.iter().copied().collect());
+        {
+            let mut m = self.membership.lock();
+            m.persisted = Some(ids.iter().copied().collect());
+            m.gone_listed.retain(|id| ids.contains(id));
+            self.gone_listed
+                .store(m.gone_listed.len(), Ordering::Release);
+        }
         self.unlisted(ids);
+        // What waited for those segments to leave the list may go.
+        self.release_held_back();
     }
 
     /// Whether the list in etcd names `id` (never without HA).
@@ -160,6 +172,13 @@ impl MasterState {
             keep
         });
         self.expecting_now(&m, seq);
+        let listed: Vec<SegmentId> = (gone.iter())
+            .filter(|id| m.persisted.as_ref().is_some_and(|p| p.contains(id)))
+            .copied()
+            .collect();
+        m.gone_listed.extend(listed);
+        self.gone_listed
+            .store(m.gone_listed.len(), Ordering::Release);
         drop(m);
         // Given up with nothing known of its keys: back later, it brings
         // none this master holds no version of.

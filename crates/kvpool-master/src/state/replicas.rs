@@ -332,7 +332,7 @@ impl MasterState {
                     let v = shard.objects.remove_at(i);
                     drop(shard);
                     let v = self.unpack(v);
-                    self.retire(k, &v, true);
+                    self.retire(k, &v, true, 0);
                     return true;
                 }
                 let (Some(id), Some(no)) = (target, no) else {
@@ -351,7 +351,7 @@ impl MasterState {
                         committed_at: Tick(0),
                         hard_pin: None,
                     };
-                    self.retire(k, &v, false);
+                    self.retire(k, &v, false, 0);
                 }
                 true
             })

@@ -100,14 +100,15 @@ impl MasterState {
     }
 
     /// Records that `key`'s version `generation` was evicted while this
-    /// master's recovery has not settled: a segment not back yet, or a copy
-    /// a returned one brought that is not destroyed yet, may hold an older
-    /// version of the key, and with the evicted one gone nothing newer would
-    /// refuse it. An upsert answered during the recovery would then be
+    /// master's recovery has not settled: a segment not back yet (or given
+    /// up but still on etcd's list), or a copy a returned one brought that
+    /// is not destroyed yet, may hold an older version of the key, and with
+    /// the evicted one gone nothing newer would refuse it. Returns the
+    /// tombstone's number. An upsert answered during the recovery would then be
     /// undone (chaos finding 25). Kept until the recovery settles, and in
     /// etcd meanwhile for a leader that takes over before that.
-    pub(super) fn tombstone_eviction(&self, key: &str, generation: u64, now: Instant) {
-        self.add_tombstone(key, generation, Vec::new(), 0, true, now);
+    pub(super) fn tombstone_eviction(&self, key: &str, generation: u64, now: Instant) -> u64 {
+        self.add_tombstone(key, generation, Vec::new(), 0, true, now)
     }
 
     fn add_tombstone(
@@ -312,5 +313,7 @@ impl MasterState {
     /// Records that etcd holds every tombstone through `through`.
     pub fn tombstones_written(&self, through: u64) {
         self.tombstones_written.fetch_max(through, Ordering::AcqRel);
+        // Evictions held back for their tombstones may go now.
+        self.release_held_back();
     }
 }
