@@ -3084,7 +3084,8 @@ fn a_segment_given_up_while_listed_holds_a_newer_version_back_until_unlisted() {
 /// taking over would expect that segment back and take an older version
 /// of the key from it, so the recovery has not settled until the list
 /// drops it: the eviction leaves a tombstone, and the evicted bytes stay
-/// until the tombstone is in etcd. The chaos harness read replaced values
+/// until the tombstone is in etcd; a removal answers only once its
+/// tombstone is there. The chaos harness read replaced values
 /// after such a step-down (finding 28).
 #[test]
 fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
@@ -3099,14 +3100,24 @@ fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
     let s1 = p.client(1);
     p.st.mount(s1, segment(1, "a", MIB), 1, t0).unwrap();
     let k = inventory("k", 7, &region_at(BASE, OBJ));
-    let v = p.st.report_objects(s1, SegmentId(1), vec![k], true, t0);
-    assert_eq!(v.unwrap().accepted, 1);
+    let r = inventory("r", 8, &region_at(BASE + OBJ, OBJ));
+    let v = p.st.report_objects(s1, SegmentId(1), vec![k, r], true, t0);
+    assert_eq!(v.unwrap().accepted, 2);
     let now = p.at(3 * SEC);
     assert!(p.st.heartbeat(s1, now));
     p.st.sweep(now);
     deliver(&p.st);
     assert_eq!(p.st.expecting(), 0, "segment 9 given up");
     assert!(!p.st.recovery_settled(), "etcd's list still names it");
+    // A removal answers only once its tombstone is in etcd, delivered or
+    // not, and keeps it there.
+    p.remove("r", true, now).unwrap();
+    let reply = p.st.fence(["r"], now).expect("fenced");
+    deliver(&p.st);
+    let (_, through, _) = p.st.tombstones_to_write(0, now).unwrap();
+    assert!(!p.st.fence_done(&reply, now), "not durable yet");
+    p.st.tombstones_written(through);
+    assert!(p.st.fence_done(&reply, now));
     assert!(p.st.evict(now, MIB).objects >= 1);
     let round = |p: &Pool| {
         let (inv, through) = p.st.take_invalidations();
@@ -3115,7 +3126,10 @@ fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
     };
     assert_eq!(round(&p), [], "held until its tombstone is durable");
     let (_, through, tombs) = p.st.tombstones_to_write(0, now).unwrap();
-    assert_eq!(tombs.iter().map(|t| &*t.key).collect::<Vec<_>>(), ["k"]);
+    assert_eq!(
+        tombs.iter().map(|t| &*t.key).collect::<Vec<_>>(),
+        ["r", "k"]
+    );
     p.st.tombstones_written(through);
     assert_eq!(round(&p), [SegmentId(1)], "then destroyed");
     p.st.membership_written(&[SegmentId(1)]);
