@@ -399,13 +399,14 @@ impl MasterState {
         // A copy a tier move is making of it may land after this, and is
         // destroyed only when the move finishes: the tombstone must not go
         // with the replicas' destruction, so it is kept for its whole life.
-        // So may a segment the recovery has not settled (still expected,
-        // or given up but on etcd's list): a leader taking over would take
-        // an older copy from it that this master never saw (chaos finding
-        // 28).
+        // While the recovery has not settled, a segment still expected, or
+        // given up but on etcd's list, may hold a copy this master never
+        // saw, which a leader taking over would take back: the reply waits
+        // for the tombstone to be in etcd, and it stays there until the
+        // recovery settles (see `tombstones_to_write`; chaos finding 28).
         let moving = self.tier.lock().moving.contains(key);
         let unsettled = !self.recovery_settled();
-        let destroyed_by = if moving || unsettled { 0 } else { seq };
+        let destroyed_by = if moving { 0 } else { seq };
         let tomb = self.tombstone(key, v.generation, segments, destroyed_by, now);
         let hard = now + self.cfg.client_ttl + self.cfg.store_grace;
         if let Some(f) = self.invalidations.lock().fences.get_mut(key) {

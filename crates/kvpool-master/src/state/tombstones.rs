@@ -7,7 +7,10 @@
 //! object instead.
 //!
 //! An eviction during a new leader's recovery leaves one too, until the
-//! recovery settles: see [`MasterState::tombstone_eviction`]. And a segment
+//! recovery settles: see [`MasterState::tombstone_eviction`]. A removal's
+//! is kept that long too, delivered or not: a segment the recovery gave up
+//! but etcd's list still names may hold a copy this master never saw
+//! (chaos finding 28). And a segment
 //! given up is remembered with the keys it held until they are written
 //! ([`MasterState::give_up_segment`]), for the same reason.
 //!
@@ -178,7 +181,8 @@ impl MasterState {
 
     /// The tombstones to keep in etcd, if they changed since `version`:
     /// `(version, written through, tombstones)`. Those destroyed on every
-    /// store (or past their life) are dropped first; beyond
+    /// store once the recovery settled (or past their life) are dropped
+    /// first; beyond
     /// [`WRITTEN_BYTES`], the newest are left out.
     pub fn tombstones_to_write(
         &self,
@@ -209,7 +213,7 @@ impl MasterState {
                     .segments
                     .iter()
                     .all(|s| mounted.contains(s) && !owing.contains(s));
-            now < tomb.until && !delivered && !(tomb.evicted && settled)
+            now < tomb.until && !(delivered && settled) && !(tomb.evicted && settled)
         });
         if t.by_key.len() != before {
             t.version += 1;
