@@ -106,10 +106,10 @@ impl MasterState {
     /// master's recovery has not settled: a segment not back yet (or given
     /// up but still on etcd's list), or a copy a returned one brought that
     /// is not destroyed yet, may hold an older version of the key, and with
-    /// the evicted one gone nothing newer would refuse it. Returns the
-    /// tombstone's number. An upsert answered during the recovery would then be
-    /// undone (chaos finding 25). Kept until the recovery settles, and in
-    /// etcd meanwhile for a leader that takes over before that.
+    /// the evicted one gone nothing newer would refuse it. An upsert
+    /// answered during the recovery would then be undone (chaos finding
+    /// 25). Kept until the recovery settles, and in etcd meanwhile for a
+    /// leader that takes over before that. Returns the tombstone's number.
     pub(super) fn tombstone_eviction(&self, key: &str, generation: u64, now: Instant) -> u64 {
         self.add_tombstone(key, generation, Vec::new(), 0, true, now)
     }
