@@ -118,6 +118,14 @@ impl InvalidationQueue {
             .any(|s| self.owing.contains(s) || self.gone.get(s).is_some_and(|until| now < *until))
     }
 
+    /// Forgets the older versions whose destruction is delivered, with
+    /// batches through `sent` sent.
+    fn forget_delivered_older(&mut self, sent: u64) {
+        let mut older = std::mem::take(&mut self.older);
+        older.retain(|_, o| o.seq > sent || self.owes(&o.segments));
+        self.older = older;
+    }
+
     /// Forgets the copies segment `id` held of older versions: none is
     /// waited for there any more.
     fn forget_older_on(&mut self, id: SegmentId) {
@@ -482,9 +490,6 @@ impl MasterState {
         let settled = self.recovery_settled();
         let ready: Vec<(String, Copies)> = {
             let mut inv = self.invalidations.lock();
-            if inv.held_back.is_empty() {
-                return;
-            }
             // The tier's move list is a leaf lock (see the lock order).
             let tier = self.tier.lock();
             let keys: Vec<String> = (inv.held_back.keys())
@@ -778,9 +783,7 @@ impl MasterState {
     pub fn invalidations_sent(&self, seq: u64) {
         self.invalidated_through.fetch_max(seq, Ordering::AcqRel);
         let mut inv = self.invalidations.lock();
-        let mut older = std::mem::take(&mut inv.older);
-        older.retain(|_, o| o.seq > seq || inv.owes(&o.segments));
-        inv.older = older;
+        inv.forget_delivered_older(seq);
         let InvalidationQueue {
             fences,
             owing,
@@ -809,9 +812,7 @@ impl MasterState {
         let sent = self.invalidated_through.load(Ordering::Acquire);
         let mut inv = self.invalidations.lock();
         if inv.owing.remove(&id) {
-            let mut older = std::mem::take(&mut inv.older);
-            older.retain(|_, o| o.seq > sent || inv.owes(&o.segments));
-            inv.older = older;
+            inv.forget_delivered_older(sent);
             drop(inv);
             self.release_held_back();
         }
