@@ -9,7 +9,7 @@ use std::time::Duration;
 use kvpool_master::state::{MasterState, MountSpec, MoveTicket, StateConfig};
 use kvpool_proto::msg::{
     ClientId, InventoryItem, PutEndItem, PutGrant, PutItem, ReplicateConfig, SegmentId,
-    SegmentInfo, Tier, DISK_BLOCK,
+    SegmentInfo, Tier, TouchItem, DISK_BLOCK,
 };
 use kvpool_proto::{Code, KvError};
 use tokio::time::Instant;
@@ -325,6 +325,50 @@ fn an_undelivered_copy_left_by_a_move_fences_the_next_upsert_and_removal() {
         assert!(p.st.fence_done(w, p.at(1041)));
     }
     assert!(tombs(1041).is_empty(), "every copy is destroyed");
+}
+
+/// The move's fence holds the next upsert while a location cached before
+/// the move is young, but a read through such a location renewed its lease
+/// (same version), so the client kept reading the copy the move left, on a
+/// store cut off from the master only, past the fence and after the upsert
+/// was answered. Reads before every such location stopped being young now
+/// renew nothing; later ones do, as only a location handed out since the
+/// move can be young then.
+#[test]
+fn a_read_through_a_location_cached_before_a_move_renews_no_lease() {
+    let p = Pool::new(4 * MIB, 16 * MIB);
+    for i in 0..40 {
+        p.put(&format!("k-{i:03}"), i, false);
+    }
+    let tickets = p.plan(1000);
+    let (key, generation) = (tickets[0].key.clone(), tickets[0].mv.generation);
+    // Leased for 100 ms from 1010, so young until 1060.
+    assert_eq!(p.where_is(&key, 1010)[0].0, MEMORY);
+    let done = tickets.into_iter().map(|t| (t, Ok(()))).collect();
+    p.st.finish_tier_moves(done, p.at(1020));
+    let touch = |read_ms: u64, at_ms: u64| {
+        let item = TouchItem {
+            key: key.clone(),
+            generation,
+            age_us: (at_ms - read_ms) * 1000,
+        };
+        p.st.touch(&[item], p.at(at_ms))[0]
+    };
+    assert!(!touch(1050, 1055), "the location may name the left copy");
+    assert!(
+        !touch(1059, 1200),
+        "reported late: still a read before 1060"
+    );
+    assert!(touch(1060, 1065), "a location cached since the move");
+    // Other keys' renewals are not held up.
+    let other = "k-039";
+    let read = p.st.get_replica_list(&[other.into()], p.at(1030));
+    let item = TouchItem {
+        key: other.into(),
+        generation: read[0].as_ref().unwrap().generation,
+        age_us: 0,
+    };
+    assert!(p.st.touch(&[item], p.at(1040))[0]);
 }
 
 /// A move answered only after its destination was mounted again (its store

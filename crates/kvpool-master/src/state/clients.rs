@@ -418,6 +418,7 @@ impl MasterState {
         self.expire_fences(now);
         self.expire_expected(now);
         self.expire_given_up(now);
+        self.expire_moved_leased(now);
         dead
     }
 }

@@ -222,6 +222,12 @@ pub struct MasterState {
     given_up: Mutex<HashMap<SegmentId, tombstones::GivenUp>>,
     /// Whether `given_up` holds anything: a commit looks here first.
     any_given_up: AtomicBool,
+    /// Keys (by [`Self::key_hash`]) whose tier move finished under a live
+    /// read lease, and until when a read through a location cached before
+    /// the move may have used the copy it left (see `tiers.rs`).
+    moved_leased: Mutex<HashMap<u64, Instant>>,
+    /// Whether `moved_leased` holds anything: a touch looks here first.
+    any_moved_leased: AtomicBool,
     /// etcd holds the tombstones through this number.
     tombstones_written: AtomicU64,
     /// Tombstones are kept in etcd (HA): a removal waits for its own.
@@ -329,6 +335,8 @@ impl MasterState {
             tombstones: Default::default(),
             given_up: Default::default(),
             any_given_up: AtomicBool::new(false),
+            moved_leased: Default::default(),
+            any_moved_leased: AtomicBool::new(false),
             tombstones_written: AtomicU64::new(0),
             tombstones_in_etcd: AtomicBool::new(false),
             evicting: Mutex::new(()),

@@ -548,11 +548,52 @@ impl MasterState {
         if lease_until > self.tick(now) {
             let young = self.young_until_lease(lease_until);
             self.queue_destruction(key, (seg, r), generation, young);
+            self.note_moved_leased(key, young);
             let until = self.instant(lease_until);
             // Destroyed again before reuse, which a disk block must wait for.
             self.deferred.lock().push((until, seg, r, Some(generation)));
         } else {
             self.free_after_invalidation(&[(seg, r, generation)]);
+        }
+    }
+
+    /// Records that a client may read `key`'s copy a move just left, through
+    /// a location cached before the move, until `young` (when every such
+    /// location's lease stops being young).
+    fn note_moved_leased(&self, key: &str, young: Instant) {
+        let h = self.key_hash(key);
+        let mut moved = self.moved_leased.lock();
+        let until = moved.entry(h).or_insert(young);
+        *until = (*until).max(young);
+        self.any_moved_leased.store(true, Ordering::Release);
+    }
+
+    /// Whether a read at `at` of the key hashed `h`, through a cached
+    /// location, may have used the copy a tier move left: the location may
+    /// be from before the move. Such a read renews no lease
+    /// ([`Self::renewable`]). The move's fence holds the next write of the
+    /// key while a location cached before the move is young, and only while
+    /// the copy's store has not destroyed it; a renewal would keep that
+    /// location young past the fence, so a client could read the left copy
+    /// (intact on a store that is cut off from this master but not from the
+    /// client) after the write is answered. A read after every such
+    /// location stopped being young was through one the master handed out
+    /// since, which names the new place.
+    pub(super) fn read_left_copy(&self, h: u64, at: Instant) -> bool {
+        self.any_moved_leased.load(Ordering::Acquire)
+            && (self.moved_leased.lock().get(&h)).is_some_and(|young| at < *young)
+    }
+
+    /// Forgets moves whose left copies no renewal can reach any more: a
+    /// read before `young` renewed after `young` plus half a lease would be
+    /// young no longer.
+    pub(super) fn expire_moved_leased(&self, now: Instant) {
+        if self.any_moved_leased.load(Ordering::Acquire) {
+            let half = self.cfg.lease_ttl / 2;
+            let mut moved = self.moved_leased.lock();
+            moved.retain(|_, young| now < *young + half);
+            self.any_moved_leased
+                .store(!moved.is_empty(), Ordering::Release);
         }
     }
 

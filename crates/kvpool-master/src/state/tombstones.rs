@@ -294,13 +294,18 @@ impl MasterState {
     /// name that copy, which the master no longer knows and cannot fence,
     /// while its store, cut off from the master alone, still serves it.
     /// Renewed, the location would be read after a write of the key is
-    /// answered (chaos finding 27).
+    /// answered (chaos finding 27). Nor if a tier move of the key finished
+    /// since, for the same reason (see [`Self::read_left_copy`]).
     pub(super) fn renewable(&self, key: &str, at: Instant) -> bool {
-        if !self.any_given_up.load(Ordering::Acquire) {
+        let given_up = self.any_given_up.load(Ordering::Acquire);
+        if !given_up && !self.any_moved_leased.load(Ordering::Acquire) {
             return true;
         }
         let h = self.key_hash(key);
-        (self.given_up.lock().values()).all(|g| at >= g.young_until || !g.unwritten.contains(&h))
+        !self.read_left_copy(h, at)
+            && (!given_up
+                || (self.given_up.lock().values())
+                    .all(|g| at >= g.young_until || !g.unwritten.contains(&h)))
     }
 
     /// The keys segment `id` held when it was given up that nobody wrote
