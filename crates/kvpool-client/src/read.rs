@@ -137,8 +137,8 @@ impl Client {
                 })
             })
             .collect();
-        let verify = |i: usize, dst: &[&mut [u8]]| match &checks[i] {
-            Some(c) => c.verify(dst),
+        let verify = |i: usize, dst: &[&mut [u8]], sum: Option<u64>| match &checks[i] {
+            Some(c) => c.verify(dst, sum),
             None => Err(KvError::from(Code::InternalError)),
         };
         let verify: Verify = &verify;
@@ -442,9 +442,10 @@ pub(crate) struct Check<'a> {
 
 impl Check<'_> {
     /// Checks a read object (`dst`: its header, then its value): the header
-    /// names the expected object, the value checksum matches, and the read
+    /// names the expected object, the value checksum matches (`sum`, if the
+    /// transport summed the value bytes as it copied them), and the read
     /// finished within its lease. Returns the value length.
-    pub(crate) fn verify(&self, dst: &[&mut [u8]]) -> KvResult<usize> {
+    pub(crate) fn verify(&self, dst: &[&mut [u8]], sum: Option<u64>) -> KvResult<usize> {
         let (key, l) = (self.key, self.location);
         let (head, value) = dst
             .split_first()
@@ -460,8 +461,11 @@ impl Check<'_> {
                     format!("{key:?} changed during the read: {}", e.message),
                 )
             })?;
-        let parts: Vec<&[u8]> = value.iter().map(|v| &v[..]).collect();
-        if value_checksum(&parts) != h.checksum {
+        let sum = sum.unwrap_or_else(|| {
+            let parts: Vec<&[u8]> = value.iter().map(|v| &v[..]).collect();
+            value_checksum(&parts)
+        });
+        if sum != h.checksum {
             return Err(KvError::new(
                 Code::ChecksumMismatch,
                 format!("value of {key:?} fails its checksum"),
@@ -522,7 +526,7 @@ mod tests {
             lease_from: Instant::now() - age,
         };
         let (head, value) = bytes.split_at_mut(header_len(check.key.len()));
-        check.verify(&[head, value])
+        check.verify(&[head, value], None)
     }
 
     #[test]

@@ -151,6 +151,27 @@ pub fn copy_sealed(dst: &mut [u8], parts: &[&[u8]]) -> bool {
     start.is_some() && seal(&mut dst[..at], h.digest())
 }
 
+/// Copies `src` into `dst`'s buffers in order (an object's header, then its
+/// value) and returns the checksum of the value bytes as they landed: each
+/// chunk is hashed right after its copy, while it is still in the cache,
+/// instead of in a second pass over the whole value. What a reader then
+/// checks against the header, as [`value_checksum`] of `dst[1..]` would.
+/// `src` must be as long as `dst` together.
+pub fn copy_summed(dst: &mut [&mut [u8]], src: &[u8]) -> u64 {
+    let mut h = ValueHasher::new();
+    let mut at = 0;
+    for (i, d) in dst.iter_mut().enumerate() {
+        for piece in d.chunks_mut(SEAL_CHUNK) {
+            piece.copy_from_slice(&src[at..at + piece.len()]);
+            at += piece.len();
+            if i > 0 {
+                h.update(piece);
+            }
+        }
+    }
+    h.digest()
+}
+
 /// The header `parts` start with, sealed with the checksum of the bytes
 /// after it: for a reader of `parts` that keeps the header it is sent.
 /// `None` when `parts` do not start with a whole, intact header.
@@ -308,6 +329,21 @@ mod tests {
         assert_eq!(&dst[head.len()..], &value[..]);
         // What a reader checks: the stored value against the stored header.
         assert_eq!(value_checksum(&[&dst[head.len()..]]), got.checksum);
+    }
+
+    #[test]
+    fn a_summed_copy_sums_what_a_reader_checks() {
+        let src: Vec<u8> = (0..(SEAL_CHUNK * 2 + 777) as u32)
+            .map(|i| (i * 13) as u8)
+            .collect();
+        let (mut head, mut a, mut b) = (vec![0u8; 50], vec![0u8; 5], vec![0u8; src.len() - 55]);
+        let sum = copy_summed(&mut [&mut head, &mut a, &mut b], &src);
+        assert_eq!([head, a.clone(), b.clone()].concat(), src);
+        assert_eq!(sum, value_checksum(&[&a, &b]));
+        assert_eq!(
+            copy_summed(&mut [&mut [0u8; 3]], b"abc"),
+            value_checksum(&[])
+        );
     }
 
     #[test]

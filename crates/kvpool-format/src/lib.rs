@@ -13,8 +13,8 @@ pub mod scan;
 pub mod superblock;
 
 pub use header::{
-    copy_sealed, header_len, publish_generation, seal, sealed_header, value_checksum, value_start,
-    ObjectHeader, ValueHasher, FIXED_LEN, GENERATION_AT, OBJECT_FORMAT, OBJECT_MAGIC,
+    copy_sealed, copy_summed, header_len, publish_generation, seal, sealed_header, value_checksum,
+    value_start, ObjectHeader, ValueHasher, FIXED_LEN, GENERATION_AT, OBJECT_FORMAT, OBJECT_MAGIC,
 };
 pub use scan::{Found, ScanStats, REGION_ALIGN};
 pub use superblock::{

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kvpool_format::copy_sealed;
+use kvpool_format::{copy_sealed, copy_summed};
 use kvpool_proto::msg::{Grant, SegmentId, SegmentInfo};
 use kvpool_proto::{Code, KvError, KvResult};
 use kvpool_transfer::fence::{SharedFence, ShmWriter};
@@ -147,20 +147,16 @@ impl ShmMap {
         Ok(())
     }
 
-    /// Fills `dst` in order from `offset`.
-    fn read(self: &Arc<Self>, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<()> {
+    /// Fills `dst` in order from `offset` (an object: its header, then its
+    /// value), returning the checksum of the value bytes as copied.
+    fn read(self: &Arc<Self>, offset: u64, dst: &mut [&mut [u8]]) -> KvResult<u64> {
         let len: u64 = dst.iter().map(|d| d.len() as u64).sum();
         self.check(offset, len)?;
         self.populate(offset, len);
         // SAFETY: in bounds (checked); a concurrent rewrite of the region is
         // caught by the header and checksum verification that follows.
         let src = unsafe { self.region.slice(offset, len) };
-        let mut at = 0;
-        for d in dst.iter_mut() {
-            d.copy_from_slice(&src[at..at + d.len()]);
-            at += d.len();
-        }
-        Ok(())
+        Ok(copy_summed(dst, src))
     }
 }
 
@@ -287,7 +283,7 @@ impl Transport for ShmTransport {
                             }
                             let r = map
                                 .read(op.req.offset, &mut op.dst)
-                                .and_then(|()| verify(i, &op.dst));
+                                .and_then(|sum| verify(i, &op.dst, Some(sum)));
                             (i, r)
                         })
                         .collect()
