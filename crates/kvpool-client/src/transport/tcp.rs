@@ -300,7 +300,7 @@ impl<'a> StoreReads<'a> {
 
     /// One lane: takes reads from the queue on one connection until it is
     /// empty or the connection fails. Returns the reads it finished.
-    async fn lane(&self, timeout: Duration) -> Vec<(usize, ReadOp<'a>, KvResult<()>)> {
+    async fn lane(&self, timeout: Duration) -> Vec<(usize, ReadOp<'a>, KvResult<u64>)> {
         let r = with_conn(&self.pool, timeout, |mut conn| async move {
             let (done, broke) = read_regions_shared(&mut conn, &self.queue).await;
             (broke.is_none().then_some(conn), done)
@@ -340,7 +340,13 @@ fn read_job<'a>(
             .lane(timeout)
             .await
             .into_iter()
-            .map(|(i, op, r)| (i, r.map_err(broken).and_then(|()| verify(i, &op.dst, None))))
+            .map(|(i, op, r)| {
+                (
+                    i,
+                    r.map_err(broken)
+                        .and_then(|sum| verify(i, &op.dst, Some(sum))),
+                )
+            })
             .collect();
         if reads.running.fetch_sub(1, Ordering::AcqRel) == 1 {
             out.extend(reads.unread().into_iter().map(|(i, e)| (i, Err(e))));

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 
+use kvpool_format::ValueHasher;
 use kvpool_net::conn::FramedConn;
 use kvpool_proto::msg::{ReadReq, WriteReq};
 use kvpool_proto::{Code, KvError, KvResult};
@@ -62,7 +63,7 @@ pub async fn read_regions(
     let queue = Mutex::new(ops.into_iter().map(|op| ((), op)).collect());
     match read_regions_shared(conn, &queue).await {
         (_, Some(e)) => Err(e),
-        (done, None) => Ok(done.into_iter().map(|(_, _, r)| r).collect()),
+        (done, None) => Ok(done.into_iter().map(|(_, _, r)| r.map(drop)).collect()),
     }
 }
 
@@ -74,13 +75,15 @@ const SHARED_AHEAD: u64 = 1 << 20;
 /// Pipelines reads taken one at a time from `queue`, which other
 /// connections to the same store take from too, so a faster connection
 /// does more of the batch and none idles while another still has a tail.
-/// Returns each op taken, with its tag and result. If the connection broke,
+/// Returns each op taken, with its tag and result: the checksum of the
+/// bytes that landed in all its buffers but the first (an object's value,
+/// after its header), hashed as they landed. If the connection broke,
 /// the ops it had in flight fail with that error (the rest stay queued) and
 /// the error is returned too: drop the connection.
 pub async fn read_regions_shared<'a, T>(
     conn: &mut FramedConn,
     queue: &Mutex<VecDeque<(T, ReadOp<'a>)>>,
-) -> (Vec<(T, ReadOp<'a>, KvResult<()>)>, Option<KvError>) {
+) -> (Vec<(T, ReadOp<'a>, KvResult<u64>)>, Option<KvError>) {
     let mut done = Vec::new();
     let mut inflight: VecDeque<(u64, T, ReadOp<'a>)> = VecDeque::new();
     let mut ahead = 0u64;
@@ -127,10 +130,15 @@ pub async fn read_regions_shared<'a, T>(
                     "read response of the wrong length",
                 ));
             }
-            for d in op.dst.iter_mut() {
-                conn.read_payload(d).await?;
+            let mut sum = ValueHasher::new();
+            let mut dst = op.dst.iter_mut();
+            if let Some(head) = dst.next() {
+                conn.read_payload(head).await?;
             }
-            Ok(Ok(()))
+            for d in dst {
+                conn.read_payload_seen(d, |piece| sum.update(piece)).await?;
+            }
+            Ok(Ok(sum.digest()))
         }
         .await;
         match r {
