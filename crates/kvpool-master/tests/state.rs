@@ -3136,6 +3136,48 @@ fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
     assert!(p.st.recovery_settled());
 }
 
+/// A segment given up while etcd's list still named it that comes back
+/// before the list drops it is mounted, so the next list names it again.
+/// Its copies are reconciled here (the older ones rejected), so once those
+/// are destroyed the recovery settles; it stayed unsettled for the rest of
+/// the term before, with every eviction waiting for its tombstone.
+#[test]
+fn a_given_up_segment_back_before_the_list_drops_it_lets_the_recovery_settle() {
+    let p = Pool::new(StateConfig {
+        client_ttl: Duration::from_secs(2),
+        ..config()
+    });
+    let t0 = p.at(0);
+    p.st.begin_term(t0);
+    p.st.keep_tombstones(Vec::new(), t0);
+    p.st.expect_segments(Some(vec![SegmentId(1), SegmentId(9)]), t0);
+    let s1 = p.client(1);
+    p.st.mount(s1, segment(1, "a", MIB), 1, t0).unwrap();
+    let k = inventory("k", 7, &region_at(BASE, OBJ));
+    let v = p.st.report_objects(s1, SegmentId(1), vec![k], true, t0);
+    assert_eq!(v.unwrap().accepted, 1);
+    let now = p.at(3 * SEC);
+    assert!(p.st.heartbeat(s1, now));
+    p.st.sweep(now);
+    deliver(&p.st);
+    assert_eq!(p.st.expecting(), 0, "segment 9 given up");
+    assert!(!p.st.recovery_settled(), "etcd's list still names it");
+    // Back before the list was written, with a copy of a key this master
+    // holds no version of: rejected.
+    let s9 = p.client(9);
+    p.st.mount(s9, segment(9, "b", MIB), 1, now).unwrap();
+    let old = inventory("old", 5, &region_at(BASE, OBJ));
+    let v = p.st.report_objects(s9, SegmentId(9), vec![old], true, now);
+    assert_eq!(v.unwrap().rejected, [(BASE, 5)]);
+    p.st.membership_written(&[SegmentId(1), SegmentId(9)]);
+    assert!(
+        !p.st.recovery_settled(),
+        "its rejected copy is not destroyed yet"
+    );
+    deliver(&p.st);
+    assert!(p.st.recovery_settled());
+}
+
 /// A listed segment that stays away past the client TTL and the store
 /// grace is given up, as a silent store is, and left off the next list.
 #[test]

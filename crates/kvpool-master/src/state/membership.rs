@@ -140,9 +140,14 @@ impl MasterState {
             .is_none_or(|p| p.contains(id))
     }
 
-    /// A segment is back with its objects: no longer expected.
+    /// A segment is back with its objects: no longer expected, nor, if it
+    /// was given up while etcd's list named it, a segment whose copies a
+    /// leader taking over would take as they are: this master reconciled
+    /// them, and rejected the older ones.
     pub(super) fn arrived(&self, id: SegmentId) {
-        if self.expecting.load(Ordering::Acquire) == 0 {
+        if self.expecting.load(Ordering::Acquire) == 0
+            && self.gone_listed.load(Ordering::Acquire) == 0
+        {
             return;
         }
         // Its rejected copies' destructions are queued by now.
@@ -151,6 +156,20 @@ impl MasterState {
         if m.expected.remove(&id).is_some() {
             tracing::info!(segment = %id, left = m.expected.len(), "a segment mounted before the failover is back");
             self.expecting_now(&m, seq);
+        }
+        if m.gone_listed.remove(&id) {
+            // Listed again now that it is mounted, it would otherwise keep
+            // the recovery unsettled for the whole term (every eviction
+            // then waiting for its tombstone in etcd). Settled only once
+            // the copies it brought back and this master rejected are
+            // destroyed, as for a segment that was expected.
+            let through = self.settled_through.load(Ordering::Acquire);
+            if through != u64::MAX {
+                self.settled_through
+                    .store(through.max(seq), Ordering::Release);
+            }
+            self.gone_listed
+                .store(m.gone_listed.len(), Ordering::Release);
         }
     }
 
