@@ -311,7 +311,6 @@ impl MasterState {
         // too, to learn when that is done (a new leader's commits wait for
         // it, see `recovery_settled`). The regions are reused only then.
         self.free_after_invalidation(&destroy);
-        self.back_from_away(id);
         self.open_segment(id);
         v
     }

@@ -145,6 +145,9 @@ impl MasterState {
     /// leader taking over would take as they are: this master reconciled
     /// them, and rejected the older ones.
     pub(super) fn arrived(&self, id: SegmentId) {
+        // Also back for the copies it held of older versions, if it was
+        // dropped while listed: an empty return brings none back either.
+        self.back_from_away(id);
         if self.expecting.load(Ordering::Acquire) == 0
             && self.gone_listed.load(Ordering::Acquire) == 0
         {
