@@ -3085,16 +3085,10 @@ fn a_segment_given_up_while_listed_holds_a_newer_version_back_until_unlisted() {
     }
 }
 
-/// A new leader gives up a listed segment that did not come back, then
-/// evicts a key before it could write the shorter list to etcd. A leader
-/// taking over would expect that segment back and take an older version
-/// of the key from it, so the recovery has not settled until the list
-/// drops it: the eviction leaves a tombstone, and the evicted bytes stay
-/// until the tombstone is in etcd; a removal answers only once its
-/// tombstone is there. The chaos harness read replaced values
-/// after such a step-down (finding 28).
-#[test]
-fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
+/// A new leader (client TTL 2 s) that expected segments 1 and 9 back
+/// after a failover: 1 came back with `items`, all taken; 9 was given up
+/// at the instant returned, while etcd's list still names it.
+fn segment_9_given_up(items: Vec<InventoryItem>) -> (Pool, Instant) {
     let p = Pool::new(StateConfig {
         client_ttl: Duration::from_secs(2),
         ..config()
@@ -3105,16 +3099,31 @@ fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
     p.st.expect_segments(Some(vec![SegmentId(1), SegmentId(9)]), t0);
     let s1 = p.client(1);
     p.st.mount(s1, segment(1, "a", MIB), 1, t0).unwrap();
-    let k = inventory("k", 7, &region_at(BASE, OBJ));
-    let r = inventory("r", 8, &region_at(BASE + OBJ, OBJ));
-    let v = p.st.report_objects(s1, SegmentId(1), vec![k, r], true, t0);
-    assert_eq!(v.unwrap().accepted, 2);
+    let n = items.len() as u64;
+    let v = p.st.report_objects(s1, SegmentId(1), items, true, t0);
+    assert_eq!(v.unwrap().accepted, n);
     let now = p.at(3 * SEC);
     assert!(p.st.heartbeat(s1, now));
     p.st.sweep(now);
     deliver(&p.st);
     assert_eq!(p.st.expecting(), 0, "segment 9 given up");
     assert!(!p.st.recovery_settled(), "etcd's list still names it");
+    (p, now)
+}
+
+/// A new leader gives up a listed segment that did not come back, then
+/// evicts a key before it could write the shorter list to etcd. A leader
+/// taking over would expect that segment back and take an older version
+/// of the key from it, so the recovery has not settled until the list
+/// drops it: the eviction leaves a tombstone, and the evicted bytes stay
+/// until the tombstone is in etcd; a removal answers only once its
+/// tombstone is there. The chaos harness read replaced values
+/// after such a step-down (finding 28).
+#[test]
+fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
+    let k = inventory("k", 7, &region_at(BASE, OBJ));
+    let r = inventory("r", 8, &region_at(BASE + OBJ, OBJ));
+    let (p, now) = segment_9_given_up(vec![k, r]);
     // A removal answers only once its tombstone is in etcd, delivered or
     // not, and keeps it there.
     p.remove("r", true, now).unwrap();
@@ -3149,25 +3158,7 @@ fn an_eviction_before_a_given_up_segment_is_unlisted_waits_for_its_tombstone() {
 /// the term before, with every eviction waiting for its tombstone.
 #[test]
 fn a_given_up_segment_back_before_the_list_drops_it_lets_the_recovery_settle() {
-    let p = Pool::new(StateConfig {
-        client_ttl: Duration::from_secs(2),
-        ..config()
-    });
-    let t0 = p.at(0);
-    p.st.begin_term(t0);
-    p.st.keep_tombstones(Vec::new(), t0);
-    p.st.expect_segments(Some(vec![SegmentId(1), SegmentId(9)]), t0);
-    let s1 = p.client(1);
-    p.st.mount(s1, segment(1, "a", MIB), 1, t0).unwrap();
-    let k = inventory("k", 7, &region_at(BASE, OBJ));
-    let v = p.st.report_objects(s1, SegmentId(1), vec![k], true, t0);
-    assert_eq!(v.unwrap().accepted, 1);
-    let now = p.at(3 * SEC);
-    assert!(p.st.heartbeat(s1, now));
-    p.st.sweep(now);
-    deliver(&p.st);
-    assert_eq!(p.st.expecting(), 0, "segment 9 given up");
-    assert!(!p.st.recovery_settled(), "etcd's list still names it");
+    let (p, now) = segment_9_given_up(vec![inventory("k", 7, &region_at(BASE, OBJ))]);
     // Back before the list was written, with a copy of a key this master
     // holds no version of: rejected.
     let s9 = p.client(9);
