@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures::future::{abortable, join_all, AbortHandle};
 use futures::stream::{FuturesUnordered, StreamExt};
-use kvpool_format::{header_len, value_checksum, ObjectHeader};
+use kvpool_format::{header_len, ObjectHeader};
 use kvpool_proto::msg::{ObjectLocation, ReadReq, Tier};
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio::time::Instant;
@@ -137,7 +137,7 @@ impl Client {
                 })
             })
             .collect();
-        let verify = |i: usize, dst: &[&mut [u8]], sum: Option<u64>| match &checks[i] {
+        let verify = |i: usize, dst: &[&mut [u8]], sum: u64| match &checks[i] {
             Some(c) => c.verify(dst, sum),
             None => Err(KvError::from(Code::InternalError)),
         };
@@ -442,13 +442,13 @@ pub(crate) struct Check<'a> {
 
 impl Check<'_> {
     /// Checks a read object (`dst`: its header, then its value): the header
-    /// names the expected object, the value checksum matches (`sum`, if the
-    /// transport summed the value bytes as it copied them), and the read
-    /// finished within its lease. Returns the value length.
-    pub(crate) fn verify(&self, dst: &[&mut [u8]], sum: Option<u64>) -> KvResult<usize> {
+    /// names the expected object, the value's checksum (`sum`, taken by the
+    /// transport as the bytes landed) matches it, and the read finished
+    /// within its lease. Returns the value length.
+    pub(crate) fn verify(&self, dst: &[&mut [u8]], sum: u64) -> KvResult<usize> {
         let (key, l) = (self.key, self.location);
-        let (head, value) = dst
-            .split_first()
+        let head = dst
+            .first()
             .ok_or_else(|| KvError::from(Code::InternalError))?;
         // A header that is gone or names another version means the object was
         // replaced or removed under the read (its old header is destroyed right
@@ -461,10 +461,6 @@ impl Check<'_> {
                     format!("{key:?} changed during the read: {}", e.message),
                 )
             })?;
-        let sum = sum.unwrap_or_else(|| {
-            let parts: Vec<&[u8]> = value.iter().map(|v| &v[..]).collect();
-            value_checksum(&parts)
-        });
         if sum != h.checksum {
             return Err(KvError::new(
                 Code::ChecksumMismatch,
@@ -484,6 +480,7 @@ impl Check<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvpool_format::value_checksum;
     use kvpool_proto::msg::{Replica, SegmentId};
 
     fn location(value: &[u8], lease_ms: u64, replicas: usize) -> ObjectLocation {
@@ -526,7 +523,8 @@ mod tests {
             lease_from: Instant::now() - age,
         };
         let (head, value) = bytes.split_at_mut(header_len(check.key.len()));
-        check.verify(&[head, value], None)
+        let sum = value_checksum(&[value]);
+        check.verify(&[head, value], sum)
     }
 
     #[test]

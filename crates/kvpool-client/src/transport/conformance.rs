@@ -199,17 +199,14 @@ async fn run_reads(shares: Vec<Share<'_>>) -> HashMap<usize, KvResult<usize>> {
 }
 
 /// Checks a read as the client does: the header is intact and the value
-/// matches its checksum; a checksum the transport computed while copying
-/// must be the value's.
-fn verify(_: usize, dst: &[&mut [u8]], sum: Option<u64>) -> KvResult<usize> {
+/// matches its checksum; the checksum the transport took as the bytes
+/// landed must be the value's.
+fn verify(_: usize, dst: &[&mut [u8]], sum: u64) -> KvResult<usize> {
     let (head, value) = dst.split_first().unwrap();
     let h = ObjectHeader::decode(head)?;
     let parts: Vec<&[u8]> = value.iter().map(|v| &v[..]).collect();
     let computed = value_checksum(&parts);
-    assert!(
-        sum.is_none_or(|s| s == computed),
-        "a transport's checksum is not the value's"
-    );
+    assert_eq!(sum, computed, "a transport's checksum is not the value's");
     if computed != h.checksum {
         return Err(KvError::from(Code::ChecksumMismatch));
     }
@@ -360,7 +357,7 @@ async fn checks_run_on_every_read_and_fail_only_their_item() {
             .await
             .values()
             .all(|r| r.is_ok()));
-        let odd_fails = |i: usize, dst: &[&mut [u8]], sum: Option<u64>| {
+        let odd_fails = |i: usize, dst: &[&mut [u8]], sum: u64| {
             if i % 2 == 1 {
                 return Err(KvError::from(Code::LeaseExpired));
             }

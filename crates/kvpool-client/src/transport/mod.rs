@@ -55,11 +55,11 @@ pub struct Read<'a> {
     pub op: ReadOp<'a>,
 }
 
-/// Checks a read as it lands (`item`, its buffers filled, and the value
-/// checksum if the transport computed it while copying), returning the
-/// length to report: run inside the transport's jobs, so a big batch
-/// verifies on as many cores as it copies on.
-pub type Verify<'a> = &'a (dyn Fn(usize, &[&mut [u8]], Option<u64>) -> KvResult<usize> + Sync);
+/// Checks a read as it lands (`item`, its buffers filled, and the checksum
+/// of the value bytes, which the transport computes as they land, while
+/// they are in the cache), returning the length to report: run inside the
+/// transport's jobs, so a big batch verifies on as many cores as it copies on.
+pub type Verify<'a> = &'a (dyn Fn(usize, &[&mut [u8]], u64) -> KvResult<usize> + Sync);
 
 /// How far a batch may spread.
 #[derive(Debug, Clone, Copy)]

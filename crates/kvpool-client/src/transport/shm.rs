@@ -283,7 +283,7 @@ impl Transport for ShmTransport {
                             }
                             let r = map
                                 .read(op.req.offset, &mut op.dst)
-                                .and_then(|sum| verify(i, &op.dst, Some(sum)));
+                                .and_then(|sum| verify(i, &op.dst, sum));
                             (i, r)
                         })
                         .collect()

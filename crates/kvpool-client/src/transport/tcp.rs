@@ -340,13 +340,7 @@ fn read_job<'a>(
             .lane(timeout)
             .await
             .into_iter()
-            .map(|(i, op, r)| {
-                (
-                    i,
-                    r.map_err(broken)
-                        .and_then(|sum| verify(i, &op.dst, Some(sum))),
-                )
-            })
+            .map(|(i, op, r)| (i, r.map_err(broken).and_then(|sum| verify(i, &op.dst, sum))))
             .collect();
         if reads.running.fetch_sub(1, Ordering::AcqRel) == 1 {
             out.extend(reads.unread().into_iter().map(|(i, e)| (i, Err(e))));
