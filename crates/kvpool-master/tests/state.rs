@@ -3085,6 +3085,36 @@ fn a_segment_given_up_while_listed_holds_a_newer_version_back_until_unlisted() {
     }
 }
 
+/// A store this leader had mounted, given up while etcd's list still
+/// names it, is one a leader taking over would take back as it is, like an
+/// expected segment given up (finding 28): a key whose only copy it held,
+/// written again and evicted meanwhile, would come back at its old
+/// version. So the recovery is not settled until the list drops it, and
+/// the eviction leaves a tombstone.
+#[test]
+fn a_store_given_up_while_listed_keeps_evictions_tombstoned_until_unlisted() {
+    let (p, s1, s2, w) = two_stores();
+    let t0 = p.at(0);
+    p.st.expect_segments(Some(vec![]), t0);
+    p.st.membership_written(&[SegmentId(1), SegmentId(2)]);
+    p.st.keep_tombstones(Vec::new(), t0);
+    p.commit_with(w, "k", OBJ, &preferring(&["a"], 1), t0);
+    assert!(p.st.recovery_settled());
+    let now = p.at(11 * SEC);
+    assert!(p.st.heartbeat(s2, now) && p.st.heartbeat(w, now));
+    assert_eq!(p.st.sweep(now), vec![s1], "given up");
+    assert!(!p.st.recovery_settled(), "etcd's list still names it");
+    p.commit_with(w, "k", OBJ, &preferring(&["b"], 1), now);
+    assert!(p.st.evict(p.at(12 * SEC), 64 * MIB).objects >= 1);
+    let (_, _, tombs) = p.st.tombstones_to_write(0, now).unwrap();
+    assert!(
+        tombs.iter().any(|t| t.key == "k"),
+        "the eviction is tombstoned"
+    );
+    p.st.membership_written(&[SegmentId(2)]);
+    assert!(p.st.recovery_settled());
+}
+
 /// A new leader (client TTL 2 s) that expected segments 1 and 9 back
 /// after a failover: 1 came back with `items`, all taken; 9 was given up
 /// at the instant returned, while etcd's list still names it.

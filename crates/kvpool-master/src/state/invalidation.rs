@@ -34,12 +34,15 @@ pub(super) struct InvalidationQueue {
     /// cut off from this master while clients may still reach it): a
     /// fence over them holds until they are delivered.
     pub(super) owing: HashSet<SegmentId>,
-    /// Segments dropped (a store given up) that the list in etcd still
-    /// names: a leader taking over now would expect them back and take
-    /// their copies as they are, so what they owe stays owed, and versions
-    /// held back behind their copies stay held, until the list drops them
-    /// or they are back (chaos finding 26).
-    away: HashSet<SegmentId>,
+    /// Segments dropped that the list in etcd still names: a store given
+    /// up, or a segment expected back after a failover that did not come
+    /// back in time. A leader taking over now would expect them back and
+    /// take their copies as they are, so what they owe stays owed, versions
+    /// held back behind their copies stay held (chaos finding 26), and the
+    /// recovery has not settled (finding 28), until the list drops them or
+    /// they are back. Added and dropped under the membership lock, which a
+    /// list write holds too, so a write cannot miss one.
+    pub(super) away: HashSet<SegmentId>,
     /// Segments given up, and until when a client may still read the
     /// copies they held through a young cached location: their store may
     /// still serve them (cut off from this master, not from its clients)
@@ -528,8 +531,9 @@ impl MasterState {
     /// held of older versions still count as undestroyed (see
     /// [`InvalidationQueue::away`]).
     pub(super) fn forget_segment_copies(&self, id: SegmentId) {
-        let listed = self.still_listed(id);
         {
+            let m = self.membership.lock();
+            let listed = m.names(id);
             let mut inv = self.invalidations.lock();
             inv.regions.remove(&id);
             inv.owing.remove(&id);
@@ -573,7 +577,8 @@ impl MasterState {
     }
 
     /// The list in etcd names `listed` now: segments dropped while it
-    /// named them are gone for a leader taking over too.
+    /// named them are gone for a leader taking over too. Called under the
+    /// membership lock.
     pub(super) fn unlisted(&self, listed: &[SegmentId]) {
         let mut inv = self.invalidations.lock();
         let gone: Vec<SegmentId> = (inv.away.iter())
@@ -587,8 +592,10 @@ impl MasterState {
     }
 
     /// Segment `id`, dropped while listed, is back with its inventory
-    /// reconciled: the copies it brought of older versions are rejected,
-    /// and destroyed by the latest batch queued.
+    /// reconciled (or empty): the copies it brought of older versions are
+    /// rejected, and destroyed by the latest batch queued. Mounted, it is
+    /// listed again, so only this takes it off [`InvalidationQueue::away`];
+    /// the recovery then settles once that batch is sent.
     pub(super) fn back_from_away(&self, id: SegmentId) {
         let mut inv = self.invalidations.lock();
         if inv.away.remove(&id) {
@@ -597,6 +604,11 @@ impl MasterState {
                 if o.segments.contains(&id) {
                     o.seq = o.seq.max(seq);
                 }
+            }
+            let through = self.settled_through.load(Ordering::Acquire);
+            if through != u64::MAX {
+                self.settled_through
+                    .store(through.max(seq), Ordering::Release);
             }
         }
     }
@@ -733,15 +745,18 @@ impl MasterState {
     /// version older than the one known here that a lease an earlier
     /// leader granted could read, so commits no longer wait for those
     /// leases ([`Self::recovery_wait`]). A store that owes an invalidation
-    /// keeps them waiting, and so does a segment given up that etcd's list
+    /// keeps them waiting, and so does a segment dropped that etcd's list
     /// still names (a next leader would take its copies back).
     pub fn recovery_settled(&self) -> bool {
+        if self.expecting() != 0 {
+            return false;
+        }
         let through = self.settled_through.load(Ordering::Acquire);
-        self.expecting() == 0
-            && self.gone_listed.load(Ordering::Acquire) == 0
+        let inv = self.invalidations.lock();
+        inv.away.is_empty()
             && (through == u64::MAX
                 || (self.invalidated_through.load(Ordering::Acquire) >= through
-                    && self.invalidations.lock().owing.is_empty()))
+                    && inv.owing.is_empty()))
     }
 
     /// Whether any key waits for its old version to be destroyed.

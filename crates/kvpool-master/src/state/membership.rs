@@ -42,10 +42,13 @@ pub(super) struct Membership {
     /// The previous leader's list, as read (`None`: there was none). Once
     /// every segment on it is back, the recovery is complete.
     listed_at_start: Option<HashSet<SegmentId>>,
-    /// Expected segments given up that the list in etcd still names: a
-    /// leader taking over now would expect them back and take their copies
-    /// as they are, so the recovery has not settled (chaos finding 28).
-    gone_listed: HashSet<SegmentId>,
+}
+
+impl Membership {
+    /// Whether the list in etcd names `id` (never without HA).
+    pub(super) fn names(&self, id: SegmentId) -> bool {
+        (self.persisted.as_ref()).is_some_and(|p| p.contains(&id))
+    }
 }
 
 impl MasterState {
@@ -109,19 +112,10 @@ impl MasterState {
         {
             let mut m = self.membership.lock();
             m.persisted = Some(ids.iter().copied().collect());
-            m.gone_listed.retain(|id| ids.contains(id));
-            self.gone_listed
-                .store(m.gone_listed.len(), Ordering::Release);
+            self.unlisted(ids);
         }
-        self.unlisted(ids);
         // What waited for those segments to leave the list may go.
         self.release_held_back();
-    }
-
-    /// Whether the list in etcd names `id` (never without HA).
-    pub(super) fn still_listed(&self, id: SegmentId) -> bool {
-        let m = self.membership.lock();
-        (m.persisted.as_ref()).is_some_and(|p| p.contains(&id))
     }
 
     /// Whether every segment the previous leader listed is back.
@@ -140,17 +134,11 @@ impl MasterState {
             .is_none_or(|p| p.contains(id))
     }
 
-    /// A segment is back with its objects: no longer expected, nor, if it
-    /// was given up while etcd's list named it, a segment whose copies a
-    /// leader taking over would take as they are: this master reconciled
-    /// them, and rejected the older ones.
+    /// A segment is back with its objects (reconciled, or none): no longer
+    /// expected, nor away if it was dropped while etcd's list named it.
     pub(super) fn arrived(&self, id: SegmentId) {
-        // Also back for the copies it held of older versions, if it was
-        // dropped while listed: an empty return brings none back either.
         self.back_from_away(id);
-        if self.expecting.load(Ordering::Acquire) == 0
-            && self.gone_listed.load(Ordering::Acquire) == 0
-        {
+        if self.expecting.load(Ordering::Acquire) == 0 {
             return;
         }
         // Its rejected copies' destructions are queued by now.
@@ -159,20 +147,6 @@ impl MasterState {
         if m.expected.remove(&id).is_some() {
             tracing::info!(segment = %id, left = m.expected.len(), "a segment mounted before the failover is back");
             self.expecting_now(&m, seq);
-        }
-        if m.gone_listed.remove(&id) {
-            // Listed again now that it is mounted, it would otherwise keep
-            // the recovery unsettled for the whole term (every eviction
-            // then waiting for its tombstone in etcd). Settled only once
-            // the copies it brought back and this master rejected are
-            // destroyed, as for a segment that was expected.
-            let through = self.settled_through.load(Ordering::Acquire);
-            if through != u64::MAX {
-                self.settled_through
-                    .store(through.max(seq), Ordering::Release);
-            }
-            self.gone_listed
-                .store(m.gone_listed.len(), Ordering::Release);
         }
     }
 
@@ -194,13 +168,8 @@ impl MasterState {
             keep
         });
         self.expecting_now(&m, seq);
-        let listed: Vec<SegmentId> = (gone.iter())
-            .filter(|id| m.persisted.as_ref().is_some_and(|p| p.contains(id)))
-            .copied()
-            .collect();
-        m.gone_listed.extend(listed);
-        self.gone_listed
-            .store(m.gone_listed.len(), Ordering::Release);
+        let listed = gone.iter().copied().filter(|id| m.names(*id));
+        self.invalidations.lock().away.extend(listed);
         drop(m);
         // Given up with nothing known of its keys: back later, it brings
         // none this master holds no version of.

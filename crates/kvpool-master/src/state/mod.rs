@@ -248,9 +248,6 @@ pub struct MasterState {
     membership: Mutex<membership::Membership>,
     /// Segments expected back after a failover (a lock-free fast path).
     expecting: std::sync::atomic::AtomicUsize,
-    /// Expected segments given up that etcd's list still names (see
-    /// `Membership::gone_listed`).
-    gone_listed: std::sync::atomic::AtomicUsize,
     /// Placements so far: each draws its segment order from the next value
     /// (a counter, not an OS random source, so a replay places alike).
     placements: AtomicU64,
@@ -347,7 +344,6 @@ impl MasterState {
             placements: AtomicU64::new(0),
             membership: Default::default(),
             expecting: Default::default(),
-            gone_listed: Default::default(),
             tier: Mutex::new(TierState::default()),
             disk_tier: Default::default(),
             demotions: AtomicU64::new(0),
