@@ -59,6 +59,16 @@ impl Pool {
         Pool { st, t0, store }
     }
 
+    /// A store whose memory is past the demotion watermark: 40 objects
+    /// (`k-000`..`k-039`, put at 0-39 ms) in 4 MiB, and 16 MiB of disk.
+    fn filled() -> Pool {
+        let p = Pool::new(4 * MIB, 16 * MIB);
+        for i in 0..40 {
+            p.put(&format!("k-{i:03}"), i, false);
+        }
+        p
+    }
+
     fn at(&self, ms: u64) -> Instant {
         self.t0 + Duration::from_millis(ms)
     }
@@ -201,10 +211,7 @@ fn demotions_move_the_least_recently_used_and_keep_them_readable() {
 
 #[test]
 fn a_second_read_on_disk_promotes() {
-    let p = Pool::new(4 * MIB, 16 * MIB);
-    for i in 0..40 {
-        p.put(&format!("k-{i:03}"), i, false);
-    }
+    let p = Pool::filled();
     let tickets = p.plan(1000);
     let key = tickets[0].key.clone();
     p.finish(tickets, 1100);
@@ -235,10 +242,7 @@ fn a_second_read_on_disk_promotes() {
 /// for the lease.
 #[test]
 fn the_copy_a_move_leaves_is_destroyed_at_once_even_under_a_lease() {
-    let p = Pool::new(4 * MIB, 16 * MIB);
-    for i in 0..40 {
-        p.put(&format!("k-{i:03}"), i, false);
-    }
+    let p = Pool::filled();
     let tickets = p.plan(1000);
     let (t, moved) = (tickets[0].clone(), tickets.len() as u64);
     // Read (and leased, 100 ms) where it is before the move finishes.
@@ -336,10 +340,7 @@ fn an_undelivered_copy_left_by_a_move_fences_the_next_upsert_and_removal() {
 /// move can be young then.
 #[test]
 fn a_read_through_a_location_cached_before_a_move_renews_no_lease() {
-    let p = Pool::new(4 * MIB, 16 * MIB);
-    for i in 0..40 {
-        p.put(&format!("k-{i:03}"), i, false);
-    }
+    let p = Pool::filled();
     let tickets = p.plan(1000);
     let (key, generation) = (tickets[0].key.clone(), tickets[0].mv.generation);
     // Leased for 100 ms from 1010, so young until 1060.
@@ -379,10 +380,7 @@ fn a_read_through_a_location_cached_before_a_move_renews_no_lease() {
 /// source too, and the object was on no store (chaos finding 22).
 #[test]
 fn a_move_answered_after_its_destination_was_mounted_again_keeps_its_source() {
-    let p = Pool::new(4 * MIB, 16 * MIB);
-    for i in 0..40 {
-        p.put(&format!("k-{i:03}"), i, false);
-    }
+    let p = Pool::filled();
     let tickets = p.plan(1000);
     assert!(!tickets.is_empty(), "nothing to demote");
     let memory_used = p.st.tier_usage(Tier::Memory).1;
@@ -560,10 +558,7 @@ fn a_version_evicted_while_an_older_one_moves_outlives_the_moves_copy() {
 
 #[test]
 fn a_move_of_a_version_replaced_meanwhile_is_undone() {
-    let p = Pool::new(4 * MIB, 16 * MIB);
-    for i in 0..40 {
-        p.put(&format!("k-{i:03}"), i, false);
-    }
+    let p = Pool::filled();
     let tickets = p.plan(1000);
     let (replaced_key, removed_key, failed_key) = (
         tickets[0].key.clone(),
