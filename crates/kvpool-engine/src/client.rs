@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::auth::Security;
-use kvpool_net::conn::{ConnPool, FramedConn};
+use kvpool_net::conn::{spinning, ConnPool, FramedConn};
 use kvpool_proto::frame::Limits;
 use kvpool_proto::msg::{
     EngineAbout, EngineAboutReply, EngineNotifyReq, EngineReadIntoReq, EngineReadReq,
@@ -47,6 +47,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Idle connections kept per peer.
 const MAX_IDLE: usize = 4;
+
+/// Idle caller-driven same-host connections kept per peer: one per thread
+/// that transfers at once (an engine's TP workers each call from their
+/// own), since making one costs a runtime, a handshake and a thread in
+/// the peer.
+const MAX_OWNED_IDLE: usize = 16;
 
 /// One item of a batch: `len` bytes between `local` (in this process's
 /// registered memory) and `remote` (in the peer's).
@@ -161,6 +167,79 @@ impl Engine {
         dir: Direction,
         items: &[Transfer],
     ) -> Vec<KvResult<()>> {
+        let (mut results, locals) = self.check_locals(items);
+        if results.iter().any(Option::is_none) {
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            let link = self.peer(peer);
+            let run = async {
+                let (mut conn, unix) = link.take(&self.security).await?;
+                link.run(&mut conn, unix, dir, items, &locals, &mut results)
+                    .await?;
+                link.give(conn, unix);
+                Ok::<(), KvError>(())
+            };
+            let ran = tokio::time::timeout_at(deadline, run).await;
+            self.fail_rest(peer, ran, &mut results);
+        }
+        finish(results)
+    }
+
+    /// Runs a batch as [`Self::transfer`] does, on the calling thread,
+    /// when `peer` is known to be on this host; `None` (nothing done) when
+    /// it is not, or not known yet (the first call to a peer finds out),
+    /// or this thread is inside a runtime. The connection's socket is
+    /// watched by a runtime of its own that only the caller drives,
+    /// spinning up to `spin` at each wait: on the shared runtime each
+    /// answer also woke one of its parked workers, a thread more than the
+    /// round trip needs (on two cores, one that took the caller's core).
+    pub fn transfer_blocking(
+        &self,
+        peer: &str,
+        dir: Direction,
+        items: &[Transfer],
+        spin: Duration,
+    ) -> Option<Vec<KvResult<()>>> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return None;
+        }
+        let link = self.peers.lock().get(peer).cloned()?;
+        if !matches!(*link.unix.lock(), Unix::Idle(_)) {
+            return None;
+        }
+        let (mut results, locals) = self.check_locals(items);
+        if results.iter().all(Option::is_some) {
+            return Some(finish(results));
+        }
+        let deadline = std::time::Instant::now() + self.timeout;
+        let owned = link.owned.lock().pop();
+        let mut owned = match owned {
+            Some(o) => o,
+            None => Owned::connect(&link.name, &self.security, self.timeout)?,
+        };
+        let Owned { conn, rt } = &mut owned;
+        let rt = rt.as_ref()?;
+        let ran = rt.block_on(async {
+            let run = link.run(conn, true, dir, items, &locals, &mut results);
+            tokio::time::timeout_at(deadline.into(), spinning(spin, run)).await
+        });
+        if matches!(ran, Ok(Ok(()))) {
+            let mut idle = link.owned.lock();
+            if idle.len() < MAX_OWNED_IDLE {
+                idle.push(owned);
+            }
+        }
+        self.fail_rest(peer, ran, &mut results);
+        Some(finish(results))
+    }
+
+    /// Each item's result where its local range already decides it (empty,
+    /// or outside this engine's registered memory), and the region of
+    /// each item still to move.
+    #[allow(clippy::type_complexity)]
+    fn check_locals(
+        &self,
+        items: &[Transfer],
+    ) -> (Vec<Option<KvResult<()>>>, Vec<Option<Arc<Region>>>) {
         let mut results: Vec<Option<KvResult<()>>> = vec![None; items.len()];
         let mut locals = Vec::with_capacity(items.len());
         for (t, slot) in items.iter().zip(results.iter_mut()) {
@@ -178,40 +257,28 @@ impl Engine {
             };
             locals.push(local);
         }
-        if results.iter().any(Option::is_none) {
-            let deadline = tokio::time::Instant::now() + self.timeout;
-            let link = self.peer(peer);
-            let run = async {
-                let (mut conn, unix) = link.take(&self.security).await?;
-                let copy = unix && link.copies.load(Ordering::Relaxed);
-                pipeline(&mut conn, dir, copy, items, &locals, &mut results).await?;
-                if copy && refused_copies(&mut results) {
-                    // The peer cannot reach this process's memory: send
-                    // the bytes through the socket, now and from now on.
-                    link.copies.store(false, Ordering::Relaxed);
-                    pipeline(&mut conn, dir, false, items, &locals, &mut results).await?;
-                }
-                link.give(conn, unix);
-                Ok::<(), KvError>(())
-            };
-            let failed = match tokio::time::timeout_at(deadline, run).await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some(KvError::new(
-                    Code::RpcTimeout,
-                    format!("transfer with {peer} timed out after {:?}", self.timeout),
-                )),
-            };
-            if let Some(e) = failed {
-                for slot in results.iter_mut().filter(|s| s.is_none()) {
-                    *slot = Some(Err(e.clone()));
-                }
-            }
+        (results, locals)
+    }
+
+    /// Fails the items still without a result with what cut the batch
+    /// short: the connection's error, or the timeout.
+    fn fail_rest<E>(
+        &self,
+        peer: &str,
+        ran: Result<KvResult<()>, E>,
+        results: &mut [Option<KvResult<()>>],
+    ) {
+        let failed = match ran {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => KvError::new(
+                Code::RpcTimeout,
+                format!("transfer with {peer} timed out after {:?}", self.timeout),
+            ),
+        };
+        for slot in results.iter_mut().filter(|s| s.is_none()) {
+            *slot = Some(Err(failed.clone()));
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
-            .collect()
     }
 
     /// Queues a notification in the peer's inbox (its `get_notifies`).
@@ -265,6 +332,7 @@ impl Engine {
                         Unix::Absent
                     }),
                     copies: AtomicBool::new(true),
+                    owned: Mutex::default(),
                 })
             })
             .clone()
@@ -282,6 +350,8 @@ struct Peer {
     /// Whether the peer copies with this process's memory (until it says
     /// it cannot).
     copies: AtomicBool,
+    /// Idle same-host connections driven by callers' threads.
+    owned: Mutex<Vec<Owned>>,
 }
 
 /// What is known of a peer's same-host socket.
@@ -322,6 +392,29 @@ impl Peer {
         Ok((self.tcp.take().await?, false))
     }
 
+    /// Pipelines a batch's items on `conn` (on the same-host socket when
+    /// `unix`): copies with this process's memory while the peer makes
+    /// them, the bytes through the connection once it says it cannot.
+    async fn run(
+        &self,
+        conn: &mut FramedConn,
+        unix: bool,
+        dir: Direction,
+        items: &[Transfer],
+        locals: &[Option<Arc<Region>>],
+        results: &mut [Option<KvResult<()>>],
+    ) -> KvResult<()> {
+        let copy = unix && self.copies.load(Ordering::Relaxed);
+        pipeline(conn, dir, copy, items, locals, results).await?;
+        if copy && refused_copies(results) {
+            // The peer cannot reach this process's memory: send the bytes
+            // through the socket, now and from now on.
+            self.copies.store(false, Ordering::Relaxed);
+            pipeline(conn, dir, false, items, locals, results).await?;
+        }
+        Ok(())
+    }
+
     /// Gives back a connection that finished cleanly.
     fn give(&self, conn: FramedConn, unix: bool) {
         if !unix {
@@ -343,6 +436,57 @@ impl Peer {
             self.give(conn, unix);
         }
         r?
+    }
+}
+
+/// Every item's result (one left without is an internal error).
+fn finish(results: Vec<Option<KvResult<()>>>) -> Vec<KvResult<()>> {
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(KvError::from(Code::InternalError))))
+        .collect()
+}
+
+/// A same-host connection driven by its caller's thread (see
+/// [`Engine::transfer_blocking`]), with the runtime that watches its
+/// socket (always `Some` until dropped).
+struct Owned {
+    conn: FramedConn,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // The engine, and with it its idle connections, may be dropped on
+        // a runtime's thread, where a runtime cannot be dropped as usual.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Owned {
+    /// Connects to `peer`'s same-host socket on a runtime of its own;
+    /// `None` when that fails (the caller then takes the shared path).
+    fn connect(peer: &str, security: &Security, timeout: Duration) -> Option<Owned> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        let conn = rt.block_on(async {
+            let connect = async {
+                let stream = local::connect(peer).await?;
+                let limits = Limits::default();
+                FramedConn::connect_unix(stream, peer, "engine", limits, security)
+                    .await
+                    .ok()
+            };
+            tokio::time::timeout(timeout.min(CONNECT_TIMEOUT), connect)
+                .await
+                .ok()
+                .flatten()
+        })?;
+        Some(Owned { conn, rt: Some(rt) })
     }
 }
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_net::auth::Security;
-use kvpool_net::conn::accept_unix;
 use kvpool_net::conn::FramedConn;
+use kvpool_net::conn::{accept_unix, spin_first};
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, EngineAboutReply, EngineReadReq, EngineWriteReq};
@@ -84,7 +84,9 @@ impl EngineServer {
             move |mut conn, token| {
                 let (regions, notifies) = (regions.clone(), notifies.clone());
                 async move {
-                    let r = engine_conn(&mut conn, &regions, &notifies, None, &token).await;
+                    let r =
+                        engine_conn(&mut conn, &regions, &notifies, None, Duration::ZERO, &token);
+                    let r = r.await;
                     if let Err(e) = r {
                         debug!(peer = conn.peer(), error = %e, "engine connection closed");
                     }
@@ -123,6 +125,15 @@ const MAX_UNIX_CONNS: usize = 1024;
 /// Serves same-host peers on the engine's Unix socket (see [`local`]):
 /// the same requests as over TCP, plus copies straight between their
 /// memory and the registered regions.
+///
+/// Each connection runs on a thread of its own, with a runtime of its own
+/// that only it drives. A request arriving on a socket registered with the
+/// shared runtime woke a parked worker of it, although the connection's
+/// task was spinning for that very request and took it: on two cores that
+/// third thread took the core of one of the two spinning (the caller, or
+/// this server), once or more a round trip. A thread that drives its own
+/// runtime is woken only when it parked, and it does not park while it
+/// spins.
 async fn serve_unix(
     listener: UnixListener,
     copies: bool,
@@ -139,20 +150,55 @@ async fn serve_unix(
         let pid = pid.filter(|_| copies);
         let (regions, notifies) = (regions.clone(), notifies.clone());
         let (security, token) = (security.clone(), token.clone());
+        // Off the shared runtime's reactor (see above); the task waits for
+        // the thread, so shutdown still waits for a request in progress.
+        let stream = stream.into_std();
         async move {
-            let peer = format!("pid {}", pid.unwrap_or(0));
-            let limits = Limits::default();
-            let Some(mut conn) = accept_unix(stream, peer, "engine", limits, &security).await
-            else {
-                return;
+            let stream = match stream {
+                Ok(s) => s,
+                Err(e) => return debug!(error = %e, "same-host connection dropped"),
             };
-            if let Err(e) = engine_conn(&mut conn, &regions, &notifies, pid, &token).await {
-                debug!(peer = conn.peer(), error = %e, "engine connection closed");
+            let (done, finished) = tokio::sync::oneshot::channel::<()>();
+            let serve = move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                let Ok(rt) = rt else { return };
+                rt.block_on(async move {
+                    let Ok(stream) = tokio::net::UnixStream::from_std(stream) else {
+                        return;
+                    };
+                    let peer = format!("pid {}", pid.unwrap_or(0));
+                    let limits = Limits::default();
+                    let accepted = accept_unix(stream, peer, "engine", limits, &security).await;
+                    let Some(mut conn) = accepted else { return };
+                    let spin = local::spin();
+                    let served = engine_conn(&mut conn, &regions, &notifies, pid, spin, &token);
+                    let served = served.await;
+                    if let Err(e) = served {
+                        debug!(peer = conn.peer(), error = %e, "engine connection closed");
+                    }
+                });
+                drop(done);
+            };
+            let thread = std::thread::Builder::new()
+                .name("kvpool-engine-peer".into())
+                .stack_size(LOCAL_THREAD_STACK)
+                .spawn(serve);
+            match thread {
+                Ok(_) => {
+                    let _ = finished.await;
+                }
+                Err(e) => debug!(error = %e, "no thread for a same-host connection"),
             }
         }
     })
     .await;
 }
+
+/// Stack of a same-host connection's thread: its runtime and one
+/// connection's futures (requests are served in place, no deep calls).
+const LOCAL_THREAD_STACK: usize = 512 << 10;
 
 /// Least rate a peer must read a read's payload at, so a peer that stops
 /// reading cannot hold a region pinned (and its unregister waiting) for
@@ -162,12 +208,14 @@ const SEND_BYTES_PER_SEC: u64 = 1 << 20;
 /// Slack on top of [`SEND_BYTES_PER_SEC`] for any read.
 const SEND_SLACK: Duration = Duration::from_secs(10);
 
-/// Serves one connection until the peer closes it, it breaks, or shutdown.
+/// Serves one connection until the peer closes it, it breaks, or shutdown;
+/// after each answer it spins up to `spin` for the next request.
 async fn engine_conn(
     conn: &mut FramedConn,
     regions: &Regions,
     notifies: &Notifies,
     caller: Option<i32>,
+    spin: Duration,
     shutdown: &CancellationToken,
 ) -> KvResult<()> {
     loop {
@@ -175,7 +223,7 @@ async fn engine_conn(
         // started runs to its answer.
         let h = tokio::select! {
             _ = shutdown.cancelled() => return conn.flush().await,
-            h = conn.next_request() => h,
+            h = spin_first(spin, conn.next_request()) => h,
         };
         let h = match h {
             Ok(Some(h)) => h,

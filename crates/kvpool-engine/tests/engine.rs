@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpool_engine::{timeout_secs, Engine, EngineServer, Notifies, Regions, SameHost, Transfer};
+use kvpool_engine::{
+    timeout_secs, Direction, Engine, EngineServer, Notifies, Regions, SameHost, Transfer,
+};
 use kvpool_net::auth::{Credentials, Security};
 use kvpool_proto::Code;
 
@@ -135,6 +137,115 @@ async fn round_trip(mode: SameHost, link: &str) {
         .collect();
     all_ok(&prefill.engine.read(&peer, &reads).await);
     assert!(back == src, "what was read back is what was written");
+    assert_eq!(prefill.engine.link(&peer), link);
+    drop((prefill, decode));
+}
+
+/// A caller's own thread moves bytes to a peer on this host by itself
+/// (`transfer_blocking`), copied or through the socket as the peer
+/// allows, with each item checked as on the shared path; it declines (and
+/// moves nothing) for a peer not yet known to be on this host, one reached
+/// over TCP, and inside a runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_thread_moves_same_host_bytes_itself() {
+    for (mode, link) in [(SameHost::Copy, "copy"), (SameHost::Socket, "socket")] {
+        caller_driven(mode, link).await;
+    }
+    let (prefill, tcp) = (
+        Side::start(Security::default()).await,
+        Side::start_with(Security::default(), SameHost::Off).await,
+    );
+    let mut src = pattern(3, 4096);
+    let mut dst = vec![0u8; 4096];
+    let item = [Transfer {
+        local: prefill.register(&mut src),
+        remote: tcp.register(&mut dst),
+        len: 4096,
+    }];
+    all_ok(&prefill.engine.write(&tcp.session(), &item).await);
+    let peer = tcp.session();
+    let declined = std::thread::scope(|s| {
+        s.spawn(|| {
+            prefill
+                .engine
+                .transfer_blocking(&peer, Direction::Write, &item, SPIN)
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(
+        declined.is_none(),
+        "a peer over TCP is not reached on the caller's thread"
+    );
+    drop((prefill, tcp));
+}
+
+/// How long the caller-driven tests spin at each wait.
+const SPIN: Duration = Duration::from_micros(100);
+
+async fn caller_driven(mode: SameHost, link: &str) {
+    let (prefill, decode) = (
+        Side::start(Security::default()).await,
+        Side::start_with(Security::default(), mode).await,
+    );
+    let len = 64 << 10;
+    let mut src = pattern(2, 4 * len);
+    let mut dst = vec![0u8; 4 * len];
+    let mut back = vec![0u8; 4 * len];
+    let (s, b, d) = (
+        prefill.register(&mut src),
+        prefill.register(&mut back),
+        decode.register(&mut dst),
+    );
+    let peer = decode.session();
+    let blocking = |dir, items: &[Transfer]| {
+        std::thread::scope(|sc| {
+            sc.spawn(|| prefill.engine.transfer_blocking(&peer, dir, items, SPIN))
+                .join()
+                .unwrap()
+        })
+    };
+    let at = |local: u64, i: u64, remote: u64| Transfer {
+        local: local + i * len as u64,
+        remote: remote + i * len as u64,
+        len: len as u64,
+    };
+    let first = [at(s, 0, d)];
+    assert!(
+        blocking(Direction::Write, &first).is_none(),
+        "{link}: peer not known yet"
+    );
+    assert!(
+        prefill
+            .engine
+            .transfer_blocking(&peer, Direction::Write, &first, SPIN)
+            .is_none(),
+        "{link}: declined inside a runtime"
+    );
+    assert_eq!(
+        dst[..len],
+        vec![0u8; len][..],
+        "{link}: a declined call moves nothing"
+    );
+    all_ok(&prefill.engine.write(&peer, &first).await);
+    // Items 1-3, one aimed past the end of decode's registered memory.
+    let mut writes = vec![at(s, 1, d), at(s, 2, d), at(s, 3, d)];
+    writes[1].remote = d + 4 * len as u64;
+    let results = blocking(Direction::Write, &writes).expect("a same-host peer is reached");
+    assert!(
+        results[0].is_ok() && results[2].is_ok(),
+        "{link}: {results:?}"
+    );
+    assert_eq!(results[1].as_ref().unwrap_err().code, Code::InvalidParams);
+    assert!(dst[len..2 * len] == src[len..2 * len] && dst[3 * len..] == src[3 * len..]);
+    assert_eq!(
+        dst[2 * len..3 * len],
+        vec![0u8; len][..],
+        "{link}: refused item landed"
+    );
+    let reads: Vec<Transfer> = [0, 1, 3].iter().map(|&i| at(b, i, d)).collect();
+    all_ok(&blocking(Direction::Read, &reads).expect("a same-host peer is reached"));
+    assert!(back[..2 * len] == src[..2 * len] && back[3 * len..] == src[3 * len..]);
     assert_eq!(prefill.engine.link(&peer), link);
     drop((prefill, decode));
 }

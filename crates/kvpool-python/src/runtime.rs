@@ -121,6 +121,18 @@ impl Drop for Inside {
     }
 }
 
+/// Runs `f` counted among the waiting callers, with how long it may spin
+/// at each wait: [`spin_for`] while it is the only one, as in [`block_on`],
+/// else nothing.
+pub fn waiting<T>(f: impl FnOnce(Duration) -> T) -> T {
+    let _inside = Inside::enter();
+    let spin = match INSIDE.load(Ordering::Relaxed) {
+        1 => spin_for(),
+        _ => Duration::ZERO,
+    };
+    f(spin)
+}
+
 /// Runs `fut` to completion on the calling thread, in `rt`'s context.
 ///
 /// The runtime's workers drive the sockets, so an answer reaches a waiting

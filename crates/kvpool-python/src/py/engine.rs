@@ -143,7 +143,15 @@ impl Engine {
     ) -> PyResult<Vec<i32>> {
         let items = items(&locals, &remotes, &lengths).map_err(|m| invalid(py, m))?;
         let inner = self.inner(py)?;
-        let results = wait(py, inner.client.transfer(peer, dir, &items))?;
+        // A peer on this host first on the caller's thread alone (see
+        // `transfer_blocking`), else through the shared runtime.
+        let client = &inner.client;
+        let alone = py
+            .detach(|| runtime::waiting(|spin| client.transfer_blocking(peer, dir, &items, spin)));
+        let results = match alone {
+            Some(results) => results,
+            None => wait(py, client.transfer(peer, dir, &items))?,
+        };
         Ok(results
             .into_iter()
             .map(|r| match r {
