@@ -14,6 +14,10 @@
 //! more than that and pipelining cannot deadlock. The whole call is bounded
 //! by the engine's timeout; a connection that broke or timed out is
 //! dropped, one that finished cleanly goes back to its pool.
+//!
+//! A synchronous caller can instead run a batch on its own thread
+//! ([`Engine::transfer_blocking`]), on connections whose sockets only that
+//! thread watches, once the shared path has reached the peer.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,15 +183,18 @@ impl Engine {
                 Ok::<(), KvError>(())
             };
             let ran = tokio::time::timeout_at(deadline, run).await;
+            link.reachable
+                .store(matches!(ran, Ok(Ok(()))), Ordering::Relaxed);
             self.fail_rest(peer, ran, &mut results);
         }
         finish(results)
     }
 
-    /// Runs a batch as [`Self::transfer`] does, on the calling thread,
-    /// when `peer` is known to be on this host; `None` (nothing done) when
-    /// it is not, or not known yet (the first call to a peer finds out),
-    /// or this thread is inside a runtime. The connection's socket is
+    /// Runs a batch as [`Self::transfer`] does, on the calling thread;
+    /// `None` (nothing done) unless the last call to `peer` through the
+    /// shared runtime went through (so a peer that is down or unknown
+    /// meets that path's circuit breaker, never a connect here), or when
+    /// this thread is inside a runtime. The connection's socket is
     /// watched by a runtime of its own that only the caller drives,
     /// spinning up to `spin` at each wait: on the shared runtime each
     /// answer also woke one of its parked workers, a thread more than the
@@ -203,23 +210,25 @@ impl Engine {
             return None;
         }
         let link = self.peers.lock().get(peer).cloned()?;
-        if !matches!(*link.unix.lock(), Unix::Idle(_)) {
+        if !link.reachable.load(Ordering::Relaxed) {
             return None;
         }
+        let unix = matches!(*link.unix.lock(), Unix::Idle(_));
         let (mut results, locals) = self.check_locals(items);
         if results.iter().all(Option::is_some) {
             return Some(finish(results));
         }
         let deadline = std::time::Instant::now() + self.timeout;
-        let owned = link.owned.lock().pop();
-        let mut owned = match owned {
-            Some(o) => o,
-            None => Owned::connect(&link.name, &self.security, self.timeout)?,
+        let pooled = link.owned.lock().pop().filter(|o| o.unix == unix);
+        let Some(mut owned) = pooled.or_else(|| Owned::connect(&link.name, unix, &self.security))
+        else {
+            link.reachable.store(false, Ordering::Relaxed);
+            return None;
         };
-        let Owned { conn, rt } = &mut owned;
+        let Owned { conn, rt, .. } = &mut owned;
         let rt = rt.as_ref()?;
         let ran = rt.block_on(async {
-            let run = link.run(conn, true, dir, items, &locals, &mut results);
+            let run = link.run(conn, unix, dir, items, &locals, &mut results);
             tokio::time::timeout_at(deadline.into(), spinning(spin, run)).await
         });
         if matches!(ran, Ok(Ok(()))) {
@@ -227,6 +236,9 @@ impl Engine {
             if idle.len() < MAX_OWNED_IDLE {
                 idle.push(owned);
             }
+        } else {
+            // Back to the shared path until a call there goes through.
+            link.reachable.store(false, Ordering::Relaxed);
         }
         self.fail_rest(peer, ran, &mut results);
         Some(finish(results))
@@ -333,6 +345,7 @@ impl Engine {
                     }),
                     copies: AtomicBool::new(true),
                     owned: Mutex::default(),
+                    reachable: AtomicBool::new(false),
                 })
             })
             .clone()
@@ -350,8 +363,11 @@ struct Peer {
     /// Whether the peer copies with this process's memory (until it says
     /// it cannot).
     copies: AtomicBool,
-    /// Idle same-host connections driven by callers' threads.
+    /// Idle connections driven by callers' threads.
     owned: Mutex<Vec<Owned>>,
+    /// Whether the last call through the shared runtime went through:
+    /// callers' threads connect on their own only then.
+    reachable: AtomicBool,
 }
 
 /// What is known of a peer's same-host socket.
@@ -452,6 +468,8 @@ fn finish(results: Vec<Option<KvResult<()>>>) -> Vec<KvResult<()>> {
 /// socket (always `Some` until dropped).
 struct Owned {
     conn: FramedConn,
+    /// Whether `conn` is on the same-host socket (else TCP).
+    unix: bool,
     rt: Option<tokio::runtime::Runtime>,
 }
 
@@ -466,27 +484,34 @@ impl Drop for Owned {
 }
 
 impl Owned {
-    /// Connects to `peer`'s same-host socket on a runtime of its own;
-    /// `None` when that fails (the caller then takes the shared path).
-    fn connect(peer: &str, security: &Security, timeout: Duration) -> Option<Owned> {
+    /// Connects to `peer` (on its same-host socket when `unix`, else over
+    /// TCP) on a runtime of its own; `None` when that fails.
+    fn connect(peer: &str, unix: bool, security: &Security) -> Option<Owned> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .ok()?;
         let conn = rt.block_on(async {
+            let limits = Limits::default();
             let connect = async {
-                let stream = local::connect(peer).await?;
-                let limits = Limits::default();
-                FramedConn::connect_unix(stream, peer, "engine", limits, security)
+                if !unix {
+                    return FramedConn::connect_with(peer, "engine", limits, security).await;
+                }
+                let stream = local::connect(peer)
                     .await
-                    .ok()
+                    .ok_or_else(|| KvError::from(Code::RpcFail))?;
+                FramedConn::connect_unix(stream, peer, "engine", limits, security).await
             };
-            tokio::time::timeout(timeout.min(CONNECT_TIMEOUT), connect)
+            tokio::time::timeout(CONNECT_TIMEOUT, connect)
                 .await
+                .ok()?
                 .ok()
-                .flatten()
         })?;
-        Some(Owned { conn, rt: Some(rt) })
+        Some(Owned {
+            conn,
+            unix,
+            rt: Some(rt),
+        })
     }
 }
 

@@ -21,15 +21,8 @@
 //! `KVPOOL_ENGINE_SAME_HOST` chooses ([`SameHost::from_env`]): unset, the
 //! socket with copies; `socket`, the socket with the bytes through it (for
 //! hosts where processes must not reach each other's memory); `0`, TCP.
-//!
-//! A same-host connection's server spins for the caller's next request
-//! ([`spin`]) before it parks: a caller's loop of small transfers sends it
-//! microseconds after the last answer, and a parked thread takes longer
-//! than that to wake.
 
 use std::io;
-use std::sync::OnceLock;
-use std::time::Duration;
 
 use kvpool_proto::{Code, KvError, KvResult};
 use tokio::net::{UnixListener, UnixStream};
@@ -57,20 +50,6 @@ impl SameHost {
             _ => SameHost::Copy,
         }
     }
-}
-
-/// How long a same-host connection's server spins for the next request
-/// after each answer: `KVPOOL_ENGINE_SPIN_US` microseconds (0: never),
-/// default 100, a few of a same-host caller's turns between transfers.
-pub fn spin() -> Duration {
-    static SPIN: OnceLock<Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let us = std::env::var("KVPOOL_ENGINE_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(100);
-        Duration::from_micros(us)
-    })
 }
 
 /// Listens beside the engine serving TCP `addr`; `None` when the name is

@@ -8,9 +8,14 @@
 //! straight from the socket into the region, a read's straight from the
 //! region to the socket, each while holding the region's pin so an
 //! unregister cannot free the memory under it.
+//!
+//! After each answer a connection spins for the next request ([`spin`])
+//! before it parks: a caller's loop of small transfers sends it
+//! microseconds after the last answer, and a parked thread takes longer
+//! than that to wake (20-30 us on a virtual machine).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use kvpool_net::auth::Security;
@@ -84,8 +89,7 @@ impl EngineServer {
             move |mut conn, token| {
                 let (regions, notifies) = (regions.clone(), notifies.clone());
                 async move {
-                    let r =
-                        engine_conn(&mut conn, &regions, &notifies, None, Duration::ZERO, &token);
+                    let r = engine_conn(&mut conn, &regions, &notifies, None, &token);
                     let r = r.await;
                     if let Err(e) = r {
                         debug!(peer = conn.peer(), error = %e, "engine connection closed");
@@ -172,8 +176,7 @@ async fn serve_unix(
                     let limits = Limits::default();
                     let accepted = accept_unix(stream, peer, "engine", limits, &security).await;
                     let Some(mut conn) = accepted else { return };
-                    let spin = local::spin();
-                    let served = engine_conn(&mut conn, &regions, &notifies, pid, spin, &token);
+                    let served = engine_conn(&mut conn, &regions, &notifies, pid, &token);
                     let served = served.await;
                     if let Err(e) = served {
                         debug!(peer = conn.peer(), error = %e, "engine connection closed");
@@ -200,6 +203,21 @@ async fn serve_unix(
 /// connection's futures (requests are served in place, no deep calls).
 const LOCAL_THREAD_STACK: usize = 512 << 10;
 
+/// How long a connection's server spins for the next request after each
+/// answer: `KVPOOL_ENGINE_SPIN_US` microseconds (0: never), default 100,
+/// a few of a caller's turns between transfers. One connection of the
+/// process spins at a time ([`spin_first`]).
+fn spin() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("KVPOOL_ENGINE_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(100);
+        Duration::from_micros(us)
+    })
+}
+
 /// Least rate a peer must read a read's payload at, so a peer that stops
 /// reading cannot hold a region pinned (and its unregister waiting) for
 /// ever: the connection is closed instead.
@@ -209,13 +227,12 @@ const SEND_BYTES_PER_SEC: u64 = 1 << 20;
 const SEND_SLACK: Duration = Duration::from_secs(10);
 
 /// Serves one connection until the peer closes it, it breaks, or shutdown;
-/// after each answer it spins up to `spin` for the next request.
+/// after each answer it spins up to [`spin`] for the next request.
 async fn engine_conn(
     conn: &mut FramedConn,
     regions: &Regions,
     notifies: &Notifies,
     caller: Option<i32>,
-    spin: Duration,
     shutdown: &CancellationToken,
 ) -> KvResult<()> {
     loop {
@@ -223,7 +240,7 @@ async fn engine_conn(
         // started runs to its answer.
         let h = tokio::select! {
             _ = shutdown.cancelled() => return conn.flush().await,
-            h = spin_first(spin, conn.next_request()) => h,
+            h = spin_first(spin(), conn.next_request()) => h,
         };
         let h = match h {
             Ok(Some(h)) => h,
