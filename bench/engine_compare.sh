@@ -15,7 +15,7 @@
 #        SIZES=4KiB,64KiB,512KiB,4MiB
 #        OUT=/tmp/engine_compare
 #        KVPOOL_VENV=~/.cache/kvpool/venv  (has kvpool and mooncake-transfer-engine-non-cuda)
-# MODE=all ROUNDS=5 takes about 10 minutes on a 2-core machine, ROUNDS=1 about 2.
+# MODE=all ROUNDS=5 takes about 16 minutes on a 2-core machine, ROUNDS=1 about 3.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}/bin/python"
