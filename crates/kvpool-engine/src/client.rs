@@ -52,10 +52,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle connections kept per peer.
 const MAX_IDLE: usize = 4;
 
-/// Idle caller-driven same-host connections kept per peer: one per thread
-/// that transfers at once (an engine's TP workers each call from their
-/// own), since making one costs a runtime, a handshake and a thread in
-/// the peer.
+/// Idle caller-driven connections kept per peer: one per thread that
+/// transfers at once (an engine's TP workers each call from their own),
+/// since making one costs a runtime and a handshake (and, on the
+/// same-host socket, a thread in the peer).
 const MAX_OWNED_IDLE: usize = 16;
 
 /// One item of a batch: `len` bytes between `local` (in this process's
