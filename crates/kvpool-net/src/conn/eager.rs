@@ -304,6 +304,29 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
+    /// A runtime nobody drives: its reactor never learns of readiness.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A loopback connection in the entered runtime: its eager read half,
+    /// its write half, and the plain socket of the other end.
+    fn connected() -> (
+        Eager<tokio::net::tcp::OwnedReadHalf>,
+        tokio::net::tcp::OwnedWriteHalf,
+        std::net::TcpStream,
+    ) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let b = l.accept().unwrap().0;
+        a.set_nonblocking(true).unwrap();
+        let (r, w) = tokio::net::TcpStream::from_std(a).unwrap().into_split();
+        (Eager::new(r), w, b)
+    }
+
     /// Polls `fut` once on this thread, with or without eager reads.
     fn poll_once<F: std::future::Future + Unpin>(fut: &mut F, eager: bool) -> Poll<F::Output> {
         let mut cx = Context::from_waker(std::task::Waker::noop());
@@ -321,17 +344,9 @@ mod tests {
     #[test]
     fn a_spinning_caller_reads_what_the_kernel_holds() {
         use std::io::Write;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let _ctx = rt.enter();
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let mut b = l.accept().unwrap().0;
-        a.set_nonblocking(true).unwrap();
-        let (r, _w) = tokio::net::TcpStream::from_std(a).unwrap().into_split();
-        let mut r = Eager::new(r);
+        let (mut r, _w, mut b) = connected();
         let mut buf = [0u8; 8];
         // Registers the socket; nothing has arrived.
         assert!(poll_once(&mut Box::pin(r.read(&mut buf)), true).is_pending());
@@ -413,17 +428,9 @@ mod tests {
     #[test]
     fn a_spinning_server_takes_a_request_sent_while_it_spins() {
         use std::io::Write;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let _ctx = rt.enter();
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let mut b = l.accept().unwrap().0;
-        a.set_nonblocking(true).unwrap();
-        let (r, _w) = tokio::net::TcpStream::from_std(a).unwrap().into_split();
-        let mut r = Eager::new(r);
+        let (mut r, _w, mut b) = connected();
         let mut buf = [0u8; 8];
         let idle = spin_first(std::time::Duration::ZERO, r.read(&mut buf));
         assert!(poll_once(&mut Box::pin(idle), false).is_pending());
