@@ -143,8 +143,8 @@ impl Engine {
     ) -> PyResult<Vec<i32>> {
         let items = items(&locals, &remotes, &lengths).map_err(|m| invalid(py, m))?;
         let inner = self.inner(py)?;
-        // A peer on this host first on the caller's thread alone (see
-        // `transfer_blocking`), else through the shared runtime.
+        // On the caller's own thread where the engine takes it (a peer the
+        // shared runtime reached, see `transfer_blocking`), else there.
         let client = &inner.client;
         let alone = py
             .detach(|| runtime::waiting(|spin| client.transfer_blocking(peer, dir, &items, spin)));
