@@ -274,10 +274,10 @@ impl Engine {
 
     /// Fails the items still without a result with what cut the batch
     /// short: the connection's error, or the timeout.
-    fn fail_rest<E>(
+    fn fail_rest(
         &self,
         peer: &str,
-        ran: Result<KvResult<()>, E>,
+        ran: Result<KvResult<()>, tokio::time::error::Elapsed>,
         results: &mut [Option<KvResult<()>>],
     ) {
         let failed = match ran {

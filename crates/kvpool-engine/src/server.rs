@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use kvpool_net::auth::Security;
 use kvpool_net::conn::FramedConn;
-use kvpool_net::conn::{accept_unix, spin_first};
+use kvpool_net::conn::{accept_unix, spin_first, spin_from_env};
 use kvpool_net::server::{reject_and_close, serve_framed};
 use kvpool_proto::frame::{FrameHeader, FrameKind, Limits, Opcode};
 use kvpool_proto::msg::{self, EngineAboutReply, EngineReadReq, EngineWriteReq};
@@ -89,9 +89,8 @@ impl EngineServer {
             move |mut conn, token| {
                 let (regions, notifies) = (regions.clone(), notifies.clone());
                 async move {
-                    let r = engine_conn(&mut conn, &regions, &notifies, None, &token);
-                    let r = r.await;
-                    if let Err(e) = r {
+                    let served = engine_conn(&mut conn, &regions, &notifies, None, &token).await;
+                    if let Err(e) = served {
                         debug!(peer = conn.peer(), error = %e, "engine connection closed");
                     }
                 }
@@ -176,8 +175,7 @@ async fn serve_unix(
                     let limits = Limits::default();
                     let accepted = accept_unix(stream, peer, "engine", limits, &security).await;
                     let Some(mut conn) = accepted else { return };
-                    let served = engine_conn(&mut conn, &regions, &notifies, pid, &token);
-                    let served = served.await;
+                    let served = engine_conn(&mut conn, &regions, &notifies, pid, &token).await;
                     if let Err(e) = served {
                         debug!(peer = conn.peer(), error = %e, "engine connection closed");
                     }
@@ -209,13 +207,7 @@ const LOCAL_THREAD_STACK: usize = 512 << 10;
 /// process spins at a time ([`spin_first`]).
 fn spin() -> Duration {
     static SPIN: OnceLock<Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let us = std::env::var("KVPOOL_ENGINE_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(100);
-        Duration::from_micros(us)
-    })
+    *SPIN.get_or_init(|| spin_from_env("KVPOOL_ENGINE_SPIN_US", 100))
 }
 
 /// Least rate a peer must read a read's payload at, so a peer that stops

@@ -855,7 +855,7 @@ mod handshake;
 mod pool;
 
 use eager::Eager;
-pub use eager::{read_eagerly, spin_first, spinning, ThreadWaker};
+pub use eager::{read_eagerly, spin_first, spin_from_env, spinning, ThreadWaker};
 pub use handshake::{accept, accept_unix};
 use handshake::{refuse_plaintext, refused_auth};
 pub use pool::ConnPool;

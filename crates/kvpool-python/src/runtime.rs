@@ -93,13 +93,7 @@ pub fn get() -> KvResult<&'static tokio::runtime::Runtime> {
 /// put waiting for wake-ups in about half its round trips.
 fn spin_for() -> Duration {
     static SPIN: OnceLock<Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let us = std::env::var("KVPOOL_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(200);
-        Duration::from_micros(us)
-    })
+    *SPIN.get_or_init(|| kvpool_net::conn::spin_from_env("KVPOOL_SPIN_US", 200))
 }
 
 /// Callers in [`block_on`] now, in this process.
@@ -121,16 +115,20 @@ impl Drop for Inside {
     }
 }
 
-/// Runs `f` counted among the waiting callers, with how long it may spin
-/// at each wait: [`spin_for`] while it is the only one, as in [`block_on`],
-/// else nothing.
-pub fn waiting<T>(f: impl FnOnce(Duration) -> T) -> T {
-    let _inside = Inside::enter();
-    let spin = match INSIDE.load(Ordering::Relaxed) {
+/// How long a waiting caller may spin now: [`spin_for`] while it is the
+/// only one waiting, else nothing.
+fn spin_now() -> Duration {
+    match INSIDE.load(Ordering::Relaxed) {
         1 => spin_for(),
         _ => Duration::ZERO,
-    };
-    f(spin)
+    }
+}
+
+/// Runs `f` counted among the waiting callers, with how long it may spin
+/// at each wait (see [`spin_now`]).
+pub fn waiting<T>(f: impl FnOnce(Duration) -> T) -> T {
+    let _inside = Inside::enter();
+    f(spin_now())
 }
 
 /// Runs `fut` to completion on the calling thread, in `rt`'s context.
@@ -157,10 +155,7 @@ pub fn block_on<F: Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
         if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
             return v;
         }
-        let spin = match INSIDE.load(Ordering::Relaxed) {
-            1 => spin_for(),
-            _ => Duration::ZERO,
-        };
+        let spin = spin_now();
         let started = Instant::now();
         while !wake.take() {
             if started.elapsed() >= spin {

@@ -70,6 +70,16 @@ pub fn read_eagerly<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// A spin length from the environment: `var` microseconds (0: never
+/// spin), else `default_us`.
+pub fn spin_from_env(var: &str, default_us: u64) -> std::time::Duration {
+    let us = std::env::var(var)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(default_us);
+    std::time::Duration::from_micros(us)
+}
+
 /// One server task in this process spins at a time (see [`spin_first`]):
 /// a second would hold another of the runtime's workers, and on a small
 /// host the core the caller needs.
