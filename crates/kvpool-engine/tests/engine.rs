@@ -78,13 +78,17 @@ fn all_ok(results: &[kvpool_proto::KvResult<()>]) {
     }
 }
 
+/// Each way a decode side's server can treat same-host peers, and the
+/// link a prefill side on the same host then reaches it by.
+const LINKS: [(SameHost, &str); 3] = [
+    (SameHost::Copy, "copy"),
+    (SameHost::Socket, "socket"),
+    (SameHost::Off, "tcp"),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_blocks_round_trip_both_ways() {
-    for (mode, link) in [
-        (SameHost::Copy, "copy"),
-        (SameHost::Socket, "socket"),
-        (SameHost::Off, "tcp"),
-    ] {
+    for (mode, link) in LINKS {
         round_trip(mode, link).await;
     }
 }
@@ -148,11 +152,7 @@ async fn round_trip(mode: SameHost, link: &str) {
 /// runtime, and once a connection of its own to the peer broke.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_thread_moves_bytes_itself() {
-    for (mode, link) in [
-        (SameHost::Copy, "copy"),
-        (SameHost::Socket, "socket"),
-        (SameHost::Off, "tcp"),
-    ] {
+    for (mode, link) in LINKS {
         caller_driven(mode, link).await;
     }
 }
