@@ -34,8 +34,9 @@ use kvpool_proto::msg::{
 use kvpool_proto::{Code, KvError, KvResult, Rpc};
 use parking_lot::Mutex;
 
+use crate::cuda::Memory;
 use crate::local;
-use crate::regions::{Pin, Region, Regions};
+use crate::regions::{unregistered, Pin, Region, Regions};
 
 /// Requests kept in flight per connection before waiting for an answer.
 pub const WINDOW: usize = 64;
@@ -546,6 +547,8 @@ async fn pipeline(
     // the peer reads or writes that memory until then.
     let mut inflight: std::collections::VecDeque<(usize, u64, &Region, Option<Pin<'_>>)> =
         std::collections::VecDeque::with_capacity(WINDOW);
+    // Host copies of GPU memory on their way out, reused item to item.
+    let mut staging = Vec::new();
     for (i, t) in items.iter().enumerate() {
         let Some(local) = locals[i].as_deref().filter(|_| results[i].is_none()) else {
             continue;
@@ -556,11 +559,11 @@ async fn pipeline(
                 results[j] = Some(answer(conn, dir, pin.is_some(), &items[j], at, id).await?);
             }
         }
-        let (id, pin) = if copy {
+        let (id, pin) = if copy && local.memory() == Memory::Host {
             // Not `pin().await`: an unregister waiting for a pin this loop
             // holds would wait for ever behind it.
             let Some(pin) = local.try_pin() else {
-                results[i] = Some(Err(unregistered(t)));
+                results[i] = Some(Err(unregistered(t.local, t.len)));
                 continue;
             };
             let id = match dir {
@@ -586,13 +589,19 @@ async fn pipeline(
             let id = match dir {
                 Direction::Write => {
                     let Some(_pin) = local.pin().await else {
-                        results[i] = Some(Err(unregistered(t)));
+                        results[i] = Some(Err(unregistered(t.local, t.len)));
                         continue;
                     };
                     // SAFETY: inside the local region (checked by
                     // `transfer`), which `_pin` keeps registered until the
                     // bytes are queued or sent.
-                    let src = unsafe { local.bytes(t.local, t.len) };
+                    let src = match unsafe { local.load(t.local, t.len, &mut staging) } {
+                        Ok(src) => src,
+                        Err(e) => {
+                            results[i] = Some(Err(e));
+                            continue;
+                        }
+                    };
                     let req = EngineWriteReq {
                         addr: t.remote,
                         len: t.len,
@@ -643,27 +652,6 @@ async fn answer(
             format!("{}: answer of the wrong length", conn.peer()),
         ));
     }
-    // SAFETY: inside the local region (checked by `transfer`); every read
-    // into it runs under a pin the fenced read takes, so nothing lands once
-    // an unregister is under way.
-    let dst = unsafe { local.bytes_mut(t.local, t.len) };
-    if conn
-        .read_payload_fenced(dst, || local.try_pin(), |_| {})
-        .await?
-    {
-        Ok(Ok(()))
-    } else {
-        Ok(Err(unregistered(t)))
-    }
-}
-
-/// The error of an item whose local buffer was unregistered mid-transfer.
-fn unregistered(t: &Transfer) -> KvError {
-    KvError::new(
-        Code::TransferFail,
-        format!(
-            "local buffer {:#x}+{} was unregistered during the transfer",
-            t.local, t.len
-        ),
-    )
+    // SAFETY: inside the local region (checked by `transfer`).
+    unsafe { local.land(conn, t.local, t.len) }.await
 }

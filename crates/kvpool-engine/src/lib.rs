@@ -6,7 +6,8 @@
 //! `mooncake.engine.TransferEngine`.
 //!
 //! - [`Regions`]: what this process registered, the only memory peers may
-//!   touch and the only local buffers transfers may use;
+//!   touch and the only local buffers transfers may use, in host or GPU
+//!   memory ([`Memory`]);
 //! - [`EngineServer`]: serves peers' `EngineWrite`/`EngineRead` requests
 //!   against those regions, over kvpool's framed, authenticated TCP;
 //! - [`Engine`]: the client side, batches pipelined on pooled connections
@@ -19,12 +20,14 @@
 //! [`SameHost`]).
 
 mod client;
+mod cuda;
 mod local;
 mod notifies;
 mod regions;
 mod server;
 
 pub use client::{timeout_secs, Direction, Engine, Transfer, WINDOW};
+pub use cuda::{Device, Memory};
 pub use local::SameHost;
 pub use notifies::{Notifies, Notify, MAX_NOTIFY_BYTES, MAX_UNREAD};
 pub use regions::{Pin, Region, Regions};

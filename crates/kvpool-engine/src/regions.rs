@@ -14,13 +14,20 @@
 //! Every copy into or out of a region holds its pin ([`Region::pin`]); an
 //! unregister takes the region out of the table, then waits for those pins
 //! to go, so once it returns no byte moves to or from that memory.
+//!
+//! A region on a GPU ([`Memory::Device`]) is never touched by the CPU: its
+//! bytes go out through [`Region::load`] and come in through
+//! [`Region::land`], staged through host memory (see [`crate::cuda`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use kvpool_net::conn::FramedConn;
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::RwLock;
 use tokio::sync::RwLockReadGuard;
+
+use crate::cuda::Memory;
 
 /// One registered buffer.
 #[derive(Debug)]
@@ -31,6 +38,8 @@ pub struct Region {
     len: u64,
     /// Order of registration, for [`Regions::first`].
     seq: u64,
+    /// Host or GPU memory.
+    memory: Memory,
     /// `true` until unregistered. Copies hold it for reading (an async lock:
     /// a copy to a socket awaits while it holds it); unregister takes it
     /// for writing, which waits for every copy in flight.
@@ -63,7 +72,7 @@ impl Region {
     /// The caller must hold a [`Pin`] of this region for as long as it reads
     /// through the slice, and `[addr, addr + len)` must lie inside it.
     pub unsafe fn bytes(&self, addr: u64, len: u64) -> &[u8] {
-        debug_assert!(self.contains(addr, len));
+        debug_assert!(self.contains(addr, len) && self.memory == Memory::Host);
         // SAFETY: inside a registered region, which the registrant vouched
         // is readable and writable until unregistered (`Regions::register`);
         // the caller's pin keeps it registered.
@@ -79,9 +88,75 @@ impl Region {
     /// its own contract (Mooncake's: don't touch a buffer mid-transfer).
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn bytes_mut(&self, addr: u64, len: u64) -> &mut [u8] {
-        debug_assert!(self.contains(addr, len));
+        debug_assert!(self.contains(addr, len) && self.memory == Memory::Host);
         // SAFETY: as in `bytes`.
         unsafe { std::slice::from_raw_parts_mut(addr as usize as *mut u8, len as usize) }
+    }
+
+    /// Where the region lives.
+    pub fn memory(&self) -> Memory {
+        self.memory
+    }
+
+    /// The bytes `[addr, addr + len)` to send: the region's own for host
+    /// memory, else copied from the GPU into `staging`.
+    ///
+    /// # Safety
+    /// As [`Self::bytes`].
+    pub unsafe fn load<'a>(
+        &'a self,
+        addr: u64,
+        len: u64,
+        staging: &'a mut Vec<u8>,
+    ) -> KvResult<&'a [u8]> {
+        let Memory::Device(device) = self.memory else {
+            // SAFETY: the caller's promise.
+            return Ok(unsafe { self.bytes(addr, len) });
+        };
+        staging.clear();
+        staging.resize(len as usize, 0);
+        device.download(staging, addr)?;
+        Ok(staging)
+    }
+
+    /// Reads a frame's `len`-byte payload from `conn` into `[addr, addr +
+    /// len)`: straight into host memory, or through a host buffer into the
+    /// GPU. The outer `Err` is a broken connection; the inner one this
+    /// write's failure (unregistered midway, or the driver's copy failed).
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must lie inside the region; no pin is needed
+    /// (every piece lands under one).
+    pub async unsafe fn land(
+        &self,
+        conn: &mut FramedConn,
+        addr: u64,
+        len: u64,
+    ) -> KvResult<KvResult<()>> {
+        let mut staging = Vec::new();
+        let dst = match self.memory {
+            // SAFETY: inside the region (the caller's promise); every read
+            // into it runs under a pin the fenced read takes, so nothing
+            // lands once an unregister is under way.
+            Memory::Host => unsafe { self.bytes_mut(addr, len) },
+            Memory::Device(_) => {
+                staging.resize(len as usize, 0);
+                &mut staging[..]
+            }
+        };
+        if !conn
+            .read_payload_fenced(dst, || self.try_pin(), |_| {})
+            .await?
+        {
+            return Ok(Err(unregistered(addr, len)));
+        }
+        let Memory::Device(device) = self.memory else {
+            return Ok(Ok(()));
+        };
+        let Some(_pin) = self.try_pin() else {
+            return Ok(Err(unregistered(addr, len)));
+        };
+        Ok(device.upload(addr, &staging))
     }
 
     /// Whether `[addr, addr + len)` lies entirely inside the region.
@@ -114,17 +189,19 @@ impl Regions {
         Regions::default()
     }
 
-    /// Registers `[addr, addr + len)`: peers may write and read it, and
-    /// local transfers may use it, until [`Self::unregister`]. Refused
+    /// Registers `[addr, addr + len)`, which lives in `memory` (see
+    /// [`Memory::locate`]): peers may write and read it, and local
+    /// transfers may use it, until [`Self::unregister`]. Refused
     /// (`InvalidParams`) when empty or wrapping around, and
     /// (`ObjectAlreadyExists`, Mooncake's `ERR_ADDRESS_OVERLAPPED`) when it
     /// shares a byte with a registered region.
     ///
     /// # Safety
     /// The caller must guarantee the memory is valid for reads and writes,
-    /// by any thread, until `unregister(addr)` has returned; peers write it
-    /// at any time in between.
-    pub unsafe fn register(&self, addr: u64, len: u64) -> KvResult<()> {
+    /// by any thread (through the driver, for GPU memory), until
+    /// `unregister(addr)` has returned, and lives where `memory` says;
+    /// peers write it at any time in between.
+    pub unsafe fn register(&self, addr: u64, len: u64, memory: Memory) -> KvResult<()> {
         if len == 0 {
             return Err(invalid(format!("cannot register zero bytes at {addr:#x}")));
         }
@@ -149,6 +226,7 @@ impl Regions {
             start: addr,
             len,
             seq,
+            memory,
             live: tokio::sync::RwLock::new(true),
         };
         t.by_start.insert(addr, Arc::new(region));
@@ -207,6 +285,15 @@ fn invalid(msg: String) -> KvError {
     KvError::new(Code::InvalidParams, msg)
 }
 
+/// The error of a transfer whose registered memory was unregistered while
+/// its bytes moved.
+pub(crate) fn unregistered(addr: u64, len: u64) -> KvError {
+    KvError::new(
+        Code::TransferFail,
+        format!("{addr:#x}+{len} was unregistered during the transfer"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,7 +302,7 @@ mod tests {
         let t = Regions::new();
         for &(a, l) in regions {
             // SAFETY: never dereferenced: these tests only look up ranges.
-            unsafe { t.register(a, l) }.unwrap();
+            unsafe { t.register(a, l, Memory::Host) }.unwrap();
         }
         t
     }
@@ -249,19 +336,19 @@ mod tests {
             (0, 0x10000),
         ] {
             // SAFETY: refused before anything is recorded.
-            let e = unsafe { t.register(a, l) }.unwrap_err();
+            let e = unsafe { t.register(a, l, Memory::Host) }.unwrap_err();
             assert_eq!(e.code, Code::ObjectAlreadyExists, "{a:#x}+{l}");
         }
         for (a, l) in [(0x5000, 0), (u64::MAX - 1, 4)] {
             // SAFETY: refused before anything is recorded.
-            let e = unsafe { t.register(a, l) }.unwrap_err();
+            let e = unsafe { t.register(a, l, Memory::Host) }.unwrap_err();
             assert_eq!(e.code, Code::InvalidParams, "{a:#x}+{l}");
         }
         // Touching but not overlapping is fine on both sides.
         // SAFETY: never dereferenced.
         unsafe {
-            t.register(0x800, 0x800).unwrap();
-            t.register(0x2000, 0x10).unwrap();
+            t.register(0x800, 0x800, Memory::Host).unwrap();
+            t.register(0x2000, 0x10, Memory::Host).unwrap();
         }
         assert_eq!(t.len(), 3);
         assert_eq!(t.first(), Some((0x1000, 0x1000)));

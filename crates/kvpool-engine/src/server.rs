@@ -6,8 +6,9 @@
 //! range outside them is answered `InvalidParams` (a write's payload is read
 //! and thrown away), and the connection goes on. A write's payload goes
 //! straight from the socket into the region, a read's straight from the
-//! region to the socket, each while holding the region's pin so an
-//! unregister cannot free the memory under it.
+//! region to the socket (through a host buffer for GPU memory), each while
+//! holding the region's pin so an unregister cannot free the memory under
+//! it.
 //!
 //! After each answer a connection spins for the next request ([`spin`])
 //! before it parks: a caller's loop of small transfers sends it
@@ -30,6 +31,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::cuda::Memory;
 use crate::local::{self, SameHost, Way};
 use crate::notifies::{Notifies, Notify};
 use crate::regions::Regions;
@@ -323,6 +325,14 @@ async fn copy_with_caller(
         ));
     };
     let region = regions.check(addr, len, "the peer's")?;
+    if region.memory() != Memory::Host {
+        // The kernel's copy cannot reach GPU memory: the caller sends the
+        // bytes through the socket instead.
+        return Err(KvError::new(
+            Code::NotSupported,
+            "GPU memory is not copied between processes",
+        ));
+    }
     let Some(_pin) = region.pin().await else {
         return Err(KvError::new(
             Code::TransferFail,
@@ -371,25 +381,9 @@ async fn write(
             return conn.send_error(h, &e).await;
         }
     };
-    // SAFETY: inside the region (checked above); every read into it runs
-    // under a pin (the fenced read below takes one per read), so nothing
-    // lands once an unregister is under way.
-    let dst = unsafe { region.bytes_mut(req.addr, req.len) };
-    let landed = conn
-        .read_payload_fenced(dst, || region.try_pin(), |_| {})
-        .await?;
-    if landed {
-        conn.send_response(h, &[], &[]).await
-    } else {
-        let e = KvError::new(
-            Code::TransferFail,
-            format!(
-                "{:#x}+{} was unregistered during the write",
-                req.addr, req.len
-            ),
-        );
-        conn.send_error(h, &e).await
-    }
+    // SAFETY: inside the region (checked above).
+    let landed = unsafe { region.land(conn, req.addr, req.len) }.await?;
+    ack(conn, h, landed).await
 }
 
 /// Sends registered memory as a read's payload, or refuses the read.
@@ -410,9 +404,13 @@ async fn read(
         );
         return conn.send_error(h, &e).await;
     };
+    let mut staging = Vec::new();
     // SAFETY: inside the region (checked above), which `pin` keeps
     // registered until the bytes are queued or sent.
-    let src = unsafe { region.bytes(req.addr, req.len) };
+    let src = match unsafe { region.load(req.addr, req.len, &mut staging) } {
+        Ok(src) => src,
+        Err(e) => return conn.send_error(h, &e).await,
+    };
     let within = SEND_SLACK + Duration::from_secs(req.len / SEND_BYTES_PER_SEC);
     let sent = tokio::time::timeout(within, conn.send_response(h, &[], &[src])).await;
     drop(pin);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpool_engine::{
-    timeout_secs, Direction, Engine, EngineServer, Notifies, Regions, SameHost, Transfer,
+    timeout_secs, Direction, Engine, EngineServer, Memory, Notifies, Regions, SameHost, Transfer,
 };
 use kvpool_net::auth::{Credentials, Security};
 use kvpool_proto::Code;
@@ -55,7 +55,7 @@ impl Side {
     fn register(&self, buf: &mut [u8]) -> u64 {
         let addr = buf.as_mut_ptr() as u64;
         // SAFETY: every test keeps its buffers alive past its sides.
-        unsafe { self.regions.register(addr, buf.len() as u64) }.unwrap();
+        unsafe { self.regions.register(addr, buf.len() as u64, Memory::Host) }.unwrap();
         addr
     }
 }
@@ -257,7 +257,7 @@ async fn outside_registered_memory_is_refused_and_lands_nothing() {
     // the peer's too, just not offered.
     let mid = whole.as_mut_ptr() as u64 + 4096;
     // SAFETY: `whole` outlives the sides.
-    unsafe { b.regions.register(mid, 4096) }.unwrap();
+    unsafe { b.regions.register(mid, 4096, Memory::Host) }.unwrap();
     let peer = b.session();
     let bad = [
         // Straddles the end of the region.
@@ -395,4 +395,192 @@ fn timeouts_are_positive_and_bounded() {
     for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e10, 1e19] {
         assert_eq!(timeout_secs(bad), None, "{bad}");
     }
+}
+
+/// The stand-in CUDA driver (`tests/fake_cuda.c`), built here and loaded
+/// into this process as `libcuda.so.1`, where the engine finds it as it
+/// finds the real one: its device memory is address space the CPU cannot
+/// touch, reached only through the driver's copies.
+struct FakeCuda {
+    alloc: AllocFn,
+    poke: PokeFn,
+    peek: PeekFn,
+    copies: CopiesFn,
+}
+
+/// `fake_cuda_alloc(size_t len)`: device memory, 0 when none.
+type AllocFn = unsafe extern "C" fn(usize) -> u64;
+/// `fake_cuda_poke(dst, src, n)`: writes device memory, 0 or an error.
+type PokeFn = unsafe extern "C" fn(u64, *const u8, usize) -> i32;
+/// `fake_cuda_peek(dst, src, n)`: reads device memory, 0 or an error.
+type PeekFn = unsafe extern "C" fn(*mut u8, u64, usize) -> i32;
+/// `fake_cuda_copies()`: the driver copies made so far.
+type CopiesFn = unsafe extern "C" fn() -> u64;
+
+impl FakeCuda {
+    fn get() -> &'static FakeCuda {
+        static FAKE: std::sync::OnceLock<FakeCuda> = std::sync::OnceLock::new();
+        FAKE.get_or_init(|| {
+            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-cuda");
+            std::fs::create_dir_all(&dir).unwrap();
+            let lib = dir.join("libcuda.so.1");
+            let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_cuda.c");
+            let built = std::process::Command::new("cc")
+                .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o"])
+                .arg(&lib)
+                .arg(src)
+                .status()
+                .expect("a C compiler (cc) to build the stand-in CUDA driver");
+            assert!(built.success(), "building {src}");
+            let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+            // SAFETY: loads a library whose only constructor-free C code is
+            // above; it stays loaded for the process's life.
+            let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+            assert!(!handle.is_null(), "dlopen {}", lib.display());
+            let sym = |name: &std::ffi::CStr| {
+                // SAFETY: a lookup in a live handle.
+                let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+                assert!(!p.is_null(), "{name:?}");
+                p
+            };
+            // SAFETY: each symbol is the C function of that name in
+            // fake_cuda.c, whose signature the field's type spells.
+            unsafe {
+                use std::mem::transmute;
+                type Sym = *mut libc::c_void;
+                FakeCuda {
+                    alloc: transmute::<Sym, AllocFn>(sym(c"fake_cuda_alloc")),
+                    poke: transmute::<Sym, PokeFn>(sym(c"fake_cuda_poke")),
+                    peek: transmute::<Sym, PeekFn>(sym(c"fake_cuda_peek")),
+                    copies: transmute::<Sym, CopiesFn>(sym(c"fake_cuda_copies")),
+                }
+            }
+        })
+    }
+
+    /// `len` bytes of device memory holding `bytes` (zeros past them).
+    fn alloc(&self, len: usize, bytes: &[u8]) -> u64 {
+        // SAFETY: the fake's C functions, with buffers valid for the lengths.
+        unsafe {
+            let addr = (self.alloc)(len);
+            assert_ne!(addr, 0, "fake device allocation");
+            assert_eq!((self.poke)(addr, bytes.as_ptr(), bytes.len()), 0);
+            addr
+        }
+    }
+
+    /// The `len` bytes of device memory at `addr`.
+    fn peek(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        // SAFETY: as above.
+        assert_eq!(unsafe { (self.peek)(out.as_mut_ptr(), addr, len) }, 0);
+        out
+    }
+
+    /// Driver copies made so far, by anyone in the process.
+    fn copies(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { (self.copies)() }
+    }
+}
+
+/// GPU memory, on either side and either way, moves through the CUDA
+/// driver's copies and host buffers: never touched by the CPU or handed to
+/// the kernel (the stand-in driver's device memory would fault), over TCP
+/// and on the same-host socket, where a peer asked to copy with GPU
+/// memory says it cannot and the bytes go through the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_memory_moves_through_the_drivers_copies() {
+    let cuda = FakeCuda::get();
+    for (mode, link) in [
+        (SameHost::Copy, "socket"),
+        (SameHost::Socket, "socket"),
+        (SameHost::Off, "tcp"),
+    ] {
+        gpu_round_trip(cuda, mode, link).await;
+    }
+}
+
+async fn gpu_round_trip(cuda: &FakeCuda, mode: SameHost, link: &str) {
+    let (prefill, decode) = (
+        Side::start(Security::default()).await,
+        Side::start_with(Security::default(), mode).await,
+    );
+    let sizes = [4u64 << 10, 512 << 10, (1 << 20) + 3];
+    let total: u64 = sizes.iter().sum();
+    let n = total as usize;
+    let (host_bytes, gpu_bytes) = (pattern(3, n), pattern(4, n));
+    let mut host_src = host_bytes.clone();
+    let mut host_back = vec![0u8; n];
+    let gpu_src = cuda.alloc(n, &gpu_bytes);
+    let gpu_back = cuda.alloc(n, &[]);
+    let gpu_dst = cuda.alloc(2 * n, &[]);
+    let on_gpu = |side: &Side, addr: u64, len: u64| {
+        let memory = Memory::locate(addr, len).unwrap();
+        assert!(memory.device().is_some(), "{addr:#x} is GPU memory");
+        // SAFETY: the fake's allocations are never freed.
+        unsafe { side.regions.register(addr, len, memory) }.unwrap();
+    };
+    on_gpu(&prefill, gpu_src, total);
+    on_gpu(&prefill, gpu_back, total);
+    on_gpu(&decode, gpu_dst, 2 * total);
+    let mut host_dst = vec![0u8; n];
+    let hs = prefill.register(&mut host_src);
+    let hb = prefill.register(&mut host_back);
+    let hd = decode.register(&mut host_dst);
+    assert_eq!(Memory::locate(hs, total).unwrap(), Memory::Host);
+    assert_eq!(
+        Memory::locate(gpu_dst + total, 2 * total).unwrap_err().code,
+        Code::InvalidParams,
+        "a range running off GPU memory"
+    );
+    // Items laid end to end from `local` and `remote`.
+    let items = |local: u64, remote: u64| {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&len| {
+                at += len;
+                Transfer {
+                    local: local + at - len,
+                    remote: remote + at - len,
+                    len,
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = cuda.copies();
+    let peer = decode.session();
+    // GPU to host first: the peer could copy with host memory, never
+    // with the caller's GPU memory.
+    all_ok(&prefill.engine.write(&peer, &items(gpu_src, hd)).await);
+    assert!(
+        host_dst == gpu_bytes,
+        "{link}: GPU bytes in decode's host memory"
+    );
+    // Host to GPU and GPU to GPU, in one batch.
+    let mut writes = items(hs, gpu_dst);
+    writes.extend(items(gpu_src, gpu_dst + total));
+    all_ok(&prefill.engine.write(&peer, &writes).await);
+    assert!(
+        cuda.peek(gpu_dst, n) == host_bytes,
+        "{link}: host bytes in decode's GPU"
+    );
+    assert!(
+        cuda.peek(gpu_dst + total, n) == gpu_bytes,
+        "{link}: GPU bytes in decode's GPU"
+    );
+    // GPU to GPU and GPU to host, back.
+    let mut reads = items(gpu_back, gpu_dst);
+    reads.extend(items(hb, gpu_dst + total));
+    all_ok(&prefill.engine.read(&peer, &reads).await);
+    assert!(
+        cuda.peek(gpu_back, n) == host_bytes,
+        "{link}: read into GPU"
+    );
+    assert!(host_back == gpu_bytes, "{link}: read into host memory");
+    // Each GPU item of the five batches crossed the driver once a side.
+    assert_eq!(cuda.copies() - before, 21, "{link}: driver copies");
+    assert_eq!(prefill.engine.link(&peer), link);
+    drop((prefill, decode));
 }

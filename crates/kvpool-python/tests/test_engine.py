@@ -340,6 +340,69 @@ def test_probe_peer_buffers_and_managed_memory(decode, prefill):
     assert prefill.get_local_topology() and prefill.get_engine_ptr() != 0
 
 
+# A prefill process whose KV lives in GPU memory, with the stand-in CUDA
+# driver (crates/kvpool-engine/tests/fake_cuda.c) loaded as libcuda.so.1: its
+# device memory is address space the CPU cannot touch, reached only through
+# the driver's copies, so an engine that read or wrote it directly would
+# fault or fail here as on a GPU.
+GPU_PREFILL = r"""
+import ctypes, sys
+import numpy as np
+lib, session, peer, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cuda = ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+cuda.fake_cuda_alloc.restype = ctypes.c_uint64
+cuda.fake_cuda_alloc.argtypes = [ctypes.c_size_t]
+cuda.fake_cuda_poke.argtypes = cuda.fake_cuda_peek.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t]
+cuda.fake_cuda_copies.restype = ctypes.c_ulong
+from kvpool.engine import TransferEngine
+
+def peek(addr, length):
+    out = np.zeros(length, dtype=np.uint8)
+    assert cuda.fake_cuda_peek(out.ctypes.data, addr, length) == 0
+    return out
+
+te = TransferEngine()
+assert te.initialize("127.0.0.1:0", "P2PHANDSHAKE", "tcp", "") == 0
+kv = np.random.default_rng(11).integers(0, 256, size=n, dtype=np.uint8)
+gpu, back = cuda.fake_cuda_alloc(n), cuda.fake_cuda_alloc(n)
+assert cuda.fake_cuda_poke(gpu, kv.ctypes.data, n) == 0
+assert te.batch_register_memory([gpu, back], [n, n]) == 0
+# The first half in one call (the shared runtime's path), the second page
+# by page (the caller's own thread, once the peer answered).
+half = n // 2
+assert te.transfer_sync_write(session, gpu, peer, half) == 0
+page = 4096
+assert te.batch_transfer_sync_write(
+    session, list(range(gpu + half, gpu + n, page)), list(range(peer + half, peer + n, page)), [page] * (half // page)
+) == 0
+assert te.transfer_sync_read(session, back, peer, n) == 0
+assert np.array_equal(peek(back, n), kv)
+assert te.write_bytes_to_buffer(back, b"hello kv", 5) == 0
+assert te.read_bytes_from_buffer(back, 8) == b"hello" + kv[5:8].tobytes()
+assert cuda.fake_cuda_copies() >= 2 + half // page + 2
+print("ok", flush=True)
+"""
+
+
+def test_gpu_memory_goes_through_the_cuda_drivers_copies(decode, tmp_path):
+    """KV in GPU memory is written to and read from a peer's host memory
+    through the CUDA driver's copies, on each link, on the shared path and
+    the caller's own thread (with a stand-in driver: no GPU here)."""
+    lib = tmp_path / "libcuda.so.1"
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "kvpool-engine", "tests", "fake_cuda.c")
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o", str(lib), src], check=True)
+    n = PAGES * PAGE
+    out = subprocess.run(
+        [sys.executable, "-c", GPU_PREFILL, str(lib), decode.session, str(decode.addr), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr[-3000:]
+    kv = np.random.default_rng(11).integers(0, 256, size=n, dtype=np.uint8)
+    assert decode.sha() == expected(kv)
+
+
 SPAWNS = r"""
 import multiprocessing as mp
 import sys

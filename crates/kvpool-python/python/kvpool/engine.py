@@ -47,9 +47,10 @@ _OVERLAP_CODE = _native.CODES["OBJECT_ALREADY_EXISTS"]
 # kvpool's code for a transfer that ran out of time.
 _TIMEOUT_CODE = _native.CODES["RPC_TIMEOUT"]
 
-# What this build of the engine moves: host memory over TCP only (Mooncake's
-# module flags, so code that branches on them takes the host-memory path).
-SUPPORT_CUDA = False
+# What this engine moves (Mooncake's module flags): host memory, and CUDA
+# device memory through host buffers with the driver's copies (in a process
+# that has the CUDA driver loaded); over TCP and on one host, no RDMA.
+SUPPORT_CUDA = True
 SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_MNNVL = False

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use kvpool_client::auth::{Credentials, Security};
 use kvpool_engine::{
-    Direction, Engine as Client, EngineServer, Notifies, Region as Registered, Regions, SameHost,
-    Transfer,
+    Direction, Engine as Client, EngineServer, Memory, Notifies, Region as Registered, Regions,
+    SameHost, Transfer,
 };
 use kvpool_proto::{Code, KvError, KvResult};
 use parking_lot::Mutex;
@@ -245,11 +245,15 @@ impl Engine {
     fn register(&self, py: Python<'_>, addr: u64, length: u64) -> PyResult<()> {
         let inner = self.inner(py)?;
         let region = Region::new(addr, length).map_err(|e| raise(py, e))?;
-        py.detach(|| region.readable()).map_err(|e| raise(py, e))?;
+        let memory = Memory::locate(addr, length).map_err(|e| raise(py, e))?;
+        if memory == Memory::Host {
+            py.detach(|| region.readable()).map_err(|e| raise(py, e))?;
+        }
         // SAFETY: the caller vouches the memory is valid for reads and
-        // writes until it unregisters it (the documented contract); it is
-        // mapped and readable now (checked above).
-        unsafe { inner.regions.register(addr, length) }.map_err(|e| raise(py, e))
+        // writes until it unregisters it (the documented contract); host
+        // memory is mapped and readable now (checked above), GPU memory is
+        // the driver's to check on each copy.
+        unsafe { inner.regions.register(addr, length, memory) }.map_err(|e| raise(py, e))
     }
 
     /// Unregisters the buffer registered at `addr`, once transfers in
@@ -421,10 +425,15 @@ impl Engine {
 
     /// Copies `data` to `addr`, which must lie in memory registered here.
     fn copy_in(&self, py: Python<'_>, addr: u64, data: &[u8]) -> PyResult<()> {
-        self.with_registered(py, addr, data.len() as u64, |region| {
-            // SAFETY: inside a registered region, kept registered meanwhile.
-            unsafe { region.bytes_mut(addr, data.len() as u64) }.copy_from_slice(data)
-        })
+        let copied = self.with_registered(py, addr, data.len() as u64, |region| {
+            let Memory::Device(device) = region.memory() else {
+                // SAFETY: inside a registered region, kept registered meanwhile.
+                unsafe { region.bytes_mut(addr, data.len() as u64) }.copy_from_slice(data);
+                return Ok(());
+            };
+            device.upload(addr, data)
+        })?;
+        copied.map_err(|e| raise(py, e))
     }
 
     /// The `length` bytes at `addr`, which must lie in memory registered here.
@@ -434,10 +443,12 @@ impl Engine {
         addr: u64,
         length: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        self.with_registered(py, addr, length, |region| {
+        let mut staging = Vec::new();
+        let bytes = self.with_registered(py, addr, length, |region| {
             // SAFETY: inside a registered region, kept registered meanwhile.
-            PyBytes::new(py, unsafe { region.bytes(addr, length) })
-        })
+            unsafe { region.load(addr, length, &mut staging) }.map(|b| PyBytes::new(py, b))
+        })?;
+        bytes.map_err(|e| raise(py, e))
     }
 
     /// How `peer` was last reached: `copy`, `socket`, `tcp` or `unknown`.
