@@ -69,12 +69,19 @@ impl Device {
         })
     }
 
-    /// Copies `src` into device memory at `dst`.
+    /// Copies `src` into device memory at `dst`, landed when it returns.
     pub fn upload(self, dst: u64, src: &[u8]) -> KvResult<()> {
         self.in_context(dst, src.len(), |d| {
             // SAFETY: `src` is readable for its length; the driver checks
             // `dst` as above.
-            unsafe { (d.upload)(dst, src.as_ptr().cast(), src.len()) }
+            match unsafe { (d.upload)(dst, src.as_ptr().cast(), src.len()) } {
+                // From pageable memory the copy may return before its DMA
+                // is done, and a peer told the bytes landed may hand them
+                // to kernels on a stream that does not wait for this one.
+                // SAFETY: the legacy default stream of the pushed context.
+                0 => unsafe { (d.synchronize)(std::ptr::null_mut()) },
+                r => r,
+            }
         })
     }
 
@@ -127,6 +134,8 @@ type PopFn = unsafe extern "C" fn(*mut *mut c_void) -> CuResult;
 type DownloadFn = unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult;
 /// `cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t)`.
 type UploadFn = unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult;
+/// `cuStreamSynchronize(CUstream)`.
+type SynchronizeFn = unsafe extern "C" fn(*mut c_void) -> CuResult;
 
 /// The driver entry points used here, with `cuda.h`'s signatures.
 struct Driver {
@@ -136,6 +145,7 @@ struct Driver {
     pop: PopFn,
     download: DownloadFn,
     upload: UploadFn,
+    synchronize: SynchronizeFn,
 }
 
 /// `CU_POINTER_ATTRIBUTE_CONTEXT`.
@@ -187,6 +197,7 @@ impl Driver {
                 pop: transmute::<*mut c_void, PopFn>(sym(c"cuCtxPopCurrent_v2")?),
                 download: transmute::<*mut c_void, DownloadFn>(sym(c"cuMemcpyDtoH_v2")?),
                 upload: transmute::<*mut c_void, UploadFn>(sym(c"cuMemcpyHtoD_v2")?),
+                synchronize: transmute::<*mut c_void, SynchronizeFn>(sym(c"cuStreamSynchronize")?),
             })
         }
     }

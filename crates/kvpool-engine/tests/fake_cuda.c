@@ -8,10 +8,13 @@
  * reach. So a path that loads or stores a device address from the CPU, or
  * hands one to the kernel (process_vm_readv, recv), faults or fails as it
  * would with a GPU. Copies need the allocation's context pushed on the
- * calling thread, as the real driver does.
+ * calling thread, as the real driver does; and a copy from host to device
+ * lands only at the next cuStreamSynchronize of the thread, as a real one
+ * from pageable memory may still be on its way when the call returns.
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -31,6 +34,14 @@ static int nallocs;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char the_context;
 static __thread int pushed;
+/* Host-to-device copies of this thread not landed yet. */
+struct pending {
+    uint64_t dst;
+    void *bytes;
+    size_t n;
+};
+static __thread struct pending in_flight[64];
+static __thread int npending;
 static unsigned long copies;
 
 static struct alloc *find(uint64_t p, size_t n) {
@@ -139,8 +150,24 @@ int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n) {
 int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n) {
     if (pushed == 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (fake_cuda_poke(dst, src, n) != CUDA_SUCCESS)
+    if (!find(dst, n) || npending == 64)
         return CUDA_ERROR_INVALID_VALUE;
+    void *bytes = malloc(n ? n : 1);
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(bytes, src, n);
+    in_flight[npending++] = (struct pending){dst, bytes, n};
     __atomic_add_fetch(&copies, 1, __ATOMIC_SEQ_CST);
+    return CUDA_SUCCESS;
+}
+
+int cuStreamSynchronize(void *stream) {
+    if (pushed == 0 || stream != 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = 0; i < npending; i++) {
+        fake_cuda_poke(in_flight[i].dst, in_flight[i].bytes, in_flight[i].n);
+        free(in_flight[i].bytes);
+    }
+    npending = 0;
     return CUDA_SUCCESS;
 }
