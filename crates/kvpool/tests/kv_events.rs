@@ -47,29 +47,50 @@ async fn next_batch(sub: &mut Sub) -> Batch {
     Batch { seq, events }
 }
 
-/// Events until one `wanted` arrives; every batch sequence and event id
-/// checked to follow the previous one.
-async fn until(
-    sub: &mut Sub,
-    last: &mut (u64, u64),
-    seen: &mut Vec<Value>,
-    wanted: impl Fn(&Value) -> bool,
-) -> Value {
-    loop {
-        let b = next_batch(sub).await;
-        if last.0 != 0 {
-            assert_eq!(b.seq, last.0 + 1, "batch sequence without gaps");
+/// A subscription's events, in order: each batch's sequence and every
+/// event id checked to follow the previous one.
+struct Stream {
+    sub: Sub,
+    /// The last batch sequence and event id received.
+    last: (u64, u64),
+    /// Every event received so far.
+    seen: Vec<Value>,
+    /// How many of `seen` [`Stream::until`] has looked at: a batch may
+    /// carry events past the one a call waited for.
+    looked: usize,
+}
+
+impl Stream {
+    async fn subscribe(endpoint: &str, client: &Client) -> Stream {
+        Stream {
+            sub: subscribe(endpoint, client).await,
+            last: (0, 0),
+            seen: Vec::new(),
+            looked: 0,
         }
-        last.0 = b.seq;
-        for e in b.events {
-            let id = e["event_id"].as_u64().expect("event_id");
-            if last.1 != 0 {
-                assert_eq!(id, last.1 + 1, "event ids without gaps");
+    }
+
+    /// The next event that is `wanted`, receiving batches as needed.
+    async fn until(&mut self, wanted: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            while let Some(e) = self.seen.get(self.looked) {
+                self.looked += 1;
+                if wanted(e) {
+                    return e.clone();
+                }
             }
-            last.1 = id;
-            seen.push(e.clone());
-            if wanted(&e) {
-                return e;
+            let b = next_batch(&mut self.sub).await;
+            if self.last.0 != 0 {
+                assert_eq!(b.seq, self.last.0 + 1, "batch sequence without gaps");
+            }
+            self.last.0 = b.seq;
+            for e in b.events {
+                let id = e["event_id"].as_u64().expect("event_id");
+                if self.last.1 != 0 {
+                    assert_eq!(id, self.last.1 + 1, "event ids without gaps");
+                }
+                self.last.1 = id;
+                self.seen.push(e);
             }
         }
     }
@@ -118,9 +139,7 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
         .start()
         .await;
     let client = cluster.client().await;
-    let mut sub = subscribe(&endpoint, &client).await;
-    let mut last = (0, 0);
-    let mut seen = Vec::new();
+    let mut stream = Stream::subscribe(&endpoint, &client).await;
 
     let sglang = format!("meta-llama-Llama-3.1-8B-Instruct_{SHA}_1_k");
     let vllm =
@@ -132,7 +151,7 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
             .await
             .expect("put");
     }
-    let e = until(&mut sub, &mut last, &mut seen, of(&sglang, "stored")).await;
+    let e = stream.until(of(&sglang, "stored")).await;
     assert_eq!(e["type"], "BlockStored");
     assert_eq!(e["engine"], "sglang");
     assert_eq!(e["model_name"], "meta-llama-Llama-3.1-8B-Instruct");
@@ -147,20 +166,20 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
     assert_eq!(e["backend_id"], "pool-a");
     assert_eq!(e["tenant_id"], "default");
     assert_eq!(e["base_block_idx"], 0);
-    let e = until(&mut sub, &mut last, &mut seen, of(&vllm, "stored")).await;
+    let e = stream.until(of(&vllm, "stored")).await;
     assert_eq!(
         (e["engine"].as_str(), e["rank"].as_u64()),
         (Some("vllm"), Some(0))
     );
     assert_eq!(e["model_name"], "meta-llama/Llama-3.1-8B-Instruct");
-    let e = until(&mut sub, &mut last, &mut seen, of(&lmcache, "stored")).await;
+    let e = stream.until(of(&lmcache, "stored")).await;
     assert_eq!(
         (e["engine"].as_str(), e["rank"].as_u64()),
         (Some("lmcache"), Some(2))
     );
 
     client.remove(&vllm, false).await.expect("remove");
-    let e = until(&mut sub, &mut last, &mut seen, of(&vllm, "removed")).await;
+    let e = stream.until(of(&vllm, "removed")).await;
     assert_eq!(e["type"], "BlockRemoved");
     assert!(e["base_block_idx"].is_null());
 
@@ -168,7 +187,10 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
     let (code, body) = http_get(&cluster.metrics_addr, "/kv_events/snapshot?limit=1").await;
     assert_eq!(code, 200, "{body}");
     let page: Value = serde_json::from_str(&body).expect("json");
-    assert!(page["last_event_id"].as_u64() >= Some(last.1), "{page}");
+    assert!(
+        page["last_event_id"].as_u64() >= Some(stream.last.1),
+        "{page}"
+    );
     let mut listed = BTreeSet::new();
     let mut page = page;
     loop {
@@ -203,14 +225,16 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
             .await
             .expect("fill put (eviction makes room)");
     }
-    let e = until(&mut sub, &mut last, &mut seen, of("fill/039", "stored")).await;
+    let e = stream.until(of("fill/039", "stored")).await;
     assert_eq!(e["engine"], Value::Null, "a raw key");
-    let stored: BTreeSet<&str> = seen
+    let stored: BTreeSet<&str> = stream
+        .seen
         .iter()
         .filter(|e| e["event_type"] == "stored")
         .filter_map(|e| e["object_key"].as_str())
         .collect();
-    let removed: Vec<&str> = seen
+    let removed: Vec<&str> = stream
+        .seen
         .iter()
         .filter(|e| e["event_type"] == "removed")
         .filter_map(|e| e["object_key"].as_str())
@@ -227,7 +251,7 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
     assert_eq!(st["status"]["enabled"], true);
     assert_eq!(st["status"]["dropped_events"], 0);
     assert!(
-        st["status"]["published_events"].as_u64() >= Some(last.1),
+        st["status"]["published_events"].as_u64() >= Some(stream.last.1),
         "{st}"
     );
     assert!(!st["recent"].as_array().expect("recent").is_empty());
@@ -237,7 +261,11 @@ async fn commits_removals_and_evictions_reach_a_subscriber() {
         .find_map(|l| l.strip_prefix("kvpool_kv_events_published "))
         .and_then(|v| v.trim().parse::<u64>().ok())
         .expect("kvpool_kv_events_published");
-    assert!(published >= last.1, "{published} < {}", last.1);
+    assert!(
+        published >= stream.last.1,
+        "{published} < {}",
+        stream.last.1
+    );
     assert!(metrics.contains("kvpool_kv_events_dropped 0"), "{metrics}");
 }
 
@@ -287,9 +315,7 @@ async fn a_move_to_the_disk_tier_is_published_with_its_medium() {
     let client = Client::connect(kvpool_client::ClientConfig::new(&master.rpc))
         .await
         .expect("client");
-    let mut sub = subscribe(&endpoint, &client).await;
-    let mut last = (0, 0);
-    let mut seen = Vec::new();
+    let mut stream = Stream::subscribe(&endpoint, &client).await;
     // 12 MiB into 16 MiB of memory demoted down to half of it.
     for i in 0..12 {
         client
@@ -302,16 +328,16 @@ async fn a_move_to_the_disk_tier_is_published_with_its_medium() {
             .expect("put");
     }
     // The oldest objects move first: the subscription's probes, then ours.
-    let moved = until(&mut sub, &mut last, &mut seen, |e| {
-        e["medium"] == "disk" && e["event_type"] == "stored"
-    })
-    .await;
+    let moved = stream
+        .until(|e| e["medium"] == "disk" && e["event_type"] == "stored")
+        .await;
     let key = moved["object_key"].as_str().expect("key").to_string();
-    let off_memory = seen
+    let off_memory = stream
+        .seen
         .iter()
         .position(|e| e["object_key"] == key.as_str() && e["event_type"] == "removed")
         .expect("the move's removal from memory comes first");
-    assert_eq!(seen[off_memory]["medium"], "cpu");
+    assert_eq!(stream.seen[off_memory]["medium"], "cpu");
     assert_eq!(moved["event_type"], "stored");
     let want = if key.starts_with("probe/") {
         b"p".to_vec()
