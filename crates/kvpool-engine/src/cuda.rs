@@ -62,16 +62,19 @@ impl Memory {
 impl Device {
     /// Copies `dst.len()` bytes of device memory at `src` into `dst`.
     pub fn download(self, dst: &mut [u8], src: u64) -> KvResult<()> {
-        self.in_context(src, dst.len(), |d| {
+        let len = dst.len();
+        let about = || format!("copy of {len} bytes at {src:#x}");
+        self.in_context(about, |d| {
             // SAFETY: `dst` is writable for its length; the driver checks
             // `src` and answers an error for memory it does not own.
-            unsafe { (d.download)(dst.as_mut_ptr().cast(), src, dst.len()) }
+            unsafe { (d.download)(dst.as_mut_ptr().cast(), src, len) }
         })
     }
 
     /// Copies `src` into device memory at `dst`, landed when it returns.
     pub fn upload(self, dst: u64, src: &[u8]) -> KvResult<()> {
-        self.in_context(dst, src.len(), |d| {
+        let about = || format!("copy of {} bytes to {dst:#x}", src.len());
+        self.in_context(about, |d| {
             // SAFETY: `src` is readable for its length; the driver checks
             // `dst` as above.
             match unsafe { (d.upload)(dst, src.as_ptr().cast(), src.len()) } {
@@ -85,38 +88,59 @@ impl Device {
         })
     }
 
-    /// Runs one driver copy with this device's context current on the
-    /// calling thread, and the thread's own context (a caller's, when the
-    /// engine runs on it) current again afterwards.
+    /// Runs `call` with this device's context current on the calling
+    /// thread, and the thread's own context (a caller's, when the engine
+    /// runs on it) current again afterwards.
     fn in_context(
         self,
-        addr: u64,
-        len: usize,
-        copy: impl FnOnce(&Driver) -> CuResult,
+        about: impl Fn() -> String,
+        call: impl FnOnce(&Driver) -> CuResult,
     ) -> KvResult<()> {
-        let failed = |what: &str, r: CuResult| {
-            KvError::new(
-                Code::TransferFail,
-                format!("CUDA {what} for {len} bytes at {addr:#x} failed (CUresult {r})"),
-            )
-        };
         let Some(d) = Driver::get() else {
-            return Err(failed("driver lookup", -1));
+            return Err(failed(about(), -1));
         };
         // SAFETY: a context the driver handed out for this memory.
         let pushed = unsafe { (d.push)(self.context as *mut c_void) };
         if pushed != 0 {
-            return Err(failed("cuCtxPushCurrent", pushed));
+            return Err(failed(format!("{} (cuCtxPushCurrent)", about()), pushed));
         }
-        let copied = copy(d);
+        let done = call(d);
         let mut popped = std::ptr::null_mut();
         // SAFETY: pops the context pushed above.
         unsafe { (d.pop)(&mut popped) };
-        match copied {
+        match done {
             0 => Ok(()),
-            r => Err(failed("copy", r)),
+            r => Err(failed(about(), r)),
         }
     }
+}
+
+/// Waits until the work queued on CUDA stream `stream` (a `CUstream`; 0 is
+/// the legacy default stream) is done: in `device`'s context when given,
+/// else in the calling thread's current one. A process without the driver
+/// has no streams, and nothing to wait for.
+pub fn wait_for_stream(stream: u64, device: Option<Device>) -> KvResult<()> {
+    let Some(d) = Driver::get() else {
+        return Ok(());
+    };
+    // SAFETY: the caller names a stream of its own (or 0).
+    let sync = |d: &Driver| unsafe { (d.synchronize)(stream as usize as *mut c_void) };
+    let about = || format!("wait for stream {stream:#x}");
+    match device {
+        Some(device) => device.in_context(about, sync),
+        None => match sync(d) {
+            0 => Ok(()),
+            r => Err(failed(about(), r)),
+        },
+    }
+}
+
+/// The error of a driver call that failed.
+fn failed(what: String, r: CuResult) -> KvError {
+    KvError::new(
+        Code::TransferFail,
+        format!("CUDA {what} failed (CUresult {r})"),
+    )
 }
 
 /// `CUresult`: 0 is success.

@@ -27,7 +27,7 @@ mod regions;
 mod server;
 
 pub use client::{timeout_secs, Direction, Engine, Transfer, WINDOW};
-pub use cuda::{Device, Memory};
+pub use cuda::{wait_for_stream, Device, Memory};
 pub use local::SameHost;
 pub use notifies::{Notifies, Notify, MAX_NOTIFY_BYTES, MAX_UNREAD};
 pub use regions::{Pin, Region, Regions};

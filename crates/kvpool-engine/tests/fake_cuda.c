@@ -43,6 +43,7 @@ struct pending {
 static __thread struct pending in_flight[64];
 static __thread int npending;
 static unsigned long copies;
+static unsigned long syncs;
 
 static struct alloc *find(uint64_t p, size_t n) {
     struct alloc *found = 0;
@@ -92,6 +93,8 @@ int fake_cuda_peek(void *dst, uint64_t src, size_t n) {
 }
 
 unsigned long fake_cuda_copies(void) { return __atomic_load_n(&copies, __ATOMIC_SEQ_CST); }
+
+unsigned long fake_cuda_syncs(void) { return __atomic_load_n(&syncs, __ATOMIC_SEQ_CST); }
 
 /* The driver API. */
 int cuPointerGetAttribute(void *data, int attribute, uint64_t ptr) {
@@ -161,13 +164,15 @@ int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n) {
     return CUDA_SUCCESS;
 }
 
+/* Any stream: the legacy one (0) needs a context current on the thread. */
 int cuStreamSynchronize(void *stream) {
-    if (pushed == 0 || stream != 0)
+    if (pushed == 0 && stream == 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     for (int i = 0; i < npending; i++) {
         fake_cuda_poke(in_flight[i].dst, in_flight[i].bytes, in_flight[i].n);
         free(in_flight[i].bytes);
     }
     npending = 0;
+    __atomic_add_fetch(&syncs, 1, __ATOMIC_SEQ_CST);
     return CUDA_SUCCESS;
 }

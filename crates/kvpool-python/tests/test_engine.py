@@ -377,6 +377,15 @@ assert te.batch_transfer_sync_write(
 ) == 0
 assert te.transfer_sync_read(session, back, peer, n) == 0
 assert np.array_equal(peek(back, n), kv)
+# After a CUDA stream's queued work (any stream: the stand-in waits for
+# none), as Mooncake's CUDA builds offer.
+cuda.fake_cuda_syncs.restype = ctypes.c_ulong
+syncs = cuda.fake_cuda_syncs()
+assert te.transfer_write_on_cuda(session, gpu, peer, page, 0x5EED) == 0
+assert te.batch_transfer_read_on_cuda(session, [back, back + page], [peer, peer + page], [page, page], 0x5EED) == 0
+assert cuda.fake_cuda_syncs() - syncs >= 2 + 2
+assert np.array_equal(peek(back, n), kv)
+assert te.transfer_read_on_cuda(session, back, peer, 8) == 0
 assert te.write_bytes_to_buffer(back, b"hello kv", 5) == 0
 assert te.read_bytes_from_buffer(back, 8) == b"hello" + kv[5:8].tobytes()
 assert cuda.fake_cuda_copies() >= 2 + half // page + 2

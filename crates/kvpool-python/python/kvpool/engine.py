@@ -366,6 +366,32 @@ class TransferEngine:
         """Reads every item, pipelined: 0 when all arrived, else -1."""
         return self._batch(False, target_hostname, buffers, peer_buffer_addresses, lengths)
 
+    # Mooncake's CUDA builds run these from a host function queued on the
+    # stream (``cudaLaunchHostFunc``), so the call returns at once. A host
+    # function may not call CUDA, and kvpool copies GPU memory with the
+    # driver, so here the caller waits for the stream's work first, then
+    # transfers: the same order (after the stream's earlier work, done
+    # before its later work), without the overlap. 0 or -1 (Mooncake returns
+    # nothing and exits the process on a failure).
+
+    def transfer_write_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, stream_ptr: int = 0, transport_hint: str = "") -> int:
+        """Writes ``length`` bytes at ``buffer`` once CUDA stream
+        ``stream_ptr`` has done its queued work: 0 or -1."""
+        return self._on_stream(True, target_hostname, [buffer], [peer_buffer_address], [length], stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, stream_ptr: int = 0, transport_hint: str = "") -> int:
+        """Reads into ``buffer`` once CUDA stream ``stream_ptr`` has done
+        its queued work: 0 or -1."""
+        return self._on_stream(False, target_hostname, [buffer], [peer_buffer_address], [length], stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int], lengths: Sequence[int], stream_ptr: int = 0, transport_hint: str = "") -> int:
+        """A batch of writes after the stream's queued work: 0 or -1."""
+        return self._on_stream(True, target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int], lengths: Sequence[int], stream_ptr: int = 0, transport_hint: str = "") -> int:
+        """A batch of reads after the stream's queued work: 0 or -1."""
+        return self._on_stream(False, target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr)
+
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, opcode: Any, notify: Optional[TransferNotify] = None, transport_hint: str = "") -> int:
         """One transfer the way ``opcode`` says; with ``notify``, queued at
         the peer once the bytes are there. 0 or -1."""
@@ -460,6 +486,18 @@ class TransferEngine:
         except (KvpoolError, TypeError, ValueError, OverflowError) as e:
             logger.error("cannot start a batch with %s: %s", target, e)
             return None
+
+    def _on_stream(self, write: bool, target: str, buffers: Sequence[int], peers: Sequence[int], lengths: Sequence[int], stream: int) -> int:
+        if self._native is None:
+            logger.error("transfer on a TransferEngine that is not initialized")
+            return -1
+        try:
+            first = int(buffers[0]) if len(buffers) else 0
+            self._native.wait_for_stream(first, int(stream))
+        except (KvpoolError, TypeError, ValueError, OverflowError) as e:
+            logger.error("transfer with %s: the CUDA stream failed: %s", target, e)
+            return -1
+        return self._batch(write, target, buffers, peers, lengths)
 
     def _batch(self, write: bool, target: str, buffers: Sequence[int], peers: Sequence[int], lengths: Sequence[int]) -> int:
         if self._native is None:

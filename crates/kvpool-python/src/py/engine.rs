@@ -423,6 +423,17 @@ impl Engine {
         Ok(about.first_buffer)
     }
 
+    /// Waits (the GIL released) until CUDA stream `stream` (0: the legacy
+    /// default stream) has done the work queued on it so far, in the
+    /// context of the GPU memory at `addr` when it is registered here as
+    /// such, else in the calling thread's current one.
+    fn wait_for_stream(&self, py: Python<'_>, addr: u64, stream: u64) -> PyResult<()> {
+        let region = self.inner(py)?.regions.find(addr, 1);
+        let device = region.and_then(|r| r.memory().device());
+        py.detach(|| kvpool_engine::wait_for_stream(stream, device))
+            .map_err(|e| raise(py, e))
+    }
+
     /// Copies `data` to `addr`, which must lie in memory registered here.
     fn copy_in(&self, py: Python<'_>, addr: u64, data: &[u8]) -> PyResult<()> {
         let copied = self.with_registered(py, addr, data.len() as u64, |region| {
