@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
+use crate::fused::fused_copy_hash;
 use crate::xxh3_64;
 use kvpool_proto::{Code, KvError, KvResult};
 
@@ -131,6 +132,17 @@ pub fn value_start(region: &[u8]) -> Option<usize> {
 /// whether the header was sealed (see [`seal`]).
 pub fn copy_sealed(dst: &mut [u8], parts: &[&[u8]]) -> bool {
     let start = parts.first().and_then(|h| value_start(h));
+    // A header, then the value in one piece: the value copied and hashed in
+    // one pass, after the header as below (else copied again below).
+    if let (&[head, value], Some(s)) = (parts, start.filter(|&s| s == parts[0].len())) {
+        if dst.len() >= s + value.len() {
+            dst[..s].copy_from_slice(head);
+            publish_generation(dst, u64_at(head, GENERATION_AT));
+            if let Some(sum) = fused_copy_hash(&mut dst[s..s + value.len()], value) {
+                return seal(&mut dst[..s + value.len()], sum);
+            }
+        }
+    }
     // Some only for a whole fixed header (`value_start` checks its length).
     let mut generation = start.and(parts.first()).map(|h| u64_at(h, GENERATION_AT));
     let mut h = ValueHasher::new();
@@ -158,6 +170,14 @@ pub fn copy_sealed(dst: &mut [u8], parts: &[&[u8]]) -> bool {
 /// checks against the header, as [`value_checksum`] of `dst[1..]` would.
 /// `src` must be as long as `dst` together.
 pub fn copy_summed(dst: &mut [&mut [u8]], src: &[u8]) -> u64 {
+    // A header, then the value in one buffer: copied and hashed in one pass.
+    if let [head, value] = dst {
+        let (h, v) = src.split_at(head.len().min(src.len()));
+        if let Some(sum) = fused_copy_hash(value, v) {
+            head.copy_from_slice(h);
+            return sum;
+        }
+    }
     let mut h = ValueHasher::new();
     let mut at = 0;
     for (i, d) in dst.iter_mut().enumerate() {
@@ -321,14 +341,17 @@ mod tests {
             checksum: 0,
         };
         let head = h.encode();
-        let mut dst = vec![0u8; head.len() + value.len()];
-        let parts: &[&[u8]] = &[&head, &value[..5], &value[5..]];
-        assert!(copy_sealed(&mut dst, parts));
-        let got = ObjectHeader::decode(&dst).unwrap();
-        assert_eq!(got.checksum, value_checksum(&[&value]));
-        assert_eq!(&dst[head.len()..], &value[..]);
-        // What a reader checks: the stored value against the stored header.
-        assert_eq!(value_checksum(&[&dst[head.len()..]]), got.checksum);
+        // The value in pieces, and whole (copied and hashed in one pass).
+        for parts in [&[&head[..], &value[..5], &value[5..]][..], &[&head, &value]] {
+            let mut dst = vec![0u8; head.len() + value.len()];
+            assert!(copy_sealed(&mut dst, parts));
+            let got = ObjectHeader::decode(&dst).unwrap();
+            assert_eq!(got.checksum, value_checksum(&[&value]));
+            assert_eq!(got.generation, 3);
+            assert_eq!(&dst[head.len()..], &value[..]);
+            // What a reader checks: the stored value against the stored header.
+            assert_eq!(value_checksum(&[&dst[head.len()..]]), got.checksum);
+        }
     }
 
     #[test]
@@ -340,6 +363,11 @@ mod tests {
         let sum = copy_summed(&mut [&mut head, &mut a, &mut b], &src);
         assert_eq!([head, a.clone(), b.clone()].concat(), src);
         assert_eq!(sum, value_checksum(&[&a, &b]));
+        // One value buffer: copied and hashed in one pass.
+        let (mut head, mut v) = (vec![0u8; 50], vec![0u8; src.len() - 50]);
+        let sum = copy_summed(&mut [&mut head, &mut v], &src);
+        assert_eq!([head, v.clone()].concat(), src);
+        assert_eq!(sum, value_checksum(&[&v]));
         assert_eq!(
             copy_summed(&mut [&mut [0u8; 3]], b"abc"),
             value_checksum(&[])

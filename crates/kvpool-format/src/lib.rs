@@ -8,6 +8,7 @@
 //! It does no I/O: every function takes byte slices, so the format is tested
 //! on its own, and memory mapping, files and sockets stay with the callers.
 
+mod fused;
 pub mod header;
 pub mod scan;
 pub mod superblock;

@@ -1,0 +1,230 @@
+//! A value copied and checksummed in one pass. Shared-memory reads and
+//! writes copy every value and hash it (xxh3-64, seed 0): hashing each
+//! chunk right after its copy still reads it twice, once to copy and once
+//! to hash from the cache, and on a 4 MiB value the hash was a third of
+//! the copy's time. Here each 64-byte stripe is loaded once, stored to
+//! the destination and folded into the hash from the same registers, so
+//! the hash costs little beside the copy.
+//!
+//! The result is exactly xxh3-64's for inputs longer than 240 bytes (the
+//! "long" algorithm, default secret); shorter values and CPUs without AVX2
+//! take the two-step path ([`fused_copy_hash`] answers `None`).
+
+/// XXH3's default secret (the reference `kSecret`).
+const SECRET: [u8; 192] = [
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+];
+
+const PRIME32_1: u64 = 0x9E37_79B1;
+const PRIME32_2: u64 = 0x85EB_CA77;
+const PRIME32_3: u64 = 0xC2B2_AE3D;
+const PRIME64_1: u64 = 0x9E37_79B1_85EB_CA87;
+const PRIME64_2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+const PRIME64_3: u64 = 0x1656_67B1_9E37_79F9;
+const PRIME64_4: u64 = 0x85EB_CA77_C2B2_AE63;
+const PRIME64_5: u64 = 0x27D4_EB2F_1656_67C5;
+const PRIME_MX1: u64 = 0x1656_6791_9E37_79F9;
+
+/// Bytes a stripe folds into the accumulators.
+const STRIPE: usize = 64;
+/// Stripes between scrambles: (192 - 64) / 8.
+const STRIPES_PER_BLOCK: usize = 16;
+/// Bytes between scrambles.
+const BLOCK: usize = STRIPE * STRIPES_PER_BLOCK;
+/// Shortest input of xxh3's long algorithm.
+const LONG: usize = 241;
+
+/// Copies `src` into `dst` (same length) and returns xxh3-64 of the bytes,
+/// in one pass; `None`, with nothing copied, when this path does not apply
+/// (240 bytes or fewer, lengths that differ, no AVX2).
+pub fn fused_copy_hash(dst: &mut [u8], src: &[u8]) -> Option<u64> {
+    if src.len() < LONG || dst.len() != src.len() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is there (checked above); the lengths are equal and
+        // at least one stripe.
+        return Some(unsafe { avx2::copy_hash(dst, src) });
+    }
+    None
+}
+
+/// Folds the accumulators into the 64-bit result (xxh3's merge step).
+fn merge(acc: &[u64; 8], len: usize) -> u64 {
+    let mut h = (len as u64).wrapping_mul(PRIME64_1);
+    for i in 0..4 {
+        let s = 11 + 16 * i;
+        let lo = acc[2 * i] ^ u64::from_le_bytes(SECRET[s..s + 8].try_into().unwrap_or_default());
+        let hi = acc[2 * i + 1]
+            ^ u64::from_le_bytes(SECRET[s + 8..s + 16].try_into().unwrap_or_default());
+        let m = (lo as u128).wrapping_mul(hi as u128);
+        h = h.wrapping_add((m as u64) ^ ((m >> 64) as u64));
+    }
+    h ^= h >> 37;
+    h = h.wrapping_mul(PRIME_MX1);
+    h ^ (h >> 32)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// [`fused_copy_hash`] with AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `dst.len() == src.len() >= LONG`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn copy_hash(dst: &mut [u8], src: &[u8]) -> u64 {
+        let len = src.len();
+        let init = [
+            PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1,
+        ];
+        // SAFETY (every block below): loads and stores of 32 bytes stay
+        // inside `src`, `dst` and `SECRET` by the offsets computed from
+        // their lengths; unaligned forms throughout.
+        let mut acc = unsafe {
+            [
+                _mm256_loadu_si256(init.as_ptr().cast()),
+                _mm256_loadu_si256(init.as_ptr().add(4).cast()),
+            ]
+        };
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let blocks = (len - 1) / BLOCK;
+        for b in 0..blocks {
+            for stripe in 0..STRIPES_PER_BLOCK {
+                let at = b * BLOCK + stripe * STRIPE;
+                unsafe { fold(&mut acc, s.add(at), Some(d.add(at)), stripe * 8) };
+            }
+            unsafe { scramble(&mut acc) };
+        }
+        let tail = blocks * BLOCK;
+        let stripes = ((len - 1) - tail) / STRIPE;
+        for stripe in 0..stripes {
+            let at = tail + stripe * STRIPE;
+            unsafe { fold(&mut acc, s.add(at), Some(d.add(at)), stripe * 8) };
+        }
+        let copied = tail + stripes * STRIPE;
+        dst[copied..].copy_from_slice(&src[copied..]);
+        // The last stripe, overlapping what came before, from the bytes
+        // as they landed.
+        unsafe {
+            fold(
+                &mut acc,
+                dst.as_ptr().add(len - STRIPE),
+                None,
+                192 - STRIPE - 7,
+            )
+        };
+        let mut out = [0u64; 8];
+        unsafe {
+            _mm256_storeu_si256(out.as_mut_ptr().cast(), acc[0]);
+            _mm256_storeu_si256(out.as_mut_ptr().add(4).cast(), acc[1]);
+        }
+        merge(&out, len)
+    }
+
+    /// Folds the stripe at `input` into `acc` with the secret at
+    /// `secret`, storing it to `out` when given (xxh3's accumulate step).
+    ///
+    /// # Safety
+    /// AVX2; 64 bytes readable at `input` (and writable at `out`),
+    /// `secret + 64 <= 192`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn fold(acc: &mut [__m256i; 2], input: *const u8, out: Option<*mut u8>, secret: usize) {
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: the caller's ranges.
+            unsafe {
+                let data = _mm256_loadu_si256(input.add(32 * i).cast());
+                if let Some(out) = out {
+                    _mm256_storeu_si256(out.add(32 * i).cast(), data);
+                }
+                let key = _mm256_loadu_si256(SECRET.as_ptr().add(secret + 32 * i).cast());
+                let data_key = _mm256_xor_si256(data, key);
+                let data_key_lo = _mm256_shuffle_epi32::<0x31>(data_key);
+                let product = _mm256_mul_epu32(data_key, data_key_lo);
+                let swapped = _mm256_shuffle_epi32::<0x4E>(data);
+                *a = _mm256_add_epi64(product, _mm256_add_epi64(*a, swapped));
+            }
+        }
+    }
+
+    /// Scrambles the accumulators at the end of a block (xxh3's
+    /// scramble step, with the secret's last 64 bytes).
+    ///
+    /// # Safety
+    /// AVX2.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn scramble(acc: &mut [__m256i; 2]) {
+        let prime = _mm256_set1_epi32(PRIME32_1 as i32);
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: 32 bytes inside the secret's last 64.
+            let key =
+                unsafe { _mm256_loadu_si256(SECRET.as_ptr().add(192 - STRIPE + 32 * i).cast()) };
+            let shifted = _mm256_srli_epi64::<47>(*a);
+            let data = _mm256_xor_si256(*a, shifted);
+            let data_key = _mm256_xor_si256(data, key);
+            let data_key_hi = _mm256_shuffle_epi32::<0x31>(data_key);
+            let lo = _mm256_mul_epu32(data_key, prime);
+            let hi = _mm256_mul_epu32(data_key_hi, prime);
+            *a = _mm256_add_epi64(lo, _mm256_slli_epi64::<32>(hi));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn check(src: &[u8]) {
+        let mut dst = vec![0u8; src.len()];
+        match fused_copy_hash(&mut dst, src) {
+            Some(h) => {
+                assert_eq!(h, crate::xxh3_64(src), "len {}", src.len());
+                assert!(dst == src, "len {}", src.len());
+            }
+            None => assert!(src.len() < LONG || !std::is_x86_feature_detected!("avx2")),
+        }
+    }
+
+    #[test]
+    fn every_length_around_the_block_and_stripe_edges() {
+        let src: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        for len in (0..=2200).chain([3071, 3072, 3073, 4096, 4097, 5000]) {
+            check(&src[..len]);
+        }
+    }
+
+    #[test]
+    fn a_big_value() {
+        let src: Vec<u8> = (0..(4 << 20) + 13u32)
+            .map(|i| (i ^ (i >> 9)) as u8)
+            .collect();
+        check(&src);
+    }
+
+    proptest! {
+        #[test]
+        fn same_as_xxh3(src in proptest::collection::vec(any::<u8>(), 0..20_000)) {
+            check(&src);
+        }
+    }
+}
