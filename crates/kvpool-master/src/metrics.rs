@@ -119,6 +119,8 @@ pub struct Metrics {
     /// Given-up tier moves whose cancellation has not reached their store:
     /// the regions reserved for them stay reserved until it does.
     pub tier_moves_awaiting_cancel: Gauge,
+    /// Tier moves sent to their stores and not answered yet.
+    pub tier_moves_in_flight: Gauge,
     /// Longest handling time since the last scrape, in microseconds.
     longest_us: AtomicU64,
     longest: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -169,6 +171,7 @@ impl Default for Metrics {
             }),
             tier_moves_given_up: Counter::default(),
             tier_moves_awaiting_cancel: Gauge::default(),
+            tier_moves_in_flight: Gauge::default(),
             longest_us: AtomicU64::new(0),
             longest: Gauge::default(),
             capacity: Gauge::default(),
@@ -270,6 +273,11 @@ impl Default for Metrics {
             "tier_moves_awaiting_cancel",
             "Given-up tier moves whose cancellation has not reached their store yet (their regions stay reserved)",
             m.tier_moves_awaiting_cancel.clone(),
+        );
+        registry.register(
+            "tier_moves_in_flight",
+            "Tier moves sent to their stores and not answered yet",
+            m.tier_moves_in_flight.clone(),
         );
         registry.register(
             "tier_capacity_bytes",

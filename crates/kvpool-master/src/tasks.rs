@@ -186,7 +186,6 @@ type Finished = Vec<(crate::state::MoveTicket, kvpool_proto::KvResult<()>)>;
 /// copies are destroyed; the objects stay where they were) once it is
 /// known that none of them can still land (see [`give_up`]).
 pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: CancellationToken) {
-    use futures::StreamExt;
     let mut pools: HashMap<String, Arc<kvpool_net::ConnPool>> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -201,78 +200,93 @@ pub(crate) async fn tierer(master: Arc<Master>, security: Security, shutdown: Ca
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-        } else if shutdown.is_cancelled() {
-            return;
         }
-        busy = false;
-        if !owed.is_empty() && owed_tried.elapsed() >= CANCEL_RETRY {
-            owed_tried = Instant::now();
-            owed = settle(&master, owed).await;
-            show_owed(&master, &owed);
-        }
-        if !matches!(master.role(Instant::now()), crate::Role::Leader)
-            || !master.state.has_disk_tier()
-        {
-            continue;
-        }
-        let m = master.clone();
-        // Planning scans the object map: off the event loop.
-        let Ok(plan) =
-            tokio::task::spawn_blocking(move || m.state.plan_tier_moves(Instant::now())).await
-        else {
-            continue;
+        // A round waits on stores (up to `tier_move_timeout` a request, a
+        // minute by default): a master told to stop does not wait for an
+        // unreachable one. Moves left in flight are what a killed master
+        // leaves; the next leader takes the stores' word for them.
+        busy = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            busy = tier_round(&master, &security, &mut pools, &mut owed, &mut owed_tried) => busy,
         };
-        if plan.is_empty() {
-            continue;
-        }
-        busy = true;
-        let mut stores = Vec::new();
-        for (endpoint, tickets) in plan {
-            let pool = pools
-                .entry(endpoint.clone())
-                .or_insert_with(|| {
-                    Arc::new(
-                        kvpool_net::ConnPool::new(
-                            &endpoint,
-                            "master",
-                            Limits::default(),
-                            Duration::from_secs(2),
-                            MOVE_REQUESTS_IN_FLIGHT,
-                        )
-                        .with_security(security.clone()),
-                    )
-                })
-                .clone();
-            let master = &master;
-            stores.push(async move {
-                let parts: Vec<Vec<crate::state::MoveTicket>> = tickets
-                    .chunks(MOVES_PER_REQUEST)
-                    .map(<[_]>::to_vec)
-                    .collect();
-                futures::stream::iter(parts)
-                    .map(|part| move_part(master, pool.clone(), part))
-                    .buffer_unordered(MOVE_REQUESTS_IN_FLIGHT)
-                    .collect::<Vec<_>>()
-                    .await
-            });
-        }
-        let (mut done, mut fresh) = (Vec::new(), Vec::new());
-        for (finished, unsettled) in futures::future::join_all(stores)
-            .await
-            .into_iter()
-            .flatten()
-        {
-            done.extend(finished);
-            fresh.extend(unsettled);
-        }
-        finish(&master, done).await;
-        // A request given up now is cancelled at once; those still owed
-        // from before wait for their turn above, not for every round.
-        if !fresh.is_empty() {
-            owed.extend(settle(&master, fresh).await);
-            show_owed(&master, &owed);
-        }
     }
+}
+
+/// One round of [`tierer`]: settles cancellations owed, plans moves and
+/// sends them; whether it moved anything.
+async fn tier_round(
+    master: &Arc<Master>,
+    security: &Security,
+    pools: &mut HashMap<String, Arc<kvpool_net::ConnPool>>,
+    owed: &mut Vec<Owed>,
+    owed_tried: &mut Instant,
+) -> bool {
+    use futures::StreamExt;
+    if !owed.is_empty() && owed_tried.elapsed() >= CANCEL_RETRY {
+        *owed_tried = Instant::now();
+        *owed = settle(master, std::mem::take(owed)).await;
+        show_owed(master, owed);
+    }
+    if !matches!(master.role(Instant::now()), crate::Role::Leader) || !master.state.has_disk_tier()
+    {
+        return false;
+    }
+    let m = master.clone();
+    // Planning scans the object map: off the event loop.
+    let Ok(plan) =
+        tokio::task::spawn_blocking(move || m.state.plan_tier_moves(Instant::now())).await
+    else {
+        return false;
+    };
+    if plan.is_empty() {
+        return false;
+    }
+    let mut stores = Vec::new();
+    for (endpoint, tickets) in plan {
+        let pool = pools
+            .entry(endpoint.clone())
+            .or_insert_with(|| {
+                Arc::new(
+                    kvpool_net::ConnPool::new(
+                        &endpoint,
+                        "master",
+                        Limits::default(),
+                        Duration::from_secs(2),
+                        MOVE_REQUESTS_IN_FLIGHT,
+                    )
+                    .with_security(security.clone()),
+                )
+            })
+            .clone();
+        stores.push(async move {
+            let parts: Vec<Vec<crate::state::MoveTicket>> = tickets
+                .chunks(MOVES_PER_REQUEST)
+                .map(<[_]>::to_vec)
+                .collect();
+            futures::stream::iter(parts)
+                .map(|part| move_part(master, pool.clone(), part))
+                .buffer_unordered(MOVE_REQUESTS_IN_FLIGHT)
+                .collect::<Vec<_>>()
+                .await
+        });
+    }
+    let (mut done, mut fresh) = (Vec::new(), Vec::new());
+    for (finished, unsettled) in futures::future::join_all(stores)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        done.extend(finished);
+        fresh.extend(unsettled);
+    }
+    finish(master, done).await;
+    // A request given up now is cancelled at once; those still owed
+    // from before wait for their turn above, not for every round.
+    if !fresh.is_empty() {
+        owed.extend(settle(master, fresh).await);
+        show_owed(master, owed);
+    }
+    true
 }
 
 /// Tries again to cancel the requests in `owed`; finishes the moves of
@@ -317,7 +331,11 @@ async fn move_part(
     let id = kvpool_net::request_id::fresh();
     let call = kvpool_net::request_id::within(id, pool.call(&req));
     let wait = master.state.config().tier_move_timeout;
-    match tokio::time::timeout(wait, call).await {
+    let in_flight = &master.metrics.tier_moves_in_flight;
+    in_flight.inc_by(part.len() as i64);
+    let answered = tokio::time::timeout(wait, call).await;
+    in_flight.dec_by(part.len() as i64);
+    match answered {
         Ok(Ok(codes)) if codes.len() == part.len() => {
             let finished = part.into_iter().zip(codes).map(|(t, c)| {
                 let r = match c {

@@ -481,3 +481,45 @@ async fn moves_given_up_on_a_paused_store_never_land_on_other_objects() {
     assert_eq!(st.evictions, 0, "nothing was dropped");
     assert_eq!(read_back(&c, &keys, "after the pause").await, keys.len());
 }
+
+/// A master told to stop while its tier moves wait on a paused store
+/// stops at once: a round of moves waits up to `--tier-move-timeout` (a
+/// minute by default) and a leader that waited it out on SIGTERM held up
+/// its replacement by as much (a chaos campaign's upgrade found it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_stops_without_waiting_for_moves_a_paused_store_holds() {
+    let disk = disk_dir();
+    let mut pool = TierPool::start("16MiB", "96MiB", disk.path()).await;
+    let c = pool.client(Protocol::Tcp).await;
+    let keys: Vec<String> = (0..96).map(|i| format!("stop/{i:03}")).collect();
+    fill(&c, &keys[..32], 16).await;
+    // Over the 50% watermark, then the store paused before the disk takes
+    // it all (or again after 4 MiB more when the moves were done first).
+    let mut written = 32;
+    loop {
+        assert!(written < 96, "no move was ever in flight at a pause");
+        fill(&c, &keys[written..written + 16], 16).await;
+        written += 16;
+        pool.store.freeze(true);
+        let in_flight =
+            async || (master_metric(&pool, "kvpool_tier_moves_in_flight").await > 0).then_some(());
+        let seen = tokio::time::timeout(Duration::from_secs(3), async {
+            eventually("moves in flight to the paused store", STARTUP, in_flight).await
+        });
+        if seen.await.is_ok() {
+            break;
+        }
+        pool.store.freeze(false);
+    }
+    drop(c);
+    let asked = std::time::Instant::now();
+    pool.master.process.terminate();
+    let exit = pool.master.process.wait_exit(Duration::from_secs(30)).await;
+    let took = asked.elapsed();
+    pool.store.freeze(false);
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the master took {took:?} to stop"
+    );
+}
