@@ -108,10 +108,7 @@ impl Device {
         let mut popped = std::ptr::null_mut();
         // SAFETY: pops the context pushed above.
         unsafe { (d.pop)(&mut popped) };
-        match done {
-            0 => Ok(()),
-            r => Err(failed(about(), r)),
-        }
+        checked(done, about)
     }
 }
 
@@ -128,10 +125,15 @@ pub fn wait_for_stream(stream: u64, device: Option<Device>) -> KvResult<()> {
     let about = || format!("wait for stream {stream:#x}");
     match device {
         Some(device) => device.in_context(about, sync),
-        None => match sync(d) {
-            0 => Ok(()),
-            r => Err(failed(about(), r)),
-        },
+        None => checked(sync(d), about),
+    }
+}
+
+/// `Ok` for a driver call that succeeded, else its error.
+fn checked(r: CuResult, about: impl Fn() -> String) -> KvResult<()> {
+    match r {
+        0 => Ok(()),
+        r => Err(failed(about(), r)),
     }
 }
 

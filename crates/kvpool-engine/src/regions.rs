@@ -119,6 +119,20 @@ impl Region {
         Ok(staging)
     }
 
+    /// Copies `src` to `addr`: with the CPU into host memory, with the
+    /// driver into GPU memory.
+    ///
+    /// # Safety
+    /// As [`Self::bytes_mut`], for `[addr, addr + src.len())`.
+    pub unsafe fn store(&self, addr: u64, src: &[u8]) -> KvResult<()> {
+        match self.memory {
+            // SAFETY: the caller's promise.
+            Memory::Host => unsafe { self.bytes_mut(addr, src.len() as u64) }.copy_from_slice(src),
+            Memory::Device(device) => device.upload(addr, src)?,
+        }
+        Ok(())
+    }
+
     /// Reads a frame's `len`-byte payload from `conn` into `[addr, addr +
     /// len)`: straight into host memory, or through a host buffer into the
     /// GPU. The outer `Err` is a broken connection; the inner one this
@@ -150,13 +164,14 @@ impl Region {
         {
             return Ok(Err(unregistered(addr, len)));
         }
-        let Memory::Device(device) = self.memory else {
+        if self.memory == Memory::Host {
             return Ok(Ok(()));
-        };
+        }
         let Some(_pin) = self.try_pin() else {
             return Ok(Err(unregistered(addr, len)));
         };
-        Ok(device.upload(addr, &staging))
+        // SAFETY: inside the region, pinned.
+        Ok(unsafe { self.store(addr, &staging) })
     }
 
     /// Whether `[addr, addr + len)` lies entirely inside the region.

@@ -437,12 +437,8 @@ impl Engine {
     /// Copies `data` to `addr`, which must lie in memory registered here.
     fn copy_in(&self, py: Python<'_>, addr: u64, data: &[u8]) -> PyResult<()> {
         let copied = self.with_registered(py, addr, data.len() as u64, |region| {
-            let Memory::Device(device) = region.memory() else {
-                // SAFETY: inside a registered region, kept registered meanwhile.
-                unsafe { region.bytes_mut(addr, data.len() as u64) }.copy_from_slice(data);
-                return Ok(());
-            };
-            device.upload(addr, data)
+            // SAFETY: inside a registered region, kept registered meanwhile.
+            unsafe { region.store(addr, data) }
         })?;
         copied.map_err(|e| raise(py, e))
     }
