@@ -45,19 +45,30 @@ const BLOCK: usize = STRIPE * STRIPES_PER_BLOCK;
 /// Shortest input of xxh3's long algorithm.
 const LONG: usize = 241;
 
+/// Whether [`fused_copy_hash`] takes values of `len` bytes: more than 240,
+/// on a CPU with AVX2.
+pub fn fused_applies(len: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        return len >= LONG;
+    }
+    false
+}
+
 /// Copies `src` into `dst` (same length) and returns xxh3-64 of the bytes,
 /// in one pass; `None`, with nothing copied, when this path does not apply
-/// (240 bytes or fewer, lengths that differ, no AVX2).
+/// (lengths that differ, or not [`fused_applies`]).
 pub fn fused_copy_hash(dst: &mut [u8], src: &[u8]) -> Option<u64> {
-    if src.len() < LONG || dst.len() != src.len() {
+    if dst.len() != src.len() || !fused_applies(src.len()) {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is there (checked above); the lengths are equal and
-        // at least one stripe.
-        return Some(unsafe { avx2::copy_hash(dst, src) });
+    {
+        // SAFETY: AVX2 is there and the lengths are equal and at least one
+        // stripe (`fused_applies`).
+        Some(unsafe { avx2::copy_hash(dst, src) })
     }
+    #[cfg(not(target_arch = "x86_64"))]
     None
 }
 
@@ -199,7 +210,7 @@ mod tests {
                 assert_eq!(h, crate::xxh3_64(src), "len {}", src.len());
                 assert!(dst == src, "len {}", src.len());
             }
-            None => assert!(src.len() < LONG || !std::is_x86_feature_detected!("avx2")),
+            None => assert!(!fused_applies(src.len())),
         }
     }
 

@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
-use crate::fused::fused_copy_hash;
+use crate::fused::{fused_applies, fused_copy_hash};
 use crate::xxh3_64;
 use kvpool_proto::{Code, KvError, KvResult};
 
@@ -133,14 +133,14 @@ pub fn value_start(region: &[u8]) -> Option<usize> {
 pub fn copy_sealed(dst: &mut [u8], parts: &[&[u8]]) -> bool {
     let start = parts.first().and_then(|h| value_start(h));
     // A header, then the value in one piece: the value copied and hashed in
-    // one pass, after the header as below (else copied again below).
+    // one pass, after the header as below.
     if let (&[head, value], Some(s)) = (parts, start.filter(|&s| s == parts[0].len())) {
-        if dst.len() >= s + value.len() {
+        let end = s + value.len();
+        if dst.len() >= end && fused_applies(value.len()) {
             dst[..s].copy_from_slice(head);
             publish_generation(dst, u64_at(head, GENERATION_AT));
-            if let Some(sum) = fused_copy_hash(&mut dst[s..s + value.len()], value) {
-                return seal(&mut dst[..s + value.len()], sum);
-            }
+            let sum = fused_copy_hash(&mut dst[s..end], value);
+            return sum.is_some_and(|sum| seal(&mut dst[..end], sum));
         }
     }
     // Some only for a whole fixed header (`value_start` checks its length).
