@@ -80,21 +80,7 @@ pub(crate) async fn invalidator(
                 master.state.requeue_invalidations(id, regions);
                 continue;
             }
-            let pool = pools
-                .entry(endpoint.clone())
-                .or_insert_with(|| {
-                    Arc::new(
-                        kvpool_net::ConnPool::new(
-                            &endpoint,
-                            "master",
-                            Limits::default(),
-                            Duration::from_secs(2),
-                            2,
-                        )
-                        .with_security(security.clone()),
-                    )
-                })
-                .clone();
+            let pool = store_pool(&mut pools, &endpoint, &security, 2);
             // A store takes at most MAX_BATCH_KEYS regions per request:
             // the parts go one after another on one connection.
             // Under the segment's current mount: this master's decisions
@@ -140,6 +126,29 @@ pub(crate) async fn invalidator(
         master.state.invalidations_sent(through);
         let _ = master.invalidated.send(through);
     }
+}
+
+/// The master's connections to the store at `endpoint`, made on first use
+/// (2 s to connect, `idle` kept).
+fn store_pool(
+    pools: &mut HashMap<String, Arc<kvpool_net::ConnPool>>,
+    endpoint: &str,
+    security: &Security,
+    idle: usize,
+) -> Arc<kvpool_net::ConnPool> {
+    pools
+        .entry(endpoint.to_string())
+        .or_insert_with(|| {
+            let pool = kvpool_net::ConnPool::new(
+                endpoint,
+                "master",
+                Limits::default(),
+                Duration::from_secs(2),
+                idle,
+            );
+            Arc::new(pool.with_security(security.clone()))
+        })
+        .clone()
 }
 
 /// Evicts in the background once usage crosses the high watermark, so puts
@@ -243,21 +252,7 @@ async fn tier_round(
     }
     let mut stores = Vec::new();
     for (endpoint, tickets) in plan {
-        let pool = pools
-            .entry(endpoint.clone())
-            .or_insert_with(|| {
-                Arc::new(
-                    kvpool_net::ConnPool::new(
-                        &endpoint,
-                        "master",
-                        Limits::default(),
-                        Duration::from_secs(2),
-                        MOVE_REQUESTS_IN_FLIGHT,
-                    )
-                    .with_security(security.clone()),
-                )
-            })
-            .clone();
+        let pool = store_pool(pools, &endpoint, security, MOVE_REQUESTS_IN_FLIGHT);
         stores.push(async move {
             let parts: Vec<Vec<crate::state::MoveTicket>> = tickets
                 .chunks(MOVES_PER_REQUEST)
