@@ -202,6 +202,45 @@ async fn fill(c: &Client, keys: &[String], batch: usize) {
     }
 }
 
+/// Puts 16 more of `keys` past the first `written` at once (without
+/// waiting for the disk, unlike [`fill`]) and pauses the store, until the
+/// master's `metric` shows, within `within`, that the pause caught moves
+/// under way; returns how many keys are written. On a loaded machine the
+/// demotions may all be done before a pause: then the store resumes and
+/// takes 16 more. Fails past 96 keys.
+async fn pause_during_demotions(
+    pool: &TierPool,
+    c: &Client,
+    keys: &[String],
+    mut written: usize,
+    metric: &str,
+    within: Duration,
+) -> usize {
+    loop {
+        assert!(written < 96, "no demotion was ever under way at a pause");
+        let more: Vec<(&str, Vec<u8>)> = keys[written..written + 16]
+            .iter()
+            .map(|k| (k.as_str(), value(k)))
+            .collect();
+        let items: Vec<(&str, &[u8])> = more.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        for r in c
+            .batch_put_values(&items, &ReplicateConfig::default(), false)
+            .await
+        {
+            r.expect("put");
+        }
+        written += 16;
+        pool.store.freeze(true);
+        let caught = async || (master_metric(pool, metric).await > 0).then_some(());
+        let wait =
+            tokio::time::timeout(within, async { eventually(metric, STARTUP, caught).await });
+        if wait.await.is_ok() {
+            return written;
+        }
+        pool.store.freeze(false);
+    }
+}
+
 /// Reads every key; panics on wrong bytes or an error other than "not
 /// found". Returns how many were found.
 async fn read_back(c: &Client, keys: &[String], what: &str) -> usize {
@@ -430,36 +469,16 @@ async fn moves_given_up_on_a_paused_store_never_land_on_other_objects() {
     let keys: Vec<String> = (0..144).map(|i| format!("paused/{i:03}")).collect();
     fill(&c, &keys[..32], 16).await;
     // 12 MiB of 16 in memory, over the 50% watermark, and the store paused
-    // before the disk takes it. On a loaded machine the demotions may all
-    // be done before the pause: then the store resumes and takes 4 MiB
-    // more, and is paused again.
-    let mut written = 32;
-    loop {
-        assert!(written < 96, "no demotion was ever under way at a pause");
-        let more: Vec<(&str, Vec<u8>)> = keys[written..written + 16]
-            .iter()
-            .map(|k| (k.as_str(), value(k)))
-            .collect();
-        let items: Vec<(&str, &[u8])> = more.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-        for r in c
-            .batch_put_values(&items, &ReplicateConfig::default(), false)
-            .await
-        {
-            r.expect("put");
-        }
-        written += 16;
-        pool.store.freeze(true);
-        let given_up = async || {
-            (master_metric(&pool, "kvpool_tier_moves_given_up_total").await > 0).then_some(())
-        };
-        let wait = tokio::time::timeout(Duration::from_secs(5), async {
-            eventually("moves given up on the paused store", STARTUP, given_up).await
-        });
-        if wait.await.is_ok() {
-            break;
-        }
-        pool.store.freeze(false);
-    }
+    // before the disk takes it.
+    let written = pause_during_demotions(
+        &pool,
+        &c,
+        &keys,
+        32,
+        "kvpool_tier_moves_given_up_total",
+        Duration::from_secs(5),
+    )
+    .await;
     // Its cancellations cannot reach it either: those regions stay reserved.
     eventually(
         "cancellations owed to the paused store",
@@ -494,23 +513,16 @@ async fn a_master_stops_without_waiting_for_moves_a_paused_store_holds() {
     let keys: Vec<String> = (0..96).map(|i| format!("stop/{i:03}")).collect();
     fill(&c, &keys[..32], 16).await;
     // Over the 50% watermark, then the store paused before the disk takes
-    // it all (or again after 4 MiB more when the moves were done first).
-    let mut written = 32;
-    loop {
-        assert!(written < 96, "no move was ever in flight at a pause");
-        fill(&c, &keys[written..written + 16], 16).await;
-        written += 16;
-        pool.store.freeze(true);
-        let in_flight =
-            async || (master_metric(&pool, "kvpool_tier_moves_in_flight").await > 0).then_some(());
-        let seen = tokio::time::timeout(Duration::from_secs(3), async {
-            eventually("moves in flight to the paused store", STARTUP, in_flight).await
-        });
-        if seen.await.is_ok() {
-            break;
-        }
-        pool.store.freeze(false);
-    }
+    // it all.
+    pause_during_demotions(
+        &pool,
+        &c,
+        &keys,
+        32,
+        "kvpool_tier_moves_in_flight",
+        Duration::from_secs(3),
+    )
+    .await;
     drop(c);
     let asked = std::time::Instant::now();
     pool.master.process.terminate();
