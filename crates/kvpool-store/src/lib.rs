@@ -86,6 +86,8 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     let data_plane = CancellationToken::new();
     let (node, name) = serve_segments(&cfg, &seg, disk.as_ref(), data_plane.clone()).await?;
     let metrics = Arc::new(metrics::StoreMetrics::new(node.clone()));
+    let huge = seg.region.huge_page_bytes();
+    metrics.huge_page_bytes.set(huge as i64);
     // Tracked so that the store returns only once its own tasks have ended.
     let tasks = TaskTracker::new();
     // Ends what the graceful stops leave running once the node has stopped.
@@ -97,7 +99,7 @@ pub async fn run(cfg: StoreConfig, shutdown: CancellationToken) -> Result<(), St
     if let Some(d) = &disk {
         info!(segment = %d.id, size = d.file.len(), direct = d.file.direct(), path = %d.file.path().display(), "disk tier serving");
     }
-    info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, "store serving");
+    info!(endpoint = node.endpoint(), segment = %seg.id, size = cfg.segment_size, huge_page_bytes = huge, "store serving");
 
     let link = master_link(&cfg, &name, &node)?;
     let heartbeat = CancellationToken::new();

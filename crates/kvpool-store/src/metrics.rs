@@ -138,6 +138,8 @@ pub struct StoreMetrics {
     /// 1 from the shutdown signal on: placements stopped, transfers in
     /// flight finishing (`connections_open` shows how many remain).
     pub draining: Gauge,
+    /// Bytes of the memory segment in huge pages when it was mapped.
+    pub huge_page_bytes: Gauge,
 }
 
 impl StoreMetrics {
@@ -155,6 +157,7 @@ impl StoreMetrics {
             refused: Family::default(),
             http_refused: Default::default(),
             draining: Gauge::default(),
+            huge_page_bytes: Gauge::default(),
         };
         registry.register(
             "segments",
@@ -180,6 +183,11 @@ impl StoreMetrics {
             "draining",
             "1 once the store is shutting down: no new placements, transfers in flight finishing",
             m.draining.clone(),
+        );
+        registry.register(
+            "huge_page_bytes",
+            "Bytes of the memory segment the kernel backed with huge pages when the store mapped it (hugetlbfs, or a tmpfs mounted with huge=); 0: 4 KiB pages, each built into every client's page tables on first touch",
+            m.huge_page_bytes.clone(),
         );
         StoreMetrics { registry, ..m }
     }

@@ -24,6 +24,7 @@ impl MappedRegion {
     /// pages are faulted in up front: lent memory is committed at start, not
     /// on the first write of each page in the data path.
     pub fn open_file(path: &Path, size: u64) -> io::Result<Self> {
+        let existed = path.exists();
         // Owner-only: whoever may map the segment may read and write every object.
         let file = OpenOptions::new()
             .read(true)
@@ -33,14 +34,18 @@ impl MappedRegion {
             .mode(0o600)
             .open(path)?;
         let old_len = file.metadata()?.len();
-        if old_len != size {
-            file.set_len(size)?;
-        }
-        if let Err(e) = reserve(&file, size) {
+        let sized = huge_page_size(&file)
+            .map_or(Ok(()), |page| fits_pages(path, size, page))
+            .and_then(|()| match old_len == size {
+                true => Ok(()),
+                false => file.set_len(size),
+            })
+            .and_then(|()| reserve(&file, size));
+        if let Err(e) = sized {
             // Give back what a failed reservation took (tmpfs pages are RAM).
-            if old_len == 0 {
+            if !existed {
                 let _ = std::fs::remove_file(path);
-            } else {
+            } else if old_len != size {
                 let _ = file.set_len(old_len);
             }
             return Err(e);
@@ -180,10 +185,51 @@ impl MappedRegion {
         }
     }
 
+    /// Bytes of this mapping the kernel backs with huge pages now: all of
+    /// it on hugetlbfs, what transparent huge pages cover on a tmpfs
+    /// mounted with `huge=`, 0 elsewhere (or where `/proc` is not there).
+    /// Walks the mapping's page tables: call it once, not per request.
+    pub fn huge_page_bytes(&self) -> u64 {
+        let start = format!("{:x}-", self.map.as_ptr() as usize);
+        mapped_huge_page_bytes(|header| header.starts_with(&start))
+    }
+
     /// Flushes a file-backed mapping to its file (a no-op on tmpfs).
     pub fn flush(&self) -> io::Result<()> {
         self.map.flush()
     }
+}
+
+/// Bytes in huge pages of this process's mappings whose `/proc/self/smaps`
+/// header line `mapping` picks (address range first, file path last).
+pub fn mapped_huge_page_bytes(mapping: impl Fn(&str) -> bool) -> u64 {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return 0;
+    };
+    // Huge pages of hugetlbfs count as `*_Hugetlb` (not `Rss`), those of a
+    // tmpfs as `ShmemPmdMapped`; `VmFlags` ends each mapping's fields.
+    let fields = [
+        "ShmemPmdMapped",
+        "FilePmdMapped",
+        "Shared_Hugetlb",
+        "Private_Hugetlb",
+    ];
+    let (mut picked, mut kib) = (false, 0);
+    let mut header = true;
+    for line in smaps.lines() {
+        if header {
+            picked = mapping(line);
+            header = false;
+        } else if line.starts_with("VmFlags") {
+            header = true;
+        } else if let Some((field, value)) = line.split_once(':') {
+            let value = value.trim().strip_suffix("kB").map(str::trim);
+            if picked && fields.contains(&field) {
+                kib += value.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    1024 * kib
 }
 
 /// Reserves the file's blocks now, so a full tmpfs or disk is a clean error
@@ -196,12 +242,43 @@ fn reserve(file: &std::fs::File, size: u64) -> io::Result<()> {
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
     if rc != 0 {
         let e = io::Error::from_raw_os_error(rc);
+        let hint = match huge_page_size(file) {
+            Some(_) => " (hugetlbfs: too few free huge pages; see HugePages_Free in /proc/meminfo, raise vm.nr_hugepages)",
+            None => "",
+        };
         return Err(io::Error::new(
             e.kind(),
-            format!("cannot reserve {size} bytes: {e}"),
+            format!("cannot reserve {size} bytes: {e}{hint}"),
         ));
     }
     Ok(())
+}
+
+/// The page size of the hugetlbfs `file` lives on; `None` on any other
+/// file system.
+fn huge_page_size(file: &std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    const HUGETLBFS_MAGIC: libc::c_long = 0x9584_58f6;
+    // SAFETY: fstatfs fills the struct we own from a descriptor we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    (rc == 0 && st.f_type as libc::c_long == HUGETLBFS_MAGIC).then_some(st.f_bsize as u64)
+}
+
+/// Refuses a size hugetlbfs cannot hold: its files are whole huge pages.
+fn fits_pages(path: &Path, size: u64, page: u64) -> io::Result<()> {
+    if size.is_multiple_of(page) {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "segment size {size} is not a multiple of the huge page size ({page} bytes) of the hugetlbfs holding {}; use {} or {}",
+            path.display(),
+            size / page * page,
+            size.div_ceil(page) * page
+        ),
+    ))
 }
 
 #[cfg(test)]
