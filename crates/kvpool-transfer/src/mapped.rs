@@ -109,8 +109,14 @@ impl MappedRegion {
     /// Builds this process's page tables for `[offset, offset + len)` in
     /// one call (no data is read or written), so the first touches of its
     /// pages do not each trap into the kernel. Does nothing where the
-    /// kernel lacks `MADV_POPULATE_WRITE` (before Linux 5.14), or for a
+    /// kernel lacks `MADV_POPULATE_READ` (before Linux 5.14), or for a
     /// range outside the region.
+    ///
+    /// Read, not write: a read fault maps the pages around it that are
+    /// already in memory too (16 at a time by default), a write fault one
+    /// page; on tmpfs the entries are writable either way. A fresh Python
+    /// client's first 4 MiB puts over shared memory ran at 6.0-7.9 GB/s
+    /// against 3.6-4.9 populating for writing (2026-12-01, this VM).
     pub fn populate(&self, offset: u64, len: u64) {
         if !self.contains(offset, len) || len == 0 {
             return;
@@ -125,7 +131,7 @@ impl MappedRegion {
             libc::madvise(
                 self.map.as_mut_ptr().add(start as usize).cast(),
                 (end - start) as usize,
-                libc::MADV_POPULATE_WRITE,
+                libc::MADV_POPULATE_READ,
             );
         }
     }
