@@ -122,8 +122,8 @@ fn mapped_huge(path: &Path) -> u64 {
     mapped_huge_page_bytes(|header| header.ends_with(path.as_ref()))
 }
 
-/// A master, with a store lending `size` from `data_dir`, its metrics port
-/// open.
+/// A master, with a store lending [`SEGMENT`] from `data_dir`, its metrics
+/// port open.
 struct Pool {
     master: MasterProcess,
     store: Process,
@@ -224,6 +224,12 @@ async fn read_back(c: &Client, keys: &[String]) {
     }
 }
 
+/// The data address the master has for the one segment.
+async fn endpoint(c: &Client) -> String {
+    let status = c.status().await.expect("status");
+    status.segments[0].info.endpoint.clone()
+}
+
 /// A store that cannot start on hugetlbfs: exits with `why` in its error
 /// and leaves no segment file.
 async fn refused(name: &str, size: u64, data_dir: &Path, logs: &Path, master: &str, why: &str) {
@@ -276,10 +282,15 @@ async fn a_segment_on_hugetlbfs_is_served_from_huge_pages() {
     )
     .await;
 
+    let old = endpoint(&c).await;
     pool.store.terminate();
     pool.store.wait_exit(Duration::from_secs(30)).await;
     pool.restart_store("store.restart").await;
     let fresh = pool.client().await;
+    eventually("the store remounted", STARTUP, async || {
+        (endpoint(&fresh).await != old).then_some(())
+    })
+    .await;
     read_back(&fresh, &keys).await;
 }
 
