@@ -38,8 +38,8 @@ def spread(values):
 
 LIMITS = {  # name in raw_limits.json -> (label, field, unit)
     "memcpy_1GiB": ("memcpy, 1 GiB", "avg_GBps", "GB/s"),
-    "tcp_stream_python_4194304": ("one loopback TCP stream, 4 MiB writes", "GBps", "GB/s"),
-    "tcp_stream_python_65536": ("one loopback TCP stream, 64 KiB writes", "GBps", "GB/s"),
+    "tcp_stream_python_4194304": ("one loopback TCP stream (CUBIC), 4 MiB writes", "GBps", "GB/s"),
+    "tcp_stream_python_65536": ("one loopback TCP stream (CUBIC), 64 KiB writes", "GBps", "GB/s"),
     "tcp_pingpong_4096_unpinned": ("TCP ping-pong of 4 KiB between processes, p50", "p50_us", "us"),
 }
 BULK = 512 * 1024  # bytes a call from which a row is held against a bandwidth limit

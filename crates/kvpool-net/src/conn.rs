@@ -848,6 +848,29 @@ fn tune_socket(stream: &TcpStream) {
     let sock = socket2::SockRef::from(stream);
     let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
     let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+    if same_host(stream) {
+        // A host whose default is BBR paces every connection at the rate it
+        // has estimated, and a request/response connection is mostly idle,
+        // so a batch's burst is paced out: on loopback, batches of 32 x 64
+        // KiB read at 1.2-1.3 GB/s under BBR and 2.3 under CUBIC (2026-12-02).
+        // Nothing between two sockets of one host needs pacing. Across
+        // hosts the host's choice stands.
+        let _ = sock
+            .set_tcp_congestion(SAME_HOST_CONGESTION)
+            .or_else(|_| sock.set_tcp_congestion(b"reno"));
+    }
+}
+
+/// The congestion control of connections between two sockets of one host.
+const SAME_HOST_CONGESTION: &[u8] = b"cubic";
+
+/// Whether the peer is this host: a loopback address, or the address this
+/// end is bound to (a pod or host IP the kernel routes over loopback).
+fn same_host(stream: &TcpStream) -> bool {
+    match (stream.local_addr(), stream.peer_addr()) {
+        (Ok(local), Ok(peer)) => peer.ip().is_loopback() || peer.ip() == local.ip(),
+        _ => false,
+    }
 }
 
 mod eager;

@@ -44,6 +44,28 @@ async fn a_silent_peer_costs_one_connect_timeout_and_probes_run_aside() {
     assert!(t3.elapsed() < timeout / 2, "{:?}", t3.elapsed());
 }
 
+/// Both ends of a same-host connection leave a pacing congestion control
+/// (BBR, often a host's default) for CUBIC, whatever they started with.
+#[tokio::test]
+async fn same_host_connections_are_not_paced() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (client, accepted) = tokio::join!(TcpStream::connect(&addr), listener.accept());
+    let ends = [client.unwrap(), accepted.unwrap().0];
+    for end in &ends {
+        let sock = socket2::SockRef::from(end);
+        sock.set_tcp_congestion(b"reno")
+            .expect("reno is always allowed");
+        assert!(same_host(end));
+        tune_socket(end);
+        let cc = sock.tcp_congestion().unwrap();
+        assert_eq!(
+            &cc[..cc.iter().position(|&b| b == 0).unwrap_or(cc.len())],
+            SAME_HOST_CONGESTION
+        );
+    }
+}
+
 /// A server connection that carried a big message gives its buffer back
 /// once idle, and keeps serving.
 #[tokio::test]
