@@ -15,7 +15,8 @@ With OUTDIR/r<N>/limits/raw_limits.json (compare.sh measures them before
 each repetition), it first prints the machine's limits, and for each row
 moving at least 512 KiB a call, each kvpool system's throughput as a share
 of its limit in the same repetition (median [lowest-highest]): over TCP one
-loopback stream of 4 MiB writes, over shared memory memcpy of 1 GiB."""
+loopback stream of 4 MiB writes from and into 1 GiB buffers, over shared
+memory memcpy of 1 GiB."""
 import json
 import os
 import statistics
@@ -38,8 +39,8 @@ def spread(values):
 
 LIMITS = {  # name in raw_limits.json -> (label, field, unit)
     "memcpy_1GiB": ("memcpy, 1 GiB", "avg_GBps", "GB/s"),
-    "tcp_stream_python_4194304": ("one loopback TCP stream (CUBIC), 4 MiB writes", "GBps", "GB/s"),
-    "tcp_stream_python_65536": ("one loopback TCP stream (CUBIC), 64 KiB writes", "GBps", "GB/s"),
+    "tcp_stream_python_4194304": ("one loopback TCP stream (CUBIC, memory to memory), 4 MiB writes", "GBps", "GB/s"),
+    "tcp_stream_python_65536": ("one loopback TCP stream (CUBIC, memory to memory), 64 KiB writes", "GBps", "GB/s"),
     "tcp_pingpong_4096_unpinned": ("TCP ping-pong of 4 KiB between processes, p50", "p50_us", "us"),
 }
 BULK = 512 * 1024  # bytes a call from which a row is held against a bandwidth limit
