@@ -2,10 +2,11 @@
 //! mounting on the master. `kvpool store` runs one; a client that lends
 //! memory embeds one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kvpool_format::scan::REGION_ALIGN;
+use kvpool_format::scan::{ScanStats, REGION_ALIGN};
 use kvpool_format::DATA_BASE;
 use kvpool_net::auth::Security;
 use kvpool_net::master::RemountHook;
@@ -37,6 +38,9 @@ struct Lent {
     info: SegmentInfo,
     possession: [u8; 16],
     medium: Arc<dyn LentMedium>,
+    /// Holds nothing yet (created zeroed, never mounted): its first mount
+    /// skips the scan. Shared by the clones each mount takes.
+    blank: Arc<AtomicBool>,
 }
 
 /// A running data-plane server and the segments it lends.
@@ -140,7 +144,9 @@ impl DataNode {
     }
 
     /// Serves `region` as segment `id`, object area starting at `base`,
-    /// proving `possession` when mounting it.
+    /// proving `possession` when mounting it. A `blank` region (zeroes,
+    /// created by this process) is not scanned for objects on its first
+    /// mount.
     pub fn add_segment(
         &self,
         id: SegmentId,
@@ -148,8 +154,9 @@ impl DataNode {
         name: &str,
         region: Arc<MappedRegion>,
         base: u64,
+        blank: bool,
     ) -> SegmentInfo {
-        let info = self.lend(id, possession, name.to_string(), region, base);
+        let info = self.lend(id, possession, name.to_string(), region, base, blank);
         self.table.describe(|a| a.segments.push(info.clone()));
         info
     }
@@ -163,6 +170,7 @@ impl DataNode {
         name: String,
         medium: Arc<dyn LentMedium>,
         base: u64,
+        blank: bool,
     ) -> SegmentInfo {
         let info = SegmentInfo {
             id,
@@ -178,6 +186,7 @@ impl DataNode {
             info: info.clone(),
             possession,
             medium,
+            blank: Arc::new(AtomicBool::new(blank)),
         });
         info
     }
@@ -234,7 +243,8 @@ impl DataNode {
             )
         })?;
         let (id, possession) = crate::segment::new_identity();
-        let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE);
+        // Bytes of an existing file: an earlier mount's objects may be there.
+        let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE, false);
         let lent = self.lent(id)?;
         mount_one(link, lent, &self.table, &self.recovery).await?;
         Ok(info)
@@ -275,7 +285,7 @@ impl DataNode {
         file: Arc<DiskFile>,
         base: u64,
     ) -> SegmentInfo {
-        self.lend(id, possession, format!("{name}/disk"), file, base)
+        self.lend(id, possession, format!("{name}/disk"), file, base, false)
     }
 
     /// The I/O of this node's disk segments since they opened.
@@ -317,7 +327,7 @@ impl DataNode {
     pub fn add_anonymous_segment(&self, name: &str, size: u64) -> std::io::Result<SegmentInfo> {
         let region = Arc::new(MappedRegion::anonymous(size)?);
         let (id, possession) = crate::segment::new_identity();
-        Ok(self.add_segment(id, possession, name, region, DATA_BASE))
+        Ok(self.add_segment(id, possession, name, region, DATA_BASE, true))
     }
 
     /// Mounts every segment on the master (again, after a re-register),
@@ -461,7 +471,13 @@ async fn mount_one(
         info,
         possession,
         medium,
+        blank,
     } = lent;
+    // A segment created zeroed holds nothing: a scan would read every page
+    // of it (1.4 s for 8 GiB on this VM) before the pool could use it. Only
+    // the first attempt skips it: once a mount may have reached the master,
+    // writes may have landed.
+    let blank = blank.swap(false, Ordering::SeqCst);
     let t0 = std::time::Instant::now();
     // The fence may wait for writers: off the runtime's workers.
     let (fence, held) = {
@@ -477,6 +493,9 @@ async fn mount_one(
         let medium = medium.clone();
         let held = held.clone();
         tokio::task::spawn_blocking(move || {
+            if blank {
+                return Ok((Vec::new(), ScanStats::default()));
+            }
             let (mut found, stats) = medium.scan(base)?;
             // A held region's bytes are a copy nobody will commit.
             found.retain(|f| {
@@ -617,7 +636,7 @@ mod tests {
                 reader = Some(std::thread::spawn(move || read_from(addr, id)));
                 // The reader connects and asks meanwhile.
                 std::thread::sleep(std::time::Duration::from_millis(300));
-                node.add_segment(id, [0; 16], "s", region.clone(), DATA_BASE);
+                node.add_segment(id, [0; 16], "s", region.clone(), DATA_BASE, true);
             },
         )
         .await

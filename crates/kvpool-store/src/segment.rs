@@ -33,6 +33,8 @@ pub struct SegmentFile {
     pub possession: [u8; 16],
     /// The mapped file.
     pub region: Arc<MappedRegion>,
+    /// Created by this open: all zeroes, no objects to look for.
+    pub blank: bool,
     /// Held for the life of the store: the data dir is ours alone.
     _lock: File,
 }
@@ -61,6 +63,7 @@ impl SegmentFile {
             ))
         })?;
         let path = dir.join(SEGMENT_FILE);
+        let blank = !path.exists();
         let region = MappedRegion::open_file(&path, size).map_err(io(&path))?;
         // SAFETY: the superblock lies inside any segment larger than DATA_BASE,
         // and no connection is serving this region yet.
@@ -91,6 +94,7 @@ impl SegmentFile {
             id,
             possession,
             region: Arc::new(region),
+            blank,
             _lock: lock,
         })
     }
@@ -104,15 +108,21 @@ mod tests {
     fn id_survives_reopen_and_dir_is_locked() {
         let dir = tempfile::tempdir().unwrap();
         let a = SegmentFile::open(dir.path(), 1 << 20).unwrap();
+        assert!(a.blank);
         let id = a.id;
         assert!(matches!(
             SegmentFile::open(dir.path(), 1 << 20),
             Err(StoreError::Config(_))
         ));
         drop(a);
-        assert_eq!(SegmentFile::open(dir.path(), 1 << 20).unwrap().id, id);
-        // A different size is a different segment.
-        assert_ne!(SegmentFile::open(dir.path(), 2 << 20).unwrap().id, id);
+        let b = SegmentFile::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!((b.id, b.blank), (id, false));
+        drop(b);
+        // A different size is a different segment, on bytes that may still
+        // hold objects: not blank.
+        let c = SegmentFile::open(dir.path(), 2 << 20).unwrap();
+        assert_ne!(c.id, id);
+        assert!(!c.blank);
     }
 
     #[test]
