@@ -99,6 +99,7 @@ perf report -i "$OUT/perf.data" --stdio --no-children -g none --sort comm,dso,sy
     { n = $1; sym = $0 }
     $2 == "swapper" || sym ~ /pv_native_safe_halt|default_idle|cpuidle/ { cat["idle"] += n; next }
     sym ~ /_copy_to_iter|_copy_from_iter|copy_user|skb_copy_datagram/ { cat["kernel copies (socket buffers)"] += n; next }
+    sym ~ /fused::.*copy_hash/ { cat["copy and checksum in one pass"] += n; next }
     sym ~ /memmove|memcpy|memset/ { cat["user-space copies (memcpy)"] += n; next }
     sym ~ /xxh3|xxhash|twox_hash/ { cat["checksums (xxh3)"] += n; next }
     sym ~ /sha2|hmac|capability/ { cat["grants and auth (SHA-256)"] += n; next }
