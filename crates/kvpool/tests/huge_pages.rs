@@ -135,14 +135,7 @@ struct Pool {
 impl Pool {
     async fn start(data_dir: &Path, logs: &Path) -> Pool {
         std::fs::create_dir_all(logs).expect("log dir");
-        let master = spawn_master("master", logs, |rpc, metrics| {
-            ["master", "--rpc-port", &rpc.to_string()]
-                .into_iter()
-                .chain(["--metrics-port", &metrics.to_string()])
-                .map(String::from)
-                .collect()
-        })
-        .await;
+        let master = spawn_metered_master("master", logs).await;
         let port = free_port();
         let mut pool = Pool {
             store: store("store", &master.rpc, SEGMENT, data_dir, logs, port),

@@ -29,14 +29,7 @@ async fn start() -> Pool {
     let dir = scratch_dir();
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).expect("log dir");
-    let mut master = spawn_master("master", &logs, |rpc, metrics| {
-        ["master", "--rpc-port", &rpc.to_string()]
-            .into_iter()
-            .chain(["--metrics-port", &metrics.to_string()])
-            .map(String::from)
-            .collect()
-    })
-    .await;
+    let mut master = spawn_metered_master("master", &logs).await;
     let port = free_port();
     let mut store = spawn_store_with(
         Path::new(BIN),

@@ -341,6 +341,18 @@ pub struct MasterProcess {
     pub metrics: String,
 }
 
+/// A master with no HA and its metrics port open, on free ports.
+pub async fn spawn_metered_master(name: &str, log_dir: &Path) -> MasterProcess {
+    spawn_master(name, log_dir, |rpc, metrics| {
+        ["master", "--rpc-port", &rpc.to_string()]
+            .into_iter()
+            .chain(["--metrics-port", &metrics.to_string()])
+            .map(String::from)
+            .collect()
+    })
+    .await
+}
+
 /// Starts a master on free ports: `make_args(rpc_port, metrics_port)` builds
 /// its command line. Ready once both ports accept connections; retried on
 /// fresh ports if another process took one in between.
