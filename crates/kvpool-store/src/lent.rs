@@ -32,6 +32,11 @@ pub(crate) trait LentMedium: Send + Sync {
     fn scan(&self, base: u64) -> std::io::Result<(Vec<Found>, ScanStats)>;
     /// Destroys each object `(offset, generation)` still of that generation.
     fn invalidate(self: Arc<Self>, rejected: Vec<(u64, u64)>) -> Invalidated;
+    /// Whether it holds only the zeroes it was created with: its first
+    /// mount need not scan it.
+    fn fresh(&self) -> bool {
+        false
+    }
     /// Its I/O counters, for a medium that keeps them.
     fn io(&self, _id: SegmentId) -> Option<SegmentIo> {
         None
@@ -59,6 +64,10 @@ impl LentMedium for MappedRegion {
 
     fn serve(self: Arc<Self>, table: &SegmentTable, id: SegmentId, base: u64) {
         table.insert(id, self, base);
+    }
+
+    fn fresh(&self) -> bool {
+        self.is_fresh()
     }
 
     fn scan(&self, base: u64) -> std::io::Result<(Vec<Found>, ScanStats)> {

@@ -160,7 +160,6 @@ async fn serve_segments(
             &name,
             seg.region.clone(),
             kvpool_format::DATA_BASE,
-            seg.blank,
         );
         if let Some(d) = disk {
             node.add_disk_segment(

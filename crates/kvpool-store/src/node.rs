@@ -144,9 +144,7 @@ impl DataNode {
     }
 
     /// Serves `region` as segment `id`, object area starting at `base`,
-    /// proving `possession` when mounting it. A `blank` region (zeroes,
-    /// created by this process) is not scanned for objects on its first
-    /// mount.
+    /// proving `possession` when mounting it.
     pub fn add_segment(
         &self,
         id: SegmentId,
@@ -154,9 +152,8 @@ impl DataNode {
         name: &str,
         region: Arc<MappedRegion>,
         base: u64,
-        blank: bool,
     ) -> SegmentInfo {
-        let info = self.lend(id, possession, name.to_string(), region, base, blank);
+        let info = self.lend(id, possession, name.to_string(), region, base);
         self.table.describe(|a| a.segments.push(info.clone()));
         info
     }
@@ -170,7 +167,6 @@ impl DataNode {
         name: String,
         medium: Arc<dyn LentMedium>,
         base: u64,
-        blank: bool,
     ) -> SegmentInfo {
         let info = SegmentInfo {
             id,
@@ -185,8 +181,8 @@ impl DataNode {
         self.segments.lock().push(Lent {
             info: info.clone(),
             possession,
+            blank: Arc::new(AtomicBool::new(medium.fresh())),
             medium,
-            blank: Arc::new(AtomicBool::new(blank)),
         });
         info
     }
@@ -243,8 +239,7 @@ impl DataNode {
             )
         })?;
         let (id, possession) = crate::segment::new_identity();
-        // Bytes of an existing file: an earlier mount's objects may be there.
-        let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE, false);
+        let info = self.add_segment(id, possession, name, Arc::new(region), DATA_BASE);
         let lent = self.lent(id)?;
         mount_one(link, lent, &self.table, &self.recovery).await?;
         Ok(info)
@@ -285,7 +280,7 @@ impl DataNode {
         file: Arc<DiskFile>,
         base: u64,
     ) -> SegmentInfo {
-        self.lend(id, possession, format!("{name}/disk"), file, base, false)
+        self.lend(id, possession, format!("{name}/disk"), file, base)
     }
 
     /// The I/O of this node's disk segments since they opened.
@@ -327,7 +322,7 @@ impl DataNode {
     pub fn add_anonymous_segment(&self, name: &str, size: u64) -> std::io::Result<SegmentInfo> {
         let region = Arc::new(MappedRegion::anonymous(size)?);
         let (id, possession) = crate::segment::new_identity();
-        Ok(self.add_segment(id, possession, name, region, DATA_BASE, true))
+        Ok(self.add_segment(id, possession, name, region, DATA_BASE))
     }
 
     /// Mounts every segment on the master (again, after a re-register),
@@ -636,7 +631,7 @@ mod tests {
                 reader = Some(std::thread::spawn(move || read_from(addr, id)));
                 // The reader connects and asks meanwhile.
                 std::thread::sleep(std::time::Duration::from_millis(300));
-                node.add_segment(id, [0; 16], "s", region.clone(), DATA_BASE, true);
+                node.add_segment(id, [0; 16], "s", region.clone(), DATA_BASE);
             },
         )
         .await

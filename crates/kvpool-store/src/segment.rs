@@ -33,8 +33,6 @@ pub struct SegmentFile {
     pub possession: [u8; 16],
     /// The mapped file.
     pub region: Arc<MappedRegion>,
-    /// Created by this open: all zeroes, no objects to look for.
-    pub blank: bool,
     /// Held for the life of the store: the data dir is ours alone.
     _lock: File,
 }
@@ -63,7 +61,6 @@ impl SegmentFile {
             ))
         })?;
         let path = dir.join(SEGMENT_FILE);
-        let blank = !path.exists();
         let region = MappedRegion::open_file(&path, size).map_err(io(&path))?;
         // SAFETY: the superblock lies inside any segment larger than DATA_BASE,
         // and no connection is serving this region yet.
@@ -94,7 +91,6 @@ impl SegmentFile {
             id,
             possession,
             region: Arc::new(region),
-            blank,
             _lock: lock,
         })
     }
@@ -108,7 +104,7 @@ mod tests {
     fn id_survives_reopen_and_dir_is_locked() {
         let dir = tempfile::tempdir().unwrap();
         let a = SegmentFile::open(dir.path(), 1 << 20).unwrap();
-        assert!(a.blank);
+        assert!(a.region.is_fresh());
         let id = a.id;
         assert!(matches!(
             SegmentFile::open(dir.path(), 1 << 20),
@@ -116,13 +112,13 @@ mod tests {
         ));
         drop(a);
         let b = SegmentFile::open(dir.path(), 1 << 20).unwrap();
-        assert_eq!((b.id, b.blank), (id, false));
+        assert_eq!((b.id, b.region.is_fresh()), (id, false));
         drop(b);
         // A different size is a different segment, on bytes that may still
-        // hold objects: not blank.
+        // hold objects: not fresh.
         let c = SegmentFile::open(dir.path(), 2 << 20).unwrap();
         assert_ne!(c.id, id);
-        assert!(!c.blank);
+        assert!(!c.region.is_fresh());
     }
 
     #[test]

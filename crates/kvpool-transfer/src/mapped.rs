@@ -16,6 +16,8 @@ use memmap2::{MmapOptions, MmapRaw};
 pub struct MappedRegion {
     map: MmapRaw,
     path: Option<PathBuf>,
+    /// Made by this mapping (a new file, anonymous memory): only zeroes.
+    fresh: bool,
 }
 
 impl MappedRegion {
@@ -57,6 +59,7 @@ impl MappedRegion {
         Ok(MappedRegion {
             map,
             path: Some(path.to_path_buf()),
+            fresh: !existed,
         })
     }
 
@@ -90,7 +93,11 @@ impl MappedRegion {
             .offset(offset)
             .len(usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?)
             .map_raw(&file)?;
-        Ok(MappedRegion { map, path: None })
+        Ok(MappedRegion {
+            map,
+            path: None,
+            fresh: false,
+        })
     }
 
     /// Maps an existing segment file of a store on this host, read-write, as
@@ -103,6 +110,7 @@ impl MappedRegion {
         Ok(MappedRegion {
             map,
             path: Some(path.to_path_buf()),
+            fresh: false,
         })
     }
 
@@ -142,7 +150,17 @@ impl MappedRegion {
         Ok(MappedRegion {
             map: MmapRaw::from(mmap),
             path: None,
+            fresh: true,
         })
+    }
+
+    /// Whether this mapping made the bytes (a file [`open_file`] created,
+    /// anonymous memory): they are all zeroes, no object can be in them
+    /// until it is lent. A mapped file range counts as not fresh.
+    ///
+    /// [`open_file`]: MappedRegion::open_file
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
     }
 
     /// Length in bytes.
