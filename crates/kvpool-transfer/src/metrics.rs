@@ -62,6 +62,9 @@ pub struct DataMetrics {
     pub errors: Family<ErrorLabel, Counter>,
     /// Payload bytes received (`Write`) and sent (`Read`).
     pub bytes: Family<OpLabel, Counter>,
+    /// Of the bytes `Read` sent, those the kernel took from the segment
+    /// file's pages (`sendfile`) without the store copying them.
+    pub bytes_from_file: Counter,
     /// Time from a request's header to its answer handed to the socket.
     pub latency: Family<OpLabel, Histogram, fn() -> Histogram>,
     /// Connections that completed the handshake and are being served.
@@ -93,6 +96,7 @@ impl Default for DataMetrics {
             requests: Family::default(),
             errors: Family::default(),
             bytes: Family::default(),
+            bytes_from_file: Counter::default(),
             latency: Family::new_with_constructor(latency_histogram),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
@@ -170,6 +174,11 @@ impl DataMetrics {
             "bytes",
             "Payload bytes served over TCP: received by Write, sent by Read",
             self.bytes.clone(),
+        );
+        registry.register(
+            "bytes_from_file",
+            "Payload bytes Read sent from the segment file's pages (sendfile), not copied by the store",
+            self.bytes_from_file.clone(),
         );
         registry.register(
             "request_seconds",

@@ -1,7 +1,9 @@
 //! Segments on huge pages: a store whose data dir is on hugetlbfs or on a
 //! tmpfs mounted with `huge=` serves shared-memory clients from 2 MiB pages
 //! (its `kvpool_store_huge_page_bytes` says how much, and a client's own
-//! mapping of the segment uses them), keeps its objects across a restart,
+//! mapping of the segment uses them), serves TCP reads of a huge tmpfs
+//! segment from the file's pages (sendfile; hugetlbfs lends none), keeps
+//! its objects across a restart,
 //! and refuses a size the file system cannot hold with a clear error and no
 //! file left behind.
 //!
@@ -168,15 +170,29 @@ impl Pool {
         wait_for_segments(&self.master.rpc, 1, &mut watch).await;
     }
 
-    async fn huge_page_bytes(&self) -> f64 {
+    async fn store_metric(&self, name: &str) -> f64 {
         let (code, body) = http_get(&self.store_metrics, "/metrics").await;
         assert_eq!(code, 200, "{body}");
-        metric(&body, "kvpool_store_huge_page_bytes").expect("the gauge is exported")
+        metric(&body, name).unwrap_or_else(|| panic!("{name} is not exported"))
+    }
+
+    async fn huge_page_bytes(&self) -> f64 {
+        self.store_metric("kvpool_store_huge_page_bytes").await
+    }
+
+    /// Payload bytes the store sent from its segment file's pages.
+    async fn bytes_from_file(&self) -> f64 {
+        self.store_metric("kvpool_store_bytes_from_file_total")
+            .await
     }
 
     async fn client(&self) -> Client {
+        self.client_over(Protocol::Shm).await
+    }
+
+    async fn client_over(&self, protocol: Protocol) -> Client {
         let mut cfg = ClientConfig::new(&self.master.rpc);
-        cfg.protocol = Protocol::Shm;
+        cfg.protocol = protocol;
         Client::connect(cfg).await.expect("client")
     }
 }
@@ -257,6 +273,9 @@ async fn a_segment_on_hugetlbfs_is_served_from_huge_pages() {
     let keys = round_trip(&c).await;
     let segment = data.join("segment.kvp");
     assert!(mapped_huge(&segment) > 0, "the client maps 4 KiB pages");
+    // Hugetlbfs lends no pages to sockets: reads over TCP are copied.
+    read_back(&pool.client_over(Protocol::Tcp).await, &keys).await;
+    assert_eq!(pool.bytes_from_file().await, 0.0);
 
     // Another store beside it, on the same hugetlbfs: a size in 4 KiB
     // steps, then more than the free huge pages.
@@ -288,7 +307,8 @@ async fn a_segment_on_hugetlbfs_is_served_from_huge_pages() {
 }
 
 /// A tmpfs mounted with `huge=always`: the store's segment and a client's
-/// mapping of it get transparent huge pages.
+/// mapping of it get transparent huge pages, and reads over TCP leave
+/// from the file's pages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_segment_on_a_huge_tmpfs_is_served_from_huge_pages() {
     let scratch = scratch_dir();
@@ -301,9 +321,27 @@ async fn a_segment_on_a_huge_tmpfs_is_served_from_huge_pages() {
     let huge = pool.huge_page_bytes().await;
     assert!(huge > 0.0, "no huge pages in the segment");
     let c = pool.client().await;
-    round_trip(&c).await;
+    let keys = round_trip(&c).await;
     assert!(
         mapped_huge(&data.join("segment.kvp")) > 0,
         "the client maps 4 KiB pages"
     );
+    // Its pages go to sockets as they are (sendfile), byte-exact.
+    let tcp = pool.client_over(Protocol::Tcp).await;
+    read_back(&tcp, &keys).await;
+    let big: Vec<(String, Vec<u8>)> = (0..6u64)
+        .map(|i| {
+            let v = (0..2 * MIB).map(|j| (j * 31 + i) as u8).collect();
+            (format!("big-{i}"), v)
+        })
+        .collect();
+    for (k, v) in &big {
+        c.put(k, v, &ReplicateConfig::default()).await.expect("put");
+    }
+    for (k, v) in &big {
+        assert!(tcp.get(k).await.expect("get over TCP") == *v, "{k}");
+    }
+    let lent = pool.bytes_from_file().await;
+    let want = big.iter().map(|(_, v)| v.len()).sum::<usize>() as f64;
+    assert!(lent >= want, "{lent} of {want} bytes sent from the file");
 }

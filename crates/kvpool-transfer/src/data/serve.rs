@@ -333,7 +333,10 @@ async fn respond(conn: &mut FramedConn, table: &SegmentTable, mut a: Answer) -> 
         Ok(Reply::Region(region, offset, len)) => {
             // SAFETY: range checked by read_for.
             let src = unsafe { region.slice(offset, len) };
-            conn.send_response(h, &[], &[src]).await?;
+            let lent = conn
+                .send_response_from(h, src, region.file_at(offset))
+                .await?;
+            table.metrics.bytes_from_file.inc_by(lent);
         }
         Ok(Reply::Disk(read)) => conn.send_response(h, &[], &[read.bytes()]).await?,
         Ok(Reply::Owned(bytes)) => conn.send_response(h, &[], &[&bytes]).await?,
