@@ -474,7 +474,7 @@ impl FramedConn {
         self.flush().await?;
         let side = self.writer.get_mut();
         let sent = async {
-            side.send_more(&h.encode()).await?;
+            side.send_header(&h.encode()).await?;
             let mut at = 0;
             while at < bytes.len() as u64 {
                 match side

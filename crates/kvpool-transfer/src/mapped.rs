@@ -18,7 +18,7 @@ pub struct MappedRegion {
     map: MmapRaw,
     path: Option<PathBuf>,
     /// The mapped file, where its pages are lent to sockets (see
-    /// [`MappedRegion::file_at`]).
+    /// [`MappedRegion::lent_file`]).
     file: Option<File>,
     /// Bytes of the mapping on huge pages when it was made.
     huge: u64,
@@ -42,7 +42,8 @@ impl MappedRegion {
             .mode(0o600)
             .open(path)?;
         let old_len = file.metadata()?.len();
-        let sized = huge_page_size(&file)
+        let hugetlbfs_page = huge_page_size(&file);
+        let sized = hugetlbfs_page
             .map_or(Ok(()), |page| fits_pages(path, size, page))
             .and_then(|()| match old_len == size {
                 true => Ok(()),
@@ -67,7 +68,7 @@ impl MappedRegion {
         // on 4 KiB pages as much as copying it (4 MiB reads over loopback
         // ran at the same rate and store CPU either way, 2026-12-02), on
         // 2 MiB pages far less. Hugetlbfs lends none (sendfile: EINVAL).
-        let lends = huge_page_size(&file).is_none() && huge >= size / 2;
+        let lends = hugetlbfs_page.is_none() && huge >= size / 2;
         Ok(MappedRegion {
             map,
             path: Some(path.to_path_buf()),
@@ -198,14 +199,14 @@ impl MappedRegion {
         self.path.as_deref()
     }
 
-    /// The file behind `offset` of the region and that byte's offset in
-    /// it, for sending straight from the file's pages: only for a segment
-    /// file [`open_file`] mapped mostly on huge pages of a file system
-    /// that lends them (a tmpfs mounted `huge=`).
+    /// The file the region maps from its start, for sending straight from
+    /// the file's pages: only for a segment file [`open_file`] mapped
+    /// mostly on huge pages of a file system that lends them (a tmpfs
+    /// mounted `huge=`).
     ///
     /// [`open_file`]: MappedRegion::open_file
-    pub fn file_at(&self, offset: u64) -> Option<(BorrowedFd<'_>, u64)> {
-        self.file.as_ref().map(|f| (f.as_fd(), offset))
+    pub fn lent_file(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(|f| f.as_fd())
     }
 
     /// Whether `[offset, offset + len)` lies inside the region.
@@ -362,7 +363,7 @@ mod tests {
         assert!(!m.contains(u64::MAX, 2));
         // 4 KiB pages: copying them costs no more than lending them.
         assert_eq!(m.huge_page_bytes(), 0);
-        assert!(m.file_at(0).is_none());
+        assert!(m.lent_file().is_none());
     }
 
     #[test]

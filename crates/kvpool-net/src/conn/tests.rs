@@ -71,12 +71,7 @@ async fn same_host_connections_are_not_paced() {
 /// once idle, and keeps serving.
 #[tokio::test]
 async fn big_message_buffers_are_given_back_when_the_connection_idles() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let client = TcpStream::connect(&addr);
-    let (client, accepted) = tokio::join!(client, listener.accept());
-    let mut client = FramedConn::from_stream(client.unwrap(), Limits::default()).unwrap();
-    let mut server = FramedConn::from_stream(accepted.unwrap().0, Limits::default()).unwrap();
+    let (mut client, mut server) = pair().await;
     let small = server.buffered_bytes();
     assert!(small <= 2 * IO_BUFFER + IDLE_BUFFER, "{small}");
     let big = vec![7u8; 8 << 20];

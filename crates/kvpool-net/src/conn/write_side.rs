@@ -3,12 +3,13 @@
 //! On a plain socket (TCP or Unix) a payload that lies in a file can leave
 //! with `sendfile`: the kernel hands the socket references to the file's
 //! pages instead of copying the bytes into socket buffers, so the sender
-//! never touches them. A store's reads of 4 MiB values over loopback spend
-//! about a quarter of the machine in that copy (docs/performance.md).
-//! TLS encrypts in user space, so its side copies as before.
+//! never touches them. That pays where the pages are big (a huge-page
+//! tmpfs); on 4 KiB pages the kernel's lookup of each costs about what
+//! copying it does (docs/performance.md), so callers lend only the former.
+//! TLS encrypts in user space, so its side always copies.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -50,9 +51,10 @@ macro_rules! each_side {
 macro_rules! when_writable {
     ($stream:expr, $call:expr) => {{
         let stream = $stream;
+        let fd = stream.as_raw_fd();
         loop {
             stream.writable().await?;
-            match stream.try_io(Interest::WRITABLE, &mut $call) {
+            match stream.try_io(Interest::WRITABLE, || $call(fd)) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 r => break r,
             }
@@ -66,30 +68,39 @@ impl WriteSide {
         !matches!(self, WriteSide::Other(_))
     }
 
-    /// Sends all of `bytes`, telling the kernel more of the same frame
-    /// follows at once (`MSG_MORE`): a frame header then leaves in the
-    /// same segment as the payload pages after it, not in one of its own.
-    pub(super) async fn send_more(&mut self, mut bytes: &[u8]) -> io::Result<()> {
-        let fd = self.raw_fd();
+    /// Runs `call` with the socket's fd once it is writable, until it does
+    /// not answer `WouldBlock`. `Unsupported` on a side with no plain socket.
+    async fn on_socket<T>(
+        &mut self,
+        mut call: impl FnMut(RawFd) -> io::Result<T>,
+    ) -> io::Result<T> {
+        match self {
+            WriteSide::Tcp(w) => when_writable!(w.as_ref(), call),
+            WriteSide::Unix(w) => when_writable!(w.as_ref(), call),
+            WriteSide::Other(_) => Err(io::ErrorKind::Unsupported.into()),
+        }
+    }
+
+    /// Sends all of a frame's header, telling the kernel its payload
+    /// follows at once (`MSG_MORE`): the header then leaves in the same
+    /// segment as the payload's pages, not in one of its own.
+    pub(super) async fn send_header(&mut self, mut bytes: &[u8]) -> io::Result<()> {
         while !bytes.is_empty() {
-            let mut send = || {
-                // SAFETY: `bytes` is valid for its length; the fd is this
-                // connection's socket, open while `self` lives.
-                let n = unsafe {
-                    libc::send(
-                        fd,
-                        bytes.as_ptr().cast(),
-                        bytes.len(),
-                        libc::MSG_MORE | libc::MSG_NOSIGNAL,
-                    )
-                };
-                usize::try_from(n).map_err(|_| io::Error::last_os_error())
-            };
-            let n = match self {
-                WriteSide::Tcp(w) => when_writable!(w.as_ref(), send),
-                WriteSide::Unix(w) => when_writable!(w.as_ref(), send),
-                WriteSide::Other(_) => Err(io::ErrorKind::Unsupported.into()),
-            }?;
+            let n = self
+                .on_socket(|fd| {
+                    // SAFETY: `bytes` is valid for its length; `fd` is this
+                    // side's socket, open while `self` lives.
+                    let n = unsafe {
+                        libc::send(
+                            fd,
+                            bytes.as_ptr().cast(),
+                            bytes.len(),
+                            libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                        )
+                    };
+                    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+                })
+                .await?;
             bytes = &bytes[n..];
         }
         Ok(())
@@ -107,33 +118,18 @@ impl WriteSide {
         let mut off = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
         // Linux sends at most this much per call anyway.
         let count = len.min(0x7fff_f000) as usize;
-        let fd = self.raw_fd();
-        let mut send = || {
-            // SAFETY: both fds are open while their owners live; `off` is
-            // a local the kernel advances.
-            let n = unsafe { libc::sendfile(fd, file.as_raw_fd(), &mut off, count) };
-            match usize::try_from(n) {
-                Ok(n) => Ok(n as u64),
-                Err(_) => Err(io::Error::last_os_error()),
-            }
-        };
-        let sent = match self {
-            WriteSide::Tcp(w) => when_writable!(w.as_ref(), send),
-            WriteSide::Unix(w) => when_writable!(w.as_ref(), send),
-            WriteSide::Other(_) => return Ok(0),
-        };
+        let sent = self
+            .on_socket(|fd| {
+                // SAFETY: both fds are open while their owners live; `off`
+                // is a local the kernel advances.
+                let n = unsafe { libc::sendfile(fd, file.as_raw_fd(), &mut off, count) };
+                u64::try_from(n).map_err(|_| io::Error::last_os_error())
+            })
+            .await;
         match sent {
             // Files whose file system cannot splice its pages (hugetlbfs).
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => Ok(0),
             r => r,
-        }
-    }
-
-    fn raw_fd(&self) -> i32 {
-        match self {
-            WriteSide::Tcp(w) => w.as_ref().as_raw_fd(),
-            WriteSide::Unix(w) => w.as_ref().as_raw_fd(),
-            WriteSide::Other(_) => -1,
         }
     }
 }

@@ -334,7 +334,7 @@ async fn respond(conn: &mut FramedConn, table: &SegmentTable, mut a: Answer) -> 
             // SAFETY: range checked by read_for.
             let src = unsafe { region.slice(offset, len) };
             let lent = conn
-                .send_response_from(h, src, region.file_at(offset))
+                .send_response_from(h, src, region.lent_file().map(|f| (f, offset)))
                 .await?;
             table.metrics.bytes_from_file.inc_by(lent);
         }
