@@ -114,18 +114,9 @@ const STREAM_WRITES_FROM: usize = 64 << 10;
 /// 64 KiB, where the buffer stays in the cache).
 const STREAM_READS_FROM: usize = 1 << 20;
 
-/// How a value of `len` bytes is written into a segment.
-fn write_stores(len: usize) -> Stores {
-    if len >= STREAM_WRITES_FROM {
-        Stores::Streamed
-    } else {
-        Stores::Cached
-    }
-}
-
-/// How a value of `len` bytes is read into caller memory.
-fn read_stores(len: usize) -> Stores {
-    if len >= STREAM_READS_FROM {
+/// [`Stores::Streamed`] for a value of `len` bytes from `floor` up.
+fn stores(len: usize, floor: usize) -> Stores {
+    if len >= floor {
         Stores::Streamed
     } else {
         Stores::Cached
@@ -170,7 +161,11 @@ pub fn copy_sealed(dst: &mut [u8], parts: &[&[u8]]) -> bool {
         if dst.len() >= end && fused_applies(value.len()) {
             dst[..s].copy_from_slice(head);
             publish_generation(dst, u64_at(head, GENERATION_AT));
-            let sum = fused_copy_hash(&mut dst[s..end], value, write_stores(value.len()));
+            let sum = fused_copy_hash(
+                &mut dst[s..end],
+                value,
+                stores(value.len(), STREAM_WRITES_FROM),
+            );
             return sum.is_some_and(|sum| seal(&mut dst[..end], sum));
         }
     }
@@ -204,7 +199,7 @@ pub fn copy_summed(dst: &mut [&mut [u8]], src: &[u8]) -> u64 {
     // A header, then the value in one buffer: copied and hashed in one pass.
     if let [head, value] = dst {
         let (h, v) = src.split_at(head.len().min(src.len()));
-        if let Some(sum) = fused_copy_hash(value, v, read_stores(v.len())) {
+        if let Some(sum) = fused_copy_hash(value, v, stores(v.len(), STREAM_READS_FROM)) {
             head.copy_from_slice(h);
             return sum;
         }
