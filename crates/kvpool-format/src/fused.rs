@@ -130,7 +130,8 @@ mod avx2 {
     pub(super) unsafe fn copy_hash_streamed(dst: &mut [u8], src: &[u8]) -> u64 {
         macro_rules! by_lead {
             ($($lead:literal $minus16:literal)*) => {
-                match dst.as_ptr().align_offset(32) {
+                // By address: `align_offset` may answer usize::MAX.
+                match (32 - dst.as_ptr() as usize % 32) % 32 {
                     $($lead => unsafe { copy_hash::<true, $lead, $minus16>(dst, src) },)*
                     _ => unsafe { copy_hash::<true, 0, 0>(dst, src) }, // aligned
                 }
