@@ -8,8 +8,10 @@
 
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use kvpool_proto::compat;
@@ -27,14 +29,24 @@ use parking_lot::Mutex;
 use crate::auth::{Credentials, Role, Security, SECRET_FILE_ENV};
 use crate::breaker::{Admit, Breaker};
 use crate::tls::{Tls, TLS_HANDSHAKE_BYTE};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter, ReadBuf,
+};
 use tokio::net::TcpStream;
 
 /// Socket buffer size asked of the kernel; large so bulk transfers are not
 /// throttled by the window on loopback and fast links.
 const SOCKET_BUFFER: usize = 4 << 20;
-/// Userspace buffer per direction; larger payloads bypass it.
+/// Userspace buffer per direction. Payloads bypass the read buffer once
+/// it is empty, and frames of this size or more the write buffer.
 const IO_BUFFER: usize = 64 << 10;
+/// A frame whose payload is this big makes its connection bulk (see
+/// [`FramedConn::bulk`]).
+const BULK: usize = 32 << 10;
+/// Most bytes one read of a bulk connection's header or message takes:
+/// a frame's header and message fit, and little of the payload behind
+/// them comes through the buffer.
+const HEAD_READ: usize = 2 << 10;
 /// Smallest payload [`FramedConn::send_response_from`] sends from its
 /// file. Below it the extra calls (a flush, the header on its own) cost
 /// more than the copy: batches of 64 KiB reads ran at 1.3-1.5 GB/s from
@@ -79,10 +91,80 @@ pub fn io_error(context: &str, e: io::Error) -> KvError {
 /// The read side of a connection: a TCP half, or a TLS stream's.
 type ReadSide = Box<dyn AsyncRead + Send + Unpin>;
 
+/// The read side under a connection's buffer, each read bounded to `cap`
+/// bytes: a buffer fill for a header would otherwise take up to
+/// [`IO_BUFFER`] of the payload behind it, and each of those bytes would
+/// be copied twice (a 64 KiB put went through the buffer almost whole).
+struct Capped {
+    side: ReadSide,
+    /// Most bytes one read takes.
+    cap: usize,
+}
+
+impl AsyncRead for Capped {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = &mut *self;
+        if buf.remaining() <= me.cap {
+            return Pin::new(&mut me.side).poll_read(cx, buf);
+        }
+        let mut part = buf.take(me.cap);
+        let read = Pin::new(&mut me.side).poll_read(cx, &mut part);
+        let n = part.filled().len();
+        // SAFETY: the side filled (so initialised) the first `n` bytes of
+        // `buf`'s unfilled part, which `part` is.
+        unsafe { buf.assume_init(n) };
+        buf.advance(n);
+        read
+    }
+}
+
+/// Reads payload bytes into `buf`: from the connection's buffer while it
+/// holds some, else straight from the socket, so those bytes are copied
+/// once (and the read, asking no more than the payload, takes nothing of
+/// the next frame).
+fn poll_payload(
+    reader: &mut BufReader<Capped>,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    if reader.buffer().is_empty() {
+        let side = reader.get_mut();
+        side.cap = usize::MAX;
+        Pin::new(side).poll_read(cx, buf)
+    } else {
+        Pin::new(reader).poll_read(cx, buf)
+    }
+}
+
+/// Fills `dst` with payload bytes (see [`poll_payload`]).
+async fn fill_payload(reader: &mut BufReader<Capped>, dst: &mut [u8]) -> io::Result<()> {
+    let mut at = 0;
+    while at < dst.len() {
+        let n = std::future::poll_fn(|cx| {
+            let mut buf = ReadBuf::new(&mut dst[at..]);
+            poll_payload(reader, cx, &mut buf).map_ok(|()| buf.filled().len())
+        })
+        .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        at += n;
+    }
+    Ok(())
+}
+
 /// One TCP (or TLS over TCP) connection speaking kvpool frames.
 pub struct FramedConn {
-    reader: BufReader<ReadSide>,
+    reader: BufReader<Capped>,
     writer: BufWriter<WriteSide>,
+    /// The last frame read carried a payload of at least [`BULK`], so the
+    /// next likely does too: header and message reads then take at most
+    /// [`HEAD_READ`] bytes, and the payload comes straight from the socket.
+    bulk: bool,
     next_id: u64,
     limits: Limits,
     meta_buf: Vec<u8>,
@@ -293,8 +375,15 @@ impl FramedConn {
 
     fn from_halves(r: ReadSide, w: WriteSide, peer: String, limits: Limits) -> Self {
         FramedConn {
-            reader: BufReader::with_capacity(IO_BUFFER, r),
+            reader: BufReader::with_capacity(
+                IO_BUFFER,
+                Capped {
+                    side: r,
+                    cap: usize::MAX,
+                },
+            ),
             writer: BufWriter::with_capacity(IO_BUFFER, w),
+            bulk: false,
             next_id: 1,
             limits,
             meta_buf: Vec::new(),
@@ -376,10 +465,26 @@ impl FramedConn {
         id
     }
 
-    /// Whether bytes of a next frame are already buffered (more pipelined
-    /// requests are waiting, so a response flush can be deferred).
-    pub fn has_buffered_input(&self) -> bool {
-        !self.reader.buffer().is_empty()
+    /// Whether bytes of a next frame are already here (more pipelined
+    /// requests are waiting, so a response flush can be deferred): in the
+    /// buffer, or on a bulk connection, whose payload reads leave the
+    /// buffer empty, in the socket (taken by a read the next header needs
+    /// anyway).
+    pub async fn has_input(&mut self) -> bool {
+        if !self.reader.buffer().is_empty() {
+            return true;
+        }
+        if !self.bulk {
+            return false;
+        }
+        self.reader.get_mut().cap = HEAD_READ;
+        // A read error is met again (or as the end of the stream) by the
+        // next read.
+        std::future::poll_fn(|cx| {
+            let filled = Pin::new(&mut self.reader).poll_fill_buf(cx);
+            Poll::Ready(matches!(filled, Poll::Ready(Ok(b)) if !b.is_empty()))
+        })
+        .await
     }
 
     fn send_failed(&self, e: io::Error) -> KvError {
@@ -517,7 +622,7 @@ impl FramedConn {
     /// Flushes unless more pipelined requests are already buffered: their
     /// responses then leave in one write.
     pub async fn flush_if_idle(&mut self) -> KvResult<()> {
-        if self.has_buffered_input() {
+        if self.has_input().await {
             return Ok(());
         }
         self.flush().await
@@ -526,12 +631,22 @@ impl FramedConn {
     /// Reads the next frame header. `Ok(None)` on a clean end of stream.
     pub async fn read_header(&mut self) -> KvResult<Option<FrameHeader>> {
         let mut b = [0u8; HEADER_LEN];
+        self.bound_reads();
         match self.reader.read_exact(&mut b).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(io_error(&format!("read from {}", self.peer), e)),
         }
-        Ok(Some(FrameHeader::decode(&b, &self.limits)?))
+        let h = FrameHeader::decode(&b, &self.limits)?;
+        self.bulk = h.payload_len >= BULK as u64;
+        Ok(Some(h))
+    }
+
+    /// Bounds the reads under the buffer for a header or message: to
+    /// [`HEAD_READ`] on a bulk connection, so the payload behind them stays
+    /// in the socket for [`poll_payload`] to read straight to its place.
+    fn bound_reads(&mut self) {
+        self.reader.get_mut().cap = if self.bulk { HEAD_READ } else { usize::MAX };
     }
 
     /// Reads a frame's message into a reused buffer. The buffer grows as
@@ -544,6 +659,7 @@ impl FramedConn {
         }
         self.meta_buf.clear();
         self.meta_buf.reserve((len as usize).min(IO_BUFFER));
+        self.bound_reads();
         let mut body = (&mut self.reader).take(u64::from(len));
         let read = body.read_to_end(&mut self.meta_buf);
         let n = match tokio::time::timeout(MESSAGE_TIMEOUT, read).await {
@@ -640,7 +756,7 @@ impl FramedConn {
             let (reader, seen) = (&mut self.reader, &mut seen);
             let read = async move {
                 for piece in window.chunks_mut(SEEN_PIECE) {
-                    reader.read_exact(piece).await?;
+                    fill_payload(reader, piece).await?;
                     seen(piece);
                 }
                 Ok::<_, std::io::Error>(())
@@ -678,13 +794,11 @@ impl FramedConn {
             let (reader, chunk) = (&mut self.reader, &mut dst[at..end]);
             let read = std::future::poll_fn(|cx| {
                 let Some(_inside) = enter() else {
-                    return std::task::Poll::Ready(Ok(None));
+                    return Poll::Ready(Ok(None));
                 };
-                let mut buf = tokio::io::ReadBuf::new(chunk);
-                eager::payload_due(due, || {
-                    std::pin::Pin::new(&mut *reader).poll_read(cx, &mut buf)
-                })
-                .map_ok(|()| Some(buf.filled().len()))
+                let mut buf = ReadBuf::new(chunk);
+                eager::payload_due(due, || poll_payload(reader, cx, &mut buf))
+                    .map_ok(|()| Some(buf.filled().len()))
             });
             match tokio::time::timeout_at(window.1, read).await {
                 Err(_) => return Err(self.too_slow()),
@@ -708,6 +822,7 @@ impl FramedConn {
     /// Reads and throws away `len` payload bytes, keeping the stream in sync
     /// after a request that was refused; as fast as [`Self::read_payload`].
     pub async fn discard_payload(&mut self, mut len: u64) -> KvResult<()> {
+        self.reader.get_mut().cap = usize::MAX;
         while len > 0 {
             let step = len.min(PROGRESS_BYTES as u64);
             let (mut take, mut sink) = ((&mut self.reader).take(step), tokio::io::sink());

@@ -185,7 +185,7 @@ async fn data_conn(
                 }
                 continue;
             }
-            if full || !conn.has_buffered_input() {
+            if full || !conn.has_input().await {
                 // Nothing to take meanwhile: what is sent leaves now.
                 conn.flush().await?;
                 front.wait().await;
