@@ -5,6 +5,7 @@ teardown."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -60,7 +61,18 @@ def require_sglang() -> ModuleType:
 
 
 def free_port() -> int:
-    """A port nobody listens on right now."""
+    """A port nobody listens on right now, picked below the kernel's
+    ephemeral range (32768 and up by default): an outgoing connection of
+    another test cannot take it before the server it is for binds it
+    ("Address already in use" was a flake), as the Rust tests' helper."""
+    for _ in range(1000):
+        port = random.randrange(20_000, 32_000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
