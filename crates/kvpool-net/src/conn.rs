@@ -41,11 +41,11 @@ const SOCKET_BUFFER: usize = 4 << 20;
 /// it is empty, and frames of this size or more the write buffer.
 const IO_BUFFER: usize = 64 << 10;
 /// A frame whose payload is this big makes its connection bulk (see
-/// [`FramedConn::bulk`]).
+/// [`Capped`]).
 const BULK: usize = 32 << 10;
-/// Most bytes one read of a bulk connection's header or message takes:
-/// a frame's header and message fit, and little of the payload behind
-/// them comes through the buffer.
+/// Most bytes one buffer fill of a bulk connection takes: a frame's
+/// header and message fit, and little of the payload behind them comes
+/// through the buffer.
 const HEAD_READ: usize = 2 << 10;
 /// Smallest payload [`FramedConn::send_response_from`] sends from its
 /// file. Below it the extra calls (a flush, the header on its own) cost
@@ -92,13 +92,23 @@ pub fn io_error(context: &str, e: io::Error) -> KvError {
 type ReadSide = Box<dyn AsyncRead + Send + Unpin>;
 
 /// The read side under a connection's buffer, each read bounded to `cap`
-/// bytes: a buffer fill for a header would otherwise take up to
+/// bytes: [`HEAD_READ`] while the connection is bulk (its last frame
+/// carried [`BULK`] or more, so the next likely does too), else
+/// unbounded. A buffer fill for a header would otherwise take up to
 /// [`IO_BUFFER`] of the payload behind it, and each of those bytes would
-/// be copied twice (a 64 KiB put went through the buffer almost whole).
+/// be copied twice (a 64 KiB put went through the buffer almost whole);
+/// payloads themselves are read past the bound ([`poll_payload`]).
 struct Capped {
     side: ReadSide,
     /// Most bytes one read takes.
     cap: usize,
+}
+
+impl Capped {
+    /// Whether the last frame read was bulk (see [`Capped`]).
+    fn bulk(&self) -> bool {
+        self.cap == HEAD_READ
+    }
 }
 
 impl AsyncRead for Capped {
@@ -123,18 +133,16 @@ impl AsyncRead for Capped {
 }
 
 /// Reads payload bytes into `buf`: from the connection's buffer while it
-/// holds some, else straight from the socket, so those bytes are copied
-/// once (and the read, asking no more than the payload, takes nothing of
-/// the next frame).
+/// holds some, else straight from the socket, unbounded, so those bytes
+/// are copied once (and the read, asking no more than the payload, takes
+/// nothing of the next frame).
 fn poll_payload(
     reader: &mut BufReader<Capped>,
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
     if reader.buffer().is_empty() {
-        let side = reader.get_mut();
-        side.cap = usize::MAX;
-        Pin::new(side).poll_read(cx, buf)
+        Pin::new(&mut reader.get_mut().side).poll_read(cx, buf)
     } else {
         Pin::new(reader).poll_read(cx, buf)
     }
@@ -161,10 +169,6 @@ async fn fill_payload(reader: &mut BufReader<Capped>, dst: &mut [u8]) -> io::Res
 pub struct FramedConn {
     reader: BufReader<Capped>,
     writer: BufWriter<WriteSide>,
-    /// The last frame read carried a payload of at least [`BULK`], so the
-    /// next likely does too: header and message reads then take at most
-    /// [`HEAD_READ`] bytes, and the payload comes straight from the socket.
-    bulk: bool,
     next_id: u64,
     limits: Limits,
     meta_buf: Vec<u8>,
@@ -383,7 +387,6 @@ impl FramedConn {
                 },
             ),
             writer: BufWriter::with_capacity(IO_BUFFER, w),
-            bulk: false,
             next_id: 1,
             limits,
             meta_buf: Vec::new(),
@@ -474,10 +477,9 @@ impl FramedConn {
         if !self.reader.buffer().is_empty() {
             return true;
         }
-        if !self.bulk {
+        if !self.reader.get_ref().bulk() {
             return false;
         }
-        self.reader.get_mut().cap = HEAD_READ;
         // A read error is met again (or as the end of the stream) by the
         // next read.
         std::future::poll_fn(|cx| {
@@ -631,22 +633,15 @@ impl FramedConn {
     /// Reads the next frame header. `Ok(None)` on a clean end of stream.
     pub async fn read_header(&mut self) -> KvResult<Option<FrameHeader>> {
         let mut b = [0u8; HEADER_LEN];
-        self.bound_reads();
         match self.reader.read_exact(&mut b).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(io_error(&format!("read from {}", self.peer), e)),
         }
         let h = FrameHeader::decode(&b, &self.limits)?;
-        self.bulk = h.payload_len >= BULK as u64;
+        let bulk = h.payload_len >= BULK as u64;
+        self.reader.get_mut().cap = if bulk { HEAD_READ } else { usize::MAX };
         Ok(Some(h))
-    }
-
-    /// Bounds the reads under the buffer for a header or message: to
-    /// [`HEAD_READ`] on a bulk connection, so the payload behind them stays
-    /// in the socket for [`poll_payload`] to read straight to its place.
-    fn bound_reads(&mut self) {
-        self.reader.get_mut().cap = if self.bulk { HEAD_READ } else { usize::MAX };
     }
 
     /// Reads a frame's message into a reused buffer. The buffer grows as
@@ -659,7 +654,6 @@ impl FramedConn {
         }
         self.meta_buf.clear();
         self.meta_buf.reserve((len as usize).min(IO_BUFFER));
-        self.bound_reads();
         let mut body = (&mut self.reader).take(u64::from(len));
         let read = body.read_to_end(&mut self.meta_buf);
         let n = match tokio::time::timeout(MESSAGE_TIMEOUT, read).await {
@@ -822,7 +816,9 @@ impl FramedConn {
     /// Reads and throws away `len` payload bytes, keeping the stream in sync
     /// after a request that was refused; as fast as [`Self::read_payload`].
     pub async fn discard_payload(&mut self, mut len: u64) -> KvResult<()> {
-        self.reader.get_mut().cap = usize::MAX;
+        // Unbounded meanwhile: the bytes are not kept, so going through
+        // the buffer costs nothing, and small reads would.
+        let cap = std::mem::replace(&mut self.reader.get_mut().cap, usize::MAX);
         while len > 0 {
             let step = len.min(PROGRESS_BYTES as u64);
             let (mut take, mut sink) = ((&mut self.reader).take(step), tokio::io::sink());
@@ -836,6 +832,7 @@ impl FramedConn {
             }
             len -= step;
         }
+        self.reader.get_mut().cap = cap;
         Ok(())
     }
 
