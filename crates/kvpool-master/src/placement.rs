@@ -33,48 +33,71 @@ pub struct SegmentView<'a> {
 /// preferred segments first, in the caller's order, then the others in a
 /// random order drawn from `seed`, weighted by [`weights`]. Segments
 /// without room are left out. The caller allocates on them in order until
-/// it has its replicas (distinct segments by construction).
-pub fn order(
-    segments: &[SegmentView],
-    region_len: u64,
-    preferred: &[String],
-    seed: u64,
-) -> Vec<SegmentId> {
-    let mut out: Vec<SegmentId> = Vec::with_capacity(segments.len());
+/// it has its replicas (distinct segments by construction). The order is
+/// drawn as it is read: a caller that stops at its replicas pays one pass
+/// over the segments a replica, not one a segment (a pool of 64 stores
+/// drew all 64 for every object's one replica).
+pub fn order(segments: &[SegmentView], region_len: u64, preferred: &[String], seed: u64) -> Order {
+    let mut first: Vec<SegmentId> = Vec::new();
     for name in preferred {
         for s in segments {
-            if s.name == name && s.free >= region_len && !out.contains(&s.id) {
-                out.push(s.id);
+            if s.name == name && s.free >= region_len && !first.contains(&s.id) {
+                first.push(s.id);
             }
         }
     }
-    let mut rest: Vec<&SegmentView<'_>> = segments
+    let mut rest: Vec<&SegmentView> = segments
         .iter()
-        .filter(|s| s.free >= region_len && !out.contains(&s.id))
+        .filter(|s| s.free >= region_len && !first.contains(&s.id))
         .collect();
     // The draw must not depend on the order segments were listed in.
     rest.sort_by_key(|s| s.id);
-    let free: Vec<u64> = rest.iter().map(|s| s.free).collect();
-    let mut w = weights(&free);
-    let mut rng = SplitMix(seed);
-    // Weighted sampling without replacement.
-    let mut left: Vec<usize> = (0..rest.len()).collect();
-    while !left.is_empty() {
-        let total: f64 = left.iter().map(|&i| w[i]).sum();
-        let mut x = rng.unit() * total;
-        let mut pick = left.len() - 1;
-        for (j, &i) in left.iter().enumerate() {
-            if x < w[i] {
+    // A lone candidate needs no weights.
+    let rest = match rest.len() {
+        0 | 1 => rest.iter().map(|s| (s.id, 1.0)).collect(),
+        _ => {
+            let free: Vec<u64> = rest.iter().map(|s| s.free).collect();
+            rest.iter().map(|s| s.id).zip(weights(&free)).collect()
+        }
+    };
+    Order {
+        first: first.into_iter(),
+        rest,
+        rng: SplitMix(seed),
+    }
+}
+
+/// The segments [`order`] names, drawn one at a time.
+pub struct Order {
+    first: std::vec::IntoIter<SegmentId>,
+    /// Segments not drawn yet, by id, with their weights.
+    rest: Vec<(SegmentId, f64)>,
+    rng: SplitMix,
+}
+
+impl Iterator for Order {
+    type Item = SegmentId;
+
+    fn next(&mut self) -> Option<SegmentId> {
+        if let Some(id) = self.first.next() {
+            return Some(id);
+        }
+        if self.rest.len() <= 1 {
+            return self.rest.pop().map(|(id, _)| id);
+        }
+        // Weighted sampling without replacement.
+        let total: f64 = self.rest.iter().map(|r| r.1).sum();
+        let mut x = self.rng.unit() * total;
+        let mut pick = self.rest.len() - 1;
+        for (j, r) in self.rest.iter().enumerate() {
+            if x < r.1 {
                 pick = j;
                 break;
             }
-            x -= w[i];
+            x -= r.1;
         }
-        let i = left.remove(pick);
-        w[i] = 0.0;
-        out.push(rest[i].id);
+        Some(self.rest.remove(pick).0)
     }
-    out
 }
 
 /// Each segment's chance to be drawn first: proportional to its free
@@ -144,15 +167,15 @@ mod tests {
         }
     }
 
-    fn ids(v: Vec<SegmentId>) -> Vec<u128> {
-        v.into_iter().map(|s| s.0).collect()
+    fn ids(o: Order) -> Vec<u128> {
+        o.map(|s| s.0).collect()
     }
 
     /// How often each segment is drawn first over `n` seeds.
     fn first_counts(segs: &[SegmentView], n: u64) -> Vec<u64> {
         let mut counts = vec![0u64; segs.len()];
         for seed in 0..n {
-            let first = order(segs, 1, &[], seed)[0];
+            let first = order(segs, 1, &[], seed).next().unwrap();
             counts[segs.iter().position(|s| s.id == first).unwrap()] += 1;
         }
         counts
@@ -180,9 +203,9 @@ mod tests {
             assert_eq!(&pref[..2], &[3, 1]);
             assert_eq!(pref.len(), 3);
             // Preferred but full: skipped.
-            assert_eq!(order(&segs, 50, &["d".into()], seed).len(), 3);
+            assert_eq!(order(&segs, 50, &["d".into()], seed).count(), 3);
             assert_eq!(ids(order(&segs, 400, &[], seed)), vec![2]);
-            assert!(order(&segs, 1000, &[], seed).is_empty());
+            assert_eq!(order(&segs, 1000, &[], seed).next(), None);
         }
     }
 
@@ -191,7 +214,7 @@ mod tests {
         let a = [seg(1, "a", 100), seg(2, "b", 100), seg(3, "c", 100)];
         let b = [seg(3, "c", 100), seg(1, "a", 100), seg(2, "b", 100)];
         for seed in 0..20 {
-            assert_eq!(order(&a, 1, &[], seed), order(&b, 1, &[], seed));
+            assert_eq!(ids(order(&a, 1, &[], seed)), ids(order(&b, 1, &[], seed)));
         }
         let orders: std::collections::HashSet<Vec<u128>> =
             (0..50).map(|s| ids(order(&a, 1, &[], s))).collect();

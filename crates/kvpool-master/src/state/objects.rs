@@ -347,32 +347,38 @@ impl MasterState {
                 return Err(self.pin_refused(writer, (limit, limits), more));
             }
         }
-        let fit = self.fitting(item.region_len, Some(placeable));
-        if fit == 0 && self.fitting(item.region_len, None) > 0 {
-            // Room exists but not now: never evict for segments that cannot take
-            // the object anyway; the caller retries.
-            return Err(KvError::new(
-                Code::UnavailableInCurrentStatus,
-                "no segment takes new objects right now (recovering, draining or not heartbeating)",
-            ));
-        }
         let mut replicas =
             self.allocate(item.region_len, want, &config.preferred_segments, placeable);
-        // Evict only for replicas that room could give: with fewer segments big
-        // enough than `replica_num`, the put is best effort, not a reason to evict.
-        let reachable = want.min(fit);
-        // Freed bytes are not always a hole big enough (values of mixed sizes
-        // fragment the segment), so evict more rounds until the region fits or
-        // nothing evictable is left.
-        let mut rounds = 0;
-        while replicas.len() < reachable && rounds < MAX_EVICTION_ROUNDS {
-            rounds += 1;
-            self.free_now(&replicas, None);
-            let need = item.region_len.saturating_mul(reachable as u64);
-            let freed = self.evict_on(now, need, Some(placeable));
-            replicas = self.allocate(item.region_len, want, &config.preferred_segments, placeable);
-            if freed.objects == 0 {
-                break;
+        // Counted only when placement fell short: it locks every allocator.
+        if replicas.len() < want {
+            let fit = self.fitting(item.region_len, Some(placeable));
+            if fit == 0 && self.fitting(item.region_len, None) > 0 {
+                // Room exists but not now: never evict for segments that cannot
+                // take the object anyway; the caller retries.
+                self.free_now(&replicas, None);
+                return Err(KvError::new(
+                    Code::UnavailableInCurrentStatus,
+                    "no segment takes new objects right now (recovering, draining or not heartbeating)",
+                ));
+            }
+            // Evict only for replicas that room could give: with fewer segments
+            // big enough than `replica_num`, the put is best effort, not a
+            // reason to evict.
+            let reachable = want.min(fit);
+            // Freed bytes are not always a hole big enough (values of mixed
+            // sizes fragment the segment), so evict more rounds until the
+            // region fits or nothing evictable is left.
+            let mut rounds = 0;
+            while replicas.len() < reachable && rounds < MAX_EVICTION_ROUNDS {
+                rounds += 1;
+                self.free_now(&replicas, None);
+                let need = item.region_len.saturating_mul(reachable as u64);
+                let freed = self.evict_on(now, need, Some(placeable));
+                replicas =
+                    self.allocate(item.region_len, want, &config.preferred_segments, placeable);
+                if freed.objects == 0 {
+                    break;
+                }
             }
         }
         if replicas.is_empty() {

@@ -520,10 +520,9 @@ impl MasterState {
         let seed = self
             .placements
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        for id in placement::order(&views, region_len, preferred, seed) {
-            if got.len() == replica_num {
-                break;
-            }
+        let mut order = placement::order(&views, region_len, preferred, seed);
+        while got.len() < replica_num {
+            let Some(id) = order.next() else { break };
             if let Some(r) = segs.get(&id).and_then(|s| s.alloc.lock().alloc(region_len)) {
                 got.push((id, r));
             }
