@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use hdrhistogram::Histogram;
-use kvpool_master::state::{MasterState, StateConfig};
+use kvpool_master::state::{ClientLimits, MasterState, StateConfig};
 use kvpool_proto::limits::MAX_BATCH_KEYS;
 use kvpool_proto::msg::{
     ClientId, InventoryItem, InventoryVerdict, PutEndItem, PutGrant, PutItem, ReplicateConfig,
@@ -38,6 +38,10 @@ pub struct BenchMetaArgs {
     /// Replicas per object (one segment each).
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
+    /// Segments the objects are placed over, as many stores would lend
+    /// them (default: one per replica).
+    #[arg(long)]
+    pub segments: Option<u32>,
     /// Value bytes per object (decides only region sizes).
     #[arg(long, default_value = "64B", value_parser = parse_size)]
     pub value_size: u64,
@@ -323,11 +327,22 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     checkpoints.retain(|&c| c < a.keys);
     checkpoints.push(a.keys);
 
+    let segments = a.segments.unwrap_or(a.replicas);
+    anyhow::ensure!(
+        segments >= a.replicas,
+        "--segments {segments} is fewer than --replicas {}",
+        a.replicas
+    );
     let before = rss();
     let st = MasterState::new(StateConfig {
         // Never evict: the segments are far larger than the fill.
         high_watermark: 1.0,
         lease_ttl: Duration::from_millis(1),
+        // One client lends them all here, as many stores would.
+        limits: ClientLimits {
+            max_segments_per_client: segments as usize,
+            ..Default::default()
+        },
         ..StateConfig::default()
     });
     let client = ClientId(1);
@@ -337,11 +352,11 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
     // Room for every region many times over; the master never touches it.
     let region_len = (a.value_size + 64 + key_len as u64).div_ceil(64) * 64;
     let size = (a.keys + a.samples as u64 * (checkpoints.len() as u64 + 1)) * region_len * 2;
-    for s in 0..a.replicas {
+    for s in 0..segments {
         let info = SegmentInfo {
             id: SegmentId(u128::from(s) + 1),
             name: format!("seg-{s}"),
-            endpoint: format!("10.0.0.{s}:1"),
+            endpoint: format!("10.0.{}.{}:1", s / 256, s % 256),
             base: 4096,
             size,
             path: None,
@@ -363,7 +378,7 @@ pub fn run(a: BenchMetaArgs) -> anyhow::Result<()> {
         },
     };
     println!(
-        "bench-meta: {} keys of {} B ({:?}), {} replica(s), {} B values, batches of {}",
+        "bench-meta: {} keys of {} B ({:?}), {} replica(s) over {segments} segment(s), {} B values, batches of {}",
         a.keys, key_len, a.key_shape, a.replicas, a.value_size, a.batch
     );
     println!(
