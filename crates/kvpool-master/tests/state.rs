@@ -915,6 +915,40 @@ fn evict_frees_at_least_the_configured_ratio() {
     assert_eq!(p.st.evictions(), 12);
 }
 
+#[test]
+fn a_batch_into_a_full_pool_is_placed_on_the_room_its_evictions_make() {
+    // The batch reads the segments' free space once; every object here
+    // finds none there and must look again after evicting.
+    let (p, c) = Pool::with_segment(config(), 4 * OBJ);
+    p.mount(c, 2, "b", 4 * OBJ);
+    p.fill(c, "o", 8, 0);
+    let now = p.at(20 * SEC);
+    let items: Vec<PutItem> = (0..4).map(|i| item(&format!("new{i}"), OBJ)).collect();
+    let grants = p.st.put_start(c, &items, &replicas(1), false, now);
+    for (i, g) in grants.iter().enumerate() {
+        assert!(matches!(g, Ok(PutGrant::Write { .. })), "new{i}: {g:?}");
+    }
+    assert!(p.st.evictions() >= 4);
+}
+
+#[test]
+fn a_batch_spreads_over_equal_segments() {
+    let (p, c) = Pool::with_segment(config(), 64 * OBJ);
+    for (id, name) in [(2, "b"), (3, "c"), (4, "d")] {
+        p.mount(c, id, name, 64 * OBJ);
+    }
+    let items: Vec<PutItem> = (0..64).map(|i| item(&format!("k{i}"), OBJ)).collect();
+    let mut per_segment: HashMap<SegmentId, u32> = HashMap::new();
+    for g in p.st.put_start(c, &items, &replicas(1), false, p.at(0)) {
+        let Ok(PutGrant::Write { replicas, .. }) = g else {
+            panic!("{g:?}")
+        };
+        *per_segment.entry(replicas[0].segment).or_default() += 1;
+    }
+    assert_eq!(per_segment.len(), 4, "{per_segment:?}");
+    assert!(per_segment.values().all(|n| *n >= 5), "{per_segment:?}");
+}
+
 // ------------------------------------------------------------ upsert
 
 #[test]

@@ -21,7 +21,7 @@
 //! flight, hard-pinned bytes) are checked before anything is reserved, and
 //! every refusal is counted in [`Refusals`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
@@ -190,7 +190,8 @@ pub struct KeyInfo {
 pub struct MasterState {
     cfg: StateConfig,
     shards: Box<[Mutex<Shard>]>,
-    segments: RwLock<HashMap<SegmentId, SegmentSlot>>,
+    /// By id, so placement reads them in the order it draws from.
+    segments: RwLock<BTreeMap<SegmentId, SegmentSlot>>,
     /// The numbers objects name segments by; taken alone, or last.
     numbers: RwLock<SegNumbers>,
     /// The KV event stream every shard's table tells.
@@ -319,7 +320,7 @@ impl MasterState {
                 .map(|_| Mutex::new(Shard::new(ledger.clone(), kv_events.clone())))
                 .collect(),
             kv_events,
-            segments: RwLock::new(HashMap::new()),
+            segments: RwLock::new(BTreeMap::new()),
             numbers: Default::default(),
             clients: Mutex::new(HashMap::new()),
             engine_ids: Default::default(),

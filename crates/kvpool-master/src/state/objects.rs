@@ -1,7 +1,7 @@
 //! The object map's operations: puts (start, end, revoke), reads (replica
 //! lists with read leases, touches, existence) and removals.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use crate::alloc::Region;
 use crate::refusals::Refusal;
 
 use super::ledger::{Pin, PinLimit};
+use super::segments::Candidates;
 use super::table::ObjectTable;
 use super::tenants;
 use super::*;
@@ -162,7 +163,7 @@ impl MasterState {
         // in flight asked again after a lost answer).
         let max = self.cfg.limits.max_pending_per_client;
         let allowed = self.ledger.reserve_puts(client, items.len() as u64, max) as usize;
-        let placeable = self.placeable(now);
+        let mut cands = self.candidates(now);
         // The pool's share sums every memory segment's capacity: worked
         // out once per batch, and only when the batch hard-pins.
         let pin_limits = config.with_hard_pin.then(|| {
@@ -203,7 +204,7 @@ impl MasterState {
                     item,
                     (config, pin_limits),
                     upsert,
-                    &placeable,
+                    &mut cands,
                     now,
                 );
                 if matches!(&r, Ok(Started::New(_))) {
@@ -303,7 +304,7 @@ impl MasterState {
         item: &PutItem,
         (config, pin_limits): (&ReplicateConfig, Option<(u64, u64)>),
         upsert: bool,
-        placeable: &HashSet<SegmentId>,
+        cands: &mut Candidates,
         now: Instant,
     ) -> KvResult<Started> {
         validate_key(&item.key)?;
@@ -338,7 +339,7 @@ impl MasterState {
         if let Some(limits) = pin_limits {
             let more = item
                 .region_len
-                .saturating_mul(want.min(placeable.len()) as u64);
+                .saturating_mul(want.min(cands.placeable.len()) as u64);
             let writer = (client, item.key.as_str());
             let fits = self
                 .ledger
@@ -347,11 +348,10 @@ impl MasterState {
                 return Err(self.pin_refused(writer, (limit, limits), more));
             }
         }
-        let mut replicas =
-            self.allocate(item.region_len, want, &config.preferred_segments, placeable);
+        let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments, cands);
         // Counted only when placement fell short: it locks every allocator.
         if replicas.len() < want {
-            let fit = self.fitting(item.region_len, Some(placeable));
+            let fit = self.fitting(item.region_len, Some(&cands.placeable));
             if fit == 0 && self.fitting(item.region_len, None) > 0 {
                 // Room exists but not now: never evict for segments that cannot
                 // take the object anyway; the caller retries.
@@ -373,9 +373,8 @@ impl MasterState {
                 rounds += 1;
                 self.free_now(&replicas, None);
                 let need = item.region_len.saturating_mul(reachable as u64);
-                let freed = self.evict_on(now, need, Some(placeable));
-                replicas =
-                    self.allocate(item.region_len, want, &config.preferred_segments, placeable);
+                let freed = self.evict_on(now, need, Some(&cands.placeable));
+                replicas = self.allocate(item.region_len, want, &config.preferred_segments, cands);
                 if freed.objects == 0 {
                     break;
                 }
