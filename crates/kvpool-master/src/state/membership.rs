@@ -124,14 +124,11 @@ impl MasterState {
         m.listed_at_start.is_some() && m.expected.is_empty()
     }
 
-    /// Whether `id` may take objects: without HA always, with HA once the
-    /// list in etcd names it.
-    pub(super) fn listed(&self, id: &SegmentId) -> bool {
-        self.membership
-            .lock()
-            .persisted
-            .as_ref()
-            .is_none_or(|p| p.contains(id))
+    /// Whether a segment may take objects: without HA always, with HA once
+    /// the list in etcd names it (one lock for as many segments as asked).
+    pub(super) fn listing(&self) -> impl Fn(&SegmentId) -> bool + '_ {
+        let m = self.membership.lock();
+        move |id| m.persisted.as_ref().is_none_or(|p| p.contains(id))
     }
 
     /// A segment is back with its objects (reconciled, or none): no longer

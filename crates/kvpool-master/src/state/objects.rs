@@ -337,9 +337,7 @@ impl MasterState {
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
         if let Some(limits) = pin_limits {
-            let more = item
-                .region_len
-                .saturating_mul(want.min(cands.placeable.len()) as u64);
+            let more = item.region_len.saturating_mul(want.min(cands.len()) as u64);
             let writer = (client, item.key.as_str());
             let fits = self
                 .ledger
@@ -351,7 +349,7 @@ impl MasterState {
         let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments, cands);
         // Counted only when placement fell short: it locks every allocator.
         if replicas.len() < want {
-            let fit = self.fitting(item.region_len, Some(&cands.placeable));
+            let fit = self.fitting(item.region_len, Some(cands.set()));
             if fit == 0 && self.fitting(item.region_len, None) > 0 {
                 // Room exists but not now: never evict for segments that cannot
                 // take the object anyway; the caller retries.
@@ -373,7 +371,7 @@ impl MasterState {
                 rounds += 1;
                 self.free_now(&replicas, None);
                 let need = item.region_len.saturating_mul(reachable as u64);
-                let freed = self.evict_on(now, need, Some(&cands.placeable));
+                let freed = self.evict_on(now, need, Some(cands.set()));
                 replicas = self.allocate(item.region_len, want, &config.preferred_segments, cands);
                 if freed.objects == 0 {
                     break;

@@ -34,22 +34,25 @@ pub(super) enum Recovery {
 /// over 256 segments cost the master 17 µs an object, 7-9 read once
 /// (`kvpool bench-meta --segments 256`).
 pub(super) struct Candidates {
-    /// Segments that may take new objects now (see [`MasterState::placeable`]).
-    pub(super) placeable: HashSet<SegmentId>,
-    /// Those segments' largest free blocks, by id: exact for what the
-    /// batch placed, maybe stale for what others placed or freed meanwhile.
+    /// The segments that may take new objects now (see
+    /// [`MasterState::placeable`]) with their largest free blocks, by id:
+    /// exact for what the batch placed, maybe stale for what others placed
+    /// or freed meanwhile.
     free: Vec<(SegmentId, u64)>,
+    /// The same segments as a set, made when eviction needs it.
+    set: std::cell::OnceCell<HashSet<SegmentId>>,
 }
 
-/// `placeable`'s segments' largest free blocks, by id.
-fn read_free(
-    segs: &BTreeMap<SegmentId, SegmentSlot>,
-    placeable: &HashSet<SegmentId>,
-) -> Vec<(SegmentId, u64)> {
-    (segs.iter())
-        .filter(|(id, _)| placeable.contains(id))
-        .map(|(id, s)| (*id, s.alloc.lock().largest_free()))
-        .collect()
+impl Candidates {
+    /// How many segments there are.
+    pub(super) fn len(&self) -> usize {
+        self.free.len()
+    }
+
+    /// The segments, as eviction and counting take them.
+    pub(super) fn set(&self) -> &HashSet<SegmentId> {
+        (self.set).get_or_init(|| self.free.iter().map(|(id, _)| *id).collect())
+    }
 }
 
 /// A mounted segment: who lends it, its allocator, and its state.
@@ -496,19 +499,29 @@ impl MasterState {
 
     /// Segments of `tier` that may take new objects now (see [`Self::placeable`]).
     pub(super) fn open_segments(&self, now: Instant, tier: Tier) -> HashSet<SegmentId> {
+        self.map_open(now, tier, |s| s.info.id)
+    }
+
+    /// `f` of each segment of `tier` that may take new objects now, in id order.
+    fn map_open<R, C: FromIterator<R>>(
+        &self,
+        now: Instant,
+        tier: Tier,
+        f: impl FnMut(&SegmentSlot) -> R,
+    ) -> C {
         let owners: HashSet<ClientId> = self.segments.read().values().map(|s| s.owner).collect();
         let late = self.late_owners(owners, now);
-        self.segments
-            .read()
-            .values()
+        let segs = self.segments.read();
+        let listed = self.listing();
+        segs.values()
             .filter(|s| {
                 s.info.tier == tier
                     && s.recovering.is_none()
                     && !s.draining
                     && !late.contains(&s.owner)
+                    && listed(&s.info.id)
             })
-            .map(|s| s.info.id)
-            .filter(|id| self.listed(id))
+            .map(f)
             .collect()
     }
 
@@ -524,9 +537,13 @@ impl MasterState {
 
     /// The segments a batch of puts may take now, read once for the batch.
     pub(super) fn candidates(&self, now: Instant) -> Candidates {
-        let placeable = self.placeable(now);
-        let free = read_free(&self.segments.read(), &placeable);
-        Candidates { placeable, free }
+        let free = self.map_open(now, Tier::Memory, |s| {
+            (s.info.id, s.alloc.lock().largest_free())
+        });
+        Candidates {
+            free,
+            set: Default::default(),
+        }
     }
 
     /// Reserves a region of `region_len` bytes on up to `replica_num`
@@ -550,7 +567,9 @@ impl MasterState {
         // it, look again before the caller counts and evicts.
         for fresh in [false, true] {
             if fresh {
-                cands.free = read_free(&segs, &cands.placeable);
+                for (id, free) in cands.free.iter_mut() {
+                    *free = segs.get(id).map_or(0, |s| s.alloc.lock().largest_free());
+                }
             }
             // Names only matter to preferred segments.
             let name = |id| match preferred.is_empty() {
