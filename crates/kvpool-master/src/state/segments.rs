@@ -572,9 +572,9 @@ impl MasterState {
                 }
             }
             // Names only matter to preferred segments.
-            let name = |id| match preferred.is_empty() {
-                true => "",
-                false => segs.get(id).map_or("", |s: &SegmentSlot| &s.info.name),
+            let name = |id| {
+                let slot = (!preferred.is_empty()).then(|| segs.get(id)).flatten();
+                slot.map_or("", |s: &SegmentSlot| s.info.name.as_str())
             };
             let views: Vec<SegmentView> = (cands.free.iter())
                 .filter(|(id, _)| !got.iter().any(|(g, _)| g == id))
