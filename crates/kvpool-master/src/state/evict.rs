@@ -37,12 +37,7 @@ impl MasterState {
 
     /// [`Self::evict`] limited to objects with a replica on `on`: evicting
     /// elsewhere frees nothing where the caller can allocate.
-    pub(super) fn evict_on(
-        &self,
-        now: Instant,
-        need: u64,
-        on: Option<&HashSet<SegmentId>>,
-    ) -> Evicted {
+    pub(super) fn evict_on(&self, now: Instant, need: u64, on: Option<&[SegmentId]>) -> Evicted {
         let _pass = self.evicting.lock();
         self.free_expired_deferred(now);
         // A pass frees a share of what it evicts from.

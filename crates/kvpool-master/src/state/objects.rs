@@ -337,7 +337,9 @@ impl MasterState {
         // Allocate without holding the shard: eviction may need every shard.
         let want = config.replica_num as usize;
         if let Some(limits) = pin_limits {
-            let more = item.region_len.saturating_mul(want.min(cands.len()) as u64);
+            let more = item
+                .region_len
+                .saturating_mul(want.min(cands.ids.len()) as u64);
             let writer = (client, item.key.as_str());
             let fits = self
                 .ledger
@@ -349,7 +351,7 @@ impl MasterState {
         let mut replicas = self.allocate(item.region_len, want, &config.preferred_segments, cands);
         // Counted only when placement fell short: it locks every allocator.
         if replicas.len() < want {
-            let fit = self.fitting(item.region_len, Some(cands.set()));
+            let fit = self.fitting(item.region_len, Some(&cands.ids));
             if fit == 0 && self.fitting(item.region_len, None) > 0 {
                 // Room exists but not now: never evict for segments that cannot
                 // take the object anyway; the caller retries.
@@ -371,7 +373,7 @@ impl MasterState {
                 rounds += 1;
                 self.free_now(&replicas, None);
                 let need = item.region_len.saturating_mul(reachable as u64);
-                let freed = self.evict_on(now, need, Some(cands.set()));
+                let freed = self.evict_on(now, need, Some(&cands.ids));
                 replicas = self.allocate(item.region_len, want, &config.preferred_segments, cands);
                 if freed.objects == 0 {
                     break;

@@ -35,24 +35,11 @@ pub(super) enum Recovery {
 /// (`kvpool bench-meta --segments 256`).
 pub(super) struct Candidates {
     /// The segments that may take new objects now (see
-    /// [`MasterState::placeable`]) with their largest free blocks, by id:
-    /// exact for what the batch placed, maybe stale for what others placed
-    /// or freed meanwhile.
-    free: Vec<(SegmentId, u64)>,
-    /// The same segments as a set, made when eviction needs it.
-    set: std::cell::OnceCell<HashSet<SegmentId>>,
-}
-
-impl Candidates {
-    /// How many segments there are.
-    pub(super) fn len(&self) -> usize {
-        self.free.len()
-    }
-
-    /// The segments, as eviction and counting take them.
-    pub(super) fn set(&self) -> &HashSet<SegmentId> {
-        (self.set).get_or_init(|| self.free.iter().map(|(id, _)| *id).collect())
-    }
+    /// [`MasterState::placeable`]), by id.
+    pub(super) ids: Vec<SegmentId>,
+    /// Their largest free blocks: exact for what the batch placed, maybe
+    /// stale for what others placed or freed meanwhile.
+    free: Vec<u64>,
 }
 
 /// A mounted segment: who lends it, its allocator, and its state.
@@ -425,7 +412,7 @@ impl MasterState {
     }
 
     /// The mounted segments of `tier`.
-    pub(super) fn tier_segments(&self, tier: Tier) -> HashSet<SegmentId> {
+    pub(super) fn tier_segments(&self, tier: Tier) -> Vec<SegmentId> {
         self.segments
             .read()
             .values()
@@ -526,24 +513,25 @@ impl MasterState {
     }
 
     /// How many of `among` could ever hold a region of `len` bytes.
-    pub(super) fn fitting(&self, len: u64, among: Option<&HashSet<SegmentId>>) -> usize {
-        self.segments
-            .read()
-            .values()
-            .filter(|s| among.is_none_or(|a| a.contains(&s.info.id)))
-            .filter(|s| s.alloc.lock().capacity() >= len)
-            .count()
+    pub(super) fn fitting(&self, len: u64, among: Option<&[SegmentId]>) -> usize {
+        let segs = self.segments.read();
+        let fits = |s: &&SegmentSlot| s.alloc.lock().capacity() >= len;
+        match among {
+            None => segs.values().filter(fits).count(),
+            Some(ids) => ids
+                .iter()
+                .filter_map(|id| segs.get(id))
+                .filter(fits)
+                .count(),
+        }
     }
 
     /// The segments a batch of puts may take now, read once for the batch.
     pub(super) fn candidates(&self, now: Instant) -> Candidates {
-        let free = self.map_open(now, Tier::Memory, |s| {
+        let (ids, free) = self.map_open(now, Tier::Memory, |s| {
             (s.info.id, s.alloc.lock().largest_free())
         });
-        Candidates {
-            free,
-            set: Default::default(),
-        }
+        Candidates { ids, free }
     }
 
     /// Reserves a region of `region_len` bytes on up to `replica_num`
@@ -558,7 +546,7 @@ impl MasterState {
         let segs = self.segments.read();
         // `replica_num` is the caller's: never reserve room beyond the segments.
         let mut got: Vec<(SegmentId, Region)> =
-            Vec::with_capacity(replica_num.min(cands.free.len()));
+            Vec::with_capacity(replica_num.min(cands.ids.len()));
         let seed = self
             .placements
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -567,7 +555,7 @@ impl MasterState {
         // it, look again before the caller counts and evicts.
         for fresh in [false, true] {
             if fresh {
-                for (id, free) in cands.free.iter_mut() {
+                for (id, free) in cands.ids.iter().zip(&mut cands.free) {
                     *free = segs.get(id).map_or(0, |s| s.alloc.lock().largest_free());
                 }
             }
@@ -576,8 +564,8 @@ impl MasterState {
                 let slot = (!preferred.is_empty()).then(|| segs.get(id)).flatten();
                 slot.map_or("", |s: &SegmentSlot| s.info.name.as_str())
             };
-            let views: Vec<SegmentView> = (cands.free.iter())
-                .filter(|(id, _)| !got.iter().any(|(g, _)| g == id))
+            let views: Vec<SegmentView> = (cands.ids.iter().zip(&cands.free))
+                .filter(|(id, _)| !got.iter().any(|(g, _)| g == *id))
                 .map(|(id, free)| SegmentView {
                     id: *id,
                     name: name(id),
@@ -596,8 +584,8 @@ impl MasterState {
                 seen.push((id, alloc.largest_free()));
             }
             for (id, free) in seen {
-                if let Ok(i) = cands.free.binary_search_by_key(&id, |v| v.0) {
-                    cands.free[i].1 = free;
+                if let Ok(i) = cands.ids.binary_search(&id) {
+                    cands.free[i] = free;
                 }
             }
             if got.len() >= replica_num {

@@ -296,7 +296,7 @@ impl MasterState {
             }
         }
         let mut tickets = Vec::with_capacity(chosen.len());
-        let below: HashSet<SegmentId> = g.ids(to).collect();
+        let below: Vec<SegmentId> = g.ids(to).collect();
         for (key, generation, value_len, source, region) in chosen {
             let len = object_len(&key, value_len);
             let want = in_units(len, Tier::ALL[to]);
