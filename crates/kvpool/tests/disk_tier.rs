@@ -178,6 +178,7 @@ fn tier_used(s: &ClusterStatus, tier: Tier) -> (u64, u64) {
 /// the disk would make memory evict instead).
 async fn fill(c: &Client, keys: &[String], batch: usize) {
     for part in keys.chunks(batch) {
+        under_watermark(c).await;
         let values: Vec<Vec<u8>> = part.iter().map(|k| value(k)).collect();
         let items: Vec<(&str, &[u8])> = part
             .iter()
@@ -190,16 +191,24 @@ async fn fill(c: &Client, keys: &[String], batch: usize) {
         ) {
             r.unwrap_or_else(|e| panic!("put {k}: {e}"));
         }
-        eventually(
-            "memory back under the demotion watermark",
-            STARTUP,
-            async || {
-                let (cap, used) = tier_used(&status(c).await, Tier::Memory);
-                (used as f64 <= cap as f64 * 0.55).then_some(())
-            },
-        )
-        .await;
     }
+    under_watermark(c).await;
+}
+
+/// Waits until demotions have brought memory back under the watermark, so
+/// that the next 4 MiB of puts fit beside what is there: a put into a full
+/// memory tier evicts, however much room the disk has (after a pause the
+/// store may still be catching up on its demotions).
+async fn under_watermark(c: &Client) {
+    eventually(
+        "memory back under the demotion watermark",
+        STARTUP,
+        async || {
+            let (cap, used) = tier_used(&status(c).await, Tier::Memory);
+            (used as f64 <= cap as f64 * 0.55).then_some(())
+        },
+    )
+    .await;
 }
 
 /// Puts 16 more of `keys` past the first `written` at once (without
@@ -218,6 +227,7 @@ async fn pause_during_demotions(
 ) -> usize {
     loop {
         assert!(written < 96, "no demotion was ever under way at a pause");
+        under_watermark(c).await;
         let more: Vec<(&str, Vec<u8>)> = keys[written..written + 16]
             .iter()
             .map(|k| (k.as_str(), value(k)))
