@@ -173,9 +173,9 @@ fn tier_used(s: &ClusterStatus, tier: Tier) -> (u64, u64) {
         .fold((0, 0), |(c, u), x| (c + x.info.size, u + x.used))
 }
 
-/// Puts `keys` in batches of `batch`, letting the master demote after each
-/// batch until memory is back under its watermark (a writer faster than
-/// the disk would make memory evict instead).
+/// Puts `keys` in batches of `batch`, each into memory under its
+/// watermark, and returns once memory is back under it (a writer faster
+/// than the disk would make memory evict instead).
 async fn fill(c: &Client, keys: &[String], batch: usize) {
     for part in keys.chunks(batch) {
         under_watermark(c).await;
@@ -196,7 +196,7 @@ async fn fill(c: &Client, keys: &[String], batch: usize) {
 }
 
 /// Waits until demotions have brought memory back under the watermark, so
-/// that the next 4 MiB of puts fit beside what is there: a put into a full
+/// that the next batch of puts fits beside what is there: a put into a full
 /// memory tier evicts, however much room the disk has (after a pause the
 /// store may still be catching up on its demotions).
 async fn under_watermark(c: &Client) {
@@ -211,8 +211,9 @@ async fn under_watermark(c: &Client) {
     .await;
 }
 
-/// Puts 16 more of `keys` past the first `written` at once (without
-/// waiting for the disk, unlike [`fill`]) and pauses the store, until the
+/// Puts 16 more of `keys` past the first `written` at once (into memory
+/// under its watermark, but then, unlike [`fill`], without waiting for the
+/// disk) and pauses the store, until the
 /// master's `metric` shows, within `within`, that the pause caught moves
 /// under way; returns how many keys are written. On a loaded machine the
 /// demotions may all be done before a pause: then the store resumes and
